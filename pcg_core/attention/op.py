@@ -1,0 +1,50 @@
+"""`pcg::attention`, the attention split op, and its hook into transformers' AttentionInterface.
+
+The op writes into `out`, a buffer the caller allocates *before* the call: under piecewise capture that
+allocation belongs to the preceding captured piece, so the next piece reads the address it saw at capture.
+The op's other inputs are tensors and constants; the batch's metadata comes from the forward context.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+
+from pcg_core.capture.split_ops import register_split_op, run_split_op
+from pcg_core.forward_context import get_forward_context
+
+ATTN_IMPLEMENTATION = "pcg"
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer: int, scale: float, sliding_window: int) -> None:
+    ctx = get_forward_context()
+    ctx.attn_backend.forward(q, k, v, out, layer, scale, sliding_window, ctx.attn_metadata, ctx.kv_cache)
+
+
+@torch.library.custom_op("pcg::attention", mutates_args=("out",))
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer: int, scale: float, sliding_window: int) -> None:
+    run_split_op(_attention, q, k, v, out, layer, scale, sliding_window)
+
+
+@attention.register_fake
+def _attention_fake(q, k, v, out, layer, scale, sliding_window) -> None:
+    return None
+
+
+register_split_op(torch.ops.pcg.attention)
+
+
+def pcg_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, **kwargs):
+    """transformers attention function: [1, H, T, D] in, [1, T, H, D] out, packed batch of one row."""
+    if query.shape[0] != 1:
+        raise ValueError(f"pcg runs packed batches of one row; got batch size {query.shape[0]}")
+    q = query[0].transpose(0, 1)
+    k = key[0].transpose(0, 1)
+    v = value[0].transpose(0, 1)
+    out = torch.empty_like(q)  # allocated here, in the piece before the split op
+    scale = float(scaling) if scaling is not None else q.shape[-1] ** -0.5
+    torch.ops.pcg.attention(q, k, v, out, int(module.layer_idx), scale, int(sliding_window or 0))
+    return out.unsqueeze(0), None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, pcg_attention_forward)

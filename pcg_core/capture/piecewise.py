@@ -1,0 +1,138 @@
+"""`piecewise`: trace the forward once with dynamo (token dimension dynamic), split the FX graph at the split
+ops, compile each piece, capture one CUDA graph per piece per bucket.
+
+At serve time the split graph module is called directly with the arguments dynamo recorded (the user inputs
+and the symbolic token count swapped in), so no dynamo guard is evaluated per forward and nothing recompiles.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch.fx.passes.split_module import split_module
+
+from pcg_core.capture.base import GraphBackend
+from pcg_core.capture.graphs import weak_ref
+from pcg_core.capture.split_ops import is_split_node
+from pcg_core.forward_context import get_forward_context, set_forward_context
+
+
+def split_at_split_ops(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[str], list[str]]:
+    """Cut `gm` so that each split-op call sits alone in its submodule.
+
+    Returns (split module, names of the pieces to capture, names of the split-op submodules).
+    """
+    partition: dict[torch.fx.Node, int] = {}
+    part, split_parts = 0, set()
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if is_split_node(node):
+            part += 1
+            partition[node] = part
+            split_parts.add(part)
+            part += 1
+        else:
+            partition[node] = part
+    split_gm = split_module(gm, None, lambda n: partition[n], keep_original_order=True)
+    names = [name for name, _ in split_gm.named_children()]
+    pieces = [n for n in names if int(n.rsplit("_", 1)[1]) not in split_parts]
+    splits = [n for n in names if int(n.rsplit("_", 1)[1]) in split_parts]
+    return split_gm, pieces, splits
+
+
+class PieceRunner(torch.nn.Module):
+    """One captured piece: a CUDA graph per bucket, output held by weak reference."""
+
+    def __init__(self, fn: Any, index: int, backend: "PiecewiseBackend"):
+        super().__init__()
+        self.fn = fn
+        self.index = index
+        self._backend = [backend]  # list: not registered as a submodule
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
+
+    def forward(self, *args: Any) -> Any:
+        ctx = get_forward_context()
+        if ctx.mode == "replay":
+            entry = self.graphs.get(ctx.bucket)
+            if entry is not None:
+                entry[0].replay()
+                return entry[1]
+        elif ctx.mode == "capture":
+            pool = self._backend[0].pool
+            g = pool.begin()
+            out = self.fn(*args)
+            pool.end(g)
+            self.graphs[ctx.bucket] = (g, weak_ref(out))
+            return out
+        return self.fn(*args)
+
+
+class PiecewiseBackend(GraphBackend):
+    name = "piecewise"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.split_gm: torch.fx.GraphModule | None = None
+        self._example_inputs: list[Any] = []
+        self._ids_index = self._pos_index = -1
+        self._sym_indices: list[int] = []
+
+    # Trace and split -----------------------------------------------------------------------------------
+    def _on_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        if self.split_gm is not None:
+            raise RuntimeError("piecewise: dynamo traced the forward a second time (a recompile); this is a bug")
+        split_gm, pieces, splits = split_at_split_ops(gm)
+        t0 = time.perf_counter()
+        for i, name in enumerate(pieces):
+            piece = getattr(split_gm, name)
+            if self.config.compiler == "inductor":
+                piece = torch.compile(piece, backend="inductor", dynamic=True, fullgraph=True)
+            setattr(split_gm, name, PieceRunner(piece, i, self))
+        self.stats.compile_s = time.perf_counter() - t0
+        self.stats.pieces, self.stats.split_ops = len(pieces), len(splits)
+        self.stats.submodules = len(pieces) + len(splits)
+        self.split_gm = split_gm
+        self._example_inputs = list(example_inputs)
+        return split_gm
+
+    def setup(self) -> None:
+        bucket = self.config.ladder[-1]
+        input_ids, positions, ctx = self.make_inputs(bucket)
+        torch._dynamo.mark_dynamic(input_ids, 0)
+        torch._dynamo.mark_dynamic(positions, 0)
+        compiled = torch.compile(self.body, backend=self._on_graph, fullgraph=True, dynamic=False)
+        t0 = time.perf_counter()
+        with set_forward_context(ctx):
+            compiled(input_ids, positions)
+        self.stats.trace_s = time.perf_counter() - t0 - self.stats.compile_s
+        for i, x in enumerate(self._example_inputs):
+            if x is input_ids:
+                self._ids_index = i
+            elif x is positions:
+                self._pos_index = i
+            elif isinstance(x, torch.SymInt):
+                self._sym_indices.append(i)
+        if self._ids_index < 0 or self._pos_index < 0:
+            raise RuntimeError("piecewise: could not find input_ids/positions among the traced graph's inputs")
+
+    def _args(self, input_ids: torch.Tensor, positions: torch.Tensor) -> list[Any]:
+        args = list(self._example_inputs)
+        args[self._ids_index] = input_ids
+        args[self._pos_index] = positions
+        for i in self._sym_indices:
+            args[i] = input_ids.shape[0]
+        return args
+
+    # Capture and replay ---------------------------------------------------------------------------------
+    def warmup(self, input_ids, positions, ctx) -> None:
+        self.split_gm(*self._args(input_ids, positions))
+
+    def capture(self, bucket, input_ids, positions, ctx) -> None:
+        self.split_gm(*self._args(input_ids, positions))
+
+    def run(self, input_ids, positions, ctx) -> torch.Tensor:
+        ctx.mode = "replay"
+        return self.split_gm(*self._args(input_ids, positions))[0]

@@ -1,0 +1,99 @@
+"""Configuration objects: which capture backend, which buckets, which attention backend.
+
+One `CaptureConfig` chooses everything about graphs; `EngineConfig` adds device, dtype and KV-cache size.
+Validation happens here so that bad flags fail early with a message naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import torch
+
+CAPTURE_BACKENDS = ("disabled", "piecewise", "breakable", "full")
+COMPILERS = ("eager", "inductor")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ConfigError(ValueError):
+    """Bad user input: the message names the field and what is allowed."""
+
+
+def default_bucket_ladder(max_tokens: int = 4096) -> list[int]:
+    """4–32 step 4, 48–256 step 16, 288–512 step 32, 576–1024 step 64, 1280–4096 step 256, cut at max_tokens.
+
+    Fine steps where padding waste is a large fraction of the batch, coarse ones where it is not.
+    """
+    ladder = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1025, 64))
+        + list(range(1280, 4097, 256))
+    )
+    cut = [b for b in ladder if b <= max_tokens]
+    if max_tokens not in cut and max_tokens > 0:
+        cut.append(max_tokens)  # the max itself is always a bucket, so "≤ max" never falls back
+    return cut
+
+
+@dataclass
+class CaptureConfig:
+    """What the graph candidate does: `disabled` (eager), `piecewise`, `breakable` or `full`."""
+
+    backend: str = "disabled"
+    compiler: str = "eager"
+    max_tokens: int = 4096
+    buckets: list[int] | None = None  # explicit list; overrides the default ladder
+
+    def __post_init__(self) -> None:
+        if self.backend not in CAPTURE_BACKENDS:
+            raise ConfigError(f"capture backend {self.backend!r} is unknown; choose one of {', '.join(CAPTURE_BACKENDS)}")
+        if self.compiler not in COMPILERS:
+            raise ConfigError(f"compiler {self.compiler!r} is unknown; choose one of {', '.join(COMPILERS)}")
+        if self.buckets is not None:
+            bad = [b for b in self.buckets if not isinstance(b, int) or b <= 0]
+            if bad or not self.buckets:
+                raise ConfigError(f"buckets must be a non-empty list of positive integers, got {self.buckets!r}")
+            self.buckets = sorted(set(self.buckets))
+            self.max_tokens = self.buckets[-1]
+        elif self.max_tokens <= 0:
+            raise ConfigError(f"max_tokens must be positive, got {self.max_tokens}")
+
+    @property
+    def ladder(self) -> list[int]:
+        return list(self.buckets) if self.buckets is not None else default_bucket_ladder(self.max_tokens)
+
+    def bucket_for(self, num_tokens: int) -> int | None:
+        """Smallest bucket ≥ num_tokens, or None above the largest (that batch runs eagerly)."""
+        ladder = self.ladder
+        i = bisect.bisect_left(ladder, num_tokens)
+        return ladder[i] if i < len(ladder) else None
+
+
+@dataclass
+class EngineConfig:
+    device: str = "cpu"
+    dtype: str = "float32"
+    attention: str = "sdpa"
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
+    kv_slots: int = 8192  # KV-cache capacity in tokens, shared by all sequences of a batch
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"device {self.device!r} is unknown; use cpu or cuda")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError("device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
+        if self.kv_slots <= 0:
+            raise ConfigError(f"kv_slots must be positive, got {self.kv_slots}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)

@@ -1,0 +1,160 @@
+"""The engine: packs prompts into one ragged batch, pads it to a bucket, runs the capture backend, turns
+hidden states into logits and logprobs, and decodes greedily.
+
+prompts → PackedBatch → InputBuffers (pad, metadata) → forward context → capture backend → lm_head rows →
+logprobs → per-prompt outputs. Data flows one way; the capture backend never sees prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pcg_core.attention import get_attention_backend
+from pcg_core.capture import make_capture_backend
+from pcg_core.capture.stats import CaptureStats
+from pcg_core.config import EngineConfig
+from pcg_core.engine.inputs import InputBuffers, PackedBatch
+from pcg_core.engine.kv_cache import KVCache
+from pcg_core.forward_context import ForwardContext, set_forward_context
+
+LOGITS_CHUNK = 1024  # rows of lm_head at a time, so prompt logprobs over long prompts stay small
+
+
+@dataclass
+class SequenceOutput:
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)  # logprob of each chosen token
+    output_topk_ids: list[list[int]] = field(default_factory=list)
+    output_topk_logprobs: list[list[float]] = field(default_factory=list)
+    # Filled when prompt logprobs are asked for: prompt_logprobs[i] is log p(prompt[i+1] | prompt[:i+1]);
+    # the top-k lists cover every prompt position.
+    prompt_logprobs: list[float] | None = None
+    prompt_topk_ids: list[list[int]] | None = None
+    prompt_topk_logprobs: list[list[float]] | None = None
+
+
+@dataclass
+class _RowStats:
+    chosen: torch.Tensor  # [R] logprob of the given target token (or of the argmax)
+    argmax: torch.Tensor  # [R]
+    topk_ids: torch.Tensor  # [R, k]
+    topk_lp: torch.Tensor  # [R, k]
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, config: EngineConfig):
+        self.model = model
+        self.config = config
+        self.device = config.torch_device
+        self.attn_backend = get_attention_backend(config.attention)
+        self.cache = KVCache(model.config, config.kv_slots, config.torch_dtype, self.device)
+        self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device)
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        self.backend = make_capture_backend(config.capture, self._body, self.device, self._dummy_inputs, self.attn_backend)
+        with torch.inference_mode(False), torch.no_grad():
+            self.backend.prepare()
+
+    @property
+    def stats(self) -> CaptureStats:
+        return self.backend.stats
+
+    # Forward ----------------------------------------------------------------------------------------------
+    def _body(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        out = self.decoder(input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False)
+        return out.last_hidden_state[0]
+
+    def _dummy_inputs(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
+        input_ids, positions, md = self.inputs.fill(PackedBatch([], [], [], []), num_tokens)
+        return input_ids, positions, ForwardContext(md, self.cache, self.attn_backend, bucket=num_tokens)
+
+    @torch.no_grad()
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        """Hidden states [len(batch), hidden] of a packed batch whose KV slots are allocated."""
+        n = len(batch)
+        bucket = self.config.capture.bucket_for(n) if self.backend.pads else None
+        if self.backend.pads:
+            if bucket is None:
+                self.stats.eager_fallbacks += 1
+            else:
+                self.stats.bucket_hits[bucket] += 1
+        input_ids, positions, md = self.inputs.fill(batch, bucket or n)
+        ctx = ForwardContext(md, self.cache, self.attn_backend, bucket=bucket)
+        with set_forward_context(ctx):
+            hidden = self.backend.run(input_ids, positions, ctx) if bucket else self.backend.eager(input_ids, positions)
+        return hidden[:n]
+
+    def _row_stats(self, hidden: torch.Tensor, targets: torch.Tensor | None, top_k: int) -> _RowStats:
+        parts = []
+        for s in range(0, hidden.shape[0], LOGITS_CHUNK):
+            logits = self.lm_head(hidden[s : s + LOGITS_CHUNK]).float()
+            lp = torch.log_softmax(logits, dim=-1)
+            argmax = lp.argmax(dim=-1)
+            tgt = argmax if targets is None else targets[s : s + LOGITS_CHUNK]
+            chosen = lp.gather(1, tgt[:, None])[:, 0]
+            topk = lp.topk(min(top_k, lp.shape[-1]), dim=-1)
+            parts.append((chosen, argmax, topk.indices, topk.values))
+        cat = [torch.cat(p).cpu() for p in zip(*parts)]
+        return _RowStats(*cat)
+
+    # Generation -------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int = 8, top_k: int = 5, prompt_logprobs: bool = False
+    ) -> list[SequenceOutput]:
+        """Prefill all prompts as one packed batch, then decode greedily, all sequences per step."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be ≥ 1")
+        self.cache.reset()
+        outs = [SequenceOutput(prompt_ids=list(p)) for p in prompts]
+        bases = [self.cache.allocate(i, len(p) + max_new_tokens) for i, p in enumerate(prompts)]
+
+        # Prefill
+        batch = PackedBatch([], [], [], [])
+        for i, p in enumerate(prompts):
+            batch.token_ids += p
+            batch.positions += list(range(len(p)))
+            batch.seq_ids += [i] * len(p)
+            batch.slots += [bases[i] + j for j in range(len(p))]
+        hidden = self.forward(batch)
+        ends = torch.tensor([len(p) for p in prompts]).cumsum(0)
+        if prompt_logprobs:
+            next_ids = torch.tensor(batch.token_ids[1:] + [0], device=hidden.device)
+            rows = self._row_stats(hidden, next_ids, top_k)
+            start = 0
+            for o, end in zip(outs, ends.tolist()):
+                o.prompt_logprobs = rows.chosen[start : end - 1].tolist()
+                o.prompt_topk_ids = rows.topk_ids[start:end].tolist()
+                o.prompt_topk_logprobs = rows.topk_lp[start:end].tolist()
+                start = end
+            last = ends - 1
+            step = _RowStats(rows.argmax[last], rows.argmax[last], rows.topk_ids[last], rows.topk_lp[last])
+            step.chosen = rows.topk_lp[last][:, 0]  # argmax's logprob is the top-1 value
+        else:
+            step = self._row_stats(hidden[(ends - 1).to(hidden.device)], None, top_k)
+        self._append(outs, step)
+
+        # Decode
+        for _ in range(max_new_tokens - 1):
+            batch = PackedBatch([], [], [], [])
+            for i, o in enumerate(outs):
+                pos = len(o.prompt_ids) + len(o.output_ids) - 1
+                batch.token_ids.append(o.output_ids[-1])
+                batch.positions.append(pos)
+                batch.seq_ids.append(i)
+                batch.slots.append(bases[i] + pos)
+            self._append(outs, self._row_stats(self.forward(batch), None, top_k))
+        return outs
+
+    @staticmethod
+    def _append(outs: list[SequenceOutput], step: _RowStats) -> None:
+        for i, o in enumerate(outs):
+            o.output_ids.append(int(step.argmax[i]))
+            o.output_logprobs.append(float(step.chosen[i]))
+            o.output_topk_ids.append(step.topk_ids[i].tolist())
+            o.output_topk_logprobs.append(step.topk_lp[i].tolist())

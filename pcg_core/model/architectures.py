@@ -1,0 +1,49 @@
+"""What the runtime can run: the capability table the harness reads instead of keeping its own."""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from pcg_core.config import ConfigError
+
+# architecture → features it exercises. Adding an architecture here is the whole of "supporting" it only
+# when transformers' module runs unchanged with our attention op and expert path.
+SUPPORTED_ARCHITECTURES: dict[str, tuple[str, ...]] = {
+    "LlamaForCausalLM": (),
+    "Qwen2ForCausalLM": (),
+    "Qwen3ForCausalLM": (),
+    "Qwen3MoeForCausalLM": ("moe",),
+    "MixtralForCausalLM": ("moe",),
+}
+
+
+class UnsupportedModel(ConfigError):
+    """The runtime cannot run this model yet; the message says why."""
+
+
+def architecture_of(config: PretrainedConfig) -> str:
+    archs = getattr(config, "architectures", None) or []
+    if archs:
+        return archs[0]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, config.model_type)
+
+
+def is_moe(config: PretrainedConfig) -> bool:
+    return bool(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None))
+
+
+def unsupported_reason(config: PretrainedConfig) -> str | None:
+    arch = architecture_of(config)
+    if arch not in SUPPORTED_ARCHITECTURES:
+        return f"architecture {arch} is not supported yet (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+    if getattr(config, "quantization_config", None):
+        return "quantized checkpoints are not supported yet"
+    return None
+
+
+def check_supported(config: PretrainedConfig) -> None:
+    reason = unsupported_reason(config)
+    if reason:
+        raise UnsupportedModel(reason)

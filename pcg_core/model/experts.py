@@ -1,0 +1,39 @@
+"""A capturable MoE expert path, registered with transformers' ExpertsInterface as `pcg`.
+
+transformers' default expert loop uses `nonzero` and data-dependent shapes (a host sync; not capturable).
+On CUDA in bf16 we use transformers' own `grouped_mm` path (sort + histc + grouped GEMM: static shapes, no
+sync). Elsewhere (CPU, or CUDA in fp32/fp16 where grouped_mm is unavailable under compile) every expert runs
+on every token with its routing weight, zero where not routed: more FLOPs, but static and sync-free.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, grouped_mm_experts_forward
+
+EXPERTS_IMPLEMENTATION = "pcg"
+
+
+def _dense_masked_experts(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(hidden_states, dtype=torch.float32)
+    for e in range(self.num_experts):
+        weight = (top_k_weights * (top_k_index == e)).sum(dim=-1, keepdim=True)  # [T, 1], 0 if not routed
+        if self.has_gate:
+            proj = self._apply_gate(torch.nn.functional.linear(hidden_states, self.gate_up_proj[e]))
+        else:
+            proj = self.act_fn(torch.nn.functional.linear(hidden_states, self.up_proj[e]))
+        proj = torch.nn.functional.linear(proj, self.down_proj[e])
+        out += proj.float() * weight.float()
+    return out.to(hidden_states.dtype)
+
+
+def pcg_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    weights = self.gate_up_proj if self.has_gate else self.up_proj
+    if getattr(self, "is_transposed", False) or getattr(self, "has_bias", False) or not getattr(self, "is_concatenated", True):
+        return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    if weights.device.type == "cuda" and weights.dtype == torch.bfloat16:
+        return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    return _dense_masked_experts(self, hidden_states, top_k_index, top_k_weights)
+
+
+ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, pcg_experts_forward)

@@ -1,0 +1,218 @@
+"""Load a model: from a local HF directory, from the hub, or from a config with synthetic weights.
+
+Whatever the source, the model is transformers' own implementation with our attention op (and, for MoE, our
+capturable expert path) swapped in through transformers' interfaces — no model code is re-implemented.
+Synthetic weights let any architecture run at real widths (trimmed to N layers) or tiny widths on a CPU,
+without downloading weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+from pcg_core.attention import ATTN_IMPLEMENTATION
+from pcg_core.config import ConfigError
+from pcg_core.model.architectures import check_supported, is_moe
+from pcg_core.model.experts import EXPERTS_IMPLEMENTATION
+
+# Widths of the `tiny` variant: small enough for a CPU test, shaped like the real thing (GQA kept, MoE kept).
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16, "moe_intermediate_size": 48}
+TINY_LAYERS = 2
+TINY_MAX_EXPERTS = 8
+TINY_MAX_VOCAB = 2048
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    config: PretrainedConfig
+    source: str  # where it came from, in words
+    synthetic: bool
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ConfigError(f"{p}: no config.json there; pass a model directory, a config.json file or a hub id")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}); fix the file or pass another config") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: a config.json must hold a JSON object, found {type(data).__name__}")
+    return data
+
+
+def fetch_hub_file(hub_id: str, filename: str, revision: str | None = None) -> str:
+    """One file from the hub (or the local cache; HF_HUB_OFFLINE=1 is honoured by huggingface_hub)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return hf_hub_download(hub_id, filename, revision=revision)
+    except RepositoryNotFoundError as e:
+        raise ConfigError(f"hub id {hub_id!r}: no such model on the hub (or it is gated); check the id") from e
+    except EntryNotFoundError as e:
+        raise ConfigError(f"hub id {hub_id!r}: has no {filename}") from e
+    except LocalEntryNotFoundError as e:
+        raise ConfigError(
+            f"hub id {hub_id!r}: {filename} is not in the local cache and the hub cannot be reached "
+            f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}); download it where the hub is reachable, "
+            "or pass a local config.json"
+        ) from e
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"hub id {hub_id!r}: cannot fetch {filename}: {e}") from e
+
+
+def fetch_hub_weights(hub_id: str, revision: str | None = None) -> str:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return snapshot_download(hub_id, revision=revision, allow_patterns=["*.json", "*.safetensors"])
+    except RepositoryNotFoundError as e:
+        raise ConfigError(f"hub id {hub_id!r}: no such model on the hub (or it is gated); check the id") from e
+    except LocalEntryNotFoundError as e:
+        raise ConfigError(f"hub id {hub_id!r}: weights are not in the local cache and the hub cannot be reached") from e
+
+
+def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool = False) -> dict[str, Any]:
+    """Trim to `layers` decoder layers and/or shrink to tiny widths, keeping the architecture's shape."""
+    d = copy.deepcopy(data)
+    if tiny:
+        heads = d.get("num_attention_heads", 4)
+        kv = d.get("num_key_value_heads", heads)
+        for key, value in TINY.items():
+            if key in d or key in ("hidden_size", "num_attention_heads", "head_dim"):
+                d[key] = value
+        d["num_key_value_heads"] = 2 if kv < heads else TINY["num_attention_heads"]
+        for key in ("num_experts", "num_local_experts"):
+            if d.get(key):
+                d[key] = min(d[key], TINY_MAX_EXPERTS)
+        if d.get("num_experts_per_tok"):
+            n_exp = d.get("num_experts") or d.get("num_local_experts") or 2
+            d["num_experts_per_tok"] = min(d["num_experts_per_tok"], 2, n_exp)
+        if d.get("vocab_size", 0) > TINY_MAX_VOCAB:
+            d["vocab_size"] = TINY_MAX_VOCAB
+            for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+                if isinstance(d.get(key), int) and d[key] >= TINY_MAX_VOCAB:
+                    d[key] = TINY_MAX_VOCAB - 1
+                elif isinstance(d.get(key), list):
+                    d[key] = [min(t, TINY_MAX_VOCAB - 1) for t in d[key]]
+        if layers is None:
+            layers = TINY_LAYERS
+    if layers is not None:
+        if layers <= 0:
+            raise ConfigError(f"--layers must be positive, got {layers}")
+        layers = min(layers, d.get("num_hidden_layers", layers))
+        d["num_hidden_layers"] = layers
+        if isinstance(d.get("layer_types"), list):
+            d["layer_types"] = d["layer_types"][:layers]
+        if isinstance(d.get("mlp_only_layers"), list):
+            d["mlp_only_layers"] = [i for i in d["mlp_only_layers"] if i < layers]
+        if isinstance(d.get("max_window_layers"), int):
+            d["max_window_layers"] = min(d["max_window_layers"], layers)
+    return d
+
+
+def build_config(data: dict[str, Any], where: str = "config") -> PretrainedConfig:
+    model_type = data.get("model_type")
+    if not model_type:
+        raise ConfigError(f"{where}: has no model_type; is this a transformers config.json?")
+    if model_type not in CONFIG_MAPPING:
+        archs = data.get("architectures") or []
+        raise ConfigError(
+            f"{where}: model_type {model_type!r} (architectures {archs}) is not a transformers model type; "
+            "pcg runs transformers' own implementations and never remote code"
+        )
+    d = {k: v for k, v in data.items() if k not in ("auto_map", "quantization_config")}
+    d.pop("model_type")
+    try:
+        return CONFIG_MAPPING[model_type](**d)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: transformers rejects this {model_type} config: {e}") from e
+
+
+def _implementation_kwargs(config: PretrainedConfig) -> dict[str, str]:
+    kw = {"attn_implementation": ATTN_IMPLEMENTATION}
+    if is_moe(config):
+        kw["experts_implementation"] = EXPERTS_IMPLEMENTATION
+    return kw
+
+
+def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str | torch.device, seed: int) -> torch.nn.Module:
+    """transformers' model class for this config, weights drawn from its own initializer under `seed`."""
+    check_supported(config)
+    # Variance-preserving init: at the default 0.02 a tiny model's layers barely move the residual stream and
+    # greedy decoding just copies the input token, which would make token comparisons trivially pass.
+    config.initializer_range = config.hidden_size**-0.5
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **_implementation_kwargs(config))
+    return model.eval().requires_grad_(False)
+
+
+def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.device, layers: int | None) -> torch.nn.Module:
+    config_data = shrink_config(read_config_file(path), layers=layers)
+    config = build_config(config_data, where=str(path))
+    check_supported(config)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, device_map=str(device), **_implementation_kwargs(config))
+    return model.eval().requires_grad_(False)
+
+
+def has_weights(path: Path) -> bool:
+    return any(path.glob("*.safetensors"))
+
+
+def load_model(
+    spec: str | dict[str, Any],
+    *,
+    layers: int | None = None,
+    tiny: bool = False,
+    weights: str = "auto",
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> LoadedModel:
+    """`spec`: a config dict, a local directory, a config.json path, or a hub id.
+
+    weights: "auto" (real weights where the source has them and `tiny` is off), "real" or "synthetic".
+    """
+    if weights not in ("auto", "real", "synthetic"):
+        raise ConfigError(f"weights must be auto, real or synthetic, got {weights!r}")
+    if tiny and weights == "real":
+        raise ConfigError("--tiny shrinks widths, so it needs synthetic weights; drop --weights real")
+    if isinstance(spec, dict):
+        data, where, real_path = spec, "config", None
+    else:
+        p = Path(spec)
+        if p.exists():
+            data, where = read_config_file(p), str(p)
+            real_path = str(p) if p.is_dir() and has_weights(p) else None
+        elif "/" in spec and not spec.endswith(".json") and spec.count("/") == 1:
+            where = f"hub:{spec}"
+            if weights == "real" or (weights == "auto" and not tiny):
+                real_path = fetch_hub_weights(spec)
+                data = read_config_file(real_path)
+            else:
+                real_path, data = None, read_config_file(fetch_hub_file(spec, "config.json"))
+        else:
+            raise ConfigError(f"model {spec!r}: not a directory, a config.json file, a model card id or a hub id (org/name)")
+    use_real = weights == "real" or (weights == "auto" and real_path is not None and not tiny)
+    if use_real:
+        if real_path is None:
+            raise ConfigError(f"{where}: has no safetensors weights; use --weights synthetic")
+        return LoadedModel(pretrained_model(real_path, dtype=dtype, device=device, layers=layers), build_config(shrink_config(data, layers=layers)), where, False)
+    config = build_config(shrink_config(data, layers=layers, tiny=tiny), where=where)
+    return LoadedModel(synthetic_model(config, dtype=dtype, device=device, seed=seed), config, where, True)
