@@ -72,11 +72,15 @@ class Engine:
         return input_ids, positions, ForwardContext(md, self.cache, self.attn_backend, bucket=num_tokens)
 
     @torch.no_grad()
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
-        """Hidden states [len(batch), hidden] of a packed batch whose KV slots are allocated."""
+    def forward(self, batch: PackedBatch, eager: bool = False) -> torch.Tensor:
+        """Hidden states [len(batch), hidden] of a packed batch whose KV slots are allocated.
+
+        eager=True pads exactly as the graph path would but runs the model eagerly: the reference for
+        "replay is bitwise equal to eager at the same padded token count".
+        """
         n = len(batch)
         bucket = self.config.capture.bucket_for(n) if self.backend.pads else None
-        if self.backend.pads:
+        if self.backend.pads and not eager:
             if bucket is None:
                 self.stats.eager_fallbacks += 1
             else:
@@ -84,8 +88,23 @@ class Engine:
         input_ids, positions, md = self.inputs.fill(batch, bucket or n)
         ctx = ForwardContext(md, self.cache, self.attn_backend, bucket=bucket)
         with set_forward_context(ctx):
-            hidden = self.backend.run(input_ids, positions, ctx) if bucket else self.backend.eager(input_ids, positions)
+            if bucket and not eager:
+                hidden = self.backend.run(input_ids, positions, ctx)
+            else:
+                hidden = self.backend.eager(input_ids, positions)
         return hidden[:n]
+
+    def prefill_batch(self, prompts: list[list[int]], extra_slots: int = 0) -> PackedBatch:
+        """Reset the cache, allocate slots for `prompts` (+ extra per sequence) and pack them into one batch."""
+        self.cache.reset()
+        batch = PackedBatch([], [], [], [])
+        for i, p in enumerate(prompts):
+            base = self.cache.allocate(i, len(p) + extra_slots)
+            batch.token_ids += p
+            batch.positions += list(range(len(p)))
+            batch.seq_ids += [i] * len(p)
+            batch.slots += [base + j for j in range(len(p))]
+        return batch
 
     def _row_stats(self, hidden: torch.Tensor, targets: torch.Tensor | None, top_k: int) -> _RowStats:
         parts = []
@@ -110,17 +129,9 @@ class Engine:
             raise ValueError("every prompt needs at least one token")
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be ≥ 1")
-        self.cache.reset()
         outs = [SequenceOutput(prompt_ids=list(p)) for p in prompts]
-        bases = [self.cache.allocate(i, len(p) + max_new_tokens) for i, p in enumerate(prompts)]
-
-        # Prefill
-        batch = PackedBatch([], [], [], [])
-        for i, p in enumerate(prompts):
-            batch.token_ids += p
-            batch.positions += list(range(len(p)))
-            batch.seq_ids += [i] * len(p)
-            batch.slots += [bases[i] + j for j in range(len(p))]
+        batch = self.prefill_batch(prompts, extra_slots=max_new_tokens)
+        bases = [batch.slots[s] for s in [0] + torch.tensor([len(p) for p in prompts]).cumsum(0)[:-1].tolist()]
         hidden = self.forward(batch)
         ends = torch.tensor([len(p) for p in prompts]).cumsum(0)
         if prompt_logprobs:
