@@ -1,0 +1,1 @@
+"""harness: model cards, the compatibility matrix, the judge, the store and the reports around pcg_core."""

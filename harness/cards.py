@@ -1,0 +1,60 @@
+"""Model cards (harness/models/*.yaml): which model, which real config, which features it exercises."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pcg_core.config import ConfigError
+
+CARDS_DIR = Path(__file__).parent / "models"
+
+
+@dataclass
+class ModelCard:
+    id: str
+    hub_id: str
+    architecture: str
+    config: dict[str, Any]
+    features: list[str] = field(default_factory=list)
+    path: Path | None = None
+
+
+def _load(path: Path) -> ModelCard:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a model card is a YAML mapping with id, hub_id, architecture, config")
+    missing = [k for k in ("id", "hub_id", "architecture", "config") if k not in data]
+    if missing:
+        raise ConfigError(f"{path}: missing field(s) {', '.join(missing)}")
+    config = data["config"]
+    if isinstance(config, str):
+        config_path = path.parent / config
+        if not config_path.is_file():
+            raise ConfigError(f"{path}: field config names {config!r}, which is not a file beside the card")
+        config = json.loads(config_path.read_text())
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: field config must be a file name or an inline mapping")
+    return ModelCard(data["id"], data["hub_id"], data["architecture"], config, list(data.get("features") or []), path)
+
+
+def load_cards(directory: Path = CARDS_DIR) -> dict[str, ModelCard]:
+    cards = {}
+    for path in sorted(directory.glob("*.yaml")):
+        card = _load(path)
+        if card.id in cards:
+            raise ConfigError(f"{path}: card id {card.id!r} is already used by {cards[card.id].path}")
+        cards[card.id] = card
+    return cards
+
+
+def find_card(model_id: str, directory: Path = CARDS_DIR) -> ModelCard | None:
+    path = directory / f"{model_id}.yaml"
+    return _load(path) if path.is_file() else None

@@ -1,0 +1,95 @@
+"""The judge: compares a graph run with an eager run of the same weights and gives a status.
+
+Layers (../shared/DESIGN.md): eager twice (differences there are the eager path's, not the graph's); graph
+run with crashes classified; greedy tokens with top-k containment at the first divergence (vLLM's
+check_logprobs_close rule: a near-tie flip is not a bug, and nothing after it is comparable); logprob
+differences on positions where tokens agree, prompt and output, against a per-dtype threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pcg_core.engine import SequenceOutput
+
+STATUSES = (
+    "pass",
+    "pass_flaky",
+    "fail_accuracy",
+    "fail_capture",
+    "fail_run",
+    "timeout",
+    "oom",
+    "eager_fail",
+    "eager_nondeterministic",
+    "unsupported",
+    "skipped",
+)
+PASSING = ("pass", "pass_flaky")
+
+# Max |logprob(graph) - logprob(eager)| on agreeing positions. fp32: padded and unpadded GEMMs differ by
+# reduction order only (~1e-6 measured); bf16/fp16: one rounding of 2^-8 relative per layer output, summed
+# over the stack, moves logits by a few 1e-2 (upstream HF comparisons use ±5e-2 for logprobs).
+LOGPROB_TOL = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 1e-1}
+
+
+@dataclass
+class Verdict:
+    status: str
+    reason: str
+    token_match: float = 1.0
+    max_prompt_logprob_diff: float = 0.0
+    max_output_logprob_diff: float = 0.0
+    topk_containment_ok: bool = True
+    divergences: list[str] = field(default_factory=list)
+
+
+def outputs_identical(a: list[list[SequenceOutput]], b: list[list[SequenceOutput]]) -> bool:
+    """Bitwise equality of two runs of the same suite (the eager-twice check)."""
+    return a == b
+
+
+def compare(
+    ref: dict[str, list[SequenceOutput]], cand: dict[str, list[SequenceOutput]], tol: float
+) -> Verdict:
+    """Judge candidate outputs against reference outputs, case by case, sequence by sequence."""
+    matched = total = 0
+    max_p = max_o = 0.0
+    containment_ok = True
+    notes: list[str] = []
+    for case, refs in ref.items():
+        cands = cand[case]
+        if len(cands) != len(refs):
+            return Verdict("fail_accuracy", f"{case}: {len(cands)} outputs for {len(refs)} prompts", 0.0)
+        for i, (r, c) in enumerate(zip(refs, cands)):
+            where = f"{case}[{i}]"
+            if r.prompt_logprobs is not None and c.prompt_logprobs is not None:
+                for a, b in zip(r.prompt_logprobs, c.prompt_logprobs):
+                    max_p = max(max_p, abs(a - b))
+            total += len(r.output_ids)
+            for t, (a, b) in enumerate(zip(r.output_ids, c.output_ids)):
+                if a == b:
+                    matched += 1
+                    max_o = max(max_o, abs(r.output_logprobs[t] - c.output_logprobs[t]))
+                    continue
+                ok = a in c.output_topk_ids[t] and b in r.output_topk_ids[t]
+                containment_ok &= ok
+                notes.append(
+                    f"{where}: first divergence at output {t}: eager {a} vs graph {b}"
+                    + ("" if ok else " (not in each other's top-k)")
+                )
+                break
+    token_match = matched / total if total else 1.0
+    v = Verdict("pass", "", token_match, max_p, max_o, containment_ok, notes)
+    problems = []
+    if not containment_ok:
+        problems.append("greedy tokens diverge outside top-k: " + "; ".join(n for n in notes if "not in" in n)[:400])
+    if max_p > tol:
+        problems.append(f"prompt logprob diff {max_p:.3g} > {tol:g}")
+    if max_o > tol:
+        problems.append(f"output logprob diff {max_o:.3g} > {tol:g}")
+    if problems:
+        v.status, v.reason = "fail_accuracy", "; ".join(problems)
+    elif notes:
+        v.reason = f"{len(notes)} near-tie divergence(s) with top-k containment"
+    return v
