@@ -21,7 +21,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from pcg_core.attention import ATTN_IMPLEMENTATION
 from pcg_core.config import ConfigError
-from pcg_core.model.architectures import check_supported, is_moe
+from pcg_core.model.architectures import UnsupportedModel, check_supported, is_moe
 from pcg_core.model.experts import EXPERTS_IMPLEMENTATION
 
 # Widths of the `tiny` variant: small enough for a CPU test, shaped like the real thing (GQA kept, MoE kept).
@@ -132,7 +132,7 @@ def build_config(data: dict[str, Any], where: str = "config") -> PretrainedConfi
         raise ConfigError(f"{where}: has no model_type; is this a transformers config.json?")
     if model_type not in CONFIG_MAPPING:
         archs = data.get("architectures") or []
-        raise ConfigError(
+        raise UnsupportedModel(
             f"{where}: model_type {model_type!r} (architectures {archs}) is not a transformers model type; "
             "pcg runs transformers' own implementations and never remote code"
         )

@@ -1,0 +1,117 @@
+"""`pcgh cell` end to end on the CPU: statuses, JSON fields, exit codes, bad input, a planted fault."""
+
+import json
+import random
+
+import pytest
+
+from harness.cards import CARDS_DIR
+from harness.cell import CellSpec, run_cell
+from harness.cli import main
+from pcg_core.engine.inputs import InputBuffers
+
+CONFIGS = CARDS_DIR / "configs"
+REQUIRED = ["status", "reason", "model", "graph", "attention", "device", "dtype", "layers", "pieces", "graphs_captured",
+            "capture_s", "compile_s", "graph_pool_bytes", "token_match", "max_prompt_logprob_diff",
+            "max_output_logprob_diff", "topk_containment_ok", "latency_ms", "speedup"]
+
+
+@pytest.mark.parametrize("graph", ["piecewise", "breakable", "full"])
+def test_cell_json_passes_on_tiny_moe(graph, capsys):
+    rc = main(["cell", "--model", "qwen3-30b-a3b", "--tiny", "--graph", graph, "--device", "cpu", "--max-tokens", "64", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    assert all(k in out for k in REQUIRED), [k for k in REQUIRED if k not in out]
+    assert out["status"] == "pass" and out["token_match"] == 1.0
+    assert out["pieces"] == {"piecewise": 3, "breakable": 3, "full": 1}[graph]
+    assert out["graphs_captured"] == 0  # CPU: no CUDA graphs, the split/pad path still ran
+    assert out["eager_fallbacks"] >= 1  # the above-max case ran eagerly and was counted
+    assert set(out["latency_ms"]) == {"8", "32"} and all(v > 0 for v in out["speedup"].values())
+
+
+def test_cell_on_a_config_not_tested_elsewhere(tmp_path):
+    """A config with head counts, widths and depth no other test uses (the 'configs you did not test' rule)."""
+    rng = random.Random(7)
+    heads = rng.choice([6, 10, 12])
+    cfg = json.loads((CONFIGS / "Qwen__Qwen3-8B.json").read_text())
+    cfg.update(hidden_size=heads * 8, num_attention_heads=heads, num_key_value_heads=2, head_dim=8,
+               intermediate_size=96, num_hidden_layers=3, vocab_size=1000)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    r = run_cell(CellSpec(model=str(path), graph="piecewise", max_tokens=32, max_new_tokens=4))
+    assert r["status"] == "pass", r["reason"]
+    assert r["pieces"] == 4 and r["layers"] == 3
+
+
+def test_planted_stale_input_fails_accuracy(monkeypatch):
+    """A stale static input (positions not refreshed after the first forward) must be caught as fail_accuracy."""
+    real_fill = InputBuffers.fill
+
+    def stale_fill(self, batch, num_tokens):
+        before = self._bufs["positions"].clone()
+        out = real_fill(self, batch, num_tokens)
+        if self._pcg_graph and num_tokens <= self.capacity:
+            self._bufs["positions"].copy_(before)  # the planted bug: the static positions are never refreshed
+        return out
+
+    real_init = InputBuffers.__init__
+
+    def tagged_init(self, capacity, cache, device):
+        real_init(self, capacity, cache, device)
+        self._pcg_graph = tagged_init.count > 0  # the first engine built is the eager reference
+        tagged_init.count += 1
+
+    tagged_init.count = 0
+    monkeypatch.setattr(InputBuffers, "fill", stale_fill)
+    monkeypatch.setattr(InputBuffers, "__init__", tagged_init)
+    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, graph="piecewise", max_tokens=32, max_new_tokens=4))
+    assert r["status"] == "fail_accuracy", r
+    assert "logprob diff" in r["reason"] or "top-k" in r["reason"]
+
+
+def test_unsupported_architecture_is_a_status_not_a_crash(capsys):
+    rc = main(["cell", "--model", "deepseek-v3", "--tiny", "--graph", "piecewise", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["status"] == "unsupported" and "DeepseekV3ForCausalLM" in out["reason"]
+
+
+def test_remote_code_model_type_is_unsupported(capsys):
+    rc = main(["cell", "--model", "kimi-k2", "--tiny", "--graph", "piecewise", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["status"] == "unsupported" and "kimi_k2" in out["reason"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "/no/such/config.json"], "not a directory, a config.json file"),
+        (["--model", "qwen3-0.6b", "--device", "cuda"], "no CUDA GPU"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(args, message, capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    rc = main(["cell", "--tiny", "--graph", "piecewise", *args])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_json_config_names_the_file(tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    assert main(["cell", "--model", str(bad), "--tiny", "--graph", "piecewise"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "not valid JSON" in err
+
+
+def test_bad_flag_value_is_rejected_by_argparse(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["cell", "--model", "qwen3-0.6b", "--graph", "piecewise", "--max-tokens", "-4"])
+    assert e.value.code == 2
+    assert "positive integer" in capsys.readouterr().err
+
+
+def test_models_lists_every_card(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for cid in ("qwen3-0.6b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3", "grok-2"):
+        assert cid in out
