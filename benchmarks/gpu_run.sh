@@ -1,15 +1,36 @@
 #!/usr/bin/env bash
-# One device call: environment, GPU tests, then the prefill benchmark on the two model shapes.
-# Usage (on the GPU machine, from the repo root): bash benchmarks/gpu_run.sh [quick]
+# One device call: environment, then the phases asked for (default: all).
+#   tests  — pytest -m gpu
+#   cells  — `pcgh cell` on CUDA for the supported seed architectures × graph backends (JSON lines)
+#   bench  — benchmarks/prefill.py for a Qwen3-0.6B shape and a trimmed Qwen3-30B-A3B shape, bf16
+# Usage (on the GPU machine, from the repo root): bash benchmarks/gpu_run.sh [tests] [cells] [bench]
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-out}; mkdir -p "$OUT"
+phases=${*:-tests cells bench}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/env.txt"
-if [ "${1:-}" != "bench" ]; then
-  timeout 240 python3 -m pytest -q -x -m gpu tests 2>&1 | tee "$OUT/gpu_tests.txt" | tail -30
+if [[ " $phases " == *" tests "* ]]; then
+  timeout 300 python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
 fi
-if [ "${1:-}" != "tests" ]; then
+if [[ " $phases " == *" cells "* ]]; then
+  : > "$OUT/cells.jsonl"
+  while read -r model layers graph; do
+    timeout 150 python3 -m harness.cli cell --model "$model" --layers "$layers" --graph "$graph" --device cuda --json \
+      >> "$OUT/cells.jsonl" 2>> "$OUT/cells.err" || true
+  done <<CELLS
+qwen3-0.6b 28 piecewise
+qwen3-0.6b 28 breakable
+qwen3-0.6b 28 full
+qwen3-30b-a3b 4 piecewise
+qwen3-30b-a3b 4 breakable
+qwen3-30b-a3b 4 full
+llama-3.1-8b 4 piecewise
+mixtral-8x7b 2 piecewise
+CELLS
+  python3 benchmarks/cells_table.py "$OUT/cells.jsonl" | tee "$OUT/cells.md"
+fi
+if [[ " $phases " == *" bench "* ]]; then
   timeout 280 python3 benchmarks/prefill.py --model harness/models/configs/Qwen__Qwen3-0.6B.json --dtype bfloat16 \
     --json "$OUT/prefill_qwen3_0.6b.json" 2>&1 | tee "$OUT/prefill_qwen3_0.6b.txt"
   timeout 280 python3 benchmarks/prefill.py --model harness/models/configs/Qwen__Qwen3-30B-A3B.json --layers ${MOE_LAYERS:-8} \

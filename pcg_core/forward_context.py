@@ -8,7 +8,7 @@ sets it around every forward; nothing else is global.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
@@ -27,9 +27,6 @@ class ForwardContext:
     mode: str = "eager"
     # Breakable capture installs a recorder here; split ops end a segment through it.
     segment_recorder: Any = None
-    # Optional hook(piece_index, output) for naming the first diverging piece.
-    piece_observer: Any = None
-    extras: dict = field(default_factory=dict)
 
 
 _CURRENT: ForwardContext | None = None

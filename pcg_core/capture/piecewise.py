@@ -43,6 +43,14 @@ def split_at_split_ops(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, 
     return split_gm, pieces, splits
 
 
+def compile_piece_inductor(piece: torch.fx.GraphModule) -> Any:
+    """Inductor codegen for one piece, token dimension kept symbolic (the fake inputs dynamo left in the graph)."""
+    from torch._inductor import standalone_compile
+
+    fakes = [n.meta["example_value"] for n in piece.graph.nodes if n.op == "placeholder"]
+    return standalone_compile(piece, fakes, dynamic_shapes="from_graph")
+
+
 class PieceRunner(torch.nn.Module):
     """One captured piece: a CUDA graph per bucket, output held by weak reference."""
 
@@ -89,7 +97,7 @@ class PiecewiseBackend(GraphBackend):
         for i, name in enumerate(pieces):
             piece = getattr(split_gm, name)
             if self.config.compiler == "inductor":
-                piece = torch.compile(piece, backend="inductor", dynamic=True, fullgraph=True)
+                piece = compile_piece_inductor(piece)
             setattr(split_gm, name, PieceRunner(piece, i, self))
         self.stats.compile_s = time.perf_counter() - t0
         self.stats.pieces, self.stats.split_ops = len(pieces), len(splits)

@@ -96,15 +96,18 @@ class Engine:
 
     def prefill_batch(self, prompts: list[list[int]], extra_slots: int = 0) -> PackedBatch:
         """Reset the cache, allocate slots for `prompts` (+ extra per sequence) and pack them into one batch."""
+        return self._pack_prompts(prompts, extra_slots)[0]
+
+    def _pack_prompts(self, prompts: list[list[int]], extra_slots: int) -> tuple[PackedBatch, list[int]]:
         self.cache.reset()
-        batch = PackedBatch([], [], [], [])
+        batch, bases = PackedBatch([], [], [], []), []
         for i, p in enumerate(prompts):
-            base = self.cache.allocate(i, len(p) + extra_slots)
+            bases.append(self.cache.allocate(i, len(p) + extra_slots))
             batch.token_ids += p
             batch.positions += list(range(len(p)))
             batch.seq_ids += [i] * len(p)
-            batch.slots += [base + j for j in range(len(p))]
-        return batch
+            batch.slots += [bases[-1] + j for j in range(len(p))]
+        return batch, bases
 
     def _row_stats(self, hidden: torch.Tensor, targets: torch.Tensor | None, top_k: int) -> _RowStats:
         parts = []
@@ -130,8 +133,7 @@ class Engine:
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be ≥ 1")
         outs = [SequenceOutput(prompt_ids=list(p)) for p in prompts]
-        batch = self.prefill_batch(prompts, extra_slots=max_new_tokens)
-        bases = [batch.slots[s] for s in [0] + torch.tensor([len(p) for p in prompts]).cumsum(0)[:-1].tolist()]
+        batch, bases = self._pack_prompts(prompts, extra_slots=max_new_tokens)
         hidden = self.forward(batch)
         ends = torch.tensor([len(p) for p in prompts]).cumsum(0)
         if prompt_logprobs:

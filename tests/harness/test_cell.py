@@ -115,3 +115,10 @@ def test_models_lists_every_card(capsys):
     out = capsys.readouterr().out
     for cid in ("qwen3-0.6b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3", "grok-2"):
         assert cid in out
+
+
+@pytest.mark.slow
+def test_piecewise_with_inductor_compiler_passes():
+    r = run_cell(CellSpec(model="qwen3-30b-a3b", tiny=True, graph="piecewise", compiler="inductor", max_tokens=32, max_new_tokens=4))
+    assert r["status"] == "pass", r["reason"]
+    assert r["compiler"] == "inductor" and r["compile_s"] > 0 and r["pieces"] == 3
