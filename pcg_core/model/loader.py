@@ -63,14 +63,14 @@ def fetch_hub_file(hub_id: str, filename: str, revision: str | None = None) -> s
         return hf_hub_download(hub_id, filename, revision=revision)
     except RepositoryNotFoundError as e:
         raise ConfigError(f"hub id {hub_id!r}: no such model on the hub (or it is gated); check the id") from e
-    except EntryNotFoundError as e:
-        raise ConfigError(f"hub id {hub_id!r}: has no {filename}") from e
-    except LocalEntryNotFoundError as e:
+    except LocalEntryNotFoundError as e:  # before EntryNotFoundError: it is a subclass of it
         raise ConfigError(
             f"hub id {hub_id!r}: {filename} is not in the local cache and the hub cannot be reached "
             f"(HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '0')}); download it where the hub is reachable, "
             "or pass a local config.json"
         ) from e
+    except EntryNotFoundError as e:
+        raise ConfigError(f"hub id {hub_id!r}: has no {filename}") from e
     except (OSError, ValueError) as e:
         raise ConfigError(f"hub id {hub_id!r}: cannot fetch {filename}: {e}") from e
 

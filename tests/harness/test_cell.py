@@ -122,3 +122,11 @@ def test_piecewise_with_inductor_compiler_passes():
     r = run_cell(CellSpec(model="qwen3-30b-a3b", tiny=True, graph="piecewise", compiler="inductor", max_tokens=32, max_new_tokens=4))
     assert r["status"] == "pass", r["reason"]
     assert r["compiler"] == "inductor" and r["compile_s"] > 0 and r["pieces"] == 3
+
+
+def test_unreachable_hub_id_offline_is_a_clear_error(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    rc = main(["cell", "--model", "pcg-test-org/no-such-model-xyz", "--tiny", "--graph", "piecewise"])
+    assert rc == 2
+    assert "not in the local cache and the hub cannot be reached" in capsys.readouterr().err
