@@ -58,8 +58,8 @@ class CaptureConfig:
                 raise ConfigError(f"buckets must be a non-empty list of positive integers, got {self.buckets!r}")
             self.buckets = sorted(set(self.buckets))
             self.max_tokens = self.buckets[-1]
-        elif self.max_tokens <= 0:
-            raise ConfigError(f"max_tokens must be positive, got {self.max_tokens}")
+        elif not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
+            raise ConfigError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
 
     @property
     def ladder(self) -> list[int]:

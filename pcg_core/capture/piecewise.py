@@ -116,6 +116,10 @@ class PiecewiseBackend(GraphBackend):
         with set_forward_context(ctx):
             compiled(input_ids, positions)
         self.stats.trace_s = time.perf_counter() - t0 - self.stats.compile_s
+        # We dispatch the split graph directly from now on, so dynamo's cache entry is dead weight: drop it, or
+        # every further engine built on this code counts as a recompile (and the 9th one fails) and the entry
+        # keeps this engine's graph alive after the engine is gone.
+        torch._dynamo.eval_frame.remove_from_cache(self.body)
         for i, x in enumerate(self._example_inputs):
             if x is input_ids:
                 self._ids_index = i

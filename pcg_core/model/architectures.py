@@ -38,8 +38,6 @@ def unsupported_reason(config: PretrainedConfig) -> str | None:
     arch = architecture_of(config)
     if arch not in SUPPORTED_ARCHITECTURES:
         return f"architecture {arch} is not supported yet (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-    if getattr(config, "quantization_config", None):
-        return "quantized checkpoints are not supported yet"
     return None
 
 

@@ -136,12 +136,14 @@ def build_config(data: dict[str, Any], where: str = "config") -> PretrainedConfi
             f"{where}: model_type {model_type!r} (architectures {archs}) is not a transformers model type; "
             "pcg runs transformers' own implementations and never remote code"
         )
+    # Synthetic weights are plain (unquantized) tensors, so a checkpoint's quantization_config does not apply;
+    # real quantized checkpoints are refused in pretrained_model().
     d = {k: v for k, v in data.items() if k not in ("auto_map", "quantization_config")}
     d.pop("model_type")
     try:
         return CONFIG_MAPPING[model_type](**d)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: transformers rejects this {model_type} config: {e}") from e
+    except Exception as e:  # noqa: BLE001 - transformers raises its own validation errors, KeyError for rope
+        raise ConfigError(f"{where}: transformers rejects this {model_type} config: {type(e).__name__}: {e}") from e
 
 
 def _implementation_kwargs(config: PretrainedConfig) -> dict[str, str]:
@@ -165,10 +167,14 @@ def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str
 
 def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.device, layers: int | None) -> torch.nn.Module:
     config_data = shrink_config(read_config_file(path), layers=layers)
+    quant = config_data.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
+        raise UnsupportedModel(f"{path}: quantized checkpoint ({method}) is not supported yet")
     config = build_config(config_data, where=str(path))
     check_supported(config)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, device_map=str(device), **_implementation_kwargs(config))
-    return model.eval().requires_grad_(False)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, **_implementation_kwargs(config))
+    return model.to(device).eval().requires_grad_(False)  # .to(): device_map would need accelerate
 
 
 def has_weights(path: Path) -> bool:
