@@ -50,7 +50,27 @@ def main() -> int:
     cases = prompt_suite(cap.ladder, lm.config.vocab_size)
     kv = max(sum(len(p) + 8 for p in ps) for ps in cases.values()) + 16
     engine = Engine(lm.model, EngineConfig(device=args.device, dtype="bfloat16", capture=cap, kv_slots=kv))
-    runs = [{n: engine.generate(ps, 8, 5, prompt_logprobs=True) for n, ps in cases.items()} for _ in range(2)]
+    # Cold versus warm: the first forward at a shape against later ones, module by module.
+    for name, prompts in cases.items():
+        batch = engine.prefill_batch(prompts)
+        outs = [module_outputs(engine, batch) for _ in range(3)]
+        for i in (1, 2):
+            first = next((k for k in outs[0] if not torch.equal(outs[0][k], outs[i][k])), None)
+            print(f"  {name} forward 1 vs {i + 1}: " + ("identical" if first is None else f"first differing module: {first}, "
+                  f"max|Δ| {(outs[0][first].float() - outs[i][first].float()).abs().max().item():.3g}"))
+    runs = [{n: engine.generate(ps, 8, 5, prompt_logprobs=True) for n, ps in cases.items()} for _ in range(3)]
+    for name in cases:
+        print(f"case {name:24s} run1==run2 {runs[0][name] == runs[1][name]} run2==run3 {runs[1][name] == runs[2][name]}")
+    finite = all(bool(torch.isfinite(t).all()) for t in engine.cache.k + engine.cache.v)
+    print(f"KV cache all finite after the runs: {finite}")
+    zeroed = []
+    for _ in range(2):
+        for t in engine.cache.k + engine.cache.v:
+            t.zero_()
+        zeroed.append({n: engine.generate(ps, 8, 5, prompt_logprobs=True) for n, ps in cases.items()})
+    for name in cases:
+        print(f"case {name:24s} with K/V zeroed before each run: identical {zeroed[0][name] == zeroed[1][name]}, "
+              f"equal to run 1 {zeroed[0][name] == runs[0][name]}")
     for name in cases:
         same = runs[0][name] == runs[1][name]
         worst = 0.0

@@ -23,9 +23,6 @@ qwen3-0.6b 28 piecewise
 qwen3-0.6b 28 breakable
 qwen3-0.6b 28 full
 qwen3-30b-a3b 4 piecewise
-qwen3-30b-a3b 4 breakable
-qwen3-30b-a3b 4 full
-llama-3.1-8b 4 piecewise
 mixtral-8x7b 2 piecewise
 CELLS
   python3 benchmarks/cells_table.py "$OUT/cells.jsonl" | tee "$OUT/cells.md"

@@ -104,8 +104,17 @@ def run_cell(spec: CellSpec) -> dict[str, Any]:
         ref2 = run_suite(eager)
     except Exception as e:  # noqa: BLE001
         return done(*_crash("eager_fail", e))
-    if not outputs_identical(list(ref.values()), list(ref2.values())):
-        return done("eager_nondeterministic", "two eager runs of the same prompts differ")
+    # Eager's own noise floor. Bitwise-equal runs are the norm; on a GPU, decode steps have been seen to flip
+    # bf16 near-ties between runs. If eager-vs-eager passes the same judge the graph faces, the graph can be
+    # judged; if not, the cell cannot tell graph bugs from eager noise.
+    tol = spec.logprob_tol if spec.logprob_tol is not None else LOGPROB_TOL[spec.dtype]
+    result["eager_bitwise_deterministic"] = outputs_identical(list(ref.values()), list(ref2.values()))
+    if not result["eager_bitwise_deterministic"]:
+        self_check = compare(ref, ref2, tol)
+        result["eager_self_diff"] = {"token_match": self_check.token_match, "max_prompt_logprob_diff": self_check.max_prompt_logprob_diff,
+                                     "max_output_logprob_diff": self_check.max_output_logprob_diff}
+        if self_check.status != "pass":
+            return done("eager_nondeterministic", f"two eager runs of the same prompts differ beyond the judge's bounds: {self_check.reason}")
 
     # Layer 2: capture, then run
     try:
@@ -124,7 +133,6 @@ def run_cell(spec: CellSpec) -> dict[str, Any]:
     result.update(eager_fallbacks=st.eager_fallbacks, bucket_hits={str(k): v for k, v in sorted(st.bucket_hits.items())})
 
     # Layers 3-4: tokens, containment, logprobs
-    tol = spec.logprob_tol if spec.logprob_tol is not None else LOGPROB_TOL[spec.dtype]
     verdict = compare(ref, cand, tol)
     result.update({k: v for k, v in asdict(verdict).items() if k not in ("status", "reason")})
 

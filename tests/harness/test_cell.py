@@ -130,3 +130,38 @@ def test_unreachable_hub_id_offline_is_a_clear_error(capsys, monkeypatch):
     rc = main(["cell", "--model", "pcg-test-org/no-such-model-xyz", "--tiny", "--graph", "piecewise"])
     assert rc == 2
     assert "not in the local cache and the hub cannot be reached" in capsys.readouterr().err
+
+
+def _perturb_second_eager_run(monkeypatch, delta):
+    """Make the eager engine's second suite run differ from its first by `delta` on every output logprob."""
+    from pcg_core.engine.engine import Engine
+
+    real_generate = Engine.generate
+    seen = {}
+
+    def generate(self, prompts, *args, **kwargs):
+        outs = real_generate(self, prompts, *args, **kwargs)
+        if self.config.capture.backend == "disabled":
+            key = (id(self), tuple(map(tuple, prompts)))
+            if key in seen:
+                for o in outs:
+                    o.output_logprobs = [x + delta for x in o.output_logprobs]
+            seen[key] = True
+        return outs
+
+    monkeypatch.setattr(Engine, "generate", generate)
+
+
+def test_eager_noise_within_bounds_is_recorded_not_fatal(monkeypatch):
+    _perturb_second_eager_run(monkeypatch, 1e-5)
+    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, graph="full", max_tokens=32, max_new_tokens=2))
+    assert r["status"] == "pass", r["reason"]
+    assert r["eager_bitwise_deterministic"] is False
+    assert abs(r["eager_self_diff"]["max_output_logprob_diff"] - 1e-5) < 1e-6
+
+
+def test_eager_noise_beyond_bounds_is_eager_nondeterministic(monkeypatch):
+    _perturb_second_eager_run(monkeypatch, 0.5)
+    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, graph="full", max_tokens=32, max_new_tokens=2))
+    assert r["status"] == "eager_nondeterministic"
+    assert "beyond the judge's bounds" in r["reason"]
