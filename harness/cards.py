@@ -12,6 +12,8 @@ import yaml
 from pcg_core.config import ConfigError
 
 CARDS_DIR = Path(__file__).parent / "models"
+# full: real weights from the hub; trim: real widths, N layers (trim:N), synthetic weights; tiny: CPU-sized.
+DEFAULT_VARIANTS = ("full", "trim", "tiny")
 
 
 @dataclass
@@ -21,6 +23,7 @@ class ModelCard:
     architecture: str
     config: dict[str, Any]
     features: list[str] = field(default_factory=list)
+    variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
     path: Path | None = None
 
 
@@ -42,7 +45,11 @@ def _load(path: Path) -> ModelCard:
         config = json.loads(config_path.read_text())
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: field config must be a file name or an inline mapping")
-    return ModelCard(data["id"], data["hub_id"], data["architecture"], config, list(data.get("features") or []), path)
+    variants = list(data.get("variants") or DEFAULT_VARIANTS)
+    bad = [v for v in variants if v not in DEFAULT_VARIANTS]
+    if bad:
+        raise ConfigError(f"{path}: unknown variant(s) {bad}; allowed: {', '.join(DEFAULT_VARIANTS)}")
+    return ModelCard(data["id"], data["hub_id"], data["architecture"], config, list(data.get("features") or []), variants, path)
 
 
 def load_cards(directory: Path = CARDS_DIR) -> dict[str, ModelCard]:

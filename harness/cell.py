@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from harness.cards import find_card
-from harness.judge import LOGPROB_TOL, compare, outputs_identical
+from harness.diagnose import first_diverging_piece, max_prompt_kl
+from harness.judge import KL_TOL, LOGPROB_TOL, PIECE_RTOL, compare, outputs_identical
 from harness.prompts import latency_token_counts, prompt_suite
 from pcg_core import CaptureConfig, ConfigError, Engine, EngineConfig, load_model
 from pcg_core.engine.timing import median_ms
@@ -58,8 +59,13 @@ def resolve_model(spec: CellSpec) -> str | dict[str, Any]:
     return card.hub_id if spec.weights == "real" else card.config
 
 
-def run_cell(spec: CellSpec) -> dict[str, Any]:
-    """Returns the cell's result; raises ConfigError only for bad input."""
+def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Returns the cell's result; raises ConfigError only for bad input.
+
+    on_phase(name) is told when each phase starts (load, eager, capture, run, latency), so a parent process
+    can tell where a child that died without a result was.
+    """
+    phase = on_phase or (lambda name: None)
     result: dict[str, Any] = {
         "status": None, "reason": "", "model": spec.model, "graph": spec.graph, "attention": spec.attention,
         "compiler": spec.compiler, "device": spec.device, "dtype": spec.dtype, "layers": spec.layers, "tiny": spec.tiny,
@@ -76,6 +82,7 @@ def run_cell(spec: CellSpec) -> dict[str, Any]:
         result.update(status=status, reason=reason, duration_s=round(time.perf_counter() - t0, 3))
         return result
 
+    phase("load")
     try:
         lm = load_model(source, layers=spec.layers, tiny=spec.tiny, weights=spec.weights,
                         dtype=EngineConfig(dtype=spec.dtype).torch_dtype, device=spec.device, seed=spec.seed)
@@ -98,6 +105,7 @@ def run_cell(spec: CellSpec) -> dict[str, Any]:
         return {name: e.generate(prompts, spec.max_new_tokens, spec.top_k, prompt_logprobs=True) for name, prompts in cases.items()}
 
     # Layer 1: eager twice
+    phase("eager")
     try:
         eager = engine("disabled")
         ref = run_suite(eager)
@@ -117,6 +125,7 @@ def run_cell(spec: CellSpec) -> dict[str, Any]:
             return done("eager_nondeterministic", f"two eager runs of the same prompts differ beyond the judge's bounds: {self_check.reason}")
 
     # Layer 2: capture, then run
+    phase("capture")
     try:
         graph = engine(spec.graph)
     except ConfigError as e:
@@ -126,17 +135,31 @@ def run_cell(spec: CellSpec) -> dict[str, Any]:
     st = graph.stats
     result.update(pieces=st.pieces, graphs_captured=st.graphs_captured, trace_s=st.trace_s, capture_s=st.capture_s,
                   compile_s=st.compile_s, graph_pool_bytes=st.graph_pool_bytes)
+    phase("run")
     try:
         cand = run_suite(graph)
     except Exception as e:  # noqa: BLE001
         return done(*_crash("fail_run", e))
     result.update(eager_fallbacks=st.eager_fallbacks, bucket_hits={str(k): v for k, v in sorted(st.bucket_hits.items())})
 
-    # Layers 3-4: tokens, containment, logprobs
+    # Layers 3-4: tokens, containment, logprobs, KL at prompt positions
     verdict = compare(ref, cand, tol)
     result.update({k: v for k, v in asdict(verdict).items() if k not in ("status", "reason")})
+    kl_tol = KL_TOL[spec.dtype]
+    result["max_prompt_kl"] = max(max_prompt_kl(eager, graph, prompts) for prompts in cases.values())
+    if result["max_prompt_kl"] > kl_tol:
+        extra = f"prompt KL {result['max_prompt_kl']:.3g} > {kl_tol:g}"
+        verdict.status, verdict.reason = "fail_accuracy", f"{verdict.reason}; {extra}" if verdict.status != "pass" else extra
+    # Layer 5: on failure, name the first piece that diverges
+    if verdict.status == "fail_accuracy":
+        for name, prompts in cases.items():
+            where = first_diverging_piece(graph, prompts, PIECE_RTOL[spec.dtype])
+            if where.startswith("first diverging") or name == list(cases)[-1]:
+                verdict.reason += f"; {name}: {where}"
+                break
 
     # Latency, side by side
+    phase("latency")
     repeat = spec.latency_repeat or (20 if spec.device.startswith("cuda") else 5)
     gen = torch.Generator().manual_seed(spec.seed + 1)
     for n in latency_token_counts(spec.max_tokens):

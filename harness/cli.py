@@ -1,4 +1,4 @@
-"""`pcgh`: one command line for pcg. Subcommands: `cell` (one matrix point), `models` (the model cards)."""
+"""`pcgh`: one command line for pcg: `run` a matrix, `report` and `diff` runs, one `cell`, the `models`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from pcg_core.config import CAPTURE_BACKENDS, COMPILERS, DTYPES, ConfigError
+from pcg_core.capture import capture_backend_names
+from pcg_core.config import COMPILERS, DTYPES, ConfigError
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -29,7 +30,7 @@ def _add_cell(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=_positive_int, help="keep only the first N decoder layers")
     p.add_argument("--tiny", action="store_true", help="shrink to tiny widths (CPU-sized, synthetic weights)")
     p.add_argument("--weights", choices=("auto", "real", "synthetic"), default="auto")
-    p.add_argument("--graph", choices=[b for b in CAPTURE_BACKENDS if b != "disabled"], required=True)
+    p.add_argument("--graph", choices=[b for b in capture_backend_names() if b != "disabled"], required=True)
     p.add_argument("--compiler", choices=COMPILERS, default="eager")
     p.add_argument("--attention", choices=attention_backend_names(), default="sdpa")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -94,19 +95,144 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def _filter(text: str) -> dict[str, str]:
+    from harness.axes import AXES
+
+    axis, sep, pattern = text.partition("=")
+    if not sep or axis not in AXES or not pattern:
+        raise argparse.ArgumentTypeError(f"expected AXIS=GLOB with AXIS one of {', '.join(AXES)}, got {text!r}")
+    return {axis: pattern}
+
+
+def _shard(text: str) -> tuple[int, int]:
+    m = text.split("/")
+    if len(m) != 2 or not all(x.isdigit() for x in m) or not 0 <= int(m[0]) < int(m[1]):
+        raise argparse.ArgumentTypeError(f"expected I/N with 0 ≤ I < N, got {text!r}")
+    return int(m[0]), int(m[1])
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a matrix (harness/configs/*.yaml) into the results store")
+    p.add_argument("matrix", help="matrix YAML file")
+    p.add_argument("--db", help="database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)")
+    p.add_argument("--jobs", type=_positive_int, default=1, help="cells side by side on a CPU (GPU runs use one per GPU)")
+    p.add_argument("--shard", type=_shard, help="run shard I of N (by a stable hash of the cell key)")
+    p.add_argument("--resume", action="store_true", help="continue the newest unfinished run of this matrix")
+    p.add_argument("--filter", type=_filter, action="append", default=[], metavar="AXIS=GLOB")
+    p.add_argument("--tier", help="one of the matrix's tiers")
+    p.add_argument("--trigger", default="manual", help="recorded with the run (manual, nightly, ci …)")
+    p.add_argument("--logs", default="pcg-logs", help="folder for the cells' logs")
+    p.add_argument("--dry-run", action="store_true", help="list the cells and their pre-check verdicts, run nothing")
+    p.add_argument("--no-report", action="store_true", help="do not print the report at the end")
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="summary, support matrices (CSV) and JSON of a run")
+    p.add_argument("run", nargs="?", default="latest", help="run id or 'latest'")
+    p.add_argument("--db")
+    p.add_argument("--out", help="also write summary.md, report.json and support_*.csv into this folder")
+
+
+def _add_diff(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("diff", help="what changed between two runs")
+    p.add_argument("base", help="run id")
+    p.add_argument("head", help="run id or 'latest'")
+    p.add_argument("--db")
+    p.add_argument("--threshold", type=float, default=0.10, help="relative speedup change worth reporting")
+    p.add_argument("--fail-on-regression", action="store_true", help="exit 1 if a cell that passed in BASE fails in HEAD")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.launcher import RunOptions, run_matrix
+    from harness.launcher.runner import plan
+
+    opts = RunOptions(jobs=args.jobs, shard=args.shard, resume=args.resume, filters=args.filter, tier=args.tier,
+                      trigger=args.trigger, logs_dir=Path(args.logs))
+    if args.dry_run:
+        _, cells = plan(args.matrix, opts)
+        t = Table("key", "pre-check")
+        for c in cells:
+            t.add_row(c.key, "launch" if c.verdict is None else f"unsupported: {c.verdict}")
+        Console(width=200).print(t)
+        print(f"{len(cells)} cells, {sum(c.verdict is None for c in cells)} to launch")
+        return EXIT_PASS
+    from harness.store import Store
+
+    with Store(args.db) as store:
+        run_id = run_matrix(args.matrix, store, opts)
+        if not args.no_report:
+            print(_report_text(store, run_id))
+    return EXIT_PASS
+
+
+def _report_text(store, run_ref) -> str:
+    from harness.reports import summary_markdown
+
+    run = store.run(run_ref)
+    return summary_markdown(run, store.results(run["id"]))
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from harness.reports import write_report
+    from harness.store import Store
+
+    with Store(args.db) as store:
+        run = _lookup_run(store, args.run)
+        rows = store.results(run["id"])
+        print(_report_text(store, run["id"]))
+        if args.out:
+            for path in write_report(run, rows, args.out):
+                print(f"wrote {path}")
+    return EXIT_PASS
+
+
+def _lookup_run(store, ref: str) -> dict:
+    try:
+        return store.run(int(ref) if ref.isdigit() else ref)
+    except KeyError as e:
+        raise ConfigError(f"run {ref!r} is not in the store ({e}); `pcgh report` lists the latest run") from e
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from harness.reports import diff_markdown, diff_runs
+    from harness.store import Store
+
+    with Store(args.db) as store:
+        base, head = _lookup_run(store, args.base), _lookup_run(store, args.head)
+        diff = diff_runs(store.results(base["id"]), store.results(head["id"]), speedup_threshold=args.threshold)
+        print(diff_markdown(diff, base, head))
+    return EXIT_FAIL if args.fail_on_regression and diff.has_regression else EXIT_PASS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcgh", description="pcg: piecewise CUDA graphs, judged against eager")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    _add_report(sub)
+    _add_diff(sub)
     _add_cell(sub)
     sub.add_parser("models", help="list the model cards and whether the runtime supports them")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pcg_core.plugins import load_plugins
+
+    try:
+        load_plugins()
+    except ConfigError as e:
+        print(f"pcgh: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return {"cell": _cmd_cell, "models": _cmd_models}[args.command](args)
+        commands = {"run": _cmd_run, "report": _cmd_report, "diff": _cmd_diff, "cell": _cmd_cell, "models": _cmd_models}
+        return commands[args.command](args)
     except ConfigError as e:
         print(f"pcgh {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

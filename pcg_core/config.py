@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-CAPTURE_BACKENDS = ("disabled", "piecewise", "breakable", "full")
 COMPILERS = ("eager", "inductor")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -48,8 +47,9 @@ class CaptureConfig:
     buckets: list[int] | None = None  # explicit list; overrides the default ladder
 
     def __post_init__(self) -> None:
-        if self.backend not in CAPTURE_BACKENDS:
-            raise ConfigError(f"capture backend {self.backend!r} is unknown; choose one of {', '.join(CAPTURE_BACKENDS)}")
+        from pcg_core.capture.registry import get_capture_backend
+
+        get_capture_backend(self.backend)  # raises ConfigError naming the known backends
         if self.compiler not in COMPILERS:
             raise ConfigError(f"compiler {self.compiler!r} is unknown; choose one of {', '.join(COMPILERS)}")
         if self.buckets is not None:

@@ -27,6 +27,8 @@ class ForwardContext:
     mode: str = "eager"
     # Breakable capture installs a recorder here; split ops end a segment through it.
     segment_recorder: Any = None
+    # Debugging hook observer(layer, query): sees each attention input, i.e. the output of the piece before it.
+    observer: Any = None
 
 
 _CURRENT: ForwardContext | None = None

@@ -18,6 +18,8 @@ ATTN_IMPLEMENTATION = "pcg"
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer: int, scale: float, sliding_window: int) -> None:
     ctx = get_forward_context()
+    if ctx.observer is not None:
+        ctx.observer(layer, q)
     ctx.attn_backend.forward(q, k, v, out, layer, scale, sliding_window, ctx.attn_metadata, ctx.kv_cache)
 
 

@@ -28,9 +28,10 @@ class CaptureBackend:
     name = "disabled"
     pads = False
 
-    def __init__(self, body: Body, config: CaptureConfig, device: torch.device, make_inputs: MakeInputs):
+    def __init__(self, body: Body, config: CaptureConfig, device: torch.device, make_inputs: MakeInputs, attn_backend=None):
         self.body = body
         self.config = config
+        self.attn_backend = attn_backend
         self.device = device
         self.make_inputs = make_inputs
         self.stats = CaptureStats(backend=self.name, buckets=config.ladder if self.pads else [])
@@ -49,8 +50,8 @@ class CaptureBackend:
 class GraphBackend(CaptureBackend):
     pads = True
 
-    def __init__(self, body: Body, config: CaptureConfig, device: torch.device, make_inputs: MakeInputs):
-        super().__init__(body, config, device, make_inputs)
+    def __init__(self, body: Body, config: CaptureConfig, device: torch.device, make_inputs: MakeInputs, attn_backend=None):
+        super().__init__(body, config, device, make_inputs, attn_backend)
         self.pool = GraphPool(device)
 
     # Subclass hooks -----------------------------------------------------------------------------------

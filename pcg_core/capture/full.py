@@ -23,7 +23,7 @@ class FullBackend(GraphBackend):
                 f"{attn_backend.name!r} cannot ({attn_backend.why_not_capturable or 'it is not marked capturable'}). "
                 "Use --graph piecewise or breakable, which run attention between graphs."
             )
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, attn_backend=attn_backend, **kwargs)
         self.entries: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def setup(self) -> None:

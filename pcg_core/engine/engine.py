@@ -8,6 +8,7 @@ logprobs → per-prompt outputs. Data flows one way; the capture backend never s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -72,11 +73,12 @@ class Engine:
         return input_ids, positions, ForwardContext(md, self.cache, self.attn_backend, bucket=num_tokens)
 
     @torch.no_grad()
-    def forward(self, batch: PackedBatch, eager: bool = False) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, eager: bool = False, observer: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
         """Hidden states [len(batch), hidden] of a packed batch whose KV slots are allocated.
 
         eager=True pads exactly as the graph path would but runs the model eagerly: the reference for
-        "replay is bitwise equal to eager at the same padded token count".
+        "replay is bitwise equal to eager at the same padded token count". observer(layer, query) sees every
+        attention input that runs outside a graph (eager, holes), for naming the first diverging piece.
         """
         n = len(batch)
         bucket = self.config.capture.bucket_for(n) if self.backend.pads else None
@@ -86,7 +88,7 @@ class Engine:
             else:
                 self.stats.bucket_hits[bucket] += 1
         input_ids, positions, md = self.inputs.fill(batch, bucket or n)
-        ctx = ForwardContext(md, self.cache, self.attn_backend, bucket=bucket)
+        ctx = ForwardContext(md, self.cache, self.attn_backend, bucket=bucket, observer=observer)
         with set_forward_context(ctx):
             if bucket and not eager:
                 hidden = self.backend.run(input_ids, positions, ctx)

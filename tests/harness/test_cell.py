@@ -67,6 +67,9 @@ def test_planted_stale_input_fails_accuracy(monkeypatch):
     r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, graph="piecewise", max_tokens=32, max_new_tokens=4))
     assert r["status"] == "fail_accuracy", r
     assert "logprob diff" in r["reason"] or "top-k" in r["reason"]
+    # layer 5: the stale input reaches eager-at-the-same-padding too, so no captured piece is blamed
+    assert "no piece diverges from eager at the same padding" in r["reason"], r["reason"]
+    assert r["max_prompt_kl"] > 0
 
 
 def test_unsupported_architecture_is_a_status_not_a_crash(capsys):
@@ -165,3 +168,18 @@ def test_eager_noise_beyond_bounds_is_eager_nondeterministic(monkeypatch):
     r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, graph="full", max_tokens=32, max_new_tokens=2))
     assert r["status"] == "eager_nondeterministic"
     assert "beyond the judge's bounds" in r["reason"]
+
+
+def test_first_diverging_piece_is_named():
+    """A capture backend whose piece 1 is wrong inside its CUDA graph / replay: the reason names piece 1."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        import fault_backends  # noqa: F401
+    finally:
+        sys.path.pop(0)
+    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, layers=3, graph="test_perturb_piece", max_tokens=32, max_new_tokens=2))
+    assert r["status"] == "fail_accuracy", r
+    assert "first diverging: piece 1 (up to attention 1)" in r["reason"], r["reason"]

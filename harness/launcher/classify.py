@@ -1,0 +1,41 @@
+"""What happened to a cell's process, in the judge's words."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from harness.launcher.worker import PHASE_MARK
+
+# Phase the child was in when it died → status.
+_PHASE_STATUS = {"load": "eager_fail", "eager": "eager_fail", "capture": "fail_capture", "run": "fail_run", "latency": "fail_run"}
+_OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
+
+
+def last_phase(log: str) -> str | None:
+    phases = re.findall(rf"^{PHASE_MARK} (\w+)", log, flags=re.MULTILINE)
+    return phases[-1] if phases else None
+
+
+def last_error_line(log: str) -> str:
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip() and not ln.startswith(PHASE_MARK)]
+    for ln in reversed(lines):
+        if re.match(r"^[\w.]*(Error|Exception|error)\b", ln) or "Error:" in ln:
+            return ln[:500]
+    return lines[-1][:500] if lines else ""
+
+
+def classify_death(returncode: int | None, timed_out: bool, log: str, timeout_s: float) -> tuple[str, str]:
+    """Status and reason for a child that left no result."""
+    phase = last_phase(log) or "load"
+    if timed_out:
+        return "timeout", f"no result after {timeout_s:g}s (in phase {phase}); process group killed"
+    if _OOM.search(log):
+        return "oom", f"out of memory in phase {phase}: {last_error_line(log)}"
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return _PHASE_STATUS.get(phase, "fail_run"), f"killed by {name} in phase {phase}"
+    return _PHASE_STATUS.get(phase, "fail_run"), f"exit code {returncode} in phase {phase}: {last_error_line(log)}"

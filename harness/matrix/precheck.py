@@ -1,0 +1,47 @@
+"""Capability pre-check: decide before launch which cells the runtime cannot run, with the reason.
+
+Everything is read from `pcg_core.capabilities()` and the model cards — no list is kept here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.cards import ModelCard, find_card
+from harness.matrix.expand import Cell
+from pcg_core.config import ConfigError
+from pcg_core.model import build_config, unsupported_reason
+
+
+def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None]) -> str | None:
+    a = cell.axes
+    card_id, _, variant = a["model"].partition(":")
+    if card_id not in cards:
+        cards[card_id] = find_card(card_id)
+    card = cards[card_id]
+    if card is None:
+        return f"no model card {card_id!r} in harness/models/"
+    if variant not in card.variants and not (variant.startswith("trim:") and "trim" in card.variants):
+        return f"card {card_id} offers variants {', '.join(card.variants)}, not {variant}"
+    try:
+        reason = unsupported_reason(build_config(card.config, where=f"card {card_id}"))
+    except ConfigError as e:
+        reason = str(e)
+    if reason:
+        return reason
+    if a["quant"] not in caps["quantization"]:
+        return f"quantization {a['quant']!r} is not supported by the runtime yet (supported: {', '.join(caps['quantization'])})"
+    if a["attention"] not in caps["attention_backends"]:
+        return f"attention backend {a['attention']!r} is not in the runtime (have: {', '.join(caps['attention_backends'])})"
+    if a["graph"] not in caps["capture_backends"]:
+        return f"capture backend {a['graph']!r} is not in the runtime (have: {', '.join(caps['capture_backends'])})"
+    attn = caps["attention_backends"][a["attention"]]
+    if a["graph"] == "full" and not attn["capturable"]:
+        return f"full capture needs a capturable attention backend; {a['attention']} is not ({attn['why_not_capturable']})"
+    if a["parallel"] not in caps["parallel"]:
+        return f"parallel mode {a['parallel']!r} is not supported by the runtime yet (supported: {', '.join(caps['parallel'])})"
+    if cell.spec.device == "cuda":
+        need = caps["parallel"][a["parallel"]]
+        if caps["cuda_devices"] < need:
+            return f"needs {need} CUDA GPU(s), {caps['cuda_devices']} visible on this machine"
+    return None

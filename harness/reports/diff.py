@@ -1,0 +1,138 @@
+"""Two runs compared cell by cell (matched by key): what a nightly must flag before anyone reads the details.
+
+A new failure is a cell that passed (pass or pass_flaky) in base and fails in head — counted and not passing.
+A head status of unsupported, skipped or eager_fail is not a failure of the graph path, so such a change is a
+flip, not a new failure; likewise a change between two failing statuses or between pass and pass_flaky. A
+speedup change is a cell passing in both runs whose geomean speedup moved by more than the threshold,
+relatively, either way. Only new failures make `has_regression` true; slowdowns are listed, not gated,
+because timings on shared machines are noisy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.reports.frame import Row, cell_speedup
+from harness.reports.markdown import one_line, table
+from harness.reports.provenance import FIELDS, run_label
+from harness.reports.stats import fmt_speedup, is_failing, is_passing, natural_key
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    key: str
+    axes: Mapping[str, Any]
+    base_status: str
+    head_status: str
+    reason: str  # head's reason
+
+
+@dataclass(frozen=True)
+class SpeedupChange:
+    key: str
+    axes: Mapping[str, Any]
+    base: float
+    head: float
+
+    @property
+    def rel_change(self) -> float:
+        """head / base - 1: -0.2 is 20% slower."""
+        return self.head / self.base - 1
+
+
+@dataclass
+class RunDiff:
+    new_failures: list[StatusChange] = field(default_factory=list)
+    fixes: list[StatusChange] = field(default_factory=list)
+    flips: list[StatusChange] = field(default_factory=list)
+    speedup_changes: list[SpeedupChange] = field(default_factory=list)  # slowest-going first
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    speedup_threshold: float = 0.10
+
+    @property
+    def has_regression(self) -> bool:
+        return bool(self.new_failures)
+
+    @property
+    def slowdowns(self) -> list[SpeedupChange]:
+        return [c for c in self.speedup_changes if c.rel_change < 0]
+
+
+def _by_key(rows: Sequence[Row]) -> dict[str, Row]:
+    """Rows by key; if a key repeats (retries), the highest attempt wins, then the later row."""
+    out: dict[str, Row] = {}
+    for r in rows:
+        k = str(r.get("key"))
+        if k not in out or (r.get("attempt") or 0) >= (out[k].get("attempt") or 0):
+            out[k] = r
+    return out
+
+
+def diff_runs(base_rows: Sequence[Row], head_rows: Sequence[Row], speedup_threshold: float = 0.10) -> RunDiff:
+    """Compare base with head; every list is sorted by key, speedup changes by relative change."""
+    if speedup_threshold < 0:
+        raise ValueError(f"speedup_threshold must be >= 0, got {speedup_threshold}")
+    base, head = _by_key(base_rows), _by_key(head_rows)
+    d = RunDiff(speedup_threshold=speedup_threshold)
+    d.added = sorted(head.keys() - base.keys(), key=natural_key)
+    d.removed = sorted(base.keys() - head.keys(), key=natural_key)
+    for key in sorted(base.keys() & head.keys(), key=natural_key):
+        b, h = base[key], head[key]
+        bs, hs = str(b.get("status")), str(h.get("status"))
+        axes = dict(h.get("axes") or {})
+        if bs != hs:
+            change = StatusChange(key, axes, bs, hs, str(h.get("reason") or ""))
+            if is_passing(bs) and is_failing(hs):
+                d.new_failures.append(change)
+            elif is_failing(bs) and is_passing(hs):
+                d.fixes.append(change)
+            else:
+                d.flips.append(change)
+        if is_passing(bs) and is_passing(hs):
+            sb, sh = cell_speedup(b.get("metrics")), cell_speedup(h.get("metrics"))
+            if sb is not None and sh is not None and abs(sh / sb - 1) > speedup_threshold:
+                d.speedup_changes.append(SpeedupChange(key, axes, sb, sh))
+    d.speedup_changes.sort(key=lambda c: c.rel_change)
+    return d
+
+
+def _changes(changes: list[StatusChange]) -> str:
+    return table(["cell", "base → head", "head reason"],
+                 [(c.key, f"{c.base_status} → {c.head_status}", one_line(c.reason) or "—") for c in changes])
+
+
+def _provenance_changes(base_run: Mapping[str, Any], head_run: Mapping[str, Any]) -> str:
+    fields = [f for f in FIELDS if f not in ("id", "name", "status", "trigger", "started_at", "finished_at")]
+    changed = [(f, base_run.get(f), head_run.get(f)) for f in fields if base_run.get(f) != head_run.get(f)]
+    return table(["", "base", "head"], changed) if changed else ""
+
+
+def diff_markdown(diff: RunDiff, base_run: Mapping[str, Any] | None, head_run: Mapping[str, Any] | None) -> str:
+    """The diff as Markdown: verdict, what changed in the setup, new failures first, then the rest."""
+    base_run, head_run = base_run or {}, head_run or {}
+    parts = [f"# Run diff: {run_label(base_run)} → {run_label(head_run)}"]
+    n = len(diff.new_failures)
+    parts.append(f"**Regression: {n} new failure(s).**" if diff.has_regression else "**No new failures.**")
+    parts.append(f"{n} new failure(s) · {len(diff.fixes)} fix(es) · {len(diff.flips)} other status change(s) · "
+                 f"{len(diff.speedup_changes)} speedup change(s) beyond ±{100 * diff.speedup_threshold:.0f}% · "
+                 f"{len(diff.added)} added · {len(diff.removed)} removed")
+    prov = _provenance_changes(base_run, head_run)
+    if prov:
+        parts += ["## Setup changes", prov]
+    parts += ["## New failures", _changes(diff.new_failures) if diff.new_failures else "None."]
+    if diff.fixes:
+        parts += ["## Fixes", _changes(diff.fixes)]
+    if diff.flips:
+        parts += ["## Other status changes", _changes(diff.flips)]
+    if diff.speedup_changes:
+        rows = [(c.key, fmt_speedup(c.base), fmt_speedup(c.head), f"{100 * c.rel_change:+.1f}%")
+                for c in diff.speedup_changes]
+        parts += ["## Speedup changes", table(["cell", "base", "head", "change"], rows)]
+    if diff.added:
+        parts += [f"## Added ({len(diff.added)})", "\n".join(f"- {k}" for k in diff.added)]
+    if diff.removed:
+        parts += [f"## Removed ({len(diff.removed)})", "\n".join(f"- {k}" for k in diff.removed)]
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,71 @@
+"""Support matrices: which model works with which quant / attention / parallel / graph setting, at a glance.
+
+One pivot per axis pair, models down, the other axis across; each entry is a symbol:
+
+    ✅ pass    ⚠ pass_flaky    ❌ failing (counted, not passing: fail_*, timeout, oom, eager_nondeterministic)
+    ❗ eager_fail (eager itself broke: not the graph's fault, not counted)
+    ➖ unsupported or skipped    ❓ untested (the combination is not in the run)
+
+The other axes vary inside one entry, so several cells aggregate into it: any failing → ❌; else any flaky → ⚠;
+else any pass → ✅ (a pass next to unsupported siblings still shows the pair works); else any eager_fail → ❗;
+else ➖. Rows and columns are naturally sorted so the CSVs of two runs line up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from harness.reports.frame import Row, results_frame
+from harness.reports.stats import natural_key, status_class
+
+PAIRS: tuple[tuple[str, str], ...] = (("model", "quant"), ("model", "attention"), ("model", "parallel"),
+                                      ("model", "graph"))
+SYMBOLS = {"pass": "✅", "flaky": "⚠", "fail": "❌", "eager_fail": "❗", "not_run": "➖", "untested": "❓"}
+# First class present wins.
+PRECEDENCE = ("fail", "flaky", "pass", "eager_fail", "not_run")
+LEGEND = ("✅ pass · ⚠ pass_flaky · ❌ failing · ❗ eager_fail (not counted) · ➖ unsupported/skipped · "
+          "❓ untested")
+UNSET = "(unset)"  # label for an axis value that is None
+
+
+def aggregate_symbol(statuses: Iterable[str]) -> str:
+    """The symbol for one matrix entry from the statuses of all cells that fall into it."""
+    classes = {status_class(s) for s in statuses}
+    for c in PRECEDENCE:
+        if c in classes:
+            return SYMBOLS[c]
+    return SYMBOLS["untested"]
+
+
+def pair_name(row_axis: str, col_axis: str) -> str:
+    """'model_x_graph': the dict key, and the CSV's name is support_<this>.csv."""
+    return f"{row_axis}_x_{col_axis}"
+
+
+def _label(v: Any) -> str:
+    return UNSET if v is None or (isinstance(v, float) and pd.isna(v)) else str(v)
+
+
+def support_matrix(frame: pd.DataFrame, row_axis: str, col_axis: str) -> pd.DataFrame:
+    """One pivot of symbols; ❓ where the combination never occurs."""
+    rows_v = frame[row_axis].map(_label) if len(frame) else pd.Series([], dtype=object)
+    cols_v = frame[col_axis].map(_label) if len(frame) else pd.Series([], dtype=object)
+    index = sorted(set(rows_v), key=natural_key)
+    columns = sorted(set(cols_v), key=natural_key)
+    out = pd.DataFrame(SYMBOLS["untested"], index=pd.Index(index, name=row_axis, dtype=object),
+                       columns=pd.Index(columns, name=col_axis, dtype=object), dtype=object)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r, c, s in zip(rows_v, cols_v, frame["status"]):
+        groups.setdefault((r, c), []).append(s)
+    for (r, c), statuses in groups.items():
+        out.loc[r, c] = aggregate_symbol(statuses)
+    return out
+
+
+def support_matrices(rows: Sequence[Row] | pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """{"model_x_quant": pivot, ...} for every pair in PAIRS; takes rows or a results frame."""
+    frame = rows if isinstance(rows, pd.DataFrame) else results_frame(rows)
+    return {pair_name(a, b): support_matrix(frame, a, b) for a, b in PAIRS}

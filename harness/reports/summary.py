@@ -1,0 +1,129 @@
+"""summary.md: the page a person reads first after a run — can I trust it, did it pass, what broke, how fast.
+
+Sections: provenance; result (pass rate over counted cells, geomean speedup over passing cells, counts by
+status); worst cells (failing cells with their reasons, then the slowest passing speedups); cells left out of
+the pass rate with their reasons grouped; the support matrices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from harness.axes import NOT_COUNTED, PASSING
+from harness.reports.frame import Row, results_frame
+from harness.reports.markdown import one_line, table
+from harness.reports.matrices import LEGEND, support_matrices
+from harness.reports.provenance import fmt_duration, run_label, wall_time
+from harness.reports.stats import fmt_rate, fmt_speedup, is_failing, totals
+
+MAX_FAILING = 20  # failing cells listed in full; the rest are counted
+MAX_SLOWEST = 5
+MAX_EXAMPLES = 3  # cell keys shown per grouped reason
+# Shown in this order; each explains why the cells are not held against the graph path.
+NOT_COUNTED_TITLES = {
+    "unsupported": ("Unsupported", "The model or setting is not supported here; not counted."),
+    "eager_fail": ("Eager failures", "Eager itself failed, so the graph could not be judged; not counted."),
+    "skipped": ("Skipped", "Not run; not counted."),
+}
+
+
+def _provenance(run: Mapping[str, Any], frame: pd.DataFrame) -> str:
+    def g(k: str) -> str:
+        v = run.get(k)
+        return "?" if v is None or v == "" else str(v)
+
+    wt = wall_time(run)
+    if wt is not None:
+        duration = fmt_duration(wt)
+    else:
+        duration = "unfinished" if run.get("started_at") and run.get("finished_at") is None else "n/a"
+    cell_time = frame["duration_s"].sum(min_count=1) if len(frame) else None
+    if cell_time is not None and not pd.isna(cell_time):
+        duration += f" (cells: {fmt_duration(float(cell_time))} summed)"
+    items = [("matrix", g("matrix")), ("status", g("status")), ("trigger", g("trigger")), ("git sha", g("git_sha")),
+             ("torch", g("torch_version")), ("transformers", g("transformers_version")),
+             ("CUDA / driver", f"{g('cuda_version')} / {g('driver_version')}"), ("GPU", g("gpu_name")),
+             ("host", g("host")), ("started", g("started_at")), ("duration", duration)]
+    return table(["", ""], items)
+
+
+def _result(frame: pd.DataFrame) -> str:
+    t = totals(frame)
+    if t.cells == 0:
+        return "No cells in this run.\n\n**Pass rate: n/a** · **Geomean speedup: n/a**"
+    rate = f"**Pass rate: {fmt_rate(t.pass_rate)}** ({t.passing} passing of {t.counted} counted"
+    rate += f"; {t.not_counted} shown but not counted: {'/'.join(NOT_COUNTED)})" if t.not_counted else ")"
+    speed = f"**Geomean speedup: {fmt_speedup(t.geomean_speedup)}**"
+    if t.speedup_cells:
+        speed += f" over {t.speedup_cells} passing cell(s) with timings"
+    else:
+        speed += " (no passing cell has timings)"
+    counts = table(["status", "cells"], list(t.counts.items()))
+    return f"{rate}\n\n{speed}\n\n{counts}"
+
+
+def _per_token(row: pd.Series) -> str:
+    cols = [c for c in row.index if c.startswith("speedup_") and not pd.isna(row[c])]
+    return ", ".join(f"{c[len('speedup_'):]}: {row[c]:.2f}×" for c in cols)
+
+
+def _worst(frame: pd.DataFrame) -> str:
+    failing = frame[frame["status"].map(is_failing)] if len(frame) else frame
+    parts = [f"### Failing ({len(failing)})"]
+    if len(failing):
+        shown = failing.head(MAX_FAILING)
+        parts.append(table(["cell", "status", "reason"],
+                           [(r.key, r.status, one_line(r.reason) or "—") for r in shown.itertuples()]))
+        if len(failing) > MAX_FAILING:
+            parts.append(f"… and {len(failing) - MAX_FAILING} more (see report.json).")
+    else:
+        parts.append("None.")
+    timed = frame[frame["status"].isin(PASSING) & frame["speedup"].notna()] if len(frame) else frame
+    slow = timed.sort_values("speedup", kind="stable").head(MAX_SLOWEST)
+    parts.append(f"### Slowest speedups (passing cells, lowest {MAX_SLOWEST})")
+    if len(slow):
+        rows = [(r["key"], r["status"], fmt_speedup(r["speedup"]), _per_token(r)) for _, r in slow.iterrows()]
+        parts.append(table(["cell", "status", "speedup", "per token count"], rows))
+    else:
+        parts.append("No passing cell has timings.")
+    return "\n\n".join(parts)
+
+
+def _not_counted(frame: pd.DataFrame) -> str:
+    parts = []
+    for status in [*NOT_COUNTED_TITLES, *(s for s in NOT_COUNTED if s not in NOT_COUNTED_TITLES)]:
+        sub = frame[frame["status"] == status] if len(frame) else frame
+        if not len(sub):
+            continue
+        groups: dict[str, list[str]] = {}
+        for key, reason in zip(sub["key"], sub["reason"]):
+            groups.setdefault(one_line(reason) or "(no reason given)", []).append(str(key))
+        lines = []
+        for reason, keys in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            more = f", … +{len(keys) - MAX_EXAMPLES}" if len(keys) > MAX_EXAMPLES else ""
+            lines.append(f"- {len(keys)} × {reason} — e.g. {', '.join(keys[:MAX_EXAMPLES])}{more}")
+        title, why = NOT_COUNTED_TITLES.get(status, (status, "Not counted."))
+        parts.append(f"## {title} ({len(sub)})\n\n{why}\n\n" + "\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def _matrices(frame: pd.DataFrame) -> str:
+    parts = ["## Support matrices", LEGEND]
+    for name, m in support_matrices(frame).items():
+        row_axis, col_axis = m.index.name, m.columns.name
+        parts.append(f"### {row_axis} × {col_axis}")
+        rows = [(i, *m.loc[i]) for i in m.index]
+        parts.append(table([row_axis, *map(str, m.columns)], rows) if m.size else "No cells.")
+    return "\n\n".join(parts)
+
+
+def summary_markdown(run: Mapping[str, Any] | None, rows: Sequence[Row]) -> str:
+    """The whole summary page as Markdown."""
+    run = run or {}
+    frame = results_frame(rows)
+    sections = [f"# pcg compatibility run: {run_label(run)}", _provenance(run, frame), "## Result", _result(frame),
+                "## Worst cells", _worst(frame), _not_counted(frame), _matrices(frame)]
+    return "\n\n".join(s for s in sections if s) + "\n"

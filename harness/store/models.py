@@ -1,0 +1,95 @@
+"""The two tables of the results store: one row per harness run, one row per cell attempt.
+
+Only generic SQLAlchemy types are used (JSON, DateTime, Text...) so the same models work on SQLite (a file
+per developer) and PostgreSQL (shared by CI and the nightly runs).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+RUN_STATUSES = ("running", "finished", "interrupted")
+PROVENANCE = ("git_sha", "torch_version", "transformers_version", "cuda_version", "driver_version", "gpu_name", "host")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that always comes back timezone-aware in UTC.
+
+    SQLite has no time zones: SQLAlchemy would drop the offset on the way in and return naive datetimes.
+    We store UTC on both backends and attach UTC on the way out, so callers never see a naive datetime.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware one (datetime.now(timezone.utc))")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    """One invocation of a matrix, with the provenance needed to compare it with another run later."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String)
+    matrix: Mapped[str] = mapped_column(String)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    git_sha: Mapped[str | None] = mapped_column(String)
+    torch_version: Mapped[str | None] = mapped_column(String)
+    transformers_version: Mapped[str | None] = mapped_column(String)
+    cuda_version: Mapped[str | None] = mapped_column(String)
+    driver_version: Mapped[str | None] = mapped_column(String)
+    gpu_name: Mapped[str | None] = mapped_column(String)
+    host: Mapped[str | None] = mapped_column(String)
+    trigger: Mapped[str] = mapped_column(String, default="manual")
+    status: Mapped[str] = mapped_column(String, default="running")
+
+
+class CellResult(Base):
+    """One attempt at one cell. A retried cell has attempt 1 and attempt 2; readers usually want the last."""
+
+    __tablename__ = "cell_results"
+    __table_args__ = (UniqueConstraint("run_id", "key", "attempt", name="uq_cell_results_run_key_attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    key: Mapped[str] = mapped_column(String, index=True)
+    axes: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    log: Mapped[str] = mapped_column(Text, default="")
+    duration_s: Mapped[float] = mapped_column(Float, default=0.0)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+def as_dict(obj: Base) -> dict[str, Any]:
+    """A plain dict keyed by column name: what the Store hands out, so callers never hold ORM objects."""
+    return {c.name: getattr(obj, c.name) for c in obj.__table__.columns}

@@ -1,0 +1,199 @@
+"""The Store: the harness's one way to write and read runs and cell results.
+
+Every write commits before returning, so a cell's result survives the parent dying right after it; reads open
+a fresh session each time, so two Stores (or processes) on one database see each other's commits at once.
+Callers get plain dicts keyed by column name, never ORM objects bound to a session.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
+from sqlalchemy.orm import sessionmaker
+
+from harness.axes import AXES, STATUSES
+from harness.store.db import connect_error, default_db_url, dumps, make_engine, mask
+from harness.store.models import PROVENANCE, Base, CellResult, Run, as_dict, utcnow
+
+ROW_KEYS = ("key", "axes", "status", "reason", "metrics", "log", "duration_s", "attempt")
+FINAL_RUN_STATUSES = ("finished", "interrupted")
+
+
+class RunNotFound(KeyError):
+    """A KeyError whose str() is the message itself (a plain KeyError would print it in quotes)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class Store:
+    """Runs and cell results in SQLite or PostgreSQL. Use one Store per process (do not share across fork)."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url if url is not None else default_db_url()
+        self._engine = make_engine(self.url)
+        try:
+            try:
+                Base.metadata.create_all(self._engine)
+            except (IntegrityError, ProgrammingError):
+                Base.metadata.create_all(self._engine)  # another process created the tables at the same moment
+        except SQLAlchemyError as e:
+            self._engine.dispose()
+            raise connect_error(self.url, e) from e
+        self._session = sessionmaker(self._engine, expire_on_commit=False)
+
+    def __repr__(self) -> str:
+        return f"Store({mask(self.url)!r})"
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    # --- runs -----------------------------------------------------------------------------------------------
+
+    def create_run(self, name: str, matrix: str, meta: dict[str, Any], trigger: str = "manual") -> int:
+        """Start a run in status "running"; `meta` holds the provenance columns (missing ones stay NULL)."""
+        unknown = sorted(set(meta) - set(PROVENANCE))
+        if unknown:
+            raise ValueError(f"unknown provenance keys {unknown}; allowed: {', '.join(PROVENANCE)}")
+        provenance = {k: None if meta.get(k) is None else str(meta[k]) for k in PROVENANCE}
+        with self._session.begin() as s:
+            run = Run(name=name, matrix=str(matrix), trigger=trigger, status="running", started_at=utcnow(), **provenance)
+            s.add(run)
+            s.flush()
+            return run.id
+
+    def finish_run(self, run_id: int, status: str = "finished") -> None:
+        if status not in FINAL_RUN_STATUSES:
+            raise ValueError(f"run status {status!r}: a run ends as one of {', '.join(FINAL_RUN_STATUSES)}")
+        with self._session.begin() as s:
+            run = s.get(Run, run_id)
+            if run is None:
+                raise RunNotFound(self._missing(run_id))
+            run.status, run.finished_at = status, utcnow()
+
+    def latest_run(self, name: str | None = None, matrix: str | None = None, unfinished_only: bool = False) -> dict[str, Any] | None:
+        """The newest run matching the filters; unfinished means not "finished" (running or interrupted)."""
+        q = select(Run).order_by(Run.id.desc()).limit(1)
+        if name is not None:
+            q = q.where(Run.name == name)
+        if matrix is not None:
+            q = q.where(Run.matrix == str(matrix))
+        if unfinished_only:
+            q = q.where(Run.status != "finished")
+        with self._session() as s:
+            run = s.scalars(q).first()
+            return as_dict(run) if run is not None else None
+
+    def run(self, run_ref: int | str) -> dict[str, Any]:
+        """A run by id (int or digits) or "latest"; RunNotFound (a KeyError) says what exists instead."""
+        if isinstance(run_ref, str) and run_ref.strip().lower() == "latest":
+            found = self.latest_run()
+            if found is None:
+                raise RunNotFound(f"no runs in {mask(self.url)} yet, so there is no latest run")
+            return found
+        try:
+            run_id = int(run_ref)
+        except (TypeError, ValueError):
+            raise RunNotFound(f"run reference {run_ref!r}: give a run id or 'latest'") from None
+        with self._session() as s:
+            run = s.get(Run, run_id)
+            if run is None:
+                raise RunNotFound(self._missing(run_id))
+            return as_dict(run)
+
+    def runs(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Runs, newest first (by id: creation order, immune to clock differences between hosts)."""
+        with self._session() as s:
+            return [as_dict(r) for r in s.scalars(select(Run).order_by(Run.id.desc()).limit(limit))]
+
+    # --- cell results ---------------------------------------------------------------------------------------
+
+    def record_result(self, run_id: int, row: dict[str, Any]) -> None:
+        """Insert or replace (run_id, key, attempt), committed before returning."""
+        values = {**_cell_values(row), "run_id": run_id, "recorded_at": utcnow()}
+        insert = postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert
+        stmt = insert(CellResult).values(**values)
+        replaced = {k: stmt.excluded[k] for k in values if k not in ("run_id", "key", "attempt")}
+        stmt = stmt.on_conflict_do_update(index_elements=["run_id", "key", "attempt"], set_=replaced)
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(stmt)
+        except IntegrityError:
+            self._require_run(run_id)  # the only integrity failure left after the upsert is a missing run
+            raise
+
+    def results(self, run_id: int, all_attempts: bool = False) -> list[dict[str, Any]]:
+        """Results in recording order; by default only the highest attempt of each key."""
+        self._require_run(run_id)
+        q = select(CellResult).where(CellResult.run_id == run_id).order_by(CellResult.id)
+        with self._session() as s:
+            rows = [as_dict(r) for r in s.scalars(q)]
+        if all_attempts:
+            return rows
+        latest: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            if r["key"] not in latest or r["attempt"] > latest[r["key"]]["attempt"]:
+                latest[r["key"]] = r
+        return list(latest.values())
+
+    def completed_keys(self, run_id: int) -> set[str]:
+        """Keys with any recorded result, whatever its status: what a resumed run skips."""
+        self._require_run(run_id)
+        with self._session() as s:
+            return set(s.scalars(select(CellResult.key).where(CellResult.run_id == run_id).distinct()))
+
+    # --- helpers --------------------------------------------------------------------------------------------
+
+    def _require_run(self, run_id: int) -> None:
+        with self._session() as s:
+            if s.get(Run, run_id) is None:
+                raise RunNotFound(self._missing(run_id))
+
+    def _missing(self, run_id: object) -> str:
+        newest = self.latest_run()
+        where = f"no run {run_id} in {mask(self.url)}"
+        return f"{where}; the newest is run {newest['id']}" if newest else f"{where}; it has no runs yet"
+
+
+def _cell_values(row: dict[str, Any]) -> dict[str, Any]:
+    """Check a result row and fill defaults, so a bad row fails here with a message and not in the driver."""
+    unknown = sorted(set(row) - set(ROW_KEYS))
+    missing = [k for k in ("key", "axes", "status") if k not in row]
+    if unknown or missing:
+        raise ValueError(f"result row: unknown keys {unknown}, missing keys {missing}; keys are {', '.join(ROW_KEYS)}")
+    if row["status"] not in STATUSES:
+        raise ValueError(f"result row {row['key']!r}: status {row['status']!r} is not one of {', '.join(STATUSES)}")
+    axes = dict(row["axes"])
+    if set(axes) != set(AXES):
+        raise ValueError(f"result row {row['key']!r}: axes must have exactly {', '.join(AXES)}, got {', '.join(axes)}")
+    attempt = int(row.get("attempt", 1))
+    if attempt < 1:
+        raise ValueError(f"result row {row['key']!r}: attempt must be 1 or more, got {attempt}")
+    metrics = dict(row.get("metrics") or {})
+    dumps(metrics)  # not serialisable -> TypeError naming the type, before touching the database
+    return {
+        "key": str(row["key"]),
+        "axes": axes,
+        "status": row["status"],
+        "reason": _text(row.get("reason")),
+        "metrics": metrics,
+        "log": _text(row.get("log")),
+        "duration_s": float(row.get("duration_s") or 0.0),
+        "attempt": attempt,
+    }
+
+
+def _text(value: Any) -> str:
+    """Text both backends accept: PostgreSQL rejects NUL bytes and neither encodes lone surrogates."""
+    text = "" if value is None else str(value)
+    return text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")

@@ -1,0 +1,35 @@
+"""Hand-made rows and runs for the report tests."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import pytest
+
+BASE_AXES = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1",
+             "graph": "piecewise", "compiler": "eager"}
+
+
+def make_row(key: str, status: str = "pass", speedup: dict[str, float] | None = None, reason: str = "",
+             metrics: dict[str, Any] | None = None, **axes: str) -> dict[str, Any]:
+    m = dict(metrics or {})
+    if speedup is not None:
+        m["speedup"] = speedup
+    return {"key": key, "axes": {**BASE_AXES, **axes}, "status": status, "reason": reason, "metrics": m,
+            "log": "a log line\n", "duration_s": 10.0, "attempt": 1}
+
+
+@pytest.fixture
+def row() -> Callable[..., dict[str, Any]]:
+    """row(key, status="pass", speedup={"8": 2.0}, reason="", metrics={}, **axes)."""
+    return make_row
+
+
+@pytest.fixture
+def run() -> dict[str, Any]:
+    return {"id": 7, "name": "nightly-0101", "matrix": "smoke", "git_sha": "0123abcd", "torch_version": "2.11.0",
+            "transformers_version": "5.17.0", "cuda_version": "12.8", "driver_version": "570.86", "gpu_name": "NVIDIA H200",
+            "host": "gpu-01", "trigger": "nightly", "status": "finished",
+            "started_at": datetime(2025, 1, 1, 2, 0, 0, tzinfo=timezone.utc),
+            "finished_at": datetime(2025, 1, 1, 3, 2, 3, tzinfo=timezone.utc)}

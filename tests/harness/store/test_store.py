@@ -1,0 +1,242 @@
+"""The results store on SQLite and PostgreSQL: runs, results, attempts, resume keys, errors, concurrency."""
+
+from __future__ import annotations
+
+import math
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from harness.store import RunNotFound, Store, default_db_url
+from pcg_core.config import ConfigError
+
+META = {
+    "git_sha": "8c29027",
+    "torch_version": "2.13.0+cpu",
+    "transformers_version": "5.17.0",
+    "cuda_version": "12.8",
+    "driver_version": "570.86",
+    "gpu_name": "NVIDIA H200",
+    "host": "gpu-node-7",
+}
+
+
+def row(axes: dict, key: str = "k1", status: str = "pass", attempt: int = 1, **extra) -> dict:
+    return {"key": key, "axes": axes, "status": status, "reason": "", "metrics": {}, "log": "", "duration_s": 1.5,
+            "attempt": attempt, **extra}
+
+
+def test_run_round_trip_with_provenance(db_url):
+    before = datetime.now(timezone.utc)
+    with Store(db_url) as store:
+        run_id = store.create_run("nightly-h200", "harness/configs/nightly.yaml", META, trigger="nightly")
+        got = store.run(run_id)
+        assert {k: got[k] for k in META} == META
+        assert (got["id"], got["name"], got["matrix"]) == (run_id, "nightly-h200", "harness/configs/nightly.yaml")
+        assert (got["trigger"], got["status"], got["finished_at"]) == ("nightly", "running", None)
+        assert got["started_at"].tzinfo == timezone.utc and before - timedelta(seconds=1) <= got["started_at"]
+        store.finish_run(run_id)
+        done = store.run(run_id)
+        assert done["status"] == "finished" and done["finished_at"].tzinfo == timezone.utc
+        assert done["started_at"] == got["started_at"] <= done["finished_at"] <= datetime.now(timezone.utc)
+
+
+def test_missing_provenance_is_null_and_unknown_is_refused(db_url):
+    with Store(db_url) as store:
+        run = store.run(store.create_run("cpu", "smoke.yaml", {"host": "laptop"}))
+        assert run["host"] == "laptop" and run["gpu_name"] is None and run["trigger"] == "manual"
+        with pytest.raises(ValueError, match="gpu_nmae"):
+            store.create_run("cpu", "smoke.yaml", {"gpu_nmae": "x"})
+
+
+def test_record_commits_immediately_and_replaces(db_url, axes):
+    first = Store(db_url)
+    run_id = first.create_run("r", "smoke.yaml", META)
+    first.record_result(run_id, row(axes, status="fail_run", reason="segfault", log="boom"))
+    with Store(db_url) as second:  # first is still open: the row must already be committed
+        [seen] = second.results(run_id)
+        assert (seen["status"], seen["reason"], seen["log"]) == ("fail_run", "segfault", "boom")
+        first.record_result(run_id, row(axes, status="pass", metrics={"speedup": 2.0}))
+        [replaced] = second.results(run_id, all_attempts=True)
+        assert (replaced["status"], replaced["reason"], replaced["metrics"]) == ("pass", "", {"speedup": 2.0})
+        assert replaced["recorded_at"] >= seen["recorded_at"] and replaced["recorded_at"].tzinfo == timezone.utc
+    first.close()
+
+
+def test_latest_attempt_per_key(db_url, axes):
+    with Store(db_url) as store:
+        run_id = store.create_run("r", "smoke.yaml", META)
+        store.record_result(run_id, row(axes, "a", "timeout", attempt=1))
+        store.record_result(run_id, row(axes, "b", "pass", attempt=1))
+        store.record_result(run_id, row(axes, "a", "pass_flaky", attempt=2))
+        latest = store.results(run_id)
+        assert [(r["key"], r["attempt"], r["status"]) for r in latest] == [("a", 2, "pass_flaky"), ("b", 1, "pass")]
+        every = store.results(run_id, all_attempts=True)
+        assert [(r["key"], r["attempt"]) for r in every] == [("a", 1), ("b", 1), ("a", 2)]
+
+
+def test_completed_keys(db_url, axes):
+    with Store(db_url) as store:
+        run_id, other = store.create_run("r", "m.yaml", META), store.create_run("r2", "m.yaml", META)
+        assert store.completed_keys(run_id) == set()
+        store.record_result(run_id, row(axes, "a", "fail_capture"))
+        store.record_result(run_id, row(axes, "b", "unsupported"))
+        store.record_result(run_id, row(axes, "b", "skipped", attempt=2))
+        store.record_result(other, row(axes, "c"))
+        assert store.completed_keys(run_id) == {"a", "b"}
+        assert store.completed_keys(other) == {"c"}
+
+
+def test_latest_run_filters(db_url):
+    with Store(db_url) as store:
+        assert store.latest_run() is None
+        a = store.create_run("nightly", "nightly.yaml", META)
+        b = store.create_run("nightly", "smoke.yaml", META)
+        c = store.create_run("adhoc", "nightly.yaml", META)
+        store.finish_run(c)
+        d = store.create_run("nightly", "nightly.yaml", META)
+        store.finish_run(d, "interrupted")
+        assert store.latest_run()["id"] == d
+        assert store.latest_run(name="adhoc")["id"] == c
+        assert store.latest_run(matrix="smoke.yaml")["id"] == b
+        assert store.latest_run(name="nightly", matrix="nightly.yaml")["id"] == d
+        assert store.latest_run(matrix="nightly.yaml", unfinished_only=True)["id"] == d
+        store.finish_run(d)
+        assert store.latest_run(matrix="nightly.yaml", unfinished_only=True)["id"] == a
+        assert store.latest_run(name="adhoc", unfinished_only=True) is None
+        assert store.latest_run(name="nope") is None
+
+
+def test_run_refs_and_listing(db_url):
+    with Store(db_url) as store:
+        with pytest.raises(KeyError, match="no runs .* yet"):
+            store.run("latest")
+        ids = [store.create_run(f"r{i}", "m.yaml", META) for i in range(3)]
+        assert store.run("latest")["id"] == ids[-1] == store.run(str(ids[-1]))["id"]
+        assert [r["id"] for r in store.runs()] == ids[::-1]
+        assert [r["id"] for r in store.runs(limit=2)] == ids[:0:-1]
+        with pytest.raises(KeyError) as missing:
+            store.run(ids[-1] + 100)
+        assert str(missing.value) == f"no run {ids[-1] + 100} in {store.url}; the newest is run {ids[-1]}"
+        with pytest.raises(RunNotFound, match="give a run id or 'latest'"):
+            store.run("newest")
+        with pytest.raises(KeyError):
+            store.results(ids[-1] + 100)
+        with pytest.raises(KeyError):
+            store.finish_run(ids[-1] + 100)
+
+
+def test_record_for_missing_run_or_bad_row(db_url, axes):
+    with Store(db_url) as store:
+        run_id = store.create_run("r", "m.yaml", META)
+        with pytest.raises(KeyError, match=f"no run {run_id + 1}"):
+            store.record_result(run_id + 1, row(axes))
+        with pytest.raises(ValueError, match="status 'passed'"):
+            store.record_result(run_id, row(axes, status="passed"))
+        with pytest.raises(ValueError, match="axes must have exactly"):
+            store.record_result(run_id, row({"model": "m"}))
+        with pytest.raises(ValueError, match="unknown keys \\['stdout'\\]"):
+            store.record_result(run_id, row(axes, stdout="x"))
+        with pytest.raises(TypeError, match="object is not JSON"):
+            store.record_result(run_id, row(axes, metrics={"x": object()}))
+        assert store.results(run_id) == []
+
+
+def test_metrics_round_trip_exactly(db_url, axes):
+    metrics = {
+        "latency_ms": {"8": {"eager": 31.25, "graph": 5.0}, "32": {"eager": 0.1 + 0.2, "graph": 1e-300}},
+        "speedup": {"8": 6.25},
+        "token_match": 1.0,
+        "graphs_captured": 2**40,
+        "topk_containment_ok": True,
+        "first_divergent_piece": None,
+        "pieces": [1, [2, 3.5], {"deep": {"deeper": -0.0}}],
+        "note": "ünïcode ✓ \u0000 kept in JSON",
+        "max_prompt_logprob_diff": float("nan"),
+        "bounds": [float("inf"), float("-inf")],
+    }
+    with Store(db_url) as store:
+        run_id = store.create_run("r", "m.yaml", META)
+        store.record_result(run_id, row(axes, metrics=metrics))
+    with Store(db_url) as store:
+        got = store.results(run_id)[0]["metrics"]
+    assert math.isnan(got.pop("max_prompt_logprob_diff"))
+    expected = {k: v for k, v in metrics.items() if k != "max_prompt_logprob_diff"}
+    assert got == expected and repr(got) == repr(expected)  # repr: floats bit-exact, -0.0 kept, int stays int
+
+
+def test_text_columns_take_nul_bytes_and_surrogates(db_url, axes):
+    with Store(db_url) as store:
+        run_id = store.create_run("r", "m.yaml", META)
+        store.record_result(run_id, row(axes, log="before\x00after \udcff end", reason="why\x00"))
+        got = store.results(run_id)[0]
+        assert got["log"] == "before\ufffdafter ? end" and got["reason"] == "why\ufffd"
+
+
+def test_two_stores_interleaved_on_one_run(db_url, axes):
+    with Store(db_url) as a, Store(db_url) as b:
+        run_id = a.create_run("r", "m.yaml", META)
+        for i in range(10):
+            (a if i % 2 == 0 else b).record_result(run_id, row(axes, f"cell-{i}", duration_s=float(i)))
+            assert a.completed_keys(run_id) == b.completed_keys(run_id) == {f"cell-{j}" for j in range(i + 1)}
+        errors: list[BaseException] = []
+
+        def worker(store: Store, prefix: str) -> None:
+            try:
+                for i in range(25):
+                    store.record_result(run_id, row(axes, f"{prefix}-{i}"))
+            except BaseException as e:  # noqa: BLE001 - surfaced by the assert below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(s, p)) for s, p in ((a, "a"), (b, "b"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len(b.results(run_id)) == 60 and len(a.completed_keys(run_id)) == 60
+
+
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("nosuchdb://user:s3cret@host/db", "not supported"),
+        ("mysql://user:s3cret@host/db", "not supported"),
+        ("postgresql+psycopg://user:s3cret@host:notaport/db", "cannot be parsed"),
+        ("postgresql+psycopg://user:s3cret@127.0.0.1:1/db", "cannot open the results database"),
+    ],
+)
+def test_bad_url_is_a_config_error_with_the_password_masked(url, says):
+    with pytest.raises(ConfigError) as err:
+        Store(url)
+    msg = str(err.value)
+    assert says in msg and "s3cret" not in msg and "user:***@" in msg, msg
+    assert "sqlite:///path/to/pcg.db" in msg and "PCG_DB_URL" in msg, msg  # the fix is named
+
+
+def test_unwritable_sqlite_path_is_a_config_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="cannot create its directory"):
+        Store(str(blocker / "sub" / "pcg.db"))
+    with pytest.raises(ConfigError, match="cannot open the results database"):
+        Store(str(tmp_path))  # a directory is not a database file
+
+
+def test_default_url_and_plain_paths(tmp_path, monkeypatch, axes):
+    monkeypatch.delenv("PCG_DB_URL", raising=False)
+    assert default_db_url() == "sqlite:///pcg.db"
+    monkeypatch.chdir(tmp_path)
+    with Store() as store:  # relative to the cwd at open, even after a chdir
+        run_id = store.create_run("r", "m.yaml", {})
+        monkeypatch.chdir("/")
+        store.record_result(run_id, row(axes))
+    assert (tmp_path / "pcg.db").is_file()
+    path = tmp_path / "nested" / "dir" / "plain.db"
+    monkeypatch.setenv("PCG_DB_URL", str(path))
+    assert default_db_url() == str(path)
+    with Store() as store:
+        store.create_run("r", "m.yaml", {})
+    with Store(f"sqlite:///{path}") as store:
+        assert store.run("latest")["name"] == "r"

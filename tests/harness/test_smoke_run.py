@@ -1,0 +1,47 @@
+"""The main job end to end: `pcgh run smoke.yaml` into SQLite, the report, `--resume`, `pcgh diff`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.cli import main
+from harness.judge import STATUSES
+from harness.store import Store
+
+SMOKE = Path(__file__).parents[2] / "harness" / "configs" / "smoke.yaml"
+
+
+def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
+    db = str(tmp_path / "smoke.db")
+    logs = str(tmp_path / "logs")
+    assert main(["run", str(SMOKE), "--db", db, "--jobs", "2", "--logs", logs]) == 0
+    report = capsys.readouterr().out
+    with Store(db) as store:
+        first = store.run("latest")
+        rows = store.results(first["id"])
+        attempts_before = store.results(first["id"], all_attempts=True)
+    assert len(rows) == 42
+    assert all(r["status"] in STATUSES for r in rows)
+    launched = [r for r in rows if r["status"] != "unsupported"]
+    assert len(launched) == 21 and all(r["status"] in ("pass", "pass_flaky") for r in launched), \
+        [(r["key"], r["status"], r["reason"]) for r in launched if r["status"] not in ("pass", "pass_flaky")]
+    assert first["status"] == "finished" and first["torch_version"]
+    assert "smoke" in report and "pass" in report.lower()
+
+    # --resume on the finished run redoes nothing
+    assert main(["run", str(SMOKE), "--db", db, "--resume", "--no-report", "--logs", logs]) == 0
+    with Store(db) as store:
+        assert store.run("latest")["id"] == first["id"]
+        assert store.results(first["id"], all_attempts=True) == attempts_before  # nothing re-recorded
+
+    # a second run of a slice, then a diff of the two runs
+    assert main(["run", str(SMOKE), "--db", db, "--filter", "graph=full", "--no-report", "--logs", logs]) == 0
+    capsys.readouterr()
+    with Store(db) as store:
+        second = store.run("latest")
+    assert second["id"] != first["id"]
+    assert main(["diff", str(first["id"]), str(second["id"]), "--db", db, "--fail-on-regression"]) == 0
+    out = capsys.readouterr().out
+    assert "gone" in out.lower() or "removed" in out.lower()
+    assert main(["report", str(second["id"]), "--db", db, "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "summary.md").is_file() and (tmp_path / "rep" / "support_model_x_graph.csv").is_file()
