@@ -12,6 +12,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 OUT=${OUT:-out}; mkdir -p "$OUT" .nightly
 DB=.nightly/nightly.db
 timeout ${BUDGET_S:-500} python3 -m harness.cli run harness/configs/nightly.yaml --db "$DB" --resume --trigger nightly \
-  --logs "$OUT/logs" --no-report 2>&1 | tail -5
+  --logs /tmp/pcg-logs --no-report 2>&1 | tail -5
 python3 -m harness.cli report latest --db "$DB" --out "$OUT/report" | tail -40
 cp "$DB" "$OUT/nightly.db"
