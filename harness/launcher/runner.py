@@ -145,10 +145,9 @@ def run_matrix(matrix_path: str | Path, store: Any, opts: RunOptions,
         gpu = slots.get()
         try:
             first = launch(cell, logs / f"{_safe(cell.key)}.attempt1.log", gpu)
-            if first["status"] in NOT_RETRIED or not opts.retry:
-                record(first, 1)
-                return first["status"]
             record(first, 1)
+            if first["status"] in NOT_RETRIED or not opts.retry:
+                return first["status"]
             second = launch(cell, logs / f"{_safe(cell.key)}.attempt2.log", gpu)
             if second["status"] in PASSING:
                 second["status"] = "pass_flaky"
