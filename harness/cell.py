@@ -69,6 +69,7 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> d
     result: dict[str, Any] = {
         "status": None, "reason": "", "model": spec.model, "graph": spec.graph, "attention": spec.attention,
         "compiler": spec.compiler, "device": spec.device, "dtype": spec.dtype, "layers": spec.layers, "tiny": spec.tiny,
+        "weights": spec.weights, "max_tokens": spec.max_tokens, "max_new_tokens": spec.max_new_tokens,
         "pieces": 0, "graphs_captured": 0, "trace_s": 0.0, "capture_s": 0.0, "compile_s": 0.0, "graph_pool_bytes": 0,
         "token_match": 0.0, "max_prompt_logprob_diff": None, "max_output_logprob_diff": None,
         "topk_containment_ok": None, "latency_ms": {}, "speedup": {}, "eager_fallbacks": 0, "bucket_hits": {},

@@ -1,4 +1,5 @@
-"""`pcgh`: one command line for pcg: `run` a matrix, `report` and `diff` runs, one `cell`, the `models`."""
+"""`pcgh`: one command line for pcg: `run` a matrix, `report` and `diff` runs, one `cell`, the `models`, model
+`request`s and the `requests` recorded, and `serve` the dashboard."""
 
 from __future__ import annotations
 
@@ -209,6 +210,77 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_FAIL if args.fail_on_regression and diff.has_regression else EXIT_PASS
 
 
+def _add_request(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("request", help="analyze a model from its config.json alone and record the request")
+    p.add_argument("model", metavar="MODEL", help="hub id (org/name), local model directory or config.json")
+    p.add_argument("--revision", help="hub revision (branch, tag or commit) of a hub id")
+    p.add_argument("--quant", nargs="+", action="extend", metavar="Q", help="quantization scheme(s) to ask for (default: the checkpoint's)")
+    p.add_argument("--tp", nargs="+", action="extend", type=_positive_int, metavar="N",
+                   help="TP size(s) to ask for (default: the smallest that holds the bf16 weights)")
+    p.add_argument("--submit", metavar="URL", help="also POST the request to URL/api/requests (token: $PCG_UPLOAD_TOKEN)")
+    p.add_argument("--write-card", action="store_true", help="write harness/models/<id>.yaml and its config")
+    p.add_argument("--force", action="store_true", help="with --write-card: overwrite an existing card or config")
+    p.add_argument("--models-dir", help="the model-card folder --write-card writes into (default: harness/models)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--db", help="database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)")
+
+
+def _add_requests(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("requests", help="list the recorded model requests, newest first")
+    p.add_argument("--db", help="database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)")
+    p.add_argument("--status", help="only requests in this status (requested, in_matrix, passing, failing)")
+    p.add_argument("--limit", type=_positive_int)
+    p.add_argument("--json", action="store_true", help="print one JSON list")
+
+
+def _cmd_request(args: argparse.Namespace) -> int:
+    from harness.cards import CARDS_DIR
+    from harness.request import request_model
+    from harness.request.render import print_request
+
+    report = request_model(args.model, revision=args.revision, quants=args.quant, tps=args.tp, db=args.db,
+                           write=args.write_card, force=args.force, models_dir=args.models_dir or CARDS_DIR,
+                           submit_url=args.submit)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_request(report)
+    return EXIT_PASS
+
+
+def _cmd_requests(args: argparse.Namespace) -> int:
+    from harness.request.render import print_requests
+    from harness.store import Store
+    from harness.store.models import REQUEST_STATUSES
+
+    if args.status is not None and args.status not in REQUEST_STATUSES:
+        raise ConfigError(f"--status {args.status!r} is not a request status; use one of {', '.join(REQUEST_STATUSES)}")
+    with Store(args.db) as store:
+        rows = store.requests(limit=args.limit, status=args.status)
+    if args.json:
+        print(json.dumps([{**r, "created_at": r["created_at"].isoformat()} for r in rows]))
+    else:
+        print_requests(rows)
+    return EXIT_PASS
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="the compatibility dashboard (web pages, JSON API, badges) over a results store")
+    p.add_argument("--db", help="database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
+    p.add_argument("--port", type=_positive_int, default=8000)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from web.app import create_app
+
+    # The upload token comes from $PCG_UPLOAD_TOKEN only: a flag would show it in `ps`.
+    uvicorn.run(create_app(args.db), host=args.host, port=args.port)
+    return EXIT_PASS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcgh", description="pcg: piecewise CUDA graphs, judged against eager")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -217,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_diff(sub)
     _add_cell(sub)
     sub.add_parser("models", help="list the model cards and whether the runtime supports them")
+    _add_serve(sub)
+    _add_request(sub)
+    _add_requests(sub)
     return parser
 
 
@@ -231,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        commands = {"run": _cmd_run, "report": _cmd_report, "diff": _cmd_diff, "cell": _cmd_cell, "models": _cmd_models}
+        commands = {"run": _cmd_run, "report": _cmd_report, "diff": _cmd_diff, "cell": _cmd_cell, "models": _cmd_models,
+                    "request": _cmd_request, "requests": _cmd_requests, "serve": _cmd_serve}
         return commands[args.command](args)
     except ConfigError as e:
         print(f"pcgh {args.command}: error: {e}", file=sys.stderr)

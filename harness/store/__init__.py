@@ -1,6 +1,6 @@
-"""The results store: runs and cell results in SQLite (default, a local file) or PostgreSQL (shared)."""
+"""The results store: runs, cell results and model requests in SQLite (default, a local file) or PostgreSQL (shared)."""
 
 from harness.store.db import default_db_url
-from harness.store.repository import RunNotFound, Store
+from harness.store.repository import RequestNotFound, RunNotFound, Store
 
-__all__ = ["RunNotFound", "Store", "default_db_url"]
+__all__ = ["RequestNotFound", "RunNotFound", "Store", "default_db_url"]

@@ -1,4 +1,4 @@
-"""The two tables of the results store: one row per harness run, one row per cell attempt.
+"""The tables of the results store: one row per harness run, one row per cell attempt, one row per model request.
 
 Only generic SQLAlchemy types are used (JSON, DateTime, Text...) so the same models work on SQLite (a file
 per developer) and PostgreSQL (shared by CI and the nightly runs).
@@ -9,12 +9,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 RUN_STATUSES = ("running", "finished", "interrupted")
+# A model request's life: asked for, its card put into a matrix, then passing or failing there.
+REQUEST_STATUSES = ("requested", "in_matrix", "passing", "failing")
 PROVENANCE = ("git_sha", "torch_version", "transformers_version", "cuda_version", "driver_version", "gpu_name", "host")
 
 
@@ -88,6 +90,27 @@ class CellResult(Base):
     duration_s: Mapped[float] = mapped_column(Float, default=0.0)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ModelRequest(Base):
+    """One `pcgh request`: which model (hub id or local path, revision, config hash) and what the analysis said.
+
+    `verdict` holds the whole request report (harness.request.schema.RequestReport: features, quantization,
+    sizes, per-axis verdicts); architecture and supported are copied out of it so they can be filtered on.
+    """
+
+    __tablename__ = "model_requests"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    model: Mapped[str] = mapped_column(String, index=True)
+    revision: Mapped[str | None] = mapped_column(String)
+    config_hash: Mapped[str] = mapped_column(String(64), index=True)
+    architecture: Mapped[str] = mapped_column(String)
+    supported: Mapped[bool] = mapped_column(Boolean)
+    verdict: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String, default="requested")
+    card_id: Mapped[str | None] = mapped_column(String)
 
 
 def as_dict(obj: Base) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The Store: the harness's one way to write and read runs and cell results.
+"""The Store: the harness's one way to write and read runs, cell results and model requests.
 
 Every write commits before returning, so a cell's result survives the parent dying right after it; reads open
 a fresh session each time, so two Stores (or processes) on one database see each other's commits at once.
@@ -10,21 +10,30 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
 from harness.axes import AXES, STATUSES
 from harness.store.db import connect_error, default_db_url, dumps, make_engine, mask
-from harness.store.models import PROVENANCE, Base, CellResult, Run, as_dict, utcnow
+from harness.store.models import PROVENANCE, REQUEST_STATUSES, Base, CellResult, ModelRequest, Run, as_dict, utcnow
 
 ROW_KEYS = ("key", "axes", "status", "reason", "metrics", "log", "duration_s", "attempt")
+REQUEST_KEYS = ("model", "revision", "config_hash", "architecture", "supported", "verdict", "status", "card_id")
+_UNCHANGED: Any = object()
 FINAL_RUN_STATUSES = ("finished", "interrupted")
 
 
 class RunNotFound(KeyError):
     """A KeyError whose str() is the message itself (a plain KeyError would print it in quotes)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class RequestNotFound(KeyError):
+    """No model request with that id; str() is the message itself."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -152,6 +161,68 @@ class Store:
         with self._session() as s:
             return set(s.scalars(select(CellResult.key).where(CellResult.run_id == run_id).distinct()))
 
+    # --- model requests -------------------------------------------------------------------------------------
+
+    def record_request(self, row: dict[str, Any]) -> int:
+        """Insert one model request (status "requested" unless given), committed before returning; its id."""
+        values = _request_values(row)
+        with self._session.begin() as s:
+            req = ModelRequest(created_at=utcnow(), **values)
+            s.add(req)
+            s.flush()
+            return req.id
+
+    def request(self, request_id: int) -> dict[str, Any]:
+        with self._session() as s:
+            req = s.get(ModelRequest, int(request_id))
+            if req is None:
+                raise RequestNotFound(f"no model request {request_id} in {mask(self.url)}; `pcgh requests` lists them")
+            return as_dict(req)
+
+    def requests(self, limit: int | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        """Model requests, newest first; optionally only those in `status`."""
+        q = select(ModelRequest).order_by(ModelRequest.id.desc()).limit(limit)
+        if status is not None:
+            _check_request_status(status)
+            q = q.where(ModelRequest.status == status)
+        with self._session() as s:
+            return [as_dict(r) for r in s.scalars(q)]
+
+    def duplicate_requests(self, model: str | None, revision: str | None, config_hash: str | None) -> list[dict[str, Any]]:
+        """Earlier requests of the same model at the same revision (None and "main" are the same revision), or of
+        the same config (equal config_hash), oldest first; each row gets `match`: the list of what matched.
+        Pass model=None to match on the config alone (a local path says nothing about the model)."""
+        conds = []
+        if model is not None:
+            conds.append(ModelRequest.model == model)
+        if config_hash is not None:
+            conds.append(ModelRequest.config_hash == config_hash)
+        if not conds:
+            return []
+        with self._session() as s:
+            rows = [as_dict(r) for r in s.scalars(select(ModelRequest).where(or_(*conds)).order_by(ModelRequest.id))]
+        out = []
+        for r in rows:
+            match = []
+            if model is not None and r["model"] == model and (r["revision"] or "main") == (revision or "main"):
+                match.append("model+revision")
+            if config_hash is not None and r["config_hash"] == config_hash:
+                match.append("config_hash")
+            if match:
+                out.append({**r, "match": match})
+        return out
+
+    def set_request_status(self, request_id: int, status: str, card_id: str | None = _UNCHANGED) -> None:
+        """Move a request along requested → in_matrix → passing | failing; optionally (re)link its card."""
+        _check_request_status(status)
+        with self._session.begin() as s:
+            req = s.get(ModelRequest, int(request_id))
+            if req is None:
+                raise RequestNotFound(f"no model request {request_id} in {mask(self.url)}; `pcgh requests` lists them")
+            req.status = status
+            if card_id is not _UNCHANGED:
+                req.card_id = card_id
+
     # --- helpers --------------------------------------------------------------------------------------------
 
     def _require_run(self, run_id: int) -> None:
@@ -197,3 +268,30 @@ def _text(value: Any) -> str:
     """Text both backends accept: PostgreSQL rejects NUL bytes and neither encodes lone surrogates."""
     text = "" if value is None else str(value)
     return text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+
+
+def _check_request_status(status: str) -> None:
+    if status not in REQUEST_STATUSES:
+        raise ValueError(f"request status {status!r} is not one of {', '.join(REQUEST_STATUSES)}")
+
+
+def _request_values(row: dict[str, Any]) -> dict[str, Any]:
+    """Check a model-request row and fill defaults, so a bad row fails here with a message."""
+    unknown = sorted(set(row) - set(REQUEST_KEYS))
+    missing = [k for k in ("model", "config_hash", "architecture", "supported") if row.get(k) is None]
+    if unknown or missing:
+        raise ValueError(f"model request: unknown keys {unknown}, missing keys {missing}; keys are {', '.join(REQUEST_KEYS)}")
+    status = row.get("status") or "requested"
+    _check_request_status(status)
+    verdict = dict(row.get("verdict") or {})
+    dumps(verdict)  # not serialisable -> TypeError naming the type, before touching the database
+    return {
+        "model": _text(row["model"]),
+        "revision": None if row.get("revision") is None else _text(row["revision"]),
+        "config_hash": str(row["config_hash"]),
+        "architecture": _text(row["architecture"]),
+        "supported": bool(row["supported"]),
+        "verdict": verdict,
+        "status": status,
+        "card_id": None if row.get("card_id") is None else str(row["card_id"]),
+    }

@@ -138,7 +138,8 @@ def build_config(data: dict[str, Any], where: str = "config") -> PretrainedConfi
         )
     # Synthetic weights are plain (unquantized) tensors, so a checkpoint's quantization_config does not apply;
     # real quantized checkpoints are refused in pretrained_model().
-    d = {k: v for k, v in data.items() if k not in ("auto_map", "quantization_config")}
+    # Deep copy: transformers rewrites nested dicts (rope_scaling …) in place, which would alter the caller's data.
+    d = copy.deepcopy({k: v for k, v in data.items() if k not in ("auto_map", "quantization_config")})
     d.pop("model_type")
     try:
         return CONFIG_MAPPING[model_type](**d)

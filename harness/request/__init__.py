@@ -1,0 +1,17 @@
+"""Contributor model requests (`pcgh request MODEL`): what the runtime would make of a model, from its config.json alone.
+
+- source.py       MODEL (hub id, directory, config.json) → the raw config, fetched alone, never run
+- structure.py    widths, per-layer attention kind, MoE numbers, read from the raw JSON
+- features.py     moe, mla, sliding_window, sinks, linear_attention, vlm, rope_scaling
+- quantization.py the checkpoint's quantization_config → {method, params}
+- params.py       parameter count (formula in its docstring), active params, memory, H200s, TP/EP sizes
+- verdicts.py     one verdict per matrix axis, from the runtime's capability table
+- analyze.py      all of the above → the report (schema.py)
+- card_writer.py  --write-card; submit.py --submit; command.py the whole command; render.py its tables
+"""
+
+from harness.request.analyze import analyze
+from harness.request.command import request_model
+from harness.request.schema import RequestReport
+
+__all__ = ["RequestReport", "analyze", "request_model"]

@@ -1,0 +1,153 @@
+"""Analyze a model's raw config.json: architecture and runtime support, features, quantization, size, verdicts.
+
+The config is data: `auto_map` (remote code) is never followed, and a model_type transformers does not know
+is still analyzed field by field. Whether the runtime supports the model is the runtime's own call
+(`pcg_core.model.unsupported_reason` on transformers' config, and `pcg_core.capabilities.capabilities()` for
+the per-axis verdicts); nothing here keeps its own list.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+from harness.request import features as feats
+from harness.request import params as P
+from harness.request import verdicts as V
+from harness.request.quantization import quant_word, quantization_of
+from harness.request.schema import RequestReport
+from harness.request.source import config_hash
+from harness.request.structure import read_structure
+from pcg_core.config import ConfigError
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers logs warnings while validating some configs; the report says what matters."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _transformers_class_names() -> set[str]:
+    from transformers.models.auto import modeling_auto
+
+    names: set[str] = set()
+    for attr in dir(modeling_auto):
+        mapping = getattr(modeling_auto, attr)
+        if attr.endswith("_MAPPING_NAMES") and isinstance(mapping, dict):
+            for value in mapping.values():
+                names.update([value] if isinstance(value, str) else [v for v in value if isinstance(v, str)])
+    return names
+
+
+def runtime_support(config: dict[str, Any], where: str) -> tuple[str, str | None, str | None]:
+    """(architecture, reason it is unsupported or None, a note on a model_type/architecture mismatch)."""
+    from transformers import PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from pcg_core.model import build_config, unsupported_reason
+    from pcg_core.model.architectures import architecture_of
+
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ConfigError(f"{where}: field architectures must be a list of class names, got {archs!r}; fix the config.json")
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(f"{where}: field model_type must be a string, got {model_type!r}; fix the config.json")
+    if not archs and not model_type:
+        raise ConfigError(f"{where}: has neither model_type nor architectures, so it names no model; pass the model's "
+                          "transformers config.json (it has both), or its hub id")
+    note = None
+    try:
+        with _quiet_transformers():  # a deep copy: transformers rewrites nested dicts (rope_scaling) in place
+            built = build_config(copy.deepcopy(config), where=where)
+        architecture = architecture_of(built)
+        reason = unsupported_reason(built)
+    except ConfigError as e:  # unknown model_type (UnsupportedModel), no model_type, or transformers rejects it
+        architecture = archs[0] if archs else str(model_type)
+        reason = str(e)
+        also = unsupported_reason(PretrainedConfig(architectures=[architecture]))
+        if also:
+            reason = f"{reason}; besides, {also}"
+    if archs and isinstance(model_type, str) and model_type in CONFIG_MAPPING and architecture not in _transformers_class_names():
+        note = (f"transformers has no class {architecture}; model_type {model_type!r} names transformers' "
+                f"{CONFIG_MAPPING[model_type].__name__}, a different model, so the config was read field by field")
+    return architecture, reason, note
+
+
+def analyze(config: dict[str, Any], *, model: str = "config", source: str = "config", revision: str | None = None,
+            quants: list[str] | None = None, tps: list[int] | None = None, caps: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The request report (schema.RequestReport) for one raw config.json mapping."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"{model}: a config.json must hold a JSON object, found {type(config).__name__}; pass the model's config.json")
+    if caps is None:
+        from pcg_core.capabilities import capabilities
+
+        caps = capabilities()
+    where = model
+    architecture, reason, mismatch = runtime_support(config, where)
+    notes = []
+    if isinstance(config.get("auto_map"), dict):
+        notes.append(f"ships remote code (auto_map: {', '.join(sorted(config['auto_map']))}); pcg never runs it — "
+                     "analyzed from the raw JSON")
+    if mismatch:
+        notes.append(mismatch)
+    s = read_structure(config, where)
+    features, details = feats.detect(config, s, architecture)
+    quant = quantization_of(config)
+    count = P.count(config, s, where)
+    if count is None:
+        notes.append(f"no parameter count: the config lacks {', '.join(s.missing) or 'the widths'}")
+    nextn = s.f.get_int("num_nextn_predict_layers", 0)
+    if nextn:
+        notes.append(f"num_nextn_predict_layers={nextn}: the multi-token-prediction layer(s) are not counted (transformers does not load them)")
+    tp_ok = P.tp_sizes(s)
+    divides = sorted(set(tp_ok) | {t for t in tps or [] if P.divides_heads(s, t)})
+    ep_ok = P.ep_sizes(s)
+    total = count.total if count else None
+    h200s = P.h200s_needed(total) if total else None
+    memory = P.memory_bytes(total) if total else {}
+    wanted_quant = quants or [quant_word(quant)]
+    verdicts = {
+        "model": V.model_verdict(architecture, reason, features, caps),
+        "quant": V.quant_verdict(wanted_quant, quant, caps),
+        "attention": V.attention_verdict(features, s.heads, s.kv_heads, caps),
+        "parallel": V.parallel_verdict(tps or None, tp_ok, divides, ep_ok, h200s, memory.get("bfloat16"),
+                                       s.moe.experts if s.moe else None, caps),
+        "graph": V.graph_verdict(reason is None, caps),
+    }
+    dtype = s.f.data.get("torch_dtype") or s.f.data.get("dtype")
+    report = RequestReport.model_validate({
+        "model": model,
+        "source": source,
+        "revision": revision,
+        "config_hash": config_hash(config),
+        "model_type": config.get("model_type"),
+        "architecture": architecture,
+        "supported": reason is None,
+        "reason": reason,
+        "features": features,
+        "feature_details": details,
+        "quantization": quant,
+        "dtype": str(dtype) if dtype else None,
+        "params": total,
+        "active_params": count.active if count else None,
+        "non_embedding_params": count.non_embedding if count else None,
+        "param_breakdown": count.breakdown if count else {},
+        "memory_bytes": memory,
+        "h200s": h200s,
+        "tp_sizes": tp_ok,
+        "ep_sizes": ep_ok,
+        "requested": {"quant": quants or None, "tp": tps or None},
+        "verdicts": verdicts,
+        "notes": notes,
+    })
+    return report.model_dump(exclude={"hub_id", "request_id", "duplicates", "card_id", "card", "submitted"})

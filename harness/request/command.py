@@ -1,0 +1,69 @@
+"""`pcgh request`: read the config, analyze it, find earlier requests, write the card, record, submit.
+
+Every failure of the user's input is a ConfigError (exit code 2) raised before anything is written, except
+a failing --submit, which comes after the request is recorded locally (its message says so).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.cards import CARDS_DIR
+from harness.request.analyze import analyze
+from harness.request.card_writer import existing_cards, hub_id_for_local, write_card
+from harness.request.quantization import check_quant_words
+from harness.request.source import resolve
+from harness.request.submit import endpoint, submit, token
+from pcg_core.config import ConfigError
+
+
+def _summary(row: dict[str, Any]) -> dict[str, Any]:
+    keys = ("id", "model", "revision", "architecture", "supported", "status", "card_id", "match")
+    out = {k: row.get(k) for k in keys}
+    out["created_at"] = row["created_at"].isoformat() if row.get("created_at") else None
+    return out
+
+
+def request_model(model: str, *, revision: str | None = None, quants: list[str] | None = None, tps: list[int] | None = None,
+                  db: str | None = None, write: bool = False, force: bool = False, models_dir: Path | str = CARDS_DIR,
+                  submit_url: str | None = None) -> dict[str, Any]:
+    """The whole request; returns the report with request_id, duplicates, card_id, card and submitted filled in."""
+    from harness.store import Store
+
+    quants = check_quant_words(quants or []) or None
+    if tps and any(t <= 0 for t in tps):
+        raise ConfigError(f"--tp takes positive integers, got {tps}")
+    if submit_url is not None:  # fail before any work when the submission could never succeed
+        endpoint(submit_url)
+        token()
+    source = resolve(model, revision)
+    report = analyze(source.config, model=source.model, source=source.kind, revision=source.revision, quants=quants, tps=tps)
+    hub_id = source.hub_id or hub_id_for_local(source.path, source.config)
+    report["hub_id"] = hub_id
+    existing = existing_cards(Path(models_dir)).get(hub_id) if hub_id and Path(models_dir).is_dir() else None
+    card_id = existing[0] if existing is not None else None
+    with Store(db) as store:
+        dups = store.duplicate_requests(source.model if source.kind == "hub" else None, source.revision, report["config_hash"])
+        report["duplicates"] = [_summary(r) for r in dups]
+        report["card"] = None
+        if write:
+            if hub_id is None:
+                raise ConfigError(f"--write-card needs the model's hub id for the card's hub_id, and {source.model} does not "
+                                  "tell it; request the hub id (org/name), or name the file <org>__<name>.json")
+            report["card"] = write_card(report, source.config, hub_id, models_dir=models_dir, force=force)
+            card_id = report["card"]["id"]
+        report["card_id"] = card_id
+        stored = {k: v for k, v in report.items() if k != "duplicates"}
+        report["request_id"] = store.record_request({
+            "model": source.model, "revision": source.revision, "config_hash": report["config_hash"],
+            "architecture": report["architecture"], "supported": report["supported"], "verdict": stored,
+            "status": "requested", "card_id": card_id,
+        })
+    report["submitted"] = None
+    if submit_url is not None:
+        try:
+            report["submitted"] = submit(submit_url, {**report, "config": source.config})
+        except ConfigError as e:
+            raise ConfigError(f"{e} (the request is recorded locally as #{report['request_id']})") from e
+    return report

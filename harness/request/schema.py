@@ -1,0 +1,56 @@
+"""The request report: what `pcgh request --json` prints, `--submit` POSTs and the store keeps.
+
+A pydantic model, so a consumer (the dashboard's POST /api/requests) can validate a body with
+`RequestReport.model_validate(data)`. Fields the command adds after the analysis (request_id, duplicates,
+card, submitted) are optional; unknown fields are kept, so an older reader accepts a newer report.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+SCHEMA_VERSION = 1
+VERDICT_AXES = ("model", "quant", "attention", "parallel", "graph")
+
+
+class Verdict(BaseModel):
+    ok: bool
+    reason: str
+
+
+class RequestReport(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = SCHEMA_VERSION
+    model: str  # hub id, or the local path the config was read from
+    source: Literal["hub", "local", "config"]
+    revision: str | None = None
+    config_hash: str
+    model_type: str | None = None
+    architecture: str
+    supported: bool
+    reason: str | None = None  # why the runtime cannot run it; None when supported
+    features: list[str]
+    feature_details: dict[str, dict[str, Any]] = {}
+    quantization: dict[str, Any] | None = None
+    dtype: str | None = None
+    params: int | None = None
+    active_params: int | None = None
+    non_embedding_params: int | None = None
+    param_breakdown: dict[str, int] = {}
+    memory_bytes: dict[str, int] = {}
+    h200s: int | None = None
+    tp_sizes: list[int]
+    ep_sizes: list[int] = []
+    requested: dict[str, Any] = {}
+    verdicts: dict[str, Verdict]
+    notes: list[str] = []
+    # Added by the command after the analysis.
+    hub_id: str | None = None  # the hub id, also for a local config whose file name or _name_or_path tells it
+    request_id: int | None = None
+    duplicates: list[dict[str, Any]] = []
+    card_id: str | None = None
+    card: dict[str, Any] | None = None
+    submitted: dict[str, Any] | None = None

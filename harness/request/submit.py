@@ -1,0 +1,61 @@
+"""`--submit URL`: POST the request report to the dashboard's URL/api/requests, with Authorization: Bearer $PCG_UPLOAD_TOKEN.
+
+Plain urllib (no extra dependency). The body is the request report (schema.RequestReport) plus the raw
+config under "config", so the dashboard can show and re-analyze what was asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from pcg_core.config import ConfigError
+
+TOKEN_ENV = "PCG_UPLOAD_TOKEN"
+ENDPOINT = "/api/requests"
+TIMEOUT_S = 30
+
+
+def endpoint(url: str) -> str:
+    """URL/api/requests, after checking URL is an http(s) URL with a host."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ConfigError(f"--submit {url!r} is not an http(s) URL; pass the dashboard's base URL, e.g. https://pcg.example.com")
+    return url.rstrip("/") + ENDPOINT
+
+
+def token() -> str:
+    value = os.environ.get(TOKEN_ENV, "").strip()
+    if not value:
+        raise ConfigError(f"--submit needs the dashboard's token in ${TOKEN_ENV}; export {TOKEN_ENV}=<token> and run again")
+    return value
+
+
+def submit(url: str, body: dict[str, Any], *, bearer: str | None = None, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+    """POST `body` as JSON; {"url", "status", "response"} (response: the parsed JSON answer, or its text)."""
+    target = endpoint(url)
+    bearer = bearer if bearer is not None else token()
+    data = json.dumps(body, allow_nan=False).encode("utf-8")
+    req = urllib.request.Request(target, data=data, method="POST", headers={
+        "Content-Type": "application/json", "Accept": "application/json", "Authorization": f"Bearer {bearer}",
+        "User-Agent": "pcgh-request"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, text = resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode("utf-8", "replace").strip()[:300]
+        hint = f"check ${TOKEN_ENV}" if e.code in (401, 403) else "check the URL and the dashboard's log"
+        raise ConfigError(f"--submit {target}: the dashboard answered HTTP {e.code} {e.reason}"
+                          + (f" ({detail})" if detail else "") + f"; {hint}") from e
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise ConfigError(f"--submit {target}: cannot reach the dashboard ({reason}); check the URL and that it is running") from e
+    try:
+        response: Any = json.loads(text) if text.strip() else None
+    except json.JSONDecodeError:
+        response = text[:1000]
+    return {"url": target, "status": status, "response": response}

@@ -1,0 +1,120 @@
+"""One verdict per matrix axis — model, quant, attention, parallel, graph — each {ok, reason}.
+
+Everything is read from `pcg_core.capabilities.capabilities()` (and `unsupported_reason` for the model), the
+same table the matrix pre-check reads; no list of what the runtime can do is kept here. As the runtime grows
+(an architecture, a quantization scheme, a parallel mode) the verdicts follow without a change here.
+
+- model:     the architecture is in the runtime's table (`unsupported_reason` is None).
+- quant:     each scheme asked for (--quant, else the checkpoint's own method or "none") is in the table's
+             quantization list.
+- attention: an attention backend exists, and every attention feature the model exercises (mla,
+             sliding_window, sinks, linear_attention) is exercised by some architecture in the table.
+- parallel:  each TP size asked for (--tp, else the smallest that fits the bf16 weights) divides the heads,
+             fits the weights, and is a parallel mode of the runtime ("tp<N>").
+- graph:     the runtime can run the model and has a capture backend other than `disabled`; `full` also
+             needs a capturable attention backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.request.features import ATTENTION_FEATURES
+from harness.request.params import H200_BYTES, HEADROOM, MAX_SIZE
+from harness.request.quantization import describe
+
+AXES = ("model", "quant", "attention", "parallel", "graph")
+
+
+def _v(ok: bool, reason: str) -> dict[str, Any]:
+    return {"ok": bool(ok), "reason": reason}
+
+
+def table_features(caps: dict[str, Any]) -> set[str]:
+    """Features some architecture in the runtime's table exercises."""
+    return {feat for feats in caps["architectures"].values() for feat in feats}
+
+
+def model_verdict(architecture: str, reason: str | None, features: list[str], caps: dict[str, Any]) -> dict[str, Any]:
+    if reason is not None:
+        return _v(False, reason)
+    feats = caps["architectures"].get(architecture) or []
+    return _v(True, f"{architecture} is in the runtime's architecture table" + (f" (exercises {', '.join(feats)})" if feats else ""))
+
+
+def quant_verdict(wanted: list[str], checkpoint: dict[str, Any] | None, caps: dict[str, Any]) -> dict[str, Any]:
+    have = caps["quantization"]
+    missing = [q for q in wanted if q not in have]
+    ckpt = f"checkpoint: {describe(checkpoint)}"
+    if missing:
+        return _v(False, f"{', '.join(missing)} is not supported by the runtime yet (supported: {', '.join(have)}); {ckpt}; "
+                         "the trim and tiny variants still run on synthetic unquantized weights")
+    note = ""
+    if checkpoint is not None and checkpoint["method"] not in wanted:
+        note = f"; the published weights are {checkpoint['method']}, so {', '.join(wanted)} means synthetic or dequantized weights"
+    return _v(True, f"{', '.join(wanted)} supported by the runtime; {ckpt}{note}")
+
+
+def attention_verdict(features: list[str], heads: int | None, kv_heads: int | None, caps: dict[str, Any]) -> dict[str, Any]:
+    backends = caps["attention_backends"]
+    names = ", ".join(f"{n} ({'capturable' if b['capturable'] else 'not capturable'})" for n, b in backends.items())
+    if not backends:
+        return _v(False, "the runtime has no attention backend")
+    needed = [f for f in features if f in ATTENTION_FEATURES]
+    handled = table_features(caps)
+    missing = [f for f in needed if f not in handled]
+    if missing:
+        return _v(False, f"{', '.join(missing)}: no architecture in the runtime's table exercises "
+                         f"{'it' if len(missing) == 1 else 'them'} yet (it exercises: {', '.join(sorted(handled)) or 'nothing beyond plain attention'}); "
+                         f"backends: {names}")
+    shape = f"{heads} query / {kv_heads} KV heads" if heads else "attention"
+    kind = ", ".join(needed) if needed else ("GQA" if heads and kv_heads and kv_heads < heads else "multi-head")
+    return _v(True, f"{kind} attention, {shape}; backends: {names}")
+
+
+def parallel_verdict(wanted: list[int] | None, tp_ok: list[int], divides: list[int], ep_ok: list[int], h200s: int | None,
+                     bf16_bytes: int | None, experts: int | None, caps: dict[str, Any]) -> dict[str, Any]:
+    """tp_ok: TP sizes up to 8 that divide the heads; divides: those plus any size asked for that divides them."""
+    modes = caps["parallel"]
+    have = ", ".join(modes)
+    ep = f"; EP sizes dividing its {experts} experts: {', '.join(map(str, ep_ok))}" if experts else ""
+    if wanted is None:  # none asked for: the smallest TP size that holds the bf16 weights
+        if h200s is None:
+            return _v(False, f"the parameter count is unknown, so no TP size can be chosen; TP sizes dividing the heads: "
+                             f"{', '.join(map(str, tp_ok)) or 'none'}{ep}")
+        fitting = [t for t in tp_ok if t >= h200s]
+        if not fitting:
+            return _v(False, f"the bf16 weights need {h200s} H200s (with {HEADROOM:.0%} headroom), more than any TP size up to "
+                             f"{MAX_SIZE} that divides the heads ({', '.join(map(str, tp_ok)) or 'none'}); trim and tiny "
+                             f"variants still fit one GPU{ep}")
+        wanted = [fitting[0]]
+        lead = f"the bf16 weights need {h200s} H200(s) with {HEADROOM:.0%} headroom, so TP {wanted[0]}: "
+    else:
+        lead = ""
+    problems: list[str] = []
+    fine: list[str] = []
+    for t in wanted:
+        mode = f"tp{t}"
+        why = []
+        if t not in divides:
+            why.append(f"TP {t} does not divide the heads (sizes that do: {', '.join(map(str, tp_ok)) or 'none'})")
+        if bf16_bytes is not None and t * H200_BYTES < bf16_bytes * (1 + HEADROOM):
+            why.append(f"the bf16 weights need {h200s} H200s, more than {t}")
+        if mode not in modes:
+            why.append(f"{mode} is not a parallel mode of the runtime yet (it has: {have})")
+        (problems if why else fine).append(f"{mode}: " + ("; ".join(why) if why else f"runs on {modes[mode]} GPU(s)"))
+    return _v(not problems, lead + "; ".join(problems + fine) + ep)
+
+
+def graph_verdict(supported: bool, caps: dict[str, Any]) -> dict[str, Any]:
+    backends = [b for b in caps["capture_backends"] if b != "disabled"]
+    if not supported:
+        return _v(False, "the runtime cannot run this architecture yet, so no capture backend can capture it")
+    if not backends:
+        return _v(False, "the runtime has no capture backend besides disabled (eager)")
+    capturable = [n for n, b in caps["attention_backends"].items() if b["capturable"]]
+    reason = f"capture backends: {', '.join(backends)}"
+    if "full" in backends:
+        reason += (f"; full capture through {', '.join(capturable)} (capturable)" if capturable
+                   else "; full capture needs a capturable attention backend and none is")
+    return _v(True, reason)

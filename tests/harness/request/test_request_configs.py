@@ -1,0 +1,158 @@
+"""A correct analysis for every real config in harness/models/configs: architecture, runtime support, features
+and quantization, exactly; and the per-axis verdicts that follow from the runtime's capability table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.cards import load_cards
+from harness.request import analyze
+from harness.request.features import FEATURES
+from pcg_core.capabilities import capabilities
+
+from request_helpers import REPO_CONFIGS
+
+FP8_BLOCK = {"method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+MXFP4 = {"method": "mxfp4",
+         "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+
+# file → (architecture, supported, features, quantization)
+EXPECTED = {
+    "Qwen__Qwen2.5-0.5B.json": ("Qwen2ForCausalLM", True, [], None),  # sliding_window set but use_sliding_window false
+    "Qwen__Qwen3-0.6B.json": ("Qwen3ForCausalLM", True, [], None),
+    "Qwen__Qwen3-8B.json": ("Qwen3ForCausalLM", True, [], None),
+    "Qwen__Qwen3-30B-A3B.json": ("Qwen3MoeForCausalLM", True, ["moe"], None),
+    "Qwen__Qwen3-235B-A22B.json": ("Qwen3MoeForCausalLM", True, ["moe"], None),
+    "meta-llama__Llama-3.1-8B-Instruct.json": ("LlamaForCausalLM", True, ["rope_scaling"], None),  # llama3 rope
+    "mistralai__Mixtral-8x7B-v0.1.json": ("MixtralForCausalLM", True, ["moe"], None),
+    "deepseek-ai__DeepSeek-V3.json": ("DeepseekV3ForCausalLM", False, ["moe", "mla", "rope_scaling"], FP8_BLOCK),
+    "moonshotai__Kimi-K2-Instruct.json": ("DeepseekV3ForCausalLM", False, ["moe", "mla", "rope_scaling"], FP8_BLOCK),
+    # gpt-oss's rope_scaling is yarn (factor 32), so rope_scaling is exercised too.
+    "openai__gpt-oss-120b.json": ("GptOssForCausalLM", False, ["moe", "sliding_window", "sinks", "rope_scaling"], MXFP4),
+    "Qwen__Qwen3-Next-80B-A3B-Instruct.json": ("Qwen3NextForCausalLM", False, ["moe", "linear_attention"], None),
+    # mrope with rope_type default is not scaling.
+    "Qwen__Qwen3-VL-30B-A3B-Instruct.json": ("Qwen3VLMoeForConditionalGeneration", False, ["moe", "vlm"], None),
+    "xai-org__grok-2.json": ("Grok1ForCausalLM", False, ["moe"], None),
+}
+CONFIG_FILES = sorted(p.name for p in REPO_CONFIGS.glob("*.json"))
+
+
+def _analyze(name: str) -> dict:
+    return analyze(json.loads((REPO_CONFIGS / name).read_text()), model=name)
+
+
+def test_every_config_file_has_an_expectation():
+    assert sorted(EXPECTED) == CONFIG_FILES, "a config was added to harness/models/configs: add its expected verdict here"
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_verdict_per_config(name):
+    r = _analyze(name)
+    arch, supported, features, quant = EXPECTED[name]
+    assert r["architecture"] == arch
+    assert r["supported"] is supported
+    assert r["features"] == features
+    assert r["quantization"] == quant
+    assert set(r["verdicts"]) == {"model", "quant", "attention", "parallel", "graph"}
+    assert r["verdicts"]["model"]["ok"] is supported
+    assert (r["reason"] is None) is supported
+    if not supported:
+        assert arch in r["reason"] or "model_type" in r["reason"]
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_features_use_only_the_matrix_words_in_order(name):
+    r = _analyze(name)
+    assert r["features"] == [f for f in FEATURES if f in r["features"]]
+    assert set(r["feature_details"]) == set(r["features"])
+
+
+def test_supported_set_is_the_runtime_table():
+    supported = {EXPECTED[n][0] for n in CONFIG_FILES if _analyze(n)["supported"]}
+    assert supported == set(capabilities()["architectures"])  # all five supported architectures are among the configs
+
+
+def test_card_features_agree_with_the_analysis():
+    """Each seed card's features (less its quantization word) are found by the analysis, inline configs included."""
+    for card in load_cards().values():
+        r = analyze(card.config, model=card.id)
+        quant = r["quantization"]["method"] if r["quantization"] else None
+        assert set(card.features) - {quant} <= set(r["features"]), card.id
+        assert r["architecture"] == card.architecture, card.id
+
+
+def test_moe_and_mla_details():
+    ds = _analyze("deepseek-ai__DeepSeek-V3.json")
+    assert ds["feature_details"]["moe"] == {"experts": 256, "top_k": 8, "shared_experts": 1, "expert_intermediate_size": 2048,
+                                            "moe_layers": 58, "dense_layers": 3}
+    assert ds["feature_details"]["mla"]["kv_lora_rank"] == 512 and ds["feature_details"]["mla"]["q_lora_rank"] == 1536
+    assert ds["feature_details"]["rope_scaling"]["type"] == "yarn"
+    mixtral = _analyze("mistralai__Mixtral-8x7B-v0.1.json")["feature_details"]["moe"]
+    assert (mixtral["experts"], mixtral["top_k"], mixtral["shared_experts"]) == (8, 2, 0)
+    nxt = _analyze("Qwen__Qwen3-Next-80B-A3B-Instruct.json")["feature_details"]
+    assert nxt["moe"]["experts"] == 512 and nxt["moe"]["top_k"] == 10 and nxt["moe"]["shared_experts"] == 1
+    assert nxt["linear_attention"] == {"linear_layers": 36, "full_layers": 12, "full_attention_interval": 4}
+    oss = _analyze("openai__gpt-oss-120b.json")["feature_details"]
+    assert oss["sliding_window"] == {"window": 128, "sliding_layers": 18, "full_layers": 18}
+    assert oss["moe"]["top_k"] == 4 and oss["sinks"] == {"heads": 64}
+
+
+def test_kimi_k2_remote_code_is_never_run_and_is_said_so():
+    r = _analyze("moonshotai__Kimi-K2-Instruct.json")
+    assert r["model_type"] == "kimi_k2"
+    assert "never remote code" in r["reason"] and "DeepseekV3ForCausalLM is not supported" in r["reason"]
+    assert any("remote code" in n and "never runs it" in n for n in r["notes"])
+
+
+def test_grok2_model_type_git_is_read_as_published():
+    r = _analyze("xai-org__grok-2.json")
+    assert r["model_type"] == "git" and r["architecture"] == "Grok1ForCausalLM"
+    assert any("transformers has no class Grok1ForCausalLM" in n and "GitConfig" in n for n in r["notes"])
+    assert r["feature_details"]["moe"]["experts"] == 8 and r["feature_details"]["moe"]["top_k"] == 2
+
+
+def test_verdicts_of_a_supported_dense_model():
+    v = _analyze("Qwen__Qwen3-0.6B.json")["verdicts"]
+    assert all(x["ok"] for x in v.values()), v
+    assert "Qwen3ForCausalLM" in v["model"]["reason"]
+    assert "sdpa" in v["attention"]["reason"] and "piecewise" in v["graph"]["reason"]
+    assert "tp1" in v["parallel"]["reason"]
+
+
+def test_verdicts_of_unsupported_models_name_the_missing_capability():
+    ds = _analyze("deepseek-ai__DeepSeek-V3.json")["verdicts"]
+    assert not ds["quant"]["ok"] and "fp8" in ds["quant"]["reason"] and "supported: none" in ds["quant"]["reason"]
+    assert not ds["attention"]["ok"] and "mla" in ds["attention"]["reason"]
+    assert not ds["parallel"]["ok"] and "11 H200s" in ds["parallel"]["reason"]
+    assert not ds["graph"]["ok"]
+    oss = _analyze("openai__gpt-oss-120b.json")["verdicts"]
+    assert "sliding_window, sinks" in oss["attention"]["reason"] and "mxfp4" in oss["quant"]["reason"]
+    assert "tp2 is not a parallel mode" in oss["parallel"]["reason"]
+    vl = _analyze("Qwen__Qwen3-VL-30B-A3B-Instruct.json")["verdicts"]
+    assert vl["attention"]["ok"] and vl["parallel"]["ok"] and not vl["graph"]["ok"]
+
+
+def test_verdicts_follow_the_capability_table():
+    """A runtime that grows fp8, tp2 and an MLA architecture turns those verdicts ok with no change here."""
+    caps = capabilities()
+    caps["quantization"] = [*caps["quantization"], "fp8"]
+    caps["parallel"] = {**caps["parallel"], "tp2": 2}
+    caps["architectures"] = {**caps["architectures"], "Phantom": ["moe", "mla"]}
+    r = analyze(json.loads((REPO_CONFIGS / "deepseek-ai__DeepSeek-V3.json").read_text()), model="ds", caps=caps, tps=[2])
+    assert r["verdicts"]["quant"]["ok"] and r["verdicts"]["attention"]["ok"]
+    assert not r["verdicts"]["parallel"]["ok"] and "need 11 H200s, more than 2" in r["verdicts"]["parallel"]["reason"]
+    caps["capture_backends"] = ["disabled"]
+    r = analyze(json.loads((REPO_CONFIGS / "Qwen__Qwen3-0.6B.json").read_text()), model="q", caps=caps)
+    assert not r["verdicts"]["graph"]["ok"] and "no capture backend" in r["verdicts"]["graph"]["reason"]
+
+
+def test_requested_quant_and_tp_are_checked():
+    cfg = json.loads((REPO_CONFIGS / "Qwen__Qwen3-0.6B.json").read_text())
+    r = analyze(cfg, model="q", quants=["none", "awq"], tps=[1, 3])
+    assert r["requested"] == {"quant": ["none", "awq"], "tp": [1, 3]}
+    assert not r["verdicts"]["quant"]["ok"] and "awq is not supported" in r["verdicts"]["quant"]["reason"]
+    par = r["verdicts"]["parallel"]
+    assert not par["ok"] and "TP 3 does not divide the heads" in par["reason"] and "tp1: runs on 1 GPU" in par["reason"]
+    assert analyze(cfg, model="q", quants=["none"], tps=[1])["verdicts"]["parallel"]["ok"]

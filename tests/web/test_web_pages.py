@@ -1,0 +1,149 @@
+"""The HTML pages through TestClient: they render, escape, mark staleness, and load nothing from elsewhere."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from web_seed import SCRIPT_CELL, key, seed
+
+from harness.reports import diff_markdown, diff_runs
+from harness.store import Store
+from web.app import create_app
+from web.deps import CSP
+
+
+def flat(html: str) -> str:
+    """The HTML with runs of whitespace as one space, as a browser shows text."""
+    return " ".join(html.split())
+
+
+PAGES = ["/", "/?run=1&group=attention", "/?graph=full&status=failing", "/runs", "/runs/1", "/runs/latest", "/diff",
+         "/diff?base=1&head=3", "/requests", f"/cell?key={key('qwen3-0.6b:tiny', 'breakable')}",
+         f"/cell?key={key('qwen3-8b:trim:4', 'full')}&run=2"]
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_pages_render_with_a_strict_csp_and_local_assets_only(sqlite_client: TestClient, path: str) -> None:
+    r = sqlite_client.get(path)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert r.headers["content-security-policy"] == CSP and "script-src 'none'" in CSP
+    assert "<script" not in r.text
+    refs = re.findall(r'(?:src|href)="([^"]+)"', r.text)
+    assert refs and all(u.startswith(("/", "data:")) for u in refs), [u for u in refs if not u.startswith("/")]
+
+
+def test_the_log_is_escaped(sqlite_client: TestClient) -> None:
+    html = sqlite_client.get("/cell", params={"key": key(*SCRIPT_CELL)}).text
+    assert "&lt;script&gt;window.__pwned = 1; alert(&#34;pwned&#34;)&lt;/script&gt;" in html
+    assert "&lt;img src=x onerror=&#34;window.__pwned=2&#34;&gt;" in html
+    assert "<script>" not in html and "<img" not in html
+
+
+def test_matrix_page_cells_link_their_cell_page(sqlite_client: TestClient) -> None:
+    html = sqlite_client.get("/").text
+    cells = re.findall(r'<td class="(s-[a-z_]+)"><a href="([^"]+)" title="([^"]*)">([^<]*)</a></td>', html)
+    assert len(cells) == 24
+    hrefs = {h.replace("&amp;", "&") for _, h, _, _ in cells}
+    assert f"/cell?key={key('mixtral-8x7b:tiny', 'full').replace('|', '%7C')}&run=3" in hrefs
+    page = sqlite_client.get(next(iter(hrefs)))
+    assert page.status_code == 200 and "Reproduce" in page.text
+    broken = [c for c in cells if c[3] == "cap"]
+    tip = "fail_capture: RuntimeError: capture failed in piece 3\ncapture 1.10 s · pool 7.0 MiB · token match 0.750"
+    assert broken == [("s-fail", broken[0][1], tip, "cap")]
+    assert '<th class="group" colspan="2">graph=breakable</th>' in html
+    assert "24 of 24 cells shown · pass rate 90.5% (19/21 counted)" in flat(html)
+
+
+def test_filter_form_keeps_its_choices(sqlite_client: TestClient) -> None:
+    html = sqlite_client.get("/?graph=full&status=failing&group=quant").text
+    assert re.search(r'<select name="graph">.*?<option selected>full</option>', html, re.DOTALL)
+    assert re.search(r'<select name="status">.*?<option selected>failing</option>', html, re.DOTALL)
+    assert re.search(r'<select name="group">.*?<option selected>quant</option>', html, re.DOTALL)
+    assert "1 of 24 cells shown" in html
+    assert "No cell matches these filters." in sqlite_client.get("/?model=nothing").text
+    assert sqlite_client.get("/?group=model").status_code == 200  # an unknown group falls back to graph
+
+
+def test_stale_nightly_is_marked_until_a_fresh_one_lands(tmp_path: Path) -> None:
+    seeded = seed(f"sqlite:///{tmp_path / 'pcg.db'}")
+    with TestClient(create_app(seeded.url)) as c:
+        for path in ("/", "/runs", "/runs/3"):
+            assert re.search(r'id="freshness">⚠ newest nightly run #2 \(nightly\) is \d+ days old: stale', c.get(path).text)
+        with Store(seeded.url) as store:
+            run_id = store.create_run("nightly", "harness/configs/nightly.yaml", {}, trigger="nightly")
+            store.finish_run(run_id)
+        runs = c.get("/runs").text
+        assert 'id="freshness"' not in runs and 'id="freshness"' not in c.get("/").text
+        assert f"newest nightly run #{run_id} (nightly) is 0 min old" in runs
+
+
+def test_empty_store_and_missing_things(tmp_path: Path) -> None:
+    with TestClient(create_app(f"sqlite:///{tmp_path / 'empty.db'}")) as c:
+        r = c.get("/")
+        assert r.status_code == 200 and "there is no latest run" in r.text and "pcgh run harness/configs/smoke.yaml" in r.text
+        assert "no nightly run in the store yet" in c.get("/runs").text
+        assert c.get("/diff").status_code == 404
+    with TestClient(create_app(seed(f"sqlite:///{tmp_path / 'pcg.db'}").url)) as c:
+        for path in ("/?run=9", "/runs/9", "/cell?key=nope", "/diff?base=9"):
+            r = c.get(path)
+            assert r.status_code == 404 and 'id="error"' in r.text, path
+        assert c.get("/cell").status_code == 422  # key is required
+
+
+def test_run_page_shows_provenance_and_the_reports_pass_rate(sqlite_client: TestClient) -> None:
+    html = sqlite_client.get("/runs/1").text
+    assert "<code>0000000000000000000000000000000000000001</code>" in html and "NVIDIA H200" in html
+    assert "41m 00s" in html
+    assert ("Pass rate <strong>90.5%</strong> (19 passing of 21 counted; 3 eager_fail/unsupported/skipped not counted)"
+            in flat(html))
+    assert '<a href="/diff?base=1&amp;head=2">' not in html  # run 1 has no run before it
+    assert '<a href="/diff?base=2&amp;head=3">diff with #2</a>' in sqlite_client.get("/runs/3").text
+
+
+def test_diff_page_new_failures_first_and_markdown_is_pcgh_diff(sqlite_client: TestClient, tmp_path: Path) -> None:
+    html = sqlite_client.get("/diff").text
+    assert "Regression: 1 new failure(s)." in html
+    assert html.index("New failures (1)") < html.index("Fixes (1)") < html.index("Other status changes (1)")
+    md = sqlite_client.get("/diff?base=2&head=3&format=md")
+    assert md.headers["content-type"].startswith("text/markdown")
+    url = sqlite_client.app.state.queries.store.url
+    with Store(url) as store:
+        expected = diff_markdown(diff_runs(store.results(2), store.results(3)), store.run(2), store.run(3))
+    assert md.text == expected
+
+
+def test_requests_page_without_a_queue(sqlite_client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(Store, "requests", raising=False)
+    assert "This store has no request queue yet." in sqlite_client.get("/requests").text
+
+
+def test_requests_page_lists_the_queue(sqlite_client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = [{"id": 2, "created_at": datetime(2026, 2, 1, tzinfo=timezone.utc), "model": "Qwen/Qwen3-0.6B",
+              "revision": None, "architecture": "Qwen3ForCausalLM", "supported": True, "status": "in_matrix",
+              "card_id": "qwen3-0.6b", "verdict": {"verdicts": {"model": {"ok": True, "reason": "in the table"},
+                                                               "graph": {"ok": False, "reason": "<b>no</b>"}}}},
+             {"id": 1, "created_at": datetime(2026, 1, 1, tzinfo=timezone.utc), "model": "org/new-model",
+              "revision": "v2", "architecture": "NewForCausalLM", "supported": False, "status": "requested",
+              "card_id": None, "verdict": {}}]
+    monkeypatch.setattr(Store, "requests", lambda self, limit=None, status=None: queue, raising=False)
+    html = sqlite_client.get("/requests").text
+    assert html.index("Qwen/Qwen3-0.6B") < html.index("org/new-model")
+    assert '<span class="chip req-in_matrix">in_matrix</span>' in html
+    assert '<a href="/?model=qwen3-0.6b:*">6/6 pass</a>' in html and "not in the latest run" in html
+    assert 'title="&lt;b&gt;no&lt;/b&gt;">graph ✗</span>' in html
+
+
+def test_docs_are_swagger_ui_from_our_own_static_files(sqlite_client: TestClient) -> None:
+    html = sqlite_client.get("/docs").text
+    refs = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert sorted(refs) == ["/static/swagger/favicon-32x32.png", "/static/swagger/swagger-ui-bundle.js",
+                            "/static/swagger/swagger-ui.css"]
+    assert "cdn" not in html and "http" not in html.replace("'/openapi.json'", "")
+    for ref in refs:
+        assert sqlite_client.get(ref).status_code == 200
+    assert sqlite_client.get("/redoc").status_code == 404
+    assert sqlite_client.get("/static/style.css").status_code == 200

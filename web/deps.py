@@ -1,0 +1,105 @@
+"""What every router takes from the app: the query layer, the templates, and the upload token check.
+
+The app object holds one Queries (and through it one Store) for its lifetime; routers get it per request
+through `Depends(get_queries)`, so tests and `pcgh serve` differ only in the URL given to create_app.
+Templates run with autoescape on for every file (not just *.html), and every page goes out with a Content
+Security Policy that allows our own CSS and nothing else: no scripts at all, so even a log that slipped past
+escaping could not run.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import jinja2
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.templating import Jinja2Templates
+from starlette.responses import Response
+
+from harness.reports.provenance import fmt_duration
+from harness.reports.stats import fmt_rate, fmt_speedup
+from web import cells as present
+from web.queries import Queries
+
+HERE = Path(__file__).parent
+CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; script-src 'none'; form-action 'self'; "
+       "base-uri 'none'; frame-ancestors 'none'")
+
+
+def _fmt_time(v: datetime | str | None) -> str:
+    if isinstance(v, datetime):
+        return v.strftime("%Y-%m-%d %H:%M UTC")
+    return "n/a" if v is None else str(v)
+
+
+def _as_text(v: Any) -> str:
+    """A metric value as a reader expects it: JSON for nested values (not Python's repr), else str."""
+    return json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list, tuple)) else str(v)
+
+
+def _make_templates() -> Jinja2Templates:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
+                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters.update(rate=fmt_rate, speedup=fmt_speedup, duration=fmt_duration, when=_fmt_time, as_text=_as_text)
+    env.globals.update(css_class=present.css_class)
+    return Jinja2Templates(env=env)
+
+
+templates = _make_templates()
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a big page is built.
+
+    A 10,000-cell matrix makes ~200,000 objects that live until the response is sent; each full collection
+    they trigger also walks the ~460,000 objects that importing torch (through harness) left on the heap,
+    which made the matrix page 30-90% slower and its time erratic. Any garbage made meanwhile is collected as
+    usual afterwards. Left as found if the collector was already off.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def get_queries(request: Request) -> Queries:
+    return request.app.state.queries
+
+
+QueriesDep = Annotated[Queries, Depends(get_queries)]
+
+
+def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:
+    """A page from web/templates, with the CSP header."""
+    response = templates.TemplateResponse(request, name, context, status_code=status_code)
+    response.headers["Content-Security-Policy"] = CSP
+    return response
+
+
+_bearer = HTTPBearer(auto_error=False, description="the server's upload token (create_app arg or $PCG_UPLOAD_TOKEN)")
+
+
+def require_upload_token(request: Request,
+                         creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    """401 unless `Authorization: Bearer <token>` matches; a server started without a token takes no uploads."""
+    expected: str | None = request.app.state.upload_token
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if not expected:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "uploads are disabled: this server was started without "
+                            "an upload token (set PCG_UPLOAD_TOKEN)", headers=challenge)
+    if creds is None or creds.scheme.lower() != "bearer":
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "send Authorization: Bearer <upload token>", headers=challenge)
+    if not secrets.compare_digest(creds.credentials.encode(), expected.encode()):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "wrong upload token", headers=challenge)

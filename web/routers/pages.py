@@ -1,0 +1,106 @@
+"""The HTML pages: matrix (/), cell, runs, run, diff and requests. Server-rendered, no JavaScript.
+
+Filters and choices are plain query parameters set by GET forms, so every view is a link that can be shared
+or bookmarked. Each handler makes one service call (web.services) and renders one template.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from starlette.responses import PlainTextResponse, Response
+
+from harness.axes import AXES
+from harness.store import RunNotFound
+from web import services
+from web.cells import speedup_of
+from web.deps import QueriesDep, gc_paused, render
+from web.matrix import CONFIG_AXES, DEFAULT_GROUP, STATUS_CLASSES, parse_filters
+from web.plots import line_plot
+from web.queries import as_number
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/")
+def matrix_page(request: Request, q: QueriesDep, run: str = "latest", group: str = DEFAULT_GROUP) -> Response:
+    fresh = services.freshness(q)
+    if group not in CONFIG_AXES:
+        group = DEFAULT_GROUP
+    filters = parse_filters({k: request.query_params.getlist(k) for k in request.query_params})
+    with gc_paused():
+        try:
+            r, grid = services.matrix(q, run, group, filters)
+        except RunNotFound as e:
+            if run != "latest":
+                raise
+            return render(request, "empty.html", {"message": str(e), "freshness": fresh})
+        runs = q.store.runs(50)  # for the run picker; an older run asked for by id is added to it
+        if all(x["id"] != r["id"] for x in runs):
+            runs.append(r)
+        return render(request, "matrix.html", {
+            "run": r, "grid": grid, "runs": runs, "axes": AXES, "config_axes": CONFIG_AXES,
+            "status_classes": list(STATUS_CLASSES), "freshness": fresh, "summary": services.summarize(r, grid.counts)})
+
+
+def _plots(v: services.CellView) -> list[Any]:
+    labels = [str(h.run_id) for h in v.history]
+    tokens: list[str] = []
+    for h in v.history:
+        sp = h.metrics.get("speedup")
+        for n in sp if isinstance(sp, dict) else ():
+            if n not in tokens:
+                tokens.append(n)
+    tokens.sort(key=lambda n: int(n) if str(n).isdigit() else 0)
+
+    def per_token(n: str) -> list[float | None]:
+        return [as_number(h.metrics["speedup"].get(n)) if isinstance(h.metrics.get("speedup"), dict) else None
+                for h in v.history]
+
+    speedup = {f"{n} tokens": per_token(n) for n in tokens}
+    if not speedup:  # stored as one number per cell
+        speedup = {"speedup": [speedup_of(h.metrics.get("speedup")) for h in v.history]}
+    pool = [as_number(h.metrics.get("graph_pool_bytes")) for h in v.history]
+    return [
+        line_plot("Speedup over eager (×), per token count", labels, speedup, fmt=lambda x: f"{x:.2f}", unit="×"),
+        line_plot("Capture time (s)", labels, {"capture s": [as_number(h.metrics.get("capture_s")) for h in v.history]},
+                  fmt=lambda x: f"{x:.3g}", unit=" s"),
+        line_plot("Graph memory pool (MiB)", labels, {"MiB": [None if p is None else p / 2**20 for p in pool]},
+                  fmt=lambda x: f"{x:.3g}", unit=" MiB"),
+    ]
+
+
+@router.get("/cell")
+def cell_page(request: Request, q: QueriesDep, key: str, run: int | None = None) -> Response:
+    v = services.cell(q, key, run)
+    history = [(h, speedup_of(h.metrics.get("speedup"))) for h in reversed(v.history)]
+    return render(request, "cell.html", {"v": v, "history": history, "plots": _plots(v),
+                                         "speedup": speedup_of(v.current.metrics.get("speedup"))})
+
+
+@router.get("/runs")
+def runs_page(request: Request, q: QueriesDep, limit: Annotated[int, Query(ge=1)] = 200) -> Response:
+    return render(request, "runs.html", {"summaries": services.run_summaries(q, limit),
+                                         "freshness": services.freshness(q)})
+
+
+@router.get("/runs/{run_ref}")
+def run_page(request: Request, run_ref: str, q: QueriesDep) -> Response:
+    return render(request, "run.html", {"d": services.run_detail(q, run_ref), "freshness": services.freshness(q)})
+
+
+@router.get("/diff")
+def diff_page(request: Request, q: QueriesDep, base: str | None = None, head: str | None = None,
+              threshold: Annotated[float, Query(ge=0)] = 0.10, format: str = "html") -> Response:
+    with gc_paused():
+        v = services.diff(q, base or None, head or None, threshold)
+        if format == "md":
+            return PlainTextResponse(v.markdown, media_type="text/markdown; charset=utf-8")
+        return render(request, "diff.html", {"v": v, "runs": q.store.runs(200)})
+
+
+@router.get("/requests")
+def requests_page(request: Request, q: QueriesDep) -> Response:
+    available, rows = services.requests(q)
+    return render(request, "requests.html", {"available": available, "rows": rows})

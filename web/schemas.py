@@ -1,0 +1,262 @@
+"""The JSON API's shapes: responses (what /docs shows and clients rely on) and uploads (checked before any write).
+
+Upload rows are checked here with the Store's own rules (status one of the harness statuses, axes exactly the
+matrix axes, attempt ≥ 1), so a bad row in a 10,000-row upload is a 422 naming it, before a run is created,
+not a half-written run.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from harness.axes import AXES, STATUSES
+from harness.store.models import PROVENANCE
+
+
+class RunOut(BaseModel):
+    id: int
+    name: str
+    matrix: str
+    status: str
+    trigger: str
+    git_sha: str | None = None
+    torch_version: str | None = None
+    transformers_version: str | None = None
+    cuda_version: str | None = None
+    driver_version: str | None = None
+    gpu_name: str | None = None
+    host: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class RunSummaryOut(BaseModel):
+    run: RunOut
+    cells: int
+    counts: dict[str, int] = Field(description="final-attempt cells by status")
+    passing: int
+    counted: int = Field(description="cells counted against the pass rate (all but eager_fail, unsupported, skipped)")
+    pass_rate: float | None = Field(description="passing / counted; null when nothing is counted")
+    wall_s: float | None
+
+
+class FreshnessOut(BaseModel):
+    newest_nightly_id: int | None
+    age_s: float | None
+    stale: bool = Field(description="the newest nightly run is older than a day")
+    message: str
+
+
+class RunsOut(BaseModel):
+    freshness: FreshnessOut
+    runs: list[RunSummaryOut]
+
+
+class FailingCellOut(BaseModel):
+    key: str
+    status: str
+    reason: str
+
+
+class RunDetailOut(RunSummaryOut):
+    geomean_speedup: float | None
+    speedup_cells: int
+    failing_total: int
+    failing: list[FailingCellOut] = Field(description="the first failing cells, in recording order")
+    previous_id: int | None
+
+
+class MatrixCellOut(BaseModel):
+    key: str
+    axes: dict[str, str]
+    status: str
+    label: str
+    speedup: float | None
+    reason: str
+    capture_s: float | None
+    graph_pool_bytes: float | None
+    token_match: float | None
+
+
+class ColumnOut(BaseModel):
+    group: str
+    config: dict[str, str]
+
+
+class MatrixOut(BaseModel):
+    run: RunOut
+    group: str
+    filters: dict[str, list[str]]
+    options: dict[str, list[str]] = Field(description="every value of each axis and status in the run")
+    total: int
+    shown: int
+    counts: dict[str, int] = Field(description="shown cells by status")
+    models: list[str]
+    columns: list[ColumnOut]
+    cells: list[MatrixCellOut]
+
+
+class HistoryPointOut(BaseModel):
+    run_id: int
+    run_name: str
+    started_at: datetime | None
+    trigger: str
+    status: str
+    reason: str
+    attempts: int
+    speedup: float | None
+    speedups: dict[str, float | None]
+    capture_s: float | None
+    graph_pool_bytes: float | None
+
+
+class CellOut(BaseModel):
+    key: str
+    axes: dict[str, str]
+    run_id: int
+    status: str
+    reason: str
+    metrics: dict[str, Any]
+    log: str
+    flips: int
+    flaky: bool
+    repro: str
+    history: list[HistoryPointOut]
+
+
+class StatusChangeOut(BaseModel):
+    key: str
+    axes: dict[str, Any]
+    base_status: str
+    head_status: str
+    reason: str
+
+
+class SpeedupChangeOut(BaseModel):
+    key: str
+    axes: dict[str, Any]
+    base: float
+    head: float
+    rel_change: float
+
+
+class DiffOut(BaseModel):
+    base: RunOut
+    head: RunOut
+    has_regression: bool
+    new_failures: list[StatusChangeOut]
+    fixes: list[StatusChangeOut]
+    flips: list[StatusChangeOut]
+    speedup_changes: list[SpeedupChangeOut]
+    added: list[str]
+    removed: list[str]
+    speedup_threshold: float
+    markdown: str = Field(description="the same diff as `pcgh diff` prints")
+
+
+class RequestOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: int | str
+    created_at: datetime | None = None
+    model: str
+    revision: str | None = None
+    architecture: str | None = None
+    supported: bool | None = None
+    verdict: dict[str, Any] | str | None = Field(None, description="the request report (pcgh request --json)")
+    status: str | None = Field(None, description="requested, in_matrix, passing or failing")
+    card_id: str | None = None
+    matrix_cells: int = Field(0, description="cells of card_id in the latest run")
+    matrix_passing: int = 0
+    matrix_counted: int = 0
+
+
+class RequestsOut(BaseModel):
+    available: bool = Field(description="false while the store has no request queue")
+    requests: list[RequestOut]
+
+
+# --- uploads ------------------------------------------------------------------------------------------------
+
+
+class ResultIn(BaseModel):
+    """One cell attempt, as the Store records it."""
+
+    key: str = Field(min_length=1)
+    axes: dict[str, str]
+    status: str
+    reason: str = ""
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    log: str = ""
+    duration_s: float = 0.0
+    attempt: int = Field(1, ge=1)
+
+    @field_validator("status")
+    @classmethod
+    def _known_status(cls, v: str) -> str:
+        if v not in STATUSES:
+            raise ValueError(f"status {v!r} is not one of {', '.join(STATUSES)}")
+        return v
+
+    @field_validator("axes")
+    @classmethod
+    def _all_axes(cls, v: dict[str, str]) -> dict[str, str]:
+        if set(v) != set(AXES):
+            raise ValueError(f"axes must have exactly {', '.join(AXES)}, got {', '.join(v) or 'none'}")
+        return v
+
+
+class RunIn(BaseModel):
+    """A whole run: provenance, its cell results, and optionally its own start and finish times."""
+
+    name: str = Field(min_length=1)
+    matrix: str
+    trigger: str = "manual"
+    status: Literal["finished", "interrupted", "running"] = "finished"
+    provenance: dict[str, str | None] = Field(default_factory=dict, description=f"keys among {', '.join(PROVENANCE)}")
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    results: list[ResultIn] = Field(default_factory=list)
+
+    @field_validator("provenance")
+    @classmethod
+    def _known_provenance(cls, v: dict[str, str | None]) -> dict[str, str | None]:
+        unknown = sorted(set(v) - set(PROVENANCE))
+        if unknown:
+            raise ValueError(f"unknown provenance keys {unknown}; allowed: {', '.join(PROVENANCE)}")
+        return v
+
+    @field_validator("started_at", "finished_at")
+    @classmethod
+    def _aware(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            raise ValueError("give a time zone (e.g. 2026-01-01T02:00:00Z)")
+        return v
+
+
+class RunCreatedOut(BaseModel):
+    id: int
+    cells: int
+    url: str
+
+
+class RequestIn(BaseModel):
+    """The request report of `pcgh request --json` (harness.request.schema.RequestReport, which checks it in
+    full); only its headline fields are spelled out here."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1, description="hub id, e.g. Qwen/Qwen3-0.6B, or the local path asked about")
+    revision: str | None = None
+    config_hash: str
+    architecture: str
+    supported: bool
+
+
+class RequestCreatedOut(BaseModel):
+    id: int
+    status: str
+    url: str

@@ -1,0 +1,219 @@
+"""What the pages and the JSON API both show, composed from web.queries and harness/reports.
+
+The pass rate, the speedup, the status classes and the diff are harness/reports' own (stats.totals,
+stats.is_passing/is_counted, diff_runs, diff_markdown): the dashboard shows the numbers `pcgh report` and
+`pcgh diff` print, never a second reading of them. Routers turn these results into HTML or JSON; nothing
+here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from harness.reports import RunDiff, diff_markdown, diff_runs, results_frame, totals
+from harness.reports.provenance import wall_time
+from harness.reports.stats import is_counted, is_failing, is_passing, ordered_statuses
+from harness.store import RunNotFound
+from web import cells as present
+from web.matrix import DEFAULT_GROUP, Grid, build_grid
+from web.queries import CellRow, HistoryRow, Queries
+
+STALE_AFTER = timedelta(days=1)
+MAX_FAILING = 50  # failing cells listed on a run page
+# What Store.requests() hands out per request (harness/store, the `pcgh request` work).
+REQUEST_FIELDS = ("id", "created_at", "model", "revision", "architecture", "supported", "verdict", "status", "card_id")
+
+
+class CellNotFound(LookupError):
+    """No run has a result for this cell key (or not the run asked for)."""
+
+
+@dataclass
+class RunSummary:
+    """A run's provenance with its final-attempt counts and the reports' pass rate."""
+
+    run: dict[str, Any]
+    counts: dict[str, int]
+    cells: int
+    passing: int
+    counted: int
+    pass_rate: float | None  # passing / counted; None when nothing counts
+    wall_s: float | None
+
+
+def summarize(run: Mapping[str, Any], counts: Mapping[str, int]) -> RunSummary:
+    """From counts by status alone (the runs list has no rows to build a results frame from)."""
+    passing = sum(n for s, n in counts.items() if is_passing(s))
+    counted = sum(n for s, n in counts.items() if is_counted(s))
+    wt = wall_time(run)
+    return RunSummary(dict(run), {s: counts[s] for s in ordered_statuses(counts)}, sum(counts.values()), passing,
+                      counted, passing / counted if counted else None, wt.total_seconds() if wt else None)
+
+
+def run_summaries(q: Queries, limit: int | None = None) -> list[RunSummary]:
+    runs = q.store.runs(limit)
+    counts = q.status_counts([r["id"] for r in runs])
+    return [summarize(r, counts[r["id"]]) for r in runs]
+
+
+@dataclass
+class RunDetail(RunSummary):
+    geomean_speedup: float | None = None
+    speedup_cells: int = 0
+    failing: list[CellRow] = field(default_factory=list)
+    failing_total: int = 0
+    previous_id: int | None = None
+
+
+def run_detail(q: Queries, run_ref: int | str) -> RunDetail:
+    """Totals through harness/reports (results_frame → totals), worst cells, the run before it."""
+    run = q.store.run(run_ref)
+    rows = q.cells(run["id"])
+    t = totals(results_frame([r.as_row() for r in rows]))
+    s = summarize(run, t.counts)
+    failing = [r for r in rows if is_failing(r.status)]
+    return RunDetail(**vars(s), geomean_speedup=t.geomean_speedup, speedup_cells=t.speedup_cells,
+                     failing=failing[:MAX_FAILING], failing_total=len(failing), previous_id=q.previous_run_id(run["id"]))
+
+
+@dataclass
+class Freshness:
+    run: dict[str, Any] | None  # the newest nightly run
+    age: timedelta | None
+    stale: bool  # that run is older than STALE_AFTER
+    message: str
+
+
+def fmt_age(age: timedelta) -> str:
+    s = max(0, int(age.total_seconds()))
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 2 * 86400:
+        return f"{s // 3600} h"
+    return f"{s // 86400} days"
+
+
+def freshness(q: Queries, now: datetime | None = None) -> Freshness:
+    """Whether the newest nightly run (trigger "nightly") is older than a day, by when it finished (or started)."""
+    run = q.newest_run("nightly")
+    if run is None:
+        return Freshness(None, None, False, "no nightly run in the store yet")
+    at: datetime = run["finished_at"] or run["started_at"]
+    age = (now or datetime.now(timezone.utc)) - at
+    stale = age > STALE_AFTER
+    msg = f"newest nightly run #{run['id']} ({run['name']}) is {fmt_age(age)} old"
+    return Freshness(run, age, stale, msg + (": stale, older than a day" if stale else ""))
+
+
+def matrix(q: Queries, run_ref: int | str = "latest", group: str = DEFAULT_GROUP,
+           filters: Mapping[str, list[str]] | None = None) -> tuple[dict[str, Any], Grid]:
+    """The run and its grid: one query for the cells, everything else in memory."""
+    run = q.store.run(run_ref)
+    return run, build_grid(q.cells(run["id"]), run["id"], group, filters)
+
+
+@dataclass
+class CellView:
+    key: str
+    axes: dict[str, str]
+    current: HistoryRow  # the run asked for, else the newest run with this cell
+    log: str
+    history: list[HistoryRow]  # oldest run first
+    flips: int
+    flaky: bool
+    repro: str
+
+
+def cell(q: Queries, key: str, run_id: int | None = None) -> CellView:
+    history = q.history(key)
+    if not history:
+        raise CellNotFound(f"no run has a result for cell {key!r}")
+    current = history[-1] if run_id is None else next((h for h in history if h.run_id == run_id), None)
+    if current is None:
+        raise CellNotFound(f"run {run_id} has no result for cell {key!r}; runs with it: "
+                           + ", ".join(str(h.run_id) for h in history[-10:]))
+    statuses = [h.status for h in history]
+    others = [h.metrics for h in reversed(history) if h is not current]
+    return CellView(key, current.axes, current, q.log(current.run_id, key), history, present.flips(statuses),
+                    present.is_flaky(statuses), present.repro_command(current.axes, current.metrics, others))
+
+
+@dataclass
+class DiffView:
+    base: dict[str, Any]
+    head: dict[str, Any]
+    diff: RunDiff
+    markdown: str
+
+
+def diff(q: Queries, base_ref: int | str | None = None, head_ref: int | str | None = None,
+         threshold: float = 0.10) -> DiffView:
+    """harness/reports' diff of two runs; head defaults to the latest run, base to the run before head."""
+    head = q.store.run(head_ref if head_ref is not None else "latest")
+    if base_ref is None:
+        prev = q.previous_run_id(head["id"])
+        if prev is None:
+            raise RunNotFound(f"run {head['id']} is the first run: there is nothing before it to diff against")
+        base_ref = prev
+    base = q.store.run(base_ref)
+    d = diff_runs([r.as_row() for r in q.cells(base["id"])], [r.as_row() for r in q.cells(head["id"])], threshold)
+    return DiffView(base, head, d, diff_markdown(d, base, head))
+
+
+@dataclass
+class RequestRow:
+    request: dict[str, Any]
+    cells: int  # cells of this card in the latest run
+    passing: int
+    counted: int
+    verdicts: list[tuple[str, bool, str]] = field(default_factory=list)  # (axis, ok, reason) from the report
+
+
+def axis_verdicts(verdict: Any) -> list[tuple[str, bool, str]]:
+    """The per-axis verdicts of a request report (`verdicts: {axis: {ok, reason}}`); none for anything else."""
+    found = verdict.get("verdicts") if isinstance(verdict, Mapping) else None
+    if not isinstance(found, Mapping):
+        return []
+    return [(str(axis), bool(v.get("ok")), str(v.get("reason") or "")) for axis, v in found.items()
+            if isinstance(v, Mapping)]
+
+
+def requests(q: Queries) -> tuple[bool, list[RequestRow]]:
+    """(whether the Store has a request queue yet, the queue with each card's cells in the latest run)."""
+    queue = q.requests()
+    if queue is None:
+        return False, []
+    latest = q.store.latest_run()
+    per_card: dict[str, Counter[str]] = {}
+    if latest is not None:
+        for model, counts in q.model_counts(latest["id"]).items():
+            per_card.setdefault(model.partition(":")[0], Counter()).update(counts)
+    out = []
+    for r in queue:
+        c = per_card.get(str(r.get("card_id") or ""), Counter())
+        s = summarize({}, c)
+        out.append(RequestRow({**dict.fromkeys(REQUEST_FIELDS), **r}, s.cells, s.passing, s.counted,
+                              axis_verdicts(r.get("verdict"))))
+    return True, out
+
+
+def model_summary(q: Queries, card_id: str) -> RunSummary | None:
+    """A card's cells (every variant) in the latest run; None when it has none there."""
+    latest = q.store.latest_run()
+    if latest is None:
+        return None
+    c: Counter[str] = Counter()
+    for model, counts in q.model_counts(latest["id"]).items():
+        if model.partition(":")[0] == card_id:
+            c.update(counts)
+    return summarize(latest, c) if c else None
+
+
+def matrix_summary(q: Queries, name: str) -> RunSummary | None:
+    """The newest run of this matrix name; None when there is none."""
+    run = q.store.latest_run(name=name)
+    return summarize(run, q.status_counts([run["id"]])[run["id"]]) if run is not None else None
