@@ -1,7 +1,15 @@
-"""Shared test fixtures. Markers `gpu` and `slow` are declared in pyproject.toml; nothing global is set here."""
+"""Shared test fixtures. Markers `gpu` and `slow` are declared in pyproject.toml; nothing global is set here.
+
+`db_url` gives each test an empty database on each backend: a SQLite file, and PostgreSQL from
+PCG_TEST_POSTGRES_URL in a schema of its own (via search_path), so tests never see each other's rows. PostgreSQL
+skips when that variable is unset, except under CI (CI set), where a skip would hide a broken .ci/run.
+"""
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,3 +24,36 @@ def configs() -> Path:
     """The folder of real model configs the tests load from."""
     assert CONFIGS.is_dir(), f"{CONFIGS} is missing"
     return CONFIGS
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _postgres_url() -> Iterator[str]:
+    from sqlalchemy import create_engine, make_url, text
+
+    base = os.environ.get("PCG_TEST_POSTGRES_URL")
+    if not base:
+        if in_ci():
+            pytest.fail("PCG_TEST_POSTGRES_URL is not set but CI is: .ci/run must start PostgreSQL and export it")
+        pytest.skip("PCG_TEST_POSTGRES_URL is not set (e.g. postgresql+psycopg://postgres@127.0.0.1:55432/pcg_test)")
+    schema = f"pcg_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield make_url(base).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A URL to an empty database of the parametrised backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'pcg.db'}"
+    else:
+        yield from _postgres_url()

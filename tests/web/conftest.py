@@ -8,11 +8,9 @@ the browser skip when absent, except under CI (CI set), where a skip would hide 
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, make_url, text
 from web_seed import Seeded, seed
 from web_support import CHROMIUM, CHROMIUM_ARGS, TOKEN, Tab, skip_or_fail
 
@@ -28,31 +25,6 @@ warnings.filterwarnings("ignore", message=".*httpx.*starlette.testclient.*")  # 
 from fastapi.testclient import TestClient
 
 from web.app import create_app
-
-
-def _postgres_url() -> Iterator[str]:
-    base = os.environ.get("PCG_TEST_POSTGRES_URL")
-    if not base:
-        skip_or_fail("PCG_TEST_POSTGRES_URL is not set")
-    schema = f"pcg_web_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield make_url(base).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database of the parametrised backend."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'pcg.db'}"
-    else:
-        yield from _postgres_url()
 
 
 @pytest.fixture

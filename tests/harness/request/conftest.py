@@ -4,10 +4,8 @@ offline hub with a fake cache."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,40 +14,10 @@ from harness.cards import CARDS_DIR
 from harness.cli import main
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 @pytest.fixture
 def db(tmp_path: Path) -> str:
     """A SQLite store of its own for each test."""
     return f"sqlite:///{tmp_path / 'requests.db'}"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty store on each backend; PostgreSQL from PCG_TEST_POSTGRES_URL (as tests/harness/store does:
-    skipped when unset, failed under CI), in a schema of its own."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'requests.db'}"
-        return
-    from sqlalchemy import create_engine, make_url, text
-
-    base = os.environ.get("PCG_TEST_POSTGRES_URL")
-    if not base:
-        if _in_ci():
-            pytest.fail("PCG_TEST_POSTGRES_URL is not set but CI is: .ci/run must start PostgreSQL and export it")
-        pytest.skip("PCG_TEST_POSTGRES_URL is not set")
-    schema = f"pcg_req_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield make_url(base).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 @pytest.fixture
