@@ -155,3 +155,21 @@ def padding_violations(out: torch.Tensor, num_actual: int) -> list[str]:
     if not bool(torch.isfinite(out[:num_actual]).all()):
         problems.append("real rows hold non-finite values")
     return problems
+
+
+def plant_stale_positions(engine, monkeypatch):
+    """Fault: from the second forward on, the static positions buffer keeps the previous batch's positions
+    (as if the engine forgot to copy them); the attention mask is still built from the right ones."""
+    original = engine.inputs.fill
+    calls = []
+
+    def stale_fill(batch, num_tokens):
+        before = engine.inputs._bufs["positions"].clone()
+        result = original(batch, num_tokens)
+        if calls:
+            engine.inputs._bufs["positions"].copy_(before)
+        calls.append(num_tokens)
+        return result
+
+    monkeypatch.setattr(engine.inputs, "fill", stale_fill)
+    return calls

@@ -20,6 +20,7 @@ from pcg_helpers import (
     MAX_NEW_TOKENS,
     compare_outputs,
     make_engine,
+    plant_stale_positions,
     prompts_of,
     tiny_model,
 )
@@ -204,24 +205,6 @@ def test_compare_outputs_flags_each_kind_of_difference():
 # Planted faults: the comparison must catch them ------------------------------------------------------------------
 
 
-def _plant_stale_positions(engine, monkeypatch):
-    """Fault: from the second forward on, the static positions buffer keeps the previous batch's positions
-    (as if the engine forgot to copy them); the attention mask is still built from the right ones."""
-    original = engine.inputs.fill
-    calls = []
-
-    def stale_fill(batch, num_tokens):
-        before = engine.inputs._bufs["positions"].clone()
-        result = original(batch, num_tokens)
-        if calls:
-            engine.inputs._bufs["positions"].copy_(before)
-        calls.append(num_tokens)
-        return result
-
-    monkeypatch.setattr(engine.inputs, "fill", stale_fill)
-    return calls
-
-
 @pytest.fixture(scope="module")
 def fault_setup():
     lm = tiny_model("qwen3-moe")
@@ -236,7 +219,7 @@ def test_stale_static_positions_are_caught(fault_setup, backend, monkeypatch):
     clean = engine.generate(fault_setup.prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
     assert compare_outputs(fault_setup.ref, clean, FP32_TOL) == []  # unfaulted: passes
 
-    calls = _plant_stale_positions(engine, monkeypatch)
+    calls = plant_stale_positions(engine, monkeypatch)
     faulty = engine.generate(fault_setup.prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
     assert len(calls) == MAX_NEW_TOKENS  # the fault was active on every decode step
     mismatches = compare_outputs(fault_setup.ref, faulty, FP32_TOL)

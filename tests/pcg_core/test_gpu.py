@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from pcg_helpers import CASES, GRAPH_BACKENDS, MAX_NEW_TOKENS, compare_outputs, config_path, make_engine, prompts_of
+from pcg_helpers import CASES, GRAPH_BACKENDS, MAX_NEW_TOKENS, compare_outputs, config_path, make_engine, plant_stale_positions, prompts_of
 
 from pcg_core import load_model
 from pcg_core.engine.inputs import PackedBatch
@@ -131,16 +131,6 @@ def test_stale_static_input_is_caught_on_replay(gpu_model, monkeypatch):
     prompts = prompts_of(CASES["packed_8"], gpu_model.lm.config.vocab_size, seed=4)
     ref = off.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
     assert compare_outputs(ref, engine.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True), GPU_BF16_TOL, divergence="topk") == []
-    original, calls = engine.inputs.fill, []
-
-    def stale_fill(batch, num_tokens):
-        before = engine.inputs._bufs["positions"].clone()
-        result = original(batch, num_tokens)
-        if calls:
-            engine.inputs._bufs["positions"].copy_(before)
-        calls.append(num_tokens)
-        return result
-
-    monkeypatch.setattr(engine.inputs, "fill", stale_fill)
+    plant_stale_positions(engine, monkeypatch)
     faulty = engine.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
     assert compare_outputs(ref, faulty, GPU_BF16_TOL) != []
