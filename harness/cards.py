@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import yaml
 
 from pcg_core.config import ConfigError
+from pcg_core.model.loader import read_config_file
 
 CARDS_DIR = Path(__file__).parent / "models"
 # full: real weights from the hub; trim: real widths, N layers (trim:N), synthetic weights; tiny: CPU-sized.
@@ -42,7 +42,7 @@ def _load(path: Path) -> ModelCard:
         config_path = path.parent / config
         if not config_path.is_file():
             raise ConfigError(f"{path}: field config names {config!r}, which is not a file beside the card")
-        config = json.loads(config_path.read_text())
+        config = read_config_file(config_path)  # its errors name the file and the JSON problem
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: field config must be a file name or an inline mapping")
     variants = list(data.get("variants") or DEFAULT_VARIANTS)

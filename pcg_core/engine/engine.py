@@ -148,8 +148,8 @@ class Engine:
                 o.prompt_topk_logprobs = rows.topk_lp[start:end].tolist()
                 start = end
             last = ends - 1
-            step = _RowStats(rows.argmax[last], rows.argmax[last], rows.topk_ids[last], rows.topk_lp[last])
-            step.chosen = rows.topk_lp[last][:, 0]  # argmax's logprob is the top-1 value
+            # the greedy token's logprob is the top-1 value
+            step = _RowStats(rows.topk_lp[last][:, 0], rows.argmax[last], rows.topk_ids[last], rows.topk_lp[last])
         else:
             step = self._row_stats(hidden[(ends - 1).to(hidden.device)], None, top_k)
         self._append(outs, step)
