@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from pcg_core.capture.graphs import GraphPool
+from pcg_core.capture.graphs import GraphPool, no_gc_during_capture
 from pcg_core.capture.stats import CaptureStats
 from pcg_core.config import CaptureConfig
 from pcg_core.forward_context import ForwardContext, set_forward_context
@@ -69,20 +69,25 @@ class GraphBackend(CaptureBackend):
         self.setup()
         if not self.pool.enabled:
             return  # CPU: the split/segment/pad path runs, there is nothing to capture
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        reserved0 = torch.cuda.memory_reserved(self.device)
-        t0 = time.perf_counter()
-        with torch.cuda.stream(self.pool.stream):
-            for bucket in sorted(self.config.ladder, reverse=True):  # largest first: later ones reuse its blocks
-                input_ids, positions, ctx = self.make_inputs(bucket)
-                ctx.mode = "warmup"
-                with set_forward_context(ctx):
-                    self.warmup(input_ids, positions, ctx)
-                ctx.mode = "capture"
-                with set_forward_context(ctx):
-                    self.capture(bucket, input_ids, positions, ctx)
-        torch.cuda.synchronize(self.device)
+        with no_gc_during_capture():
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            reserved0 = torch.cuda.memory_reserved(self.device)
+            t0 = time.perf_counter()
+            try:
+                with torch.cuda.stream(self.pool.stream):
+                    for bucket in sorted(self.config.ladder, reverse=True):  # largest first: later ones reuse its blocks
+                        input_ids, positions, ctx = self.make_inputs(bucket)
+                        ctx.mode = "warmup"
+                        with set_forward_context(ctx):
+                            self.warmup(input_ids, positions, ctx)
+                        ctx.mode = "capture"
+                        with set_forward_context(ctx):
+                            self.capture(bucket, input_ids, positions, ctx)
+            except BaseException:
+                self.pool.abort()
+                raise
+            torch.cuda.synchronize(self.device)
         self.stats.capture_s = time.perf_counter() - t0
         torch.cuda.empty_cache()
         self.stats.graph_pool_bytes = max(0, torch.cuda.memory_reserved(self.device) - reserved0)

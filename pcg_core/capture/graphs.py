@@ -7,6 +7,9 @@ the pool and the next, smaller bucket reuses them. That is what keeps graph memo
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -23,8 +26,27 @@ def weak_ref(t: Any) -> Any:
     return torch.empty((), dtype=t.dtype, device=t.device).set_(alias, t.storage_offset(), t.size(), t.stride())
 
 
+@contextmanager
+def no_gc_during_capture() -> Iterator[None]:
+    """Collect cyclic garbage now, then keep Python's collector off until the captures end.
+
+    Dead engines (and their CUDA graphs) often sit in reference cycles that only the cyclic collector frees.
+    If it runs mid-capture, destroying those graphs releases their pool memory (cudaFree) while the stream is
+    capturing, which invalidates the capture ("operation not permitted when stream is capturing"). Collecting
+    first and pausing the collector keeps every free out of the capture window.
+    """
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class GraphPool:
-    """The shared pool, the side stream captures run on, and a count of captured graphs."""
+    """The shared pool, the side stream captures run on, a count of captured graphs, and the open capture."""
 
     def __init__(self, device: torch.device):
         self.enabled = device.type == "cuda"
@@ -32,13 +54,27 @@ class GraphPool:
         self.handle = torch.cuda.graph_pool_handle() if self.enabled else None
         self.stream = torch.cuda.Stream(device=device) if self.enabled else None
         self.graphs_captured = 0
+        self.open: torch.cuda.CUDAGraph | None = None
 
     def begin(self) -> torch.cuda.CUDAGraph:
         g = torch.cuda.CUDAGraph()
         g.capture_begin(pool=self.handle)
+        self.open = g
         return g
 
     def end(self, g: torch.cuda.CUDAGraph) -> torch.cuda.CUDAGraph:
+        self.open = None
         g.capture_end()
         self.graphs_captured += 1
         return g
+
+    def abort(self) -> None:
+        """End a capture that an exception interrupted, so the stream leaves capture mode and later CUDA
+        work in this process (another engine, an eager fallback) is not refused; the graph is discarded."""
+        g, self.open = self.open, None
+        if g is not None:
+            try:
+                with torch.cuda.stream(self.stream):  # a capture must end on the stream it began on
+                    g.capture_end()
+            except Exception:  # noqa: BLE001, S110 - an invalidated capture ends with an error; it ends all the same
+                pass

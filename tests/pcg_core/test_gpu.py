@@ -5,14 +5,20 @@ padded inputs. Skipped without a GPU (CI has none); run on the device machine wi
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from types import SimpleNamespace
 
 import pytest
 import torch
-from pcg_helpers import CASES, GRAPH_BACKENDS, MAX_NEW_TOKENS, compare_outputs, config_path, make_engine, plant_stale_positions, prompts_of
+from pcg_helpers import CASES, GRAPH_BACKENDS, MAX_NEW_TOKENS, compare_outputs, config_path, make_engine, plant_stale_positions, prompts_of, tiny_model
 
 from pcg_core import load_model
+from pcg_core.attention.sdpa import SdpaBackend
+from pcg_core.capture import base as capture_base
+from pcg_core.capture.graphs import GraphPool
 from pcg_core.engine.inputs import PackedBatch
+from pcg_core.forward_context import get_forward_context
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -134,3 +140,84 @@ def test_stale_static_input_is_caught_on_replay(gpu_model, monkeypatch):
     plant_stale_positions(engine, monkeypatch)
     faulty = engine.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
     assert compare_outputs(ref, faulty, GPU_BF16_TOL) != []
+
+
+# Capture hygiene: what else runs in the process must not break a capture, and a broken capture must not break
+# the process. Both found on the H200 when this file's earlier fixtures left dead engines behind.
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    return tiny_model("qwen3", layers=2, dtype=torch.bfloat16, device="cuda")
+
+
+def _in_capture(monkeypatch, action) -> None:
+    """Call action() inside the attention op whenever it runs in capture mode (within the graph for `full`,
+    between pieces/segments otherwise)."""
+    original = SdpaBackend.forward
+
+    def forward(self, *args, **kwargs):
+        if get_forward_context().mode == "capture":
+            action()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SdpaBackend, "forward", forward)
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["guarded", "planted-no-guard"])
+@pytest.mark.parametrize("backend", GRAPH_BACKENDS)
+def test_the_garbage_collector_is_paused_while_capturing(tiny_lm, backend, planted, monkeypatch):
+    """The cyclic collector freeing a dead engine's graphs mid-capture invalidates the capture."""
+    if planted:
+        monkeypatch.setattr(capture_base, "no_gc_during_capture", contextlib.nullcontext)
+    seen: list[bool] = []
+    _in_capture(monkeypatch, lambda: seen.append(gc.isenabled()))
+    make_engine(tiny_lm.model, backend, dtype="bfloat16", device="cuda")
+    assert seen, "the attention op never ran in capture mode"
+    assert any(seen) is planted, f"collector enabled during capture: {sorted(set(seen))}"
+    assert gc.isenabled()
+
+
+def test_dead_engines_collected_around_a_capture_do_not_break_it(tiny_lm):
+    """The regression itself: engines with graphs, dropped in reference cycles, and an eager collector."""
+    for backend in ("piecewise", "breakable"):
+        engine = make_engine(tiny_lm.model, backend, dtype="bfloat16", device="cuda")
+        engine.self_cycle = engine
+    del engine
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        full = make_engine(tiny_lm.model, "full", dtype="bfloat16", device="cuda")
+    finally:
+        gc.set_threshold(*thresholds)
+    off = make_engine(tiny_lm.model, "disabled", dtype="bfloat16", device="cuda")
+    prompts = prompts_of(CASES["packed_8"], tiny_lm.config.vocab_size, seed=5)
+    ref = off.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
+    assert compare_outputs(ref, full.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True), GPU_BF16_TOL, divergence="topk") == []
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["aborted", "planted-no-abort"])
+def test_an_exception_during_capture_ends_the_capture(tiny_lm, planted, monkeypatch):
+    """Left open, the capture makes every later CUDA call in the process fail (the error a failed cell and
+    all its neighbours in one process would see)."""
+    pools: list[GraphPool] = []
+    real_begin, real_abort = GraphPool.begin, GraphPool.abort
+    monkeypatch.setattr(GraphPool, "begin", lambda self: (pools.append(self), real_begin(self))[1])
+    if planted:
+        monkeypatch.setattr(GraphPool, "abort", lambda self: None)
+
+    def boom():
+        raise RuntimeError("planted capture failure")
+
+    _in_capture(monkeypatch, boom)
+    with pytest.raises(RuntimeError, match="planted capture failure"):
+        make_engine(tiny_lm.model, "full", dtype="bfloat16", device="cuda")
+    try:
+        torch.ones(8, device="cuda").sum().item()
+        usable = True
+    except Exception:  # noqa: BLE001 - any CUDA refusal counts
+        usable = False
+    finally:
+        for pool in pools:
+            real_abort(pool)  # clean up after the planted leak, for the tests that follow
+    assert usable is not planted
