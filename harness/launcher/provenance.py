@@ -10,12 +10,30 @@ from typing import Any
 import torch
 
 
-def _cmd(args: list[str]) -> str | None:
+REPO = Path(__file__).parents[2]
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess | None:
     try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=10, cwd=Path(__file__).parents[2])
+        return subprocess.run(args, capture_output=True, text=True, timeout=30, cwd=cwd)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _cmd(args: list[str], cwd: Path = REPO) -> str | None:
+    out = _run(args, cwd)
+    return (out.stdout.strip() or None) if out is not None and out.returncode == 0 else None
+
+
+def git_sha(repo: Path = REPO) -> str | None:
+    """HEAD's sha, with `-dirty` when tracked files differ from it (or that cannot be checked): a run from an
+    edited or copied tree must not pass for a run of the commit."""
+    sha = _cmd(["git", "rev-parse", "HEAD"], repo)
+    if sha is None:
+        return None
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], repo)
+    clean = status is not None and status.returncode == 0 and not status.stdout.strip()
+    return sha if clean else f"{sha}-dirty"
 
 
 def provenance() -> dict[str, Any]:
@@ -23,7 +41,7 @@ def provenance() -> dict[str, Any]:
 
     cuda = torch.cuda.is_available()
     return {
-        "git_sha": _cmd(["git", "rev-parse", "HEAD"]),
+        "git_sha": git_sha(),
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "cuda_version": torch.version.cuda if cuda else None,
