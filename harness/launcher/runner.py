@@ -114,7 +114,11 @@ def run_matrix(matrix_path: str | Path, store: Any, opts: RunOptions,
         run_id = prev["id"] if prev else None
     if run_id is None:
         run_id = store.create_run(matrix.name, str(matrix_path), provenance(), trigger=opts.trigger)
-    done = store.completed_keys(run_id)
+    # A cell whose first attempt failed and whose retry never got recorded (the parent died in between) is not
+    # done: it gets its second attempt now, judged against the recorded first one.
+    recorded = {r["key"]: r for r in store.results(run_id)} if opts.resume else {}
+    retry_due = {k: r for k, r in recorded.items() if opts.retry and r["attempt"] == 1 and r["status"] not in NOT_RETRIED}
+    done = set(recorded) - set(retry_due)
     lock = threading.Lock()
     counts: Counter = Counter()
 
@@ -144,8 +148,10 @@ def run_matrix(matrix_path: str | Path, store: Any, opts: RunOptions,
     def work(cell: Cell) -> str:
         gpu = slots.get()
         try:
-            first = launch(cell, logs / f"{_safe(cell.key)}.attempt1.log", gpu)
-            record(first, 1)
+            first = retry_due.get(cell.key)
+            if first is None:
+                first = launch(cell, logs / f"{_safe(cell.key)}.attempt1.log", gpu)
+                record(first, 1)
             if first["status"] in NOT_RETRIED or not opts.retry:
                 return first["status"]
             second = launch(cell, logs / f"{_safe(cell.key)}.attempt2.log", gpu)

@@ -91,3 +91,24 @@ def test_shards_partition_the_matrix():
     assert set().union(*parts) == keys
     assert sum(len(p) for p in parts) == len(keys)
     assert all(parts)
+
+
+def test_resume_gives_a_failed_first_attempt_its_retry(tmp_path):
+    """The parent died after recording a first attempt's failure and before the retry: resume retries it."""
+    matrix = _matrix(tmp_path, ["piecewise", "breakable"])
+    cells = {c.axes["graph"]: c for c in plan(matrix, RunOptions())[1]}
+    with Store(str(tmp_path / "r.db")) as store:
+        run_id = store.create_run("faults", str(matrix), {})
+        failed = {"status": "fail_capture", "reason": "killed parent", "metrics": {}, "log": "", "duration_s": 1.0}
+        for graph, status in (("piecewise", "fail_capture"), ("breakable", "eager_fail")):  # eager_fail: never retried
+            cell = cells[graph]
+            store.record_result(run_id, {"key": cell.key, "axes": cell.axes, "attempt": 1, **failed, "status": status})
+        seen: list[tuple[str, int]] = []
+        resumed = run_matrix(matrix, store, RunOptions(resume=True, logs_dir=tmp_path / "l", progress=False),
+                             on_result=lambda row: seen.append((row["key"], row["attempt"])))
+        assert resumed == run_id
+        assert seen == [(cells["piecewise"].key, 2)]  # only the retry ran, as attempt 2
+        rows = {r["axes"]["graph"]: r for r in store.results(run_id)}
+        assert rows["piecewise"]["status"] == "pass_flaky"
+        assert "first attempt: fail_capture: killed parent" in rows["piecewise"]["reason"]
+        assert rows["breakable"]["status"] == "eager_fail"
