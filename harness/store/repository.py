@@ -129,14 +129,26 @@ class Store:
 
     def record_result(self, run_id: int, row: dict[str, Any]) -> None:
         """Insert or replace (run_id, key, attempt), committed before returning."""
-        values = {**_cell_values(row), "run_id": run_id, "recorded_at": utcnow()}
+        self.record_results(run_id, [row])
+
+    def record_results(self, run_id: int, rows: list[dict[str, Any]]) -> None:
+        """Insert or replace many rows in one transaction (an upload): all of them or, on an error, none.
+
+        Every row is checked before the database is touched; for a (key, attempt) given twice the last wins.
+        """
+        now = utcnow()
+        unique = {(v["key"], v["attempt"]): v for v in ({**_cell_values(r), "run_id": run_id, "recorded_at": now} for r in rows)}
+        if not unique:
+            self._require_run(run_id)
+            return
         insert = postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert
-        stmt = insert(CellResult).values(**values)
-        replaced = {k: stmt.excluded[k] for k in values if k not in ("run_id", "key", "attempt")}
+        stmt = insert(CellResult)
+        columns = next(iter(unique.values())).keys()
+        replaced = {k: stmt.excluded[k] for k in columns if k not in ("run_id", "key", "attempt")}
         stmt = stmt.on_conflict_do_update(index_elements=["run_id", "key", "attempt"], set_=replaced)
         try:
             with self._engine.begin() as conn:
-                conn.execute(stmt)
+                conn.execute(stmt, list(unique.values()))
         except IntegrityError:
             self._require_run(run_id)  # the only integrity failure left after the upsert is a missing run
             raise

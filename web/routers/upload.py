@@ -1,6 +1,6 @@
 """Uploads, for CI and the nightly job: a whole run with its cell results, and a model request. Bearer token only.
 
-Writes go through the Store (create_run, record_result, finish_run), so an uploaded run is stored exactly as
+Writes go through the Store (create_run, record_results, finish_run), so an uploaded run is stored exactly as
 `pcgh run` stores one; the body is fully validated first (web.schemas), so a bad row is a 422 and writes nothing.
 If the database fails half-way, the run is closed as "interrupted" so it does not pose as one still running.
 """
@@ -24,8 +24,7 @@ def upload_run(body: RunIn, q: QueriesDep) -> RunCreatedOut:
     store = q.store
     run_id = store.create_run(body.name, body.matrix, body.provenance, trigger=body.trigger)
     try:
-        for row in body.results:
-            store.record_result(run_id, row.model_dump())
+        store.record_results(run_id, [row.model_dump() for row in body.results])  # one transaction
         if body.status != "running":
             store.finish_run(run_id, body.status)
         q.set_times(run_id, body.started_at, body.finished_at)

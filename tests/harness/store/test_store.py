@@ -127,6 +127,27 @@ def test_run_refs_and_listing(db_url):
             store.finish_run(ids[-1] + 100)
 
 
+def test_record_results_writes_all_rows_in_one_transaction_or_none(db_url, axes):
+    with Store(db_url) as store:
+        run_id = store.create_run("r", "m.yaml", META)
+        rows = [row(axes, f"cell-{i}", metrics={"i": i}) for i in range(500)]
+        store.record_results(run_id, rows + [row(axes, "cell-0", status="fail_run", reason="given twice: last wins")])
+        got = {r["key"]: r for r in store.results(run_id)}
+        assert len(got) == 500 and got["cell-7"]["metrics"] == {"i": 7}
+        assert (got["cell-0"]["status"], got["cell-0"]["reason"]) == ("fail_run", "given twice: last wins")
+        store.record_results(run_id, [row(axes, "cell-1", status="timeout"), row(axes, "new")])  # replaces, adds
+        got = {r["key"]: r for r in store.results(run_id)}
+        assert len(got) == 501 and got["cell-1"]["status"] == "timeout"
+        with pytest.raises(ValueError, match="status 'passed'"):  # one bad row: nothing of the batch is written
+            store.record_results(run_id, [row(axes, "cell-2", status="fail_run"), row(axes, "bad", status="passed")])
+        got = {r["key"]: r for r in store.results(run_id)}
+        assert "bad" not in got and got["cell-2"]["status"] == "pass"
+        with pytest.raises(KeyError, match=f"no run {run_id + 1}"):
+            store.record_results(run_id + 1, [row(axes)])
+        with pytest.raises(KeyError, match=f"no run {run_id + 1}"):
+            store.record_results(run_id + 1, [])
+
+
 def test_record_for_missing_run_or_bad_row(db_url, axes):
     with Store(db_url) as store:
         run_id = store.create_run("r", "m.yaml", META)
