@@ -1,6 +1,6 @@
 """The pages in a real browser (Debian's chromium via Playwright) against a live server on a seeded database.
 
-Also writes docs/screenshots/matrix.png and cell.png. Skipped without chromium, except under CI (conftest).
+Also takes screenshots of the matrix and cell pages (into docs/screenshots/ with PCG_UPDATE_SCREENSHOTS=1). Skipped without chromium, except under CI (conftest).
 """
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 
 from web_seed import MODELS, SCRIPT_CELL, key
-from web_support import SCREENSHOTS, TOKEN, Tab
+from web_support import TOKEN, Tab, screenshot_path
 
 
-def test_matrix_page_renders_the_seeded_run(tab: Tab) -> None:
+def test_matrix_page_renders_the_seeded_run(tab: Tab, tmp_path) -> None:
     tab.goto("/")
     page = tab.page
     assert page.title().startswith("Matrix · run 3")
@@ -27,8 +27,7 @@ def test_matrix_page_renders_the_seeded_run(tab: Tab) -> None:
     ok = page.locator("#matrix td.s-pass a").first
     assert ok.inner_text().endswith("×")
     assert "speedup" in ok.get_attribute("title") and "pool" in ok.get_attribute("title")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "matrix.png"), full_page=True)
+    page.screenshot(path=str(screenshot_path("matrix.png", tmp_path)), full_page=True)
 
 
 def test_a_filter_changes_what_is_shown(tab: Tab) -> None:
@@ -51,7 +50,7 @@ def test_a_filter_changes_what_is_shown(tab: Tab) -> None:
     assert page.locator("#matrix th.group").all_inner_texts() == ["attention=flash", "attention=sdpa"]
 
 
-def test_cell_page_shows_history_plots_and_repro(tab: Tab) -> None:
+def test_cell_page_shows_history_plots_and_repro(tab: Tab, tmp_path) -> None:
     tab.goto("/")
     page = tab.page
     flaky_key = key("qwen3-0.6b:tiny", "breakable")  # pass → fail_accuracy → pass
@@ -71,7 +70,7 @@ def test_cell_page_shows_history_plots_and_repro(tab: Tab) -> None:
     assert plots.nth(0).locator("circle").count() == 4 and plots.nth(0).locator("polyline").count() == 0
     assert plots.nth(1).locator("circle").count() == 3 and plots.nth(1).locator("polyline").count() == 1
     assert plots.nth(2).locator("circle").count() == 3 and plots.nth(2).locator("polyline").count() == 1
-    page.screenshot(path=str(SCREENSHOTS / "cell.png"), full_page=True)
+    page.screenshot(path=str(screenshot_path("cell.png", tmp_path)), full_page=True)
 
 
 def test_a_log_with_script_is_text_and_nothing_runs(tab: Tab) -> None:

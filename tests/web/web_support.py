@@ -16,6 +16,14 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
+def screenshot_path(name: str, tmp_path: Path) -> Path:
+    """docs/screenshots/NAME with PCG_UPDATE_SCREENSHOTS=1; otherwise a temporary file, so a test run does not
+    rewrite the committed images (the stale-nightly banner's day count changes from day to day)."""
+    folder = SCREENSHOTS if os.environ.get("PCG_UPDATE_SCREENSHOTS") == "1" else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
