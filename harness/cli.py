@@ -139,7 +139,7 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:
     p.add_argument("base", help="run id")
     p.add_argument("head", help="run id or 'latest'")
     p.add_argument("--db")
-    p.add_argument("--threshold", type=float, default=0.10, help="relative speedup change worth reporting")
+    p.add_argument("--threshold", type=float, default=0.10, help="relative speedup or graph latency change worth reporting")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 if a cell that passed in BASE fails in HEAD")
 
 

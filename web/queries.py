@@ -7,7 +7,8 @@ here as plain SQLAlchemy Core over the Store's own tables:
 - only the final attempt of each cell, chosen in SQL (NOT EXISTS a later attempt; the unique index on
   (run_id, key, attempt) answers it), instead of every attempt shipped and sorted in Python;
 - no log column: logs are up to 200,000 characters each and only the cell page shows one;
-- only the metrics a page shows (speedup, capture seconds, pool bytes, token match) extracted from the JSON on
+- only the metrics a page shows (speedup, graph/eager latency, capture seconds, pool bytes, token match) extracted
+  from the JSON on
   the database side: run_cell's metrics dict is ~1 kB, and decoding 10,000 of them costs more than the page.
 
 Every function returns plain values (dicts, dataclasses), never ORM objects, like the Store does.
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, Text, and_, cast, exists, func, select, update
+from sqlalchemy import Engine, Text, and_, cast, exists, func, null, select, update
 from sqlalchemy.orm import aliased
 
 from harness.store import Store
@@ -41,6 +42,7 @@ class CellRow:
     status: str
     reason: str
     speedups: dict[str, Any] | float | None  # metrics["speedup"] as stored: {tokens: x} or one number
+    latencies: dict[str, Any] | None  # metrics["latency_ms"] as stored ({tokens: {"eager": ms, "graph": ms}}), if asked
     capture_s: float | None
     graph_pool_bytes: float | None
     token_match: float | None
@@ -48,9 +50,10 @@ class CellRow:
     attempt: int
 
     def as_row(self) -> dict[str, Any]:
-        """The row shape harness/reports reads (metrics cut to the speedup, which is all they use of it here)."""
+        """The row shape harness/reports reads (metrics cut to speedup and latency, all the diff uses)."""
         return {"key": self.key, "axes": self.axes, "status": self.status, "reason": self.reason,
-                "metrics": {"speedup": self.speedups}, "duration_s": self.duration_s, "attempt": self.attempt}
+                "metrics": {"speedup": self.speedups, "latency_ms": self.latencies}, "duration_s": self.duration_s,
+                "attempt": self.attempt}
 
 
 @dataclass
@@ -95,6 +98,15 @@ def _speedups(text: str | None) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def _json_object(text: str | None) -> dict[str, Any] | None:
+    """A JSON object extracted as text, parsed; None for anything else."""
+    try:
+        v = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return v if isinstance(v, dict) else None
 
 
 def as_number(v: Any) -> float | None:
@@ -148,8 +160,9 @@ class Queries:
 
     # --- cells ----------------------------------------------------------------------------------------------
 
-    def cells(self, run_id: int) -> list[CellRow]:
-        """Every cell of a run (final attempts), in recording order, in one query without logs.
+    def cells(self, run_id: int, latency: bool = False) -> list[CellRow]:
+        """Every cell of a run (final attempts), in recording order, in one query without logs; with `latency`,
+        also metrics["latency_ms"] (the diff compares graph latency; the other pages do without its cost).
 
         JSON comes back as text and is parsed with plain json.loads: the Store's deserializer also walks every
         value to turn "NaN" strings back into floats, which costs more than the parse and matters for neither
@@ -158,14 +171,15 @@ class Queries:
         m = CellResult.metrics
         q = (select(CellResult.key, cast(CellResult.axes, Text), CellResult.status,
                     func.substr(CellResult.reason, 1, REASON_CHARS), m["speedup"].as_string(),
+                    m["latency_ms"].as_string() if latency else null(),
                     *(m[name].as_string() for name in SHOWN_METRICS), CellResult.duration_s, CellResult.attempt)
              .where(CellResult.run_id == run_id, _final())
              .order_by(CellResult.id))
         with self.engine.connect() as conn:
             rows = conn.execute(q).all()
         return [CellRow(key, json.loads(axes) if axes else {}, status, reason or "", _speedups(speedup),
-                        _float(cap), _float(pool), _float(tm), dur, attempt)
-                for key, axes, status, reason, speedup, cap, pool, tm, dur, attempt in rows]
+                        _json_object(latency), _float(cap), _float(pool), _float(tm), dur, attempt)
+                for key, axes, status, reason, speedup, latency, cap, pool, tm, dur, attempt in rows]
 
     def model_counts(self, run_id: int) -> dict[str, Counter[str]]:
         """Final-attempt cells by status per model-axis value ("card:variant") of one run, in one GROUP BY."""

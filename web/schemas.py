@@ -143,6 +143,14 @@ class SpeedupChangeOut(BaseModel):
     rel_change: float
 
 
+class LatencyChangeOut(BaseModel):
+    key: str
+    axes: dict[str, Any]
+    base_ms: float
+    head_ms: float
+    rel_change: float = Field(description="head / base - 1: positive is slower")
+
+
 class DiffOut(BaseModel):
     base: RunOut
     head: RunOut
@@ -151,6 +159,7 @@ class DiffOut(BaseModel):
     fixes: list[StatusChangeOut]
     flips: list[StatusChangeOut]
     speedup_changes: list[SpeedupChangeOut]
+    latency_changes: list[LatencyChangeOut] = Field(description="graph latency changes beyond the threshold, slower first")
     added: list[str]
     removed: list[str]
     speedup_threshold: float

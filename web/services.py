@@ -160,7 +160,8 @@ def diff(q: Queries, base_ref: int | str | None = None, head_ref: int | str | No
             raise RunNotFound(f"run {head['id']} is the first run: there is nothing before it to diff against")
         base_ref = prev
     base = q.store.run(base_ref)
-    d = diff_runs([r.as_row() for r in q.cells(base["id"])], [r.as_row() for r in q.cells(head["id"])], threshold)
+    d = diff_runs([r.as_row() for r in q.cells(base["id"], latency=True)], [r.as_row() for r in q.cells(head["id"], latency=True)],
+                  threshold)
     return DiffView(base, head, d, diff_markdown(d, base, head))
 
 

@@ -3,7 +3,7 @@
 Inputs are plain dicts (a run and its rows, as the store hands them over); nothing here touches a database.
 """
 
-from harness.reports.diff import RunDiff, SpeedupChange, StatusChange, diff_markdown, diff_runs
+from harness.reports.diff import LatencyChange, RunDiff, SpeedupChange, StatusChange, diff_markdown, diff_runs
 from harness.reports.frame import cell_speedup, results_frame
 from harness.reports.json_report import report_dict
 from harness.reports.matrices import PAIRS, SYMBOLS, aggregate_symbol, support_matrices
@@ -12,7 +12,7 @@ from harness.reports.summary import summary_markdown
 from harness.reports.write import write_report
 
 __all__ = [
-    "PAIRS", "SYMBOLS", "RunDiff", "SpeedupChange", "StatusChange", "Totals", "aggregate_symbol", "cell_speedup",
+    "PAIRS", "SYMBOLS", "LatencyChange", "RunDiff", "SpeedupChange", "StatusChange", "Totals", "aggregate_symbol", "cell_speedup",
     "diff_markdown", "diff_runs", "geomean", "report_dict", "results_frame", "summary_markdown", "support_matrices",
     "totals", "write_report",
 ]

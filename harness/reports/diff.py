@@ -2,10 +2,12 @@
 
 A new failure is a cell that passed (pass or pass_flaky) in base and fails in head — counted and not passing.
 A head status of unsupported, skipped or eager_fail is not a failure of the graph path, so such a change is a
-flip, not a new failure; likewise a change between two failing statuses or between pass and pass_flaky. A
-speedup change is a cell passing in both runs whose geomean speedup moved by more than the threshold,
-relatively, either way. Only new failures make `has_regression` true; slowdowns are listed, not gated,
-because timings on shared machines are noisy.
+flip, not a new failure; likewise a change between two failing statuses or between pass and pass_flaky.
+For cells passing in both runs, a speedup change is a geomean speedup that moved by more than the threshold,
+relatively, either way, and a graph latency change the same for the graph path's own latency — both geomeans
+over the token counts both runs timed. Graph latency is the steadier signal: the eager side of a speedup is
+launch-bound and swings from one process to the next. Only new failures make `has_regression` true; slowdowns
+are listed, not gated, because timings on shared machines are noisy.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.reports.frame import Row, cell_speedup
+from harness.reports.frame import Row, cell_speedup, graph_latencies
 from harness.reports.markdown import one_line, table
 from harness.reports.provenance import FIELDS, run_label
-from harness.reports.stats import fmt_speedup, is_failing, is_passing, natural_key
+from harness.reports.stats import fmt_speedup, geomean, is_failing, is_passing, natural_key
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,28 @@ class SpeedupChange:
         return self.head / self.base - 1
 
 
+@dataclass(frozen=True)
+class LatencyChange:
+    """Graph latency of a cell passing in both runs, geomean over the token counts both timed."""
+
+    key: str
+    axes: Mapping[str, Any]
+    base_ms: float
+    head_ms: float
+
+    @property
+    def rel_change(self) -> float:
+        """head / base - 1: +0.2 is 20% slower."""
+        return self.head_ms / self.base_ms - 1
+
+
 @dataclass
 class RunDiff:
     new_failures: list[StatusChange] = field(default_factory=list)
     fixes: list[StatusChange] = field(default_factory=list)
     flips: list[StatusChange] = field(default_factory=list)
     speedup_changes: list[SpeedupChange] = field(default_factory=list)  # slowest-going first
+    latency_changes: list[LatencyChange] = field(default_factory=list)  # most slowed-down first
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     speedup_threshold: float = 0.10
@@ -71,6 +89,16 @@ def _by_key(rows: Sequence[Row]) -> dict[str, Row]:
     return out
 
 
+def _common_speedups(base: Mapping[str, Any] | None, head: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
+    """Both cells' speedups over the token counts both timed (a count timed in one run only would move the
+    geomean by itself); the stored numbers where a run kept a single speedup."""
+    sb, sh = (base or {}).get("speedup"), (head or {}).get("speedup")
+    if isinstance(sb, Mapping) and isinstance(sh, Mapping):
+        common = sb.keys() & sh.keys()
+        return cell_speedup({"speedup": {n: sb[n] for n in common}}), cell_speedup({"speedup": {n: sh[n] for n in common}})
+    return cell_speedup(base), cell_speedup(head)
+
+
 def diff_runs(base_rows: Sequence[Row], head_rows: Sequence[Row], speedup_threshold: float = 0.10) -> RunDiff:
     """Compare base with head; every list is sorted by key, speedup changes by relative change."""
     if speedup_threshold < 0:
@@ -92,10 +120,17 @@ def diff_runs(base_rows: Sequence[Row], head_rows: Sequence[Row], speedup_thresh
             else:
                 d.flips.append(change)
         if is_passing(bs) and is_passing(hs):
-            sb, sh = cell_speedup(b.get("metrics")), cell_speedup(h.get("metrics"))
+            sb, sh = _common_speedups(b.get("metrics"), h.get("metrics"))
             if sb is not None and sh is not None and abs(sh / sb - 1) > speedup_threshold:
                 d.speedup_changes.append(SpeedupChange(key, axes, sb, sh))
+            lb, lh = graph_latencies(b.get("metrics")), graph_latencies(h.get("metrics"))
+            common = sorted(lb.keys() & lh.keys())
+            if common:
+                change = LatencyChange(key, axes, geomean(lb[n] for n in common), geomean(lh[n] for n in common))
+                if abs(change.rel_change) > speedup_threshold:
+                    d.latency_changes.append(change)
     d.speedup_changes.sort(key=lambda c: c.rel_change)
+    d.latency_changes.sort(key=lambda c: -c.rel_change)
     return d
 
 
@@ -117,7 +152,8 @@ def diff_markdown(diff: RunDiff, base_run: Mapping[str, Any] | None, head_run: M
     n = len(diff.new_failures)
     parts.append(f"**Regression: {n} new failure(s).**" if diff.has_regression else "**No new failures.**")
     parts.append(f"{n} new failure(s) · {len(diff.fixes)} fix(es) · {len(diff.flips)} other status change(s) · "
-                 f"{len(diff.speedup_changes)} speedup change(s) beyond ±{100 * diff.speedup_threshold:.0f}% · "
+                 f"{len(diff.speedup_changes)} speedup and {len(diff.latency_changes)} graph latency change(s) beyond "
+                 f"±{100 * diff.speedup_threshold:.0f}% · "
                  f"{len(diff.added)} added · {len(diff.removed)} removed")
     prov = _provenance_changes(base_run, head_run)
     if prov:
@@ -131,6 +167,11 @@ def diff_markdown(diff: RunDiff, base_run: Mapping[str, Any] | None, head_run: M
         rows = [(c.key, fmt_speedup(c.base), fmt_speedup(c.head), f"{100 * c.rel_change:+.1f}%")
                 for c in diff.speedup_changes]
         parts += ["## Speedup changes", table(["cell", "base", "head", "change"], rows)]
+    if diff.latency_changes:
+        rows = [(c.key, f"{c.base_ms:.2f} ms", f"{c.head_ms:.2f} ms", f"{100 * c.rel_change:+.1f}%")
+                for c in diff.latency_changes]
+        parts += ["## Graph latency changes", "Geomean over the token counts both runs timed; slower first.",
+                  table(["cell", "base", "head", "change"], rows)]
     if diff.added:
         parts += [f"## Added ({len(diff.added)})", "\n".join(f"- {k}" for k in diff.added)]
     if diff.removed:

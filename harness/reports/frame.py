@@ -44,6 +44,19 @@ def cell_speedup(metrics: Mapping[str, Any] | None) -> float | None:
     return v if v is not None and math.isfinite(v) and v > 0 else None
 
 
+def graph_latencies(metrics: Mapping[str, Any] | None) -> dict[str, float]:
+    """The cell's graph latency (ms) per token count, from run_cell's {"8": {"eager": ms, "graph": ms}}."""
+    lat = (metrics or {}).get("latency_ms")
+    if not isinstance(lat, Mapping):
+        return {}
+    out = {}
+    for n, v in lat.items():
+        ms = _number(v.get("graph")) if isinstance(v, Mapping) else None
+        if ms is not None and math.isfinite(ms) and ms > 0:
+            out[str(n)] = ms
+    return out
+
+
 def flatten_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float | None]:
     """One row's metrics as flat numeric columns."""
     metrics = metrics or {}

@@ -152,6 +152,9 @@ def test_diff_is_the_reports_diff_with_new_failures_first(client: TestClient, se
     assert [(c["key"], c["rel_change"]) for c in back["speedup_changes"]] == [
         (c.key, pytest.approx(c.rel_change)) for c in expected.speedup_changes]
     assert len(back["speedup_changes"]) == 18 and all(c["rel_change"] < 0 for c in back["speedup_changes"])
+    assert [(c["key"], c["rel_change"]) for c in back["latency_changes"]] == [
+        (c.key, pytest.approx(c.rel_change)) for c in expected.latency_changes]
+    assert len(back["latency_changes"]) == 18 and all(c["rel_change"] > 0 for c in back["latency_changes"])
     first = client.get(f"/api/diff?head={seeded.run_ids[0]}")
     assert first.status_code == 404 and "first run" in first.json()["detail"]
 

@@ -114,6 +114,8 @@ def test_diff_page_new_failures_first_and_markdown_is_pcgh_diff(sqlite_client: T
     with Store(url) as store:
         expected = diff_markdown(diff_runs(store.results(2), store.results(3)), store.run(2), store.run(3))
     assert md.text == expected
+    faster = sqlite_client.get("/diff?base=1&head=3&threshold=0").text  # seeded graph latency drops run by run
+    assert 'id="latencies"' in faster and "Graph latency changes (" in faster and 'class="better">-' in faster
 
 
 def test_requests_page_without_a_queue(sqlite_client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -92,7 +92,7 @@ def test_cell_href_round_trips_the_key(key: str) -> None:
 
 def _row(model: str, graph: str, status: str = "pass", attention: str = "sdpa", speedup: float = 2.0) -> CellRow:
     axes = {"model": model, "quant": "none", "attention": attention, "parallel": "tp1", "graph": graph, "compiler": "eager"}
-    return CellRow(f"{model}|{graph}|{attention}", axes, status, "", {"8": speedup}, None, None, None, 1.0, 1)
+    return CellRow(f"{model}|{graph}|{attention}", axes, status, "", {"8": speedup}, None, None, None, None, 1.0, 1)
 
 
 def test_grid_pivots_groups_and_labels_only_varying_axes() -> None:

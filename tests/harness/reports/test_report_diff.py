@@ -46,6 +46,24 @@ def test_threshold_is_respected(row):
         diff_runs(base, head, speedup_threshold=-0.1)
 
 
+def test_graph_latency_changes_use_the_token_counts_both_runs_timed(row):
+    def cell(key, graph_ms, status="pass"):
+        lat = {n: {"eager": 30.0, "graph": ms} for n, ms in graph_ms.items()}
+        return row(key, status, {n: 30.0 / ms for n, ms in graph_ms.items()}, metrics={"latency_ms": lat})
+
+    base = [cell("slower", {"8": 2.0, "512": 4.0}), cell("faster", {"8": 4.0}), cell("steady", {"8": 2.0}),
+            cell("only_base_counts", {"8": 2.0, "2048": 10.0}), cell("now_failing", {"8": 2.0}), row("untimed", "pass")]
+    head = [cell("slower", {"8": 3.0, "512": 6.0}), cell("faster", {"8": 3.0}), cell("steady", {"8": 2.1}),
+            cell("only_base_counts", {"8": 2.0}), cell("now_failing", {"8": 9.0}, status="fail_run"), row("untimed", "pass")]
+    d = diff_runs(base, head)
+    got = [(c.key, round(c.base_ms, 3), round(c.head_ms, 3)) for c in d.latency_changes]
+    assert got == [("slower", round(8**0.5, 3), round(18**0.5, 3)), ("faster", 4.0, 3.0)]  # slower first
+    assert d.latency_changes[0].rel_change == pytest.approx(0.5)
+    md = diff_markdown(d, {"id": 1, "name": "base"}, {"id": 2, "name": "head"})
+    assert "## Graph latency changes" in md and "| slower | 2.83 ms | 4.24 ms | +50.0% |" in md
+    assert "2 speedup and 2 graph latency change(s) beyond ±10%" in md
+
+
 def test_no_regression_without_new_failures(row):
     base = [row("a", "pass"), row("b", "fail_run"), row("c", "pass")]
     head = [row("a", "unsupported"), row("b", "pass"), row("c", "eager_fail"), row("d", "oom")]
