@@ -116,7 +116,7 @@ def run_matrix(matrix_path: str | Path, store: Any, opts: RunOptions,
         run_id = store.create_run(matrix.name, str(matrix_path), provenance(), trigger=opts.trigger)
     # A cell whose first attempt failed and whose retry never got recorded (the parent died in between) is not
     # done: it gets its second attempt now, judged against the recorded first one.
-    recorded = {r["key"]: r for r in store.results(run_id)} if opts.resume else {}
+    recorded = store.final_states(run_id) if opts.resume else {}
     retry_due = {k: r for k, r in recorded.items() if opts.retry and r["attempt"] == 1 and r["status"] not in NOT_RETRIED}
     done = set(recorded) - set(retry_due)
     lock = threading.Lock()

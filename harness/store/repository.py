@@ -159,19 +159,17 @@ class Store:
         q = select(CellResult).where(CellResult.run_id == run_id).order_by(CellResult.id)
         with self._session() as s:
             rows = [as_dict(r) for r in s.scalars(q)]
-        if all_attempts:
-            return rows
-        latest: dict[str, dict[str, Any]] = {}
-        for r in rows:
-            if r["key"] not in latest or r["attempt"] > latest[r["key"]]["attempt"]:
-                latest[r["key"]] = r
-        return list(latest.values())
+        return rows if all_attempts else _highest_attempts(rows)
 
-    def completed_keys(self, run_id: int) -> set[str]:
-        """Keys with any recorded result, whatever its status: what a resumed run skips."""
+    def final_states(self, run_id: int) -> dict[str, dict[str, Any]]:
+        """Per key, its highest attempt's key, axes, status, reason and attempt, without logs or metrics (up to
+        200,000 characters each): what a resumed run reads to see which cells are done or owe a retry."""
         self._require_run(run_id)
+        cols = (CellResult.key, CellResult.axes, CellResult.status, CellResult.reason, CellResult.attempt)
+        q = select(*cols).where(CellResult.run_id == run_id).order_by(CellResult.id)
         with self._session() as s:
-            return set(s.scalars(select(CellResult.key).where(CellResult.run_id == run_id).distinct()))
+            rows = [dict(r._mapping) for r in s.execute(q)]
+        return {r["key"]: r for r in _highest_attempts(rows)}
 
     # --- model requests -------------------------------------------------------------------------------------
 
@@ -246,6 +244,15 @@ class Store:
         newest = self.latest_run()
         where = f"no run {run_id} in {mask(self.url)}"
         return f"{where}; the newest is run {newest['id']}" if newest else f"{where}; it has no runs yet"
+
+
+def _highest_attempts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The highest attempt of each key, in the order keys first appear."""
+    latest: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["key"] not in latest or r["attempt"] > latest[r["key"]]["attempt"]:
+            latest[r["key"]] = r
+    return list(latest.values())
 
 
 def _cell_values(row: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,10 @@ META = {
 }
 
 
+def _keys(store: Store, run_id: int) -> set[str]:
+    return {r["key"] for r in store.results(run_id)}
+
+
 def row(axes: dict, key: str = "k1", status: str = "pass", attempt: int = 1, **extra) -> dict:
     return {"key": key, "axes": axes, "status": status, "reason": "", "metrics": {}, "log": "", "duration_s": 1.5,
             "attempt": attempt, **extra}
@@ -76,16 +80,20 @@ def test_latest_attempt_per_key(db_url, axes):
         assert [(r["key"], r["attempt"]) for r in every] == [("a", 1), ("b", 1), ("a", 2)]
 
 
-def test_completed_keys(db_url, axes):
+def test_final_states_are_the_highest_attempts_without_logs(db_url, axes):
     with Store(db_url) as store:
         run_id, other = store.create_run("r", "m.yaml", META), store.create_run("r2", "m.yaml", META)
-        assert store.completed_keys(run_id) == set()
-        store.record_result(run_id, row(axes, "a", "fail_capture"))
+        assert store.final_states(run_id) == {}
+        store.record_result(run_id, row(axes, "a", "fail_capture", attempt=1, reason="first", log="x" * 1000))
         store.record_result(run_id, row(axes, "b", "unsupported"))
-        store.record_result(run_id, row(axes, "b", "skipped", attempt=2))
+        store.record_result(run_id, row(axes, "a", "pass_flaky", attempt=2, reason="second"))
         store.record_result(other, row(axes, "c"))
-        assert store.completed_keys(run_id) == {"a", "b"}
-        assert store.completed_keys(other) == {"c"}
+        states = store.final_states(run_id)
+        assert list(states) == ["a", "b"]
+        assert states["a"] == {"key": "a", "axes": axes, "status": "pass_flaky", "reason": "second", "attempt": 2}
+        assert list(store.final_states(other)) == ["c"]
+        with pytest.raises(KeyError, match=f"no run {other + 1}"):
+            store.final_states(other + 1)
 
 
 def test_latest_run_filters(db_url):
@@ -200,7 +208,7 @@ def test_two_stores_interleaved_on_one_run(db_url, axes):
         run_id = a.create_run("r", "m.yaml", META)
         for i in range(10):
             (a if i % 2 == 0 else b).record_result(run_id, row(axes, f"cell-{i}", duration_s=float(i)))
-            assert a.completed_keys(run_id) == b.completed_keys(run_id) == {f"cell-{j}" for j in range(i + 1)}
+            assert _keys(a, run_id) == _keys(b, run_id) == {f"cell-{j}" for j in range(i + 1)}
         errors: list[BaseException] = []
 
         def worker(store: Store, prefix: str) -> None:
@@ -216,7 +224,7 @@ def test_two_stores_interleaved_on_one_run(db_url, axes):
         for t in threads:
             t.join()
         assert errors == []
-        assert len(b.results(run_id)) == 60 and len(a.completed_keys(run_id)) == 60
+        assert len(b.results(run_id)) == 60 and len(_keys(a, run_id)) == 60
 
 
 @pytest.mark.parametrize(
