@@ -108,16 +108,15 @@ def run_matrix(matrix_path: str | Path, store: Any, opts: RunOptions,
                on_result: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Run (or resume) a matrix into `store`; returns the run id."""
     matrix, cells = plan(matrix_path, opts)
-    run_id = None
-    if opts.resume:  # the newest run of this matrix, finished or not: only its missing cells run
-        prev = store.latest_run(name=matrix.name, matrix=str(matrix_path))
-        run_id = prev["id"] if prev else None
-    if run_id is None:
-        run_id = store.create_run(matrix.name, str(matrix_path), provenance(), trigger=opts.trigger)
-    # A cell whose first attempt failed and whose retry never got recorded (the parent died in between) is not
-    # done: it gets its second attempt now, judged against the recorded first one.
-    recorded = store.final_states(run_id) if opts.resume else {}
-    retry_due = {k: r for k, r in recorded.items() if opts.retry and r["attempt"] == 1 and r["status"] not in NOT_RETRIED}
+    prev = store.latest_run(name=matrix.name, matrix=str(matrix_path)) if opts.resume else None
+    # Resuming: the newest run of this matrix, finished or not; only its missing cells run.
+    run_id = prev["id"] if prev else store.create_run(matrix.name, str(matrix_path), provenance(), trigger=opts.trigger)
+    recorded = store.final_states(run_id) if prev else {}
+    # In a run that did not finish, a failed first attempt without its retry (the parent died in between) is
+    # not done: it gets its second attempt now, judged against the recorded first one. A finished run's
+    # first-attempt failures are final (it ran without retries).
+    owes_retries = opts.retry and prev is not None and prev["status"] != "finished"
+    retry_due = {k: r for k, r in recorded.items() if owes_retries and r["attempt"] == 1 and r["status"] not in NOT_RETRIED}
     done = set(recorded) - set(retry_due)
     lock = threading.Lock()
     counts: Counter = Counter()

@@ -19,7 +19,7 @@ from typing import Any
 from harness.reports.frame import Row, cell_speedup, graph_latencies
 from harness.reports.markdown import one_line, table
 from harness.reports.provenance import FIELDS, run_label
-from harness.reports.stats import fmt_speedup, geomean, is_failing, is_passing, natural_key
+from harness.reports.stats import fmt_speedup, geomean, is_failing, is_passing, is_positive_finite, natural_key
 
 
 @dataclass(frozen=True)
@@ -89,18 +89,25 @@ def _by_key(rows: Sequence[Row]) -> dict[str, Row]:
     return out
 
 
+def _timed(values: Mapping[Any, Any]) -> dict[str, float]:
+    """Per token count (as a string), the positive finite numbers only: a failed timing is no timing."""
+    return {str(n): float(v) for n, v in values.items() if is_positive_finite(v)}
+
+
 def _common_speedups(base: Mapping[str, Any] | None, head: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
     """Both cells' speedups over the token counts both timed (a count timed in one run only would move the
     geomean by itself); the stored numbers where a run kept a single speedup."""
     sb, sh = (base or {}).get("speedup"), (head or {}).get("speedup")
     if isinstance(sb, Mapping) and isinstance(sh, Mapping):
-        common = sb.keys() & sh.keys()
-        return cell_speedup({"speedup": {n: sb[n] for n in common}}), cell_speedup({"speedup": {n: sh[n] for n in common}})
+        tb, th = _timed(sb), _timed(sh)
+        common = tb.keys() & th.keys()
+        return geomean(tb[n] for n in common), geomean(th[n] for n in common)
     return cell_speedup(base), cell_speedup(head)
 
 
 def diff_runs(base_rows: Sequence[Row], head_rows: Sequence[Row], speedup_threshold: float = 0.10) -> RunDiff:
-    """Compare base with head; every list is sorted by key, speedup changes by relative change."""
+    """Compare base with head; status lists sorted by key, speedup changes by relative change (most slowed-down
+    first), graph latency changes by relative change (most slowed-down first)."""
     if speedup_threshold < 0:
         raise ValueError(f"speedup_threshold must be >= 0, got {speedup_threshold}")
     base, head = _by_key(base_rows), _by_key(head_rows)

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from harness.axes import AXES
-from harness.reports.stats import geomean, natural_key
+from harness.reports.stats import geomean, is_positive_finite, natural_key
 
 Row = Mapping[str, Any]
 
@@ -49,12 +49,8 @@ def graph_latencies(metrics: Mapping[str, Any] | None) -> dict[str, float]:
     lat = (metrics or {}).get("latency_ms")
     if not isinstance(lat, Mapping):
         return {}
-    out = {}
-    for n, v in lat.items():
-        ms = _number(v.get("graph")) if isinstance(v, Mapping) else None
-        if ms is not None and math.isfinite(ms) and ms > 0:
-            out[str(n)] = ms
-    return out
+    graph = {n: v.get("graph") for n, v in lat.items() if isinstance(v, Mapping)}
+    return {str(n): float(ms) for n, ms in graph.items() if is_positive_finite(ms)}
 
 
 def flatten_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float | None]:

@@ -61,13 +61,13 @@ def geomean(values: Iterable[Any]) -> float | None:
     Speedups are ratios, so their mean is geometric. None, NaN, inf and non-positive values (a timing that
     failed) are left out rather than poisoning the mean.
     """
-    vals = [float(v) for v in values if _positive_finite(v)]
+    vals = [float(v) for v in values if is_positive_finite(v)]
     if len(vals) <= 1:  # a single timing is returned as is, not through exp(log(x))'s rounding
         return vals[0] if vals else None
     return math.exp(math.fsum(math.log(v) for v in vals) / len(vals))
 
 
-def _positive_finite(v: Any) -> bool:
+def is_positive_finite(v: Any) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
@@ -107,7 +107,7 @@ def totals(frame: pd.DataFrame) -> Totals:
         not_counted=len(statuses) - counted,
         pass_rate=passing / counted if counted else None,
         geomean_speedup=g,
-        speedup_cells=sum(1 for v in passing_speedups if _positive_finite(v)),
+        speedup_cells=sum(1 for v in passing_speedups if is_positive_finite(v)),
     )
 
 

@@ -63,8 +63,8 @@ class GraphPool:
         return g
 
     def end(self, g: torch.cuda.CUDAGraph) -> torch.cuda.CUDAGraph:
-        self.open = None
         g.capture_end()
+        self.open = None  # only now: if capture_end raised, abort() still has the capture to close
         self.graphs_captured += 1
         return g
 

@@ -112,3 +112,9 @@ def test_resume_gives_a_failed_first_attempt_its_retry(tmp_path):
         assert rows["piecewise"]["status"] == "pass_flaky"
         assert "first attempt: fail_capture: killed parent" in rows["piecewise"]["reason"]
         assert rows["breakable"]["status"] == "eager_fail"
+        # a finished run's first-attempt failure is final (that run went without retries): not retried on resume
+        store.record_result(run_id, {"key": cells["breakable"].key, "axes": cells["breakable"].axes, "attempt": 1, **failed})
+        seen.clear()
+        run_matrix(matrix, store, RunOptions(resume=True, logs_dir=tmp_path / "l", progress=False),
+                   on_result=lambda row: seen.append((row["key"], row["attempt"])))
+        assert seen == [] and store.run(run_id)["status"] == "finished"

@@ -17,6 +17,11 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
+@pytest.fixture(autouse=True)
+def _no_repository_above(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # a checkout around /tmp must not count
+
+
 def test_git_sha_marks_an_edited_tree_dirty(tmp_path):
     _git(tmp_path, "init", "-q")
     (tmp_path / "a.txt").write_text("one\n")

@@ -81,6 +81,15 @@ def test_stale_nightly_is_marked_until_a_fresh_one_lands(tmp_path: Path) -> None
         assert f"newest nightly run #{run_id} (nightly) is 0 min old" in runs
 
 
+def test_runs_page_keeps_the_dirty_mark_of_a_shortened_sha(tmp_path: Path) -> None:
+    with TestClient(create_app(f"sqlite:///{tmp_path / 'pcg.db'}")) as c:
+        with Store(c.app.state.queries.store.url) as store:
+            store.create_run("manual", "m.yaml", {"git_sha": "0123456789abcdef0123456789abcdef01234567-dirty"})
+            store.create_run("manual", "m.yaml", {"git_sha": "fedcba9876543210fedcba9876543210fedcba98"})
+        runs = c.get("/runs").text
+        assert "<code>0123456789-dirty</code>" in runs and "<code>fedcba9876</code>" in runs
+
+
 def test_empty_store_and_missing_things(tmp_path: Path) -> None:
     with TestClient(create_app(f"sqlite:///{tmp_path / 'empty.db'}")) as c:
         r = c.get("/")

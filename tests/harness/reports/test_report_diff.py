@@ -64,6 +64,12 @@ def test_graph_latency_changes_use_the_token_counts_both_runs_timed(row):
     assert "2 speedup and 2 graph latency change(s) beyond ±10%" in md
 
 
+def test_a_failed_timing_on_one_side_does_not_move_the_speedup(row):
+    base = [row("a", "pass", {"8": 2.0, "512": float("nan")}), row("b", "pass", {8: 2.0, 512: 1.0})]
+    head = [row("a", "pass", {"8": 2.0, "512": 1.0}), row("b", "pass", {"8": 2.0, "512": 1.0})]
+    assert diff_runs(base, head, speedup_threshold=0).speedup_changes == []
+
+
 def test_no_regression_without_new_failures(row):
     base = [row("a", "pass"), row("b", "fail_run"), row("c", "pass")]
     head = [row("a", "unsupported"), row("b", "pass"), row("c", "eager_fail"), row("d", "oom")]

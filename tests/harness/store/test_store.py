@@ -7,6 +7,7 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import Engine, event
 
 from harness.store import RunNotFound, Store, default_db_url
 from pcg_core.config import ConfigError
@@ -139,7 +140,17 @@ def test_record_results_writes_all_rows_in_one_transaction_or_none(db_url, axes)
     with Store(db_url) as store:
         run_id = store.create_run("r", "m.yaml", META)
         rows = [row(axes, f"cell-{i}", metrics={"i": i}) for i in range(500)]
-        store.record_results(run_id, rows + [row(axes, "cell-0", status="fail_run", reason="given twice: last wins")])
+        commits: list[object] = []
+
+        def count(conn) -> None:
+            commits.append(conn)
+
+        event.listen(Engine, "commit", count)
+        try:
+            store.record_results(run_id, rows + [row(axes, "cell-0", status="fail_run", reason="given twice: last wins")])
+        finally:
+            event.remove(Engine, "commit", count)
+        assert len(commits) == 1  # one transaction for the whole batch
         got = {r["key"]: r for r in store.results(run_id)}
         assert len(got) == 500 and got["cell-7"]["metrics"] == {"i": 7}
         assert (got["cell-0"]["status"], got["cell-0"]["reason"]) == ("fail_run", "given twice: last wins")
