@@ -32,7 +32,9 @@ class StatusChange:
 
 
 @dataclass(frozen=True)
-class SpeedupChange:
+class ValueChange:
+    """One number of a cell passing in both runs, base vs head."""
+
     key: str
     axes: Mapping[str, Any]
     base: float
@@ -40,23 +42,16 @@ class SpeedupChange:
 
     @property
     def rel_change(self) -> float:
-        """head / base - 1: -0.2 is 20% slower."""
+        """head / base - 1."""
         return self.head / self.base - 1
 
 
-@dataclass(frozen=True)
-class LatencyChange:
-    """Graph latency of a cell passing in both runs, geomean over the token counts both timed."""
+class SpeedupChange(ValueChange):
+    """Geomean speedup over eager (×); a negative rel_change is slower."""
 
-    key: str
-    axes: Mapping[str, Any]
-    base_ms: float
-    head_ms: float
 
-    @property
-    def rel_change(self) -> float:
-        """head / base - 1: +0.2 is 20% slower."""
-        return self.head_ms / self.base_ms - 1
+class LatencyChange(ValueChange):
+    """Geomean graph latency (ms); a positive rel_change is slower."""
 
 
 @dataclass
@@ -175,7 +170,7 @@ def diff_markdown(diff: RunDiff, base_run: Mapping[str, Any] | None, head_run: M
                 for c in diff.speedup_changes]
         parts += ["## Speedup changes", table(["cell", "base", "head", "change"], rows)]
     if diff.latency_changes:
-        rows = [(c.key, f"{c.base_ms:.2f} ms", f"{c.head_ms:.2f} ms", f"{100 * c.rel_change:+.1f}%")
+        rows = [(c.key, f"{c.base:.2f} ms", f"{c.head:.2f} ms", f"{100 * c.rel_change:+.1f}%")
                 for c in diff.latency_changes]
         parts += ["## Graph latency changes", "Geomean over the token counts both runs timed; slower first.",
                   table(["cell", "base", "head", "change"], rows)]

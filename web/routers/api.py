@@ -128,7 +128,7 @@ def get_diff(q: QueriesDep, base: str | None = None, head: str | None = None,
                    new_failures=changes(d.new_failures), fixes=changes(d.fixes), flips=changes(d.flips),
                    speedup_changes=[SpeedupChangeOut(key=c.key, axes=dict(c.axes), base=c.base, head=c.head,
                                                      rel_change=c.rel_change) for c in d.speedup_changes],
-                   latency_changes=[LatencyChangeOut(key=c.key, axes=dict(c.axes), base_ms=c.base_ms, head_ms=c.head_ms,
+                   latency_changes=[LatencyChangeOut(key=c.key, axes=dict(c.axes), base_ms=c.base, head_ms=c.head,
                                                      rel_change=c.rel_change) for c in d.latency_changes],
                    added=d.added, removed=d.removed, speedup_threshold=d.speedup_threshold, markdown=v.markdown)
 

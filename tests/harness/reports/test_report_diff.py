@@ -56,7 +56,7 @@ def test_graph_latency_changes_use_the_token_counts_both_runs_timed(row):
     head = [cell("slower", {"8": 3.0, "512": 6.0}), cell("faster", {"8": 3.0}), cell("steady", {"8": 2.1}),
             cell("only_base_counts", {"8": 2.0}), cell("now_failing", {"8": 9.0}, status="fail_run"), row("untimed", "pass")]
     d = diff_runs(base, head)
-    got = [(c.key, round(c.base_ms, 3), round(c.head_ms, 3)) for c in d.latency_changes]
+    got = [(c.key, round(c.base, 3), round(c.head, 3)) for c in d.latency_changes]
     assert got == [("slower", round(8**0.5, 3), round(18**0.5, 3)), ("faster", 4.0, 3.0)]  # slower first
     assert d.latency_changes[0].rel_change == pytest.approx(0.5)
     md = diff_markdown(d, {"id": 1, "name": "base"}, {"id": 2, "name": "head"})
