@@ -7,9 +7,9 @@ here as plain SQLAlchemy Core over the Store's own tables:
 - only the final attempt of each cell, chosen in SQL (NOT EXISTS a later attempt; the unique index on
   (run_id, key, attempt) answers it), instead of every attempt shipped and sorted in Python;
 - no log column: logs are up to 200,000 characters each and only the cell page shows one;
-- only the metrics a page shows (speedup, graph/eager latency, capture seconds, pool bytes, token match) extracted
-  from the JSON on
-  the database side: run_cell's metrics dict is ~1 kB, and decoding 10,000 of them costs more than the page.
+- only the metrics a page shows (speedup, capture seconds, pool bytes, token match; latency for the diff)
+  extracted from the JSON on the database side: run_cell's metrics dict is ~1 kB, and decoding 10,000 of them
+  costs more than the page.
 
 Every function returns plain values (dicts, dataclasses), never ORM objects, like the Store does.
 """

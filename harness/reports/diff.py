@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.reports.frame import Row, cell_speedup, graph_latencies
+from harness.reports.frame import Row, cell_speedup, graph_latencies, timings
 from harness.reports.markdown import one_line, table
 from harness.reports.provenance import FIELDS, run_label
-from harness.reports.stats import fmt_speedup, geomean, is_failing, is_passing, is_positive_finite, natural_key
+from harness.reports.stats import fmt_speedup, geomean, is_failing, is_passing, natural_key
 
 
 @dataclass(frozen=True)
@@ -84,20 +84,28 @@ def _by_key(rows: Sequence[Row]) -> dict[str, Row]:
     return out
 
 
-def _timed(values: Mapping[Any, Any]) -> dict[str, float]:
-    """Per token count (as a string), the positive finite numbers only: a failed timing is no timing."""
-    return {str(n): float(v) for n, v in values.items() if is_positive_finite(v)}
+def _common_geomeans(base: Mapping[str, float], head: Mapping[str, float]) -> tuple[float | None, float | None]:
+    """Geomeans of both over the token counts both timed (a count timed in one run only would move its
+    geomean by itself)."""
+    common = base.keys() & head.keys()
+    return geomean(base[n] for n in common), geomean(head[n] for n in common)
 
 
-def _common_speedups(base: Mapping[str, Any] | None, head: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
-    """Both cells' speedups over the token counts both timed (a count timed in one run only would move the
-    geomean by itself); the stored numbers where a run kept a single speedup."""
+def _speedups(base: Mapping[str, Any] | None, head: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
+    """Both cells' speedups over their common token counts; the stored numbers where a run kept a single one."""
     sb, sh = (base or {}).get("speedup"), (head or {}).get("speedup")
     if isinstance(sb, Mapping) and isinstance(sh, Mapping):
-        tb, th = _timed(sb), _timed(sh)
-        common = tb.keys() & th.keys()
-        return geomean(tb[n] for n in common), geomean(th[n] for n in common)
+        return _common_geomeans(timings(sb), timings(sh))
     return cell_speedup(base), cell_speedup(head)
+
+
+def _beyond(kind: type[ValueChange], key: str, axes: Mapping[str, Any], values: tuple[float | None, float | None],
+            threshold: float) -> ValueChange | None:
+    """A change of `kind` when both values exist and moved by more than the threshold, relatively."""
+    base, head = values
+    if base is None or head is None or abs(head / base - 1) <= threshold:
+        return None
+    return kind(key, axes, base, head)
 
 
 def diff_runs(base_rows: Sequence[Row], head_rows: Sequence[Row], speedup_threshold: float = 0.10) -> RunDiff:
@@ -122,15 +130,12 @@ def diff_runs(base_rows: Sequence[Row], head_rows: Sequence[Row], speedup_thresh
             else:
                 d.flips.append(change)
         if is_passing(bs) and is_passing(hs):
-            sb, sh = _common_speedups(b.get("metrics"), h.get("metrics"))
-            if sb is not None and sh is not None and abs(sh / sb - 1) > speedup_threshold:
-                d.speedup_changes.append(SpeedupChange(key, axes, sb, sh))
-            lb, lh = graph_latencies(b.get("metrics")), graph_latencies(h.get("metrics"))
-            common = sorted(lb.keys() & lh.keys())
-            if common:
-                change = LatencyChange(key, axes, geomean(lb[n] for n in common), geomean(lh[n] for n in common))
-                if abs(change.rel_change) > speedup_threshold:
-                    d.latency_changes.append(change)
+            mb, mh = b.get("metrics"), h.get("metrics")
+            if (c := _beyond(SpeedupChange, key, axes, _speedups(mb, mh), speedup_threshold)) is not None:
+                d.speedup_changes.append(c)
+            latencies = _common_geomeans(graph_latencies(mb), graph_latencies(mh))
+            if (c := _beyond(LatencyChange, key, axes, latencies, speedup_threshold)) is not None:
+                d.latency_changes.append(c)
     d.speedup_changes.sort(key=lambda c: c.rel_change)
     d.latency_changes.sort(key=lambda c: -c.rel_change)
     return d

@@ -49,8 +49,12 @@ def graph_latencies(metrics: Mapping[str, Any] | None) -> dict[str, float]:
     lat = (metrics or {}).get("latency_ms")
     if not isinstance(lat, Mapping):
         return {}
-    graph = {n: v.get("graph") for n, v in lat.items() if isinstance(v, Mapping)}
-    return {str(n): float(ms) for n, ms in graph.items() if is_positive_finite(ms)}
+    return timings({n: v.get("graph") for n, v in lat.items() if isinstance(v, Mapping)})
+
+
+def timings(per_count: Mapping[Any, Any]) -> dict[str, float]:
+    """Per token count (as a string), the positive finite numbers only: a failed timing is no timing."""
+    return {str(n): float(v) for n, v in per_count.items() if is_positive_finite(v)}
 
 
 def flatten_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float | None]:

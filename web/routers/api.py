@@ -23,6 +23,7 @@ from web.schemas import (
     FailingCellOut,
     FreshnessOut,
     HistoryPointOut,
+    LatencyChangeOut,
     MatrixCellOut,
     MatrixOut,
     RequestOut,
@@ -31,7 +32,6 @@ from web.schemas import (
     RunOut,
     RunsOut,
     RunSummaryOut,
-    LatencyChangeOut,
     SpeedupChangeOut,
     StatusChangeOut,
 )
