@@ -1,24 +1,32 @@
-"""Markdown table of `pcgh cell --json` lines (one JSON object per line)."""
+"""Markdown table of `pcgh cell --json` lines (one JSON object per line: the cell's outcome and its "spec")."""
 
 from __future__ import annotations
 
 import json
 import sys
 
+from harness.outcome import CellOutcome
+
+TOKENS = (8, 128, 512, 2048)
+
+
+def _fmt(v: float | None) -> str:
+    return "–" if v is None else f"{v:.3g}"
+
 
 def main(path: str) -> int:
-    rows = [json.loads(line) for line in open(path) if line.strip().startswith("{")]
+    lines = [json.loads(line) for line in open(path) if line.strip().startswith("{")]
     print("| model | layers | graph | status | token match | max Δlogprob prompt | max Δlogprob output | "
           "capture s | trace s | pool MiB | speedup @8 | @128 | @512 | @2048 | reason |")
     print("|---" * 15 + "|")
-    for r in rows:
-        sp = r.get("speedup", {})
-        fmt = lambda v: f"{v:.3g}" if isinstance(v, (int, float)) else "–"  # noqa: E731
-        print(f"| {r['model']} | {r['layers']} | {r['graph']} | {r['status']} | {fmt(r['token_match'])} | "
-              f"{fmt(r['max_prompt_logprob_diff'])} | {fmt(r['max_output_logprob_diff'])} | {fmt(r['capture_s'])} | "
-              f"{fmt(r.get('trace_s'))} | {r['graph_pool_bytes'] / 2**20:.0f} | "
-              + " | ".join(fmt(sp.get(n)) for n in ("8", "128", "512", "2048"))
-              + f" | {r['reason'][:120]} |")
+    for obj in lines:
+        spec, o = obj["spec"], CellOutcome.model_validate(obj)
+        m = o.metrics
+        pool = None if m.graph_pool_bytes is None else m.graph_pool_bytes / 2**20
+        print(f"| {spec['model']} | {m.layers} | {spec['graph']} | {o.status} | {_fmt(m.token_match)} | "
+              f"{_fmt(m.max_prompt_logprob_diff)} | {_fmt(m.max_output_logprob_diff)} | {_fmt(m.capture_s)} | "
+              f"{_fmt(m.trace_s)} | {_fmt(pool)} | " + " | ".join(_fmt(m.speedup.get(n)) for n in TOKENS)
+              + f" | {o.reason[:120]} |")
     return 0
 
 

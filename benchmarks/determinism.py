@@ -10,16 +10,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import warnings
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.cell import CellSpec, resolve_model  # noqa: E402
-from harness.prompts import prompt_suite  # noqa: E402
-from pcg_core import CaptureConfig, Engine, EngineConfig, load_model  # noqa: E402
+from harness.cell import CellSpec, resolve_model
+from harness.cell.prompts import prompt_suite
+from pcg_core import CaptureConfig, Engine, EngineConfig, load_model
 
 
 def module_outputs(engine: Engine, batch) -> dict[str, torch.Tensor]:

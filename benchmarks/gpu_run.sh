@@ -4,8 +4,14 @@
 #   cells  — `pcgh cell` on CUDA for the supported seed architectures × graph backends (JSON lines)
 #   bench  — benchmarks/prefill.py for a Qwen3-0.6B shape and a trimmed Qwen3-30B-A3B shape, bf16
 # Usage (on the GPU machine, from the repo root): bash benchmarks/gpu_run.sh [tests] [cells] [bench]
+# The cells phase reads the outcome type (pydantic), which the GPU image lacks: carry the wheels in .whl as
+# benchmarks/gpu_nightly.sh says.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PWD:/tmp/site
+fi
 OUT=${OUT:-out}; mkdir -p "$OUT"
 phases=${*:-tests cells bench}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/env.txt"

@@ -4,15 +4,12 @@ call and compare with a zero-filled cache. Only the slots of the call's own sequ
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.cell import CellSpec, resolve_model  # noqa: E402
-from harness.prompts import prompt_suite  # noqa: E402
-from pcg_core import CaptureConfig, Engine, EngineConfig, load_model  # noqa: E402
+from harness.cell import CellSpec, resolve_model
+from harness.cell.prompts import prompt_suite
+from pcg_core import CaptureConfig, Engine, EngineConfig, load_model
 
 
 def main() -> int:

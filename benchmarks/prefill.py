@@ -12,16 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pcg_core import CaptureConfig, Engine, EngineConfig, load_model  # noqa: E402
-from pcg_core.engine.timing import median_ms  # noqa: E402
+from harness.cell.timing import median_ms
+from pcg_core import CaptureConfig, Engine, EngineConfig, load_model
 
 BACKENDS = ("disabled", "full", "piecewise", "breakable")
 

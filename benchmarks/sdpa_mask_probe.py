@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from pcg_core.engine.timing import median_ms
+from harness.cell.timing import median_ms
 
 
 def main() -> int:

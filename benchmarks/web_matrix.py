@@ -1,8 +1,8 @@
 """How long the dashboard's matrix page takes for a big store: 10,000 cells × 30 runs in SQLite.
 
-Builds the database once (runs through the Store; the 300,000 result rows in one bulk Core insert per run,
-since 300,000 committed record_result calls would take most of an hour), then times GET / (the latest run's
-matrix, no filters) through FastAPI's TestClient: warm-up requests first, then the median of --repeat.
+Builds the database once through the Store (each run with its 10,000 records in one Store.import_run, one
+transaction, since 300,000 committed record_result calls would take most of an hour), then times GET / (the
+latest run's matrix, no filters) through FastAPI's TestClient: warm-up requests first, then the median of --repeat.
 Also times a cell page, the runs page and /api/matrix for context. Target: the matrix under 1 s on the
 2-core CI machine.
 
@@ -16,19 +16,14 @@ import argparse
 import itertools
 import random
 import statistics
-import sys
 import time
 import warnings
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.matrix.expand import cell_key
+from harness.outcome import CellMetrics, CellRecord, cell_key
 from harness.store import Store
-from harness.store.db import make_engine
-from harness.store.models import CellResult
 
 # 50 models × 2 quant × 5 attention × 5 parallel × 2 graph × 2 compiler = 10,000 cells.
 AXIS_VALUES = {
@@ -52,10 +47,9 @@ def cells(n: int) -> list[dict[str, str]]:
     return [dict(zip(("model", *AXIS_VALUES), c)) for c in itertools.islice(combos, n)]
 
 
-def metrics(rng: random.Random, axes: dict[str, str], status: str) -> dict[str, Any]:
-    """run_cell's metrics dict, full size (~1 kB of JSON)."""
-    m: dict[str, Any] = {"model": axes["model"].split(":")[0], "graph": axes["graph"], "attention": axes["attention"],
-                         "compiler": axes["compiler"], "device": "cuda", "dtype": "bfloat16", "layers": 4, "tiny": False,
+def metrics(rng: random.Random, status: str) -> CellMetrics:
+    """A cell's metrics, full size (~1 kB of JSON)."""
+    m: dict[str, Any] = {"device": "cuda", "dtype": "bfloat16", "layers": 4, "tiny": False, "max_tokens": 2048,
                          "pieces": 9, "graphs_captured": 450, "trace_s": rng.uniform(1, 3), "capture_s": rng.uniform(2, 9),
                          "compile_s": 0.0, "graph_pool_bytes": rng.randint(100, 900) * 2**20, "eager_fallbacks": 0,
                          "token_match": 1.0, "max_prompt_logprob_diff": rng.uniform(0, 0.05),
@@ -66,37 +60,31 @@ def metrics(rng: random.Random, axes: dict[str, str], status: str) -> dict[str, 
         lat = {t: {"eager": round(rng.uniform(20, 40), 4), "graph": round(rng.uniform(4, 12), 4)} for t in TOKENS}
         m["latency_ms"] = lat
         m["speedup"] = {t: round(v["eager"] / v["graph"], 3) for t, v in lat.items()}
-    return m
+    return CellMetrics.model_validate(m)
 
 
 def build(db: Path, n_cells: int, n_runs: int, seed: int = 0) -> None:
-    """Runs through the Store; results in one executemany per run (bulk Core insert, one transaction)."""
+    """Each run through Store.import_run: its records in one transaction, with its own start and finish times."""
     rng = random.Random(seed)
     grid = cells(n_cells)
     keys = [cell_key(a) for a in grid]
     statuses, weights = list(STATUS_WEIGHTS), list(STATUS_WEIGHTS.values())
     start = datetime.now(timezone.utc) - timedelta(days=n_runs)
     t0 = time.perf_counter()
-    engine = make_engine(str(db))  # as the Store builds its own: same JSON encoding as record_result
     with Store(str(db)) as store:
         for r in range(n_runs):
-            run_id = store.create_run("nightly", "harness/configs/nightly.yaml",
-                                      {"git_sha": f"{r:040x}", "gpu_name": "NVIDIA H200", "host": "gpu-01"},
-                                      trigger="nightly")
-            now = start + timedelta(days=r)
-            rows = []
+            records = []
             for k, a in zip(keys, grid):
                 status = rng.choices(statuses, weights)[0]
-                rows.append({"run_id": run_id, "key": k, "axes": a, "status": status, "attempt": 1,
-                             "reason": "" if status == "pass" else f"{status}: synthetic reason for {k}",
-                             "metrics": {} if status in ("unsupported", "skipped") else metrics(rng, a, status),
-                             "log": f"cell {k}\n" + "log line\n" * 20, "duration_s": rng.uniform(5, 60),
-                             "recorded_at": now})
-            with engine.begin() as conn:
-                conn.execute(CellResult.__table__.insert(), rows)
-            store.finish_run(run_id)
-            print(f"  run {r + 1}/{n_runs}: {len(rows)} cells ({time.perf_counter() - t0:.0f} s)", flush=True)
-    engine.dispose()
+                records.append(CellRecord(
+                    key=k, axes=a, status=status, reason="" if status == "pass" else f"{status}: synthetic reason for {k}",
+                    metrics=CellMetrics() if status in ("unsupported", "skipped") else metrics(rng, status),
+                    log=f"cell {k}\n" + "log line\n" * 20, duration_s=rng.uniform(5, 60)))
+            began = start + timedelta(days=r)
+            store.import_run("nightly", "harness/configs/nightly.yaml",
+                             {"git_sha": f"{r:040x}", "gpu_name": "NVIDIA H200", "host": "gpu-01"}, records,
+                             trigger="nightly", started_at=began, finished_at=began + timedelta(hours=2))
+            print(f"  run {r + 1}/{n_runs}: {len(records)} cells ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
 def timed(client: Any, url: str, warmup: int, repeat: int) -> tuple[float, int]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 from pcg_core.model.loader import read_config_file
 
 CARDS_DIR = Path(__file__).parent / "models"

@@ -1,16 +1,45 @@
 """`pcgh`: one command line for pcg: `run` a matrix, `report` and `diff` runs, one `cell`, the `models`, model
-`request`s and the `requests` recorded, and `serve` the dashboard."""
+`request`s and the `requests` recorded. Installed packages add commands through the `pcgh.commands` entry-point
+group (the dashboard adds `serve`), so the harness never imports them."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
+from harness.outcome import CellOutcome
 from pcg_core.capture import capture_backend_names
-from pcg_core.config import COMPILERS, DTYPES, ConfigError
+from pcg_core.config import COMPILERS, DTYPES
+from pcg_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harness.cell import CellSpec
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+COMMANDS_GROUP = "pcgh.commands"
+# The runtime's errors name the config field; on this command line the user typed a flag.
+FLAGS = {"backend": "--graph", "attention": "--attention", "compiler": "--compiler", "device": "--device",
+         "dtype": "--dtype", "max_tokens": "--max-tokens", "layers": "--layers", "tiny": "--tiny", "weights": "--weights",
+         "spec": "--model"}
+DB_HELP = "database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)"
+
+
+def error_text(e: ConfigError, command: str) -> str:
+    """The message, plus the flag that sets the field it names (for the commands that have that flag)."""
+    flag = FLAGS.get(getattr(e, "field", None) or "")
+    if not flag or command != "cell":
+        return str(e)
+    extra = ", which also takes a model-card id: `pcgh models` lists them" if flag == "--model" else ""
+    return f"{e} (set by {flag}{extra})"
+
+
+def _add_db(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", help=DB_HELP)
 
 
 def _positive_int(text: str) -> int:
@@ -44,37 +73,41 @@ def _add_cell(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_cell(args: argparse.Namespace) -> int:
     from harness.cell import CellSpec, run_cell
-    from harness.judge import PASSING
 
     spec = CellSpec(model=args.model, graph=args.graph, attention=args.attention, device=args.device, dtype=args.dtype,
                     layers=args.layers, tiny=args.tiny, weights=args.weights, max_tokens=args.max_tokens,
                     compiler=args.compiler, seed=args.seed, max_new_tokens=args.max_new_tokens)
-    result = run_cell(spec)
-    if args.json:
-        print(json.dumps(result))
+    outcome = run_cell(spec)
+    if args.json:  # the outcome, with the spec that produced it
+        print(json.dumps({"spec": asdict(spec), **json.loads(outcome.to_json())}))
     else:
-        _print_cell(result)
-    return EXIT_PASS if result["status"] in PASSING else EXIT_FAIL
+        _print_cell(spec, outcome)
+    return EXIT_PASS if outcome.passed else EXIT_FAIL
 
 
-def _print_cell(r: dict) -> None:
+def _num(v: float | None, fmt: str = ".2f") -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def _print_cell(spec: CellSpec, o: CellOutcome) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    colour = "green" if r["status"].startswith("pass") else "yellow" if r["status"] == "unsupported" else "red"
-    console.print(f"[bold {colour}]{r['status']}[/] {r['model']} graph={r['graph']} attention={r['attention']} "
-                  f"{r['device']} {r['dtype']} layers={r['layers']}" + (f" — {r['reason']}" if r["reason"] else ""))
-    if r["status"] in ("unsupported", "eager_fail"):
-        return
-    console.print(f"pieces {r['pieces']}, graphs {r['graphs_captured']}, trace {r['trace_s']:.2f}s, "
-                  f"capture {r['capture_s']:.2f}s, pool {r['graph_pool_bytes'] / 2**20:.1f} MiB, "
-                  f"token match {r['token_match']:.3f}, max logprob diff prompt {r['max_prompt_logprob_diff']} "
-                  f"output {r['max_output_logprob_diff']}, eager fallbacks {r['eager_fallbacks']}")
-    if r["latency_ms"]:
+    console, m = Console(), o.metrics
+    colour = "green" if o.passed else "yellow" if o.status == "unsupported" else "red"
+    console.print(f"[bold {colour}]{o.status}[/] {spec.model} graph={spec.graph} attention={spec.attention} "
+                  f"{m.device} {m.dtype} layers={m.layers}" + (f" — {o.reason}" if o.reason else ""))
+    if m.pieces is None:
+        return  # ended before capture: nothing measured
+    pool = None if m.graph_pool_bytes is None else m.graph_pool_bytes / 2**20
+    console.print(f"pieces {m.pieces}, graphs {m.graphs_captured}, trace {_num(m.trace_s)}s, "
+                  f"capture {_num(m.capture_s)}s, pool {_num(pool, '.1f')} MiB, token match {_num(m.token_match, '.3f')}, "
+                  f"max logprob diff prompt {m.max_prompt_logprob_diff} output {m.max_output_logprob_diff}, "
+                  f"eager fallbacks {m.eager_fallbacks}")
+    if m.latency_ms:
         t = Table("tokens", "eager ms", "graph ms", "speedup")
-        for n, lat in r["latency_ms"].items():
-            t.add_row(n, f"{lat['eager']:.2f}", f"{lat['graph']:.2f}", f"{r['speedup'][n]:.2f}x")
+        for n, lat in m.latency_ms.items():
+            t.add_row(str(n), _num(lat.eager), _num(lat.graph), f"{_num(m.speedup.get(n))}x")
         console.print(t)
 
 
@@ -97,7 +130,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _filter(text: str) -> dict[str, str]:
-    from harness.axes import AXES
+    from harness.outcome import AXES
 
     axis, sep, pattern = text.partition("=")
     if not sep or axis not in AXES or not pattern:
@@ -115,7 +148,7 @@ def _shard(text: str) -> tuple[int, int]:
 def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a matrix (harness/configs/*.yaml) into the results store")
     p.add_argument("matrix", help="matrix YAML file")
-    p.add_argument("--db", help="database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)")
+    _add_db(p)
     p.add_argument("--jobs", type=_positive_int, default=1, help="cells side by side on a CPU (GPU runs use one per GPU)")
     p.add_argument("--shard", type=_shard, help="run shard I of N (by a stable hash of the cell key)")
     p.add_argument("--resume", action="store_true", help="continue the newest unfinished run of this matrix")
@@ -130,7 +163,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 def _add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="summary, support matrices (CSV) and JSON of a run")
     p.add_argument("run", nargs="?", default="latest", help="run id or 'latest'")
-    p.add_argument("--db")
+    _add_db(p)
     p.add_argument("--out", help="also write summary.md, report.json and support_*.csv into this folder")
 
 
@@ -138,7 +171,7 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diff", help="what changed between two runs")
     p.add_argument("base", help="run id")
     p.add_argument("head", help="run id or 'latest'")
-    p.add_argument("--db")
+    _add_db(p)
     p.add_argument("--threshold", type=float, default=0.10, help="relative speedup or graph latency change worth reporting")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 if a cell that passed in BASE fails in HEAD")
 
@@ -149,18 +182,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from harness.launcher import RunOptions, run_matrix
-    from harness.launcher.runner import plan
+    from harness.launcher import RunOptions, plan, run_matrix
 
     opts = RunOptions(jobs=args.jobs, shard=args.shard, resume=args.resume, filters=args.filter, tier=args.tier,
                       trigger=args.trigger, logs_dir=Path(args.logs))
     if args.dry_run:
-        _, cells = plan(args.matrix, opts)
+        cells = plan(args.matrix, opts).cells
         t = Table("key", "pre-check")
         for c in cells:
-            t.add_row(c.key, "launch" if c.verdict is None else f"unsupported: {c.verdict}")
+            t.add_row(c.key, "launch" if c.unsupported is None else f"unsupported: {c.unsupported}")
         Console(width=200).print(t)
-        print(f"{len(cells)} cells, {sum(c.verdict is None for c in cells)} to launch")
+        print(f"{len(cells)} cells, {sum(c.unsupported is None for c in cells)} to launch")
         return EXIT_PASS
     from harness.store import Store
 
@@ -222,12 +254,12 @@ def _add_request(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="with --write-card: overwrite an existing card or config")
     p.add_argument("--models-dir", help="the model-card folder --write-card writes into (default: harness/models)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--db", help="database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)")
+    _add_db(p)
 
 
 def _add_requests(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("requests", help="list the recorded model requests, newest first")
-    p.add_argument("--db", help="database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)")
+    _add_db(p)
     p.add_argument("--status", help="only requests in this status (requested, in_matrix, passing, failing)")
     p.add_argument("--limit", type=_positive_int)
     p.add_argument("--json", action="store_true", help="print one JSON list")
@@ -235,7 +267,7 @@ def _add_requests(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_request(args: argparse.Namespace) -> int:
     from harness.cards import CARDS_DIR
-    from harness.request import request_model
+    from harness.request.command import request_model
     from harness.request.render import print_request
 
     report = request_model(args.model, revision=args.revision, quants=args.quant, tps=args.tp, db=args.db,
@@ -264,21 +296,25 @@ def _cmd_requests(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
-def _add_serve(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="the compatibility dashboard (web pages, JSON API, badges) over a results store")
-    p.add_argument("--db", help="database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
-    p.add_argument("--port", type=_positive_int, default=8000)
+def _plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """Commands other installed packages contribute: each entry point is `add_command(subparsers)`, which adds a
+    subparser whose `handler(args) -> int` runs it."""
+    for ep in entry_points(group=COMMANDS_GROUP):
+        try:
+            add_command = ep.load()
+        except ImportError as e:  # its extra is not installed: the command says so instead of pcgh failing
+            p = sub.add_parser(ep.name, help=f"(unavailable: {e.name or e} is not installed)")
+            p.set_defaults(handler=_unavailable(ep.name, e), takes_any_arguments=True)
+            continue
+        add_command(sub)
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+def _unavailable(name: str, e: ImportError) -> Callable[[argparse.Namespace], int]:
+    def handler(_: argparse.Namespace) -> int:
+        raise ConfigError(f"`pcgh {name}` needs {e.name or 'a package'} ({e}); install the extra that brings it "
+                          f"(the dashboard's: pip install \"pcg[web]\")")
 
-    from web.app import create_app
-
-    # The upload token comes from $PCG_UPLOAD_TOKEN only: a flag would show it in `ps`.
-    uvicorn.run(create_app(args.db), host=args.host, port=args.port)
-    return EXIT_PASS
+    return handler
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -289,9 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_diff(sub)
     _add_cell(sub)
     sub.add_parser("models", help="list the model cards and whether the runtime supports them")
-    _add_serve(sub)
     _add_request(sub)
     _add_requests(sub)
+    _plugin_commands(sub)
     return parser
 
 
@@ -304,13 +340,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pcgh: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "takes_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    commands = {"run": _cmd_run, "report": _cmd_report, "diff": _cmd_diff, "cell": _cmd_cell, "models": _cmd_models,
+                "request": _cmd_request, "requests": _cmd_requests}
     try:
-        commands = {"run": _cmd_run, "report": _cmd_report, "diff": _cmd_diff, "cell": _cmd_cell, "models": _cmd_models,
-                    "request": _cmd_request, "requests": _cmd_requests, "serve": _cmd_serve}
-        return commands[args.command](args)
+        return commands[args.command](args) if args.command in commands else args.handler(args)
     except ConfigError as e:
-        print(f"pcgh {args.command}: error: {e}", file=sys.stderr)
+        print(f"pcgh {args.command}: error: {error_text(e, args.command)}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

@@ -1,7 +1,42 @@
-"""pcg_core: a piecewise CUDA-graph runtime for LLM prefill on transformers' own model implementations."""
+"""pcg_core: a piecewise CUDA-graph runtime for LLM prefill on transformers' own model implementations.
 
-from pcg_core.config import CaptureConfig, ConfigError, EngineConfig, default_bucket_ladder
-from pcg_core.engine import Engine, SequenceOutput
-from pcg_core.model import load_model
+The names below are loaded on first use (PEP 562), so `import pcg_core.errors` or `from pcg_core.errors import
+ConfigError` costs no torch, no transformers and no op registration.
+"""
 
-__all__ = ["CaptureConfig", "ConfigError", "Engine", "EngineConfig", "SequenceOutput", "default_bucket_ladder", "load_model"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pcg_core.config import CaptureConfig, EngineConfig, default_bucket_ladder
+    from pcg_core.engine import Engine, SequenceOutput
+    from pcg_core.errors import ConfigError, UnsupportedModel
+    from pcg_core.model import load_model
+
+_EXPORTS = {
+    "CaptureConfig": "pcg_core.config",
+    "ConfigError": "pcg_core.errors",
+    "Engine": "pcg_core.engine",
+    "EngineConfig": "pcg_core.config",
+    "SequenceOutput": "pcg_core.engine",
+    "UnsupportedModel": "pcg_core.errors",
+    "default_bucket_ladder": "pcg_core.config",
+    "load_model": "pcg_core.model",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pcg_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -1,7 +1,8 @@
-"""What this runtime, on this machine, can run: the table the harness pre-checks cells against.
+"""What this runtime, on this machine, can run, gathered for the harness to pre-check cells against.
 
-The harness keeps no list of its own, so when the runtime grows (an architecture, a quantization scheme, an
-attention backend, a parallel mode) the matrix grows with it.
+Nothing here is a second list: architectures come from the table in `model/architectures.py`, backends from
+their registries with what each declares it needs, compilers and dtypes from the config. So when the runtime
+grows (an architecture, a quantization scheme, an attention backend, a parallel mode) the matrix grows with it.
 """
 
 from __future__ import annotations
@@ -10,24 +11,29 @@ from typing import Any
 
 import torch
 
-from pcg_core.attention.backend import attention_backend_names, get_attention_backend
-from pcg_core.capture.registry import capture_backend_names
+from pcg_core.attention import attention_backend_names, get_attention_backend
+from pcg_core.capture import capture_backend_names, get_capture_backend
 from pcg_core.config import COMPILERS, DTYPES
-from pcg_core.model.architectures import SUPPORTED_ARCHITECTURES
+from pcg_core.model import architectures
 
 QUANTIZATION = ("none",)  # schemes the runtime can execute; FP8/INT8/AWQ/GPTQ… come later
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
 
 
 def capabilities() -> dict[str, Any]:
+    """Plain data (JSON-able). `capture_backends` maps each name, in registry order, to its declared needs."""
     attn = {}
     for name in attention_backend_names():
-        b = get_attention_backend(name)
-        attn[name] = {"capturable": b.capturable, "why_not_capturable": b.why_not_capturable}
+        cls = get_attention_backend(name)
+        attn[name] = {"capturable": cls.capturable, "why_not_capturable": cls.why_not_capturable}
+    capture = {}
+    for name in capture_backend_names():
+        cls = get_capture_backend(name)
+        capture[name] = {"requires_capturable_attention": cls.requires_capturable_attention}
     return {
-        "architectures": {k: list(v) for k, v in SUPPORTED_ARCHITECTURES.items()},
+        "architectures": {k: list(v) for k, v in architectures.SUPPORTED_ARCHITECTURES.items()},
         "attention_backends": attn,
-        "capture_backends": capture_backend_names(),
+        "capture_backends": capture,
         "compilers": list(COMPILERS),
         "dtypes": list(DTYPES),
         "quantization": list(QUANTIZATION),

@@ -1,7 +1,8 @@
 """Configuration objects: which capture backend, which buckets, which attention backend.
 
 One `CaptureConfig` chooses everything about graphs; `EngineConfig` adds device, dtype and KV-cache size.
-Validation happens here so that bad flags fail early with a message naming the field and the fix.
+Validation happens here so that bad values fail early with a message naming the field and the fix (the
+ConfigError's `field`); capture backend names are checked against the registry, which sits below this module.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pcg_core.errors import ConfigError
+from pcg_core.registry import CAPTURE_BACKENDS
+
+__all__ = ["COMPILERS", "DTYPES", "CaptureConfig", "EngineConfig", "default_bucket_ladder"]
+
 COMPILERS = ("eager", "inductor")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ConfigError(ValueError):
-    """Bad user input: the message names the field and what is allowed."""
 
 
 def default_bucket_ladder(max_tokens: int = 4096) -> list[int]:
@@ -47,19 +49,17 @@ class CaptureConfig:
     buckets: list[int] | None = None  # explicit list; overrides the default ladder
 
     def __post_init__(self) -> None:
-        from pcg_core.capture.registry import get_capture_backend
-
-        get_capture_backend(self.backend)  # raises ConfigError naming the known backends
+        CAPTURE_BACKENDS.check(self.backend)  # raises ConfigError naming the known backends
         if self.compiler not in COMPILERS:
-            raise ConfigError(f"compiler {self.compiler!r} is unknown; choose one of {', '.join(COMPILERS)}")
+            raise ConfigError(f"compiler {self.compiler!r} is unknown; choose one of {', '.join(COMPILERS)}", field="compiler")
         if self.buckets is not None:
             bad = [b for b in self.buckets if not isinstance(b, int) or b <= 0]
             if bad or not self.buckets:
-                raise ConfigError(f"buckets must be a non-empty list of positive integers, got {self.buckets!r}")
+                raise ConfigError(f"buckets must be a non-empty list of positive integers, got {self.buckets!r}", field="buckets")
             self.buckets = sorted(set(self.buckets))
             self.max_tokens = self.buckets[-1]
         elif not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
-            raise ConfigError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+            raise ConfigError(f"max_tokens must be a positive integer, got {self.max_tokens!r}", field="max_tokens")
 
     @property
     def ladder(self) -> list[int]:
@@ -74,6 +74,8 @@ class CaptureConfig:
 
 @dataclass
 class EngineConfig:
+    """What the engine runs on: device, dtype, attention backend (checked when the Engine is built), KV slots."""
+
     device: str = "cpu"
     dtype: str = "float32"
     attention: str = "sdpa"
@@ -82,13 +84,13 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype {self.dtype!r} is unknown; choose one of {', '.join(DTYPES)}")
+            raise ConfigError(f"dtype {self.dtype!r} is unknown; choose one of {', '.join(DTYPES)}", field="dtype")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ConfigError(f"device {self.device!r} is unknown; use cpu or cuda")
+            raise ConfigError(f"device {self.device!r} is unknown; use cpu or cuda", field="device")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError("device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
+            raise ConfigError(f"device {self.device!r} was asked for but torch sees no CUDA GPU; use device 'cpu'", field="device")
         if self.kv_slots <= 0:
-            raise ConfigError(f"kv_slots must be positive, got {self.kv_slots}")
+            raise ConfigError(f"kv_slots must be positive, got {self.kv_slots}", field="kv_slots")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -1,34 +1,57 @@
 """The forward context: the one piece of global state the design needs.
 
 Split ops (attention today) run between captured graphs and take only tensors and constants as arguments, so
-the per-batch metadata they need (slot mapping, mask, KV cache, capture hooks) is read from here. The engine
-sets it around every forward; nothing else is global.
+the per-batch metadata they need (slot mapping, mask, KV cache, capture hooks) is read from here. The owner of
+a forward sets it: the engine around every serving forward, the capture backend around warm-up and capture.
+Nothing else is global. This module sits below attention and capture, so it names their types only for checking.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 if TYPE_CHECKING:
+    import torch
+
+    from pcg_core.attention.backend import AttentionBackend
+    from pcg_core.attention.kv_cache import KVCache
     from pcg_core.attention.metadata import AttentionMetadata
-    from pcg_core.engine.kv_cache import KVCache
+
+
+class CaptureMode(StrEnum):
+    """What graph wrappers do on this forward; set by whoever owns the forward, read by the pieces."""
+
+    EAGER = "eager"  # no graphs: an eager reference, an unpadded batch, tracing
+    WARMUP = "warmup"  # the run before a capture (lazy init, autotuning); nothing is recorded
+    CAPTURE = "capture"  # record graphs for ctx.bucket
+    REPLAY = "replay"  # replay the graphs recorded for ctx.bucket where there are any
+
+
+class SegmentHook(Protocol):
+    """Installed by breakable capture: a split op ends the running graph segment through it."""
+
+    def hole(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None: ...
+
+
+class AttentionObserver(Protocol):
+    """Debugging hook: sees each attention input (the output of the piece before it) that runs outside a graph."""
+
+    def __call__(self, layer: int, query: torch.Tensor) -> None: ...
 
 
 @dataclass
 class ForwardContext:
-    attn_metadata: "AttentionMetadata"
-    kv_cache: "KVCache"
-    attn_backend: Any
+    attn_metadata: AttentionMetadata
+    kv_cache: KVCache
+    attn_backend: AttentionBackend
     # Token bucket this forward is padded to (None: unpadded eager run).
     bucket: int | None = None
-    # "eager" | "warmup" | "capture" | "replay": what graph wrappers should do on this forward.
-    mode: str = "eager"
-    # Breakable capture installs a recorder here; split ops end a segment through it.
-    segment_recorder: Any = None
-    # Debugging hook observer(layer, query): sees each attention input, i.e. the output of the piece before it.
-    observer: Any = None
+    mode: CaptureMode = CaptureMode.EAGER
+    segment_recorder: SegmentHook | None = None
+    observer: AttentionObserver | None = None
 
 
 _CURRENT: ForwardContext | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 
 
 def load_plugins() -> list[str]:

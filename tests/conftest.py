@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-# Real config.json files of the seed models (the model cards' configs, shipped with the package).
+# Real config.json files of the model cards (the model cards' configs, shipped with the package).
 # Load them with `load_model(CONFIGS / name, tiny=True)`.
 CONFIGS = Path(__file__).resolve().parents[1] / "harness" / "models" / "configs"
 

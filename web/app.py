@@ -1,4 +1,4 @@
-"""create_app: the dashboard for one results database. `pcgh serve` and the tests both build it here.
+"""create_app: the dashboard for one results database. `python -m web` (`pcgh serve`) and the tests build it here.
 
 OpenAPI: /openapi.json as FastAPI makes it, and /docs is FastAPI's Swagger UI page with its JavaScript and CSS
 served from our own /static/swagger (the swagger-ui-bundle-v2 package ships Swagger UI 5, which reads
@@ -23,7 +23,6 @@ from swagger_ui_bundle import swagger_ui_path
 
 from harness.store import RunNotFound, Store
 from web.deps import render
-from web.queries import Queries
 from web.routers import api, badges, pages, upload
 from web.services import CellNotFound
 
@@ -33,19 +32,18 @@ STATIC = Path(__file__).parent / "static"
 def create_app(db_url: str | None = None, upload_token: str | None = None) -> FastAPI:
     """The app over `db_url` (None: $PCG_DB_URL or sqlite:///pcg.db); uploads need `upload_token`, else
     $PCG_UPLOAD_TOKEN; with neither, uploads are refused and everything else works."""
-    queries = Queries(Store(db_url))
+    store = Store(db_url)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        queries.close()
-        queries.store.close()
+        store.close()
 
     app = FastAPI(title="pcg compatibility dashboard", version="0.1.0", docs_url=None, redoc_url=None,
                   lifespan=lifespan,
                   description="Read the pcg compatibility matrix: runs, cells, histories, diffs, requests. "
                               "Uploads need `Authorization: Bearer <token>`.")
-    app.state.queries = queries
+    app.state.store = store
     app.state.upload_token = upload_token if upload_token is not None else os.environ.get("PCG_UPLOAD_TOKEN") or None
     app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)
     app.mount("/static/swagger", StaticFiles(directory=str(swagger_ui_path)), name="swagger")

@@ -1,10 +1,9 @@
-"""What every router takes from the app: the query layer, the templates, and the upload token check.
+"""What every router takes from the app: the Store, the templates, and the upload token check.
 
-The app object holds one Queries (and through it one Store) for its lifetime; routers get it per request
-through `Depends(get_queries)`, so tests and `pcgh serve` differ only in the URL given to create_app.
-Templates run with autoescape on for every file (not just *.html), and every page goes out with a Content
-Security Policy that allows our own CSS and nothing else: no scripts at all, so even a log that slipped past
-escaping could not run.
+The app holds one Store for its lifetime; routers get it per request through `Depends(get_store)`, so tests and
+`python -m web` differ only in the URL given to create_app. Templates run with autoescape on for every file
+(not just *.html), and every page goes out with a Content Security Policy that allows our own CSS and nothing
+else: no scripts at all, so even a log that slipped past escaping could not run.
 """
 
 from __future__ import annotations
@@ -24,10 +23,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.templating import Jinja2Templates
 from starlette.responses import Response
 
-from harness.reports.provenance import fmt_duration
+from harness.reports.json_report import jsonable
+from harness.reports.run_info import fmt_duration
 from harness.reports.stats import fmt_rate, fmt_speedup
-from web import cells as present
-from web.queries import Queries
+from harness.store import Store
+from web import present
 
 HERE = Path(__file__).parent
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; script-src 'none'; form-action 'self'; "
@@ -41,8 +41,9 @@ def _fmt_time(v: datetime | str | None) -> str:
 
 
 def _as_text(v: Any) -> str:
-    """A metric value as a reader expects it: JSON for nested values (not Python's repr), else str."""
-    return json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list, tuple)) else str(v)
+    """A metric value as a reader expects it: nested values as the API's JSON (jsonable: NaN as null), not
+    Python's repr; a scalar as str."""
+    return json.dumps(jsonable(v), ensure_ascii=False) if isinstance(v, (dict, list, tuple)) else str(v)
 
 
 def _make_templates() -> Jinja2Templates:
@@ -56,14 +57,14 @@ def _make_templates() -> Jinja2Templates:
 templates = _make_templates()
 
 
+# pcg_core has the same guard for graph capture; importing it would import torch, so the dashboard keeps its own.
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """No cyclic garbage collection while a big page is built.
 
-    A 10,000-cell matrix makes ~200,000 objects that live until the response is sent; each full collection
-    they trigger also walks the ~460,000 objects that importing torch (through harness) left on the heap,
-    which made the matrix page 30-90% slower and its time erratic. Any garbage made meanwhile is collected as
-    usual afterwards. Left as found if the collector was already off.
+    A 10,000-cell matrix makes ~200,000 objects that live until the response is sent, and each full collection
+    they trigger walks every object on the heap, which made the matrix page slower and its time erratic. Any
+    garbage made meanwhile is collected as usual afterwards. Left as found if the collector was already off.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -74,11 +75,11 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def get_queries(request: Request) -> Queries:
-    return request.app.state.queries
+def get_store(request: Request) -> Store:
+    return request.app.state.store
 
 
-QueriesDep = Annotated[Queries, Depends(get_queries)]
+StoreDep = Annotated[Store, Depends(get_store)]
 
 
 def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:

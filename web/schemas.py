@@ -1,8 +1,8 @@
 """The JSON API's shapes: responses (what /docs shows and clients rely on) and uploads (checked before any write).
 
-Upload rows are checked here with the Store's own rules (status one of the harness statuses, axes exactly the
-matrix axes, attempt ≥ 1), so a bad row in a 10,000-row upload is a 422 naming it, before a run is created,
-not a half-written run.
+An uploaded cell is a harness.outcome.CellRecord, checked by that type as the Store checks what it records, so
+a bad row in a 10,000-row upload is a 422 naming it before anything is written. A run's fields are the Store's
+columns: RunOut is built from its provenance list, so a new provenance column shows up here by itself.
 """
 
 from __future__ import annotations
@@ -10,27 +10,22 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
-from harness.axes import AXES, STATUSES
+from harness.outcome import CellRecord
 from harness.store.models import PROVENANCE
 
 
-class RunOut(BaseModel):
+class _Run(BaseModel):
     id: int
     name: str
     matrix: str
     status: str
     trigger: str
-    git_sha: str | None = None
-    torch_version: str | None = None
-    transformers_version: str | None = None
-    cuda_version: str | None = None
-    driver_version: str | None = None
-    gpu_name: str | None = None
-    host: str | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+
+
+RunOut = create_model("RunOut", __base__=_Run, **{f: (str | None, None) for f in PROVENANCE},  # type: ignore[call-overload]
+                      started_at=(datetime | None, None), finished_at=(datetime | None, None))
 
 
 class RunSummaryOut(BaseModel):
@@ -184,38 +179,10 @@ class RequestOut(BaseModel):
 
 
 class RequestsOut(BaseModel):
-    available: bool = Field(description="false while the store has no request queue")
     requests: list[RequestOut]
 
 
 # --- uploads ------------------------------------------------------------------------------------------------
-
-
-class ResultIn(BaseModel):
-    """One cell attempt, as the Store records it."""
-
-    key: str = Field(min_length=1)
-    axes: dict[str, str]
-    status: str
-    reason: str = ""
-    metrics: dict[str, Any] = Field(default_factory=dict)
-    log: str = ""
-    duration_s: float = 0.0
-    attempt: int = Field(1, ge=1)
-
-    @field_validator("status")
-    @classmethod
-    def _known_status(cls, v: str) -> str:
-        if v not in STATUSES:
-            raise ValueError(f"status {v!r} is not one of {', '.join(STATUSES)}")
-        return v
-
-    @field_validator("axes")
-    @classmethod
-    def _all_axes(cls, v: dict[str, str]) -> dict[str, str]:
-        if set(v) != set(AXES):
-            raise ValueError(f"axes must have exactly {', '.join(AXES)}, got {', '.join(v) or 'none'}")
-        return v
 
 
 class RunIn(BaseModel):
@@ -228,7 +195,7 @@ class RunIn(BaseModel):
     provenance: dict[str, str | None] = Field(default_factory=dict, description=f"keys among {', '.join(PROVENANCE)}")
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    results: list[ResultIn] = Field(default_factory=list)
+    results: list[CellRecord] = Field(default_factory=list)
 
     @field_validator("provenance")
     @classmethod
@@ -244,6 +211,12 @@ class RunIn(BaseModel):
         if v is not None and v.tzinfo is None:
             raise ValueError("give a time zone (e.g. 2026-01-01T02:00:00Z)")
         return v
+
+    @model_validator(mode="after")
+    def _finished_if_timed(self) -> RunIn:
+        if self.status == "running" and self.finished_at is not None:
+            raise ValueError("a run still running has no finished_at")
+        return self
 
 
 class RunCreatedOut(BaseModel):

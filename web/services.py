@@ -1,4 +1,4 @@
-"""What the pages and the JSON API both show, composed from web.queries and harness/reports.
+"""What the pages and the JSON API both show, composed from the Store (and its views) and harness/reports.
 
 The pass rate, the speedup, the status classes and the diff are harness/reports' own (stats.totals,
 stats.is_passing/is_counted, diff_runs, diff_markdown): the dashboard shows the numbers `pcgh report` and
@@ -14,18 +14,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from harness.outcome import CellRecord
+from harness.repro import repro_command
 from harness.reports import RunDiff, diff_markdown, diff_runs, results_frame, totals
-from harness.reports.provenance import wall_time
+from harness.reports.run_info import wall_time
 from harness.reports.stats import is_counted, is_failing, is_passing, ordered_statuses
-from harness.store import RunNotFound
-from web import cells as present
-from web.matrix import DEFAULT_GROUP, Grid, build_grid
-from web.queries import CellRow, HistoryRow, Queries
+from harness.store import HistoryPoint, RunNotFound, Store
+from web import present
+from web.grid import DEFAULT_GROUP, Grid, build_grid
 
 STALE_AFTER = timedelta(days=1)
 MAX_FAILING = 50  # failing cells listed on a run page
-# What Store.requests() hands out per request (harness/store, the `pcgh request` work).
-REQUEST_FIELDS = ("id", "created_at", "model", "revision", "architecture", "supported", "verdict", "status", "card_id")
 
 
 class CellNotFound(LookupError):
@@ -54,9 +53,9 @@ def summarize(run: Mapping[str, Any], counts: Mapping[str, int]) -> RunSummary:
                       counted, passing / counted if counted else None, wt.total_seconds() if wt else None)
 
 
-def run_summaries(q: Queries, limit: int | None = None) -> list[RunSummary]:
-    runs = q.store.runs(limit)
-    counts = q.status_counts([r["id"] for r in runs])
+def run_summaries(store: Store, limit: int | None = None) -> list[RunSummary]:
+    runs = store.runs(limit)
+    counts = store.views.status_counts([r["id"] for r in runs])
     return [summarize(r, counts[r["id"]]) for r in runs]
 
 
@@ -64,20 +63,21 @@ def run_summaries(q: Queries, limit: int | None = None) -> list[RunSummary]:
 class RunDetail(RunSummary):
     geomean_speedup: float | None = None
     speedup_cells: int = 0
-    failing: list[CellRow] = field(default_factory=list)
+    failing: list[CellRecord] = field(default_factory=list)
     failing_total: int = 0
     previous_id: int | None = None
 
 
-def run_detail(q: Queries, run_ref: int | str) -> RunDetail:
+def run_detail(store: Store, run_ref: int | str) -> RunDetail:
     """Totals through harness/reports (results_frame → totals), worst cells, the run before it."""
-    run = q.store.run(run_ref)
-    rows = q.cells(run["id"])
-    t = totals(results_frame([r.as_row() for r in rows]))
+    run = store.run(run_ref)
+    cells = store.views.cells(run["id"])
+    t = totals(results_frame(cells))
     s = summarize(run, t.counts)
-    failing = [r for r in rows if is_failing(r.status)]
+    failing = [r for r in cells if is_failing(r.status)]
     return RunDetail(**vars(s), geomean_speedup=t.geomean_speedup, speedup_cells=t.speedup_cells,
-                     failing=failing[:MAX_FAILING], failing_total=len(failing), previous_id=q.previous_run_id(run["id"]))
+                     failing=failing[:MAX_FAILING], failing_total=len(failing),
+                     previous_id=store.views.previous_run_id(run["id"]))
 
 
 @dataclass
@@ -97,9 +97,9 @@ def fmt_age(age: timedelta) -> str:
     return f"{s // 86400} days"
 
 
-def freshness(q: Queries, now: datetime | None = None) -> Freshness:
+def freshness(store: Store, now: datetime | None = None) -> Freshness:
     """Whether the newest nightly run (trigger "nightly") is older than a day, by when it finished (or started)."""
-    run = q.newest_run("nightly")
+    run = store.latest_run(trigger="nightly")
     if run is None:
         return Freshness(None, None, False, "no nightly run in the store yet")
     at: datetime = run["finished_at"] or run["started_at"]
@@ -109,37 +109,40 @@ def freshness(q: Queries, now: datetime | None = None) -> Freshness:
     return Freshness(run, age, stale, msg + (": stale, older than a day" if stale else ""))
 
 
-def matrix(q: Queries, run_ref: int | str = "latest", group: str = DEFAULT_GROUP,
+def matrix(store: Store, run_ref: int | str = "latest", group: str = DEFAULT_GROUP,
            filters: Mapping[str, list[str]] | None = None) -> tuple[dict[str, Any], Grid]:
     """The run and its grid: one query for the cells, everything else in memory."""
-    run = q.store.run(run_ref)
-    return run, build_grid(q.cells(run["id"]), run["id"], group, filters)
+    run = store.run(run_ref)
+    return run, build_grid(store.views.cells(run["id"]), run["id"], group, filters)
 
 
 @dataclass
 class CellView:
     key: str
     axes: dict[str, str]
-    current: HistoryRow  # the run asked for, else the newest run with this cell
+    current: HistoryPoint  # the run asked for, else the newest run with this cell
+    measured: dict[str, Any]  # what the current attempt measured, as the Store keeps it (defaults left out)
     log: str
-    history: list[HistoryRow]  # oldest run first
+    history: list[HistoryPoint]  # oldest run first
     flips: int
     flaky: bool
     repro: str
 
 
-def cell(q: Queries, key: str, run_id: int | None = None) -> CellView:
-    history = q.history(key)
+def cell(store: Store, key: str, run_id: int | None = None) -> CellView:
+    history = store.views.history(key)
     if not history:
         raise CellNotFound(f"no run has a result for cell {key!r}")
     current = history[-1] if run_id is None else next((h for h in history if h.run_id == run_id), None)
     if current is None:
         raise CellNotFound(f"run {run_id} has no result for cell {key!r}; runs with it: "
                            + ", ".join(str(h.run_id) for h in history[-10:]))
-    statuses = [h.status for h in history]
-    others = [h.metrics for h in reversed(history) if h is not current]
-    return CellView(key, current.axes, current, q.log(current.run_id, key), history, present.flips(statuses),
-                    present.is_flaky(statuses), present.repro_command(current.axes, current.metrics, others))
+    statuses = [h.record.status for h in history]
+    record = current.record
+    others = [h.record.metrics for h in reversed(history) if h is not current]
+    return CellView(key, record.axes, current, record.metrics.model_dump(mode="python", exclude_defaults=True),
+                    store.views.log(current.run_id, key), history, present.flips(statuses),
+                    present.is_flaky(statuses), repro_command(record.axes, record.metrics, others))
 
 
 @dataclass
@@ -150,18 +153,17 @@ class DiffView:
     markdown: str
 
 
-def diff(q: Queries, base_ref: int | str | None = None, head_ref: int | str | None = None,
+def diff(store: Store, base_ref: int | str | None = None, head_ref: int | str | None = None,
          threshold: float = 0.10) -> DiffView:
     """harness/reports' diff of two runs; head defaults to the latest run, base to the run before head."""
-    head = q.store.run(head_ref if head_ref is not None else "latest")
+    head = store.run(head_ref if head_ref is not None else "latest")
     if base_ref is None:
-        prev = q.previous_run_id(head["id"])
+        prev = store.views.previous_run_id(head["id"])
         if prev is None:
             raise RunNotFound(f"run {head['id']} is the first run: there is nothing before it to diff against")
         base_ref = prev
-    base = q.store.run(base_ref)
-    d = diff_runs([r.as_row() for r in q.cells(base["id"], latency=True)], [r.as_row() for r in q.cells(head["id"], latency=True)],
-                  threshold)
+    base = store.run(base_ref)
+    d = diff_runs(store.views.cells(base["id"], latency=True), store.views.cells(head["id"], latency=True), threshold)
     return DiffView(base, head, d, diff_markdown(d, base, head))
 
 
@@ -183,38 +185,33 @@ def axis_verdicts(verdict: Any) -> list[tuple[str, bool, str]]:
             if isinstance(v, Mapping)]
 
 
-def requests(q: Queries) -> tuple[bool, list[RequestRow]]:
-    """(whether the Store has a request queue yet, the queue with each card's cells in the latest run)."""
-    queue = q.requests()
-    if queue is None:
-        return False, []
-    latest = q.store.latest_run()
+def requests(store: Store) -> list[RequestRow]:
+    """The request queue, each with its card's cells in the latest run."""
+    latest = store.latest_run()
     per_card: dict[str, Counter[str]] = {}
     if latest is not None:
-        for model, counts in q.model_counts(latest["id"]).items():
+        for model, counts in store.views.model_counts(latest["id"]).items():
             per_card.setdefault(model.partition(":")[0], Counter()).update(counts)
     out = []
-    for r in queue:
-        c = per_card.get(str(r.get("card_id") or ""), Counter())
-        s = summarize({}, c)
-        out.append(RequestRow({**dict.fromkeys(REQUEST_FIELDS), **r}, s.cells, s.passing, s.counted,
-                              axis_verdicts(r.get("verdict"))))
-    return True, out
+    for r in store.requests():
+        s = summarize({}, per_card.get(r["card_id"] or "", Counter()))
+        out.append(RequestRow(r, s.cells, s.passing, s.counted, axis_verdicts(r["verdict"])))
+    return out
 
 
-def model_summary(q: Queries, card_id: str) -> RunSummary | None:
+def model_summary(store: Store, card_id: str) -> RunSummary | None:
     """A card's cells (every variant) in the latest run; None when it has none there."""
-    latest = q.store.latest_run()
+    latest = store.latest_run()
     if latest is None:
         return None
     c: Counter[str] = Counter()
-    for model, counts in q.model_counts(latest["id"]).items():
+    for model, counts in store.views.model_counts(latest["id"]).items():
         if model.partition(":")[0] == card_id:
             c.update(counts)
     return summarize(latest, c) if c else None
 
 
-def matrix_summary(q: Queries, name: str) -> RunSummary | None:
+def matrix_summary(store: Store, name: str) -> RunSummary | None:
     """The newest run of this matrix name; None when there is none."""
-    run = q.store.latest_run(name=name)
-    return summarize(run, q.status_counts([run["id"]])[run["id"]]) if run is not None else None
+    run = store.latest_run(name=name)
+    return summarize(run, store.views.status_counts([run["id"]])[run["id"]]) if run is not None else None

@@ -1,5 +1,15 @@
-"""The launcher: each cell in its own process, classified, retried once, recorded the moment it ends."""
+"""The launcher: each cell in its own process, classified, retried once, recorded the moment it ends.
 
-from harness.launcher.runner import RunOptions, run_matrix
+- plan.py — RunOptions and the planned cells (filters, tier, shard, pre-check)
+- process.py — one attempt of one cell in a child process → a CellRecord
+- worker.py — the child: CellSpec on stdin, CellOutcome file out, phase markers on stderr
+- classify.py — a child that died without an outcome, in the judge's words
+- runner.py — run_matrix: resume, retry, GPU slots, recording
+- progress.py — the progress bar
+- environment.py — the provenance recorded with each run
+"""
 
-__all__ = ["RunOptions", "run_matrix"]
+from harness.launcher.plan import Plan, RunOptions, plan
+from harness.launcher.runner import run_matrix
+
+__all__ = ["Plan", "RunOptions", "plan", "run_matrix"]

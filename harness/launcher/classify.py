@@ -6,9 +6,11 @@ import re
 import signal
 
 from harness.launcher.worker import PHASE_MARK
+from harness.outcome import Status
 
 # Phase the child was in when it died → status.
-_PHASE_STATUS = {"load": "eager_fail", "eager": "eager_fail", "capture": "fail_capture", "run": "fail_run", "latency": "fail_run"}
+_PHASE_STATUS = {"load": Status.EAGER_FAIL, "eager": Status.EAGER_FAIL, "capture": Status.FAIL_CAPTURE,
+                 "run": Status.FAIL_RUN, "latency": Status.FAIL_RUN}
 _OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
 
 
@@ -25,17 +27,17 @@ def last_error_line(log: str) -> str:
     return lines[-1][:500] if lines else ""
 
 
-def classify_death(returncode: int | None, timed_out: bool, log: str, timeout_s: float) -> tuple[str, str]:
+def classify_death(returncode: int | None, timed_out: bool, log: str, timeout_s: float) -> tuple[Status, str]:
     """Status and reason for a child that left no result."""
     phase = last_phase(log) or "load"
     if timed_out:
-        return "timeout", f"no result after {timeout_s:g}s (in phase {phase}); process group killed"
+        return Status.TIMEOUT, f"no result after {timeout_s:g}s (in phase {phase}); process group killed"
     if _OOM.search(log):
-        return "oom", f"out of memory in phase {phase}: {last_error_line(log)}"
+        return Status.OOM, f"out of memory in phase {phase}: {last_error_line(log)}"
     if returncode is not None and returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        return _PHASE_STATUS.get(phase, "fail_run"), f"killed by {name} in phase {phase}"
-    return _PHASE_STATUS.get(phase, "fail_run"), f"exit code {returncode} in phase {phase}: {last_error_line(log)}"
+        return _PHASE_STATUS.get(phase, Status.FAIL_RUN), f"killed by {name} in phase {phase}"
+    return _PHASE_STATUS.get(phase, Status.FAIL_RUN), f"exit code {returncode} in phase {phase}: {last_error_line(log)}"

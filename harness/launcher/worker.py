@@ -1,4 +1,4 @@
-"""A cell's own process: reads a CellSpec (JSON) on stdin, runs it, writes the result JSON to argv[1].
+"""A cell's own process: reads a CellSpec (JSON) on stdin, runs it, writes its CellOutcome (JSON) to argv[1].
 
 Phase markers go to stderr so that the parent can classify a death without a result (segfault, OOM kill).
 """
@@ -15,7 +15,8 @@ PHASE_MARK = "PCG-PHASE"
 
 def main() -> int:
     from harness.cell import CellSpec, run_cell
-    from pcg_core.config import ConfigError
+    from harness.outcome import CellOutcome, Status
+    from pcg_core.errors import ConfigError
     from pcg_core.plugins import load_plugins
 
     out = Path(sys.argv[1])
@@ -26,11 +27,11 @@ def main() -> int:
 
     try:
         load_plugins()
-        result = run_cell(spec, on_phase=phase)
+        outcome = run_cell(spec, on_phase=phase)
     except ConfigError as e:
-        result = {"status": "fail_run", "reason": f"bad input: {e}"}
+        outcome = CellOutcome(status=Status.FAIL_RUN, reason=f"bad input: {e}")
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
+    tmp.write_text(outcome.to_json())
     os.replace(tmp, out)  # the parent sees a whole result or none
     return 0
 

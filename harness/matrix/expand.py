@@ -5,12 +5,11 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import itertools
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from harness.axes import AXES
-from harness.cell import CellSpec
+from harness.cell.spec import CellSpec
 from harness.matrix.schema import Matrix, Override
+from harness.outcome import AXES, ModelRef, cell_key
 
 
 @dataclass
@@ -19,12 +18,7 @@ class Cell:
     axes: dict[str, str]
     spec: CellSpec
     timeout_s: int
-    verdict: str | None = None  # pre-check: None (launch) or the reason it is unsupported
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def cell_key(axes: dict[str, str]) -> str:
-    return "|".join(f"{a}={axes[a]}" for a in AXES)
+    unsupported: str | None = None  # the pre-check: None (launch it) or why the runtime cannot run it
 
 
 def matches(rule: dict[str, str], axes: dict[str, str]) -> bool:
@@ -42,16 +36,16 @@ def spec_for(matrix: Matrix, axes: dict[str, str]) -> tuple[CellSpec, int]:
         tol = o.tolerances.logprob if o.tolerances and o.tolerances.logprob is not None else tol
         max_tokens, max_new = o.max_tokens or max_tokens, o.max_new_tokens or max_new
         timeout, dtype = o.timeout_s or timeout, o.dtype or dtype
-    card, _, variant = axes["model"].partition(":")
+    model = ModelRef.parse(axes["model"])
     spec = CellSpec(
-        model=card,
+        model=model.card,
         graph=axes["graph"],
         attention=axes["attention"],
         device=d.device,
         dtype=None if dtype == "auto" else dtype,
-        layers=int(variant.split(":")[1]) if variant.startswith("trim:") else None,
-        tiny=variant == "tiny",
-        weights="real" if variant == "full" else "synthetic",
+        layers=model.layers,
+        tiny=model.tiny,
+        weights=model.weights,
         max_tokens=max_tokens,
         compiler=axes["compiler"],
         seed=d.seed,
@@ -65,7 +59,7 @@ def spec_for(matrix: Matrix, axes: dict[str, str]) -> tuple[CellSpec, int]:
 def expand(matrix: Matrix, filters: list[dict[str, str]] | None = None, tier: str | None = None) -> list[Cell]:
     """Cross product in axis order, then include/exclude, per-model axis limits, tier and CLI filters."""
     if tier is not None and tier not in matrix.tiers:
-        from pcg_core.config import ConfigError
+        from pcg_core.errors import ConfigError
 
         raise ConfigError(f"tier {tier!r} is not in matrix {matrix.name!r}; tiers: {', '.join(matrix.tiers) or 'none'}")
     rules = [matrix.tiers[tier]] if tier else []

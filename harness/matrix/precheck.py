@@ -9,19 +9,21 @@ from typing import Any
 
 from harness.cards import ModelCard, find_card
 from harness.matrix.expand import Cell
-from pcg_core.config import ConfigError
+from harness.outcome import ModelRef
+from pcg_core.errors import ConfigError
 from pcg_core.model import build_config, unsupported_reason
 
 
 def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None]) -> str | None:
     a = cell.axes
-    card_id, _, variant = a["model"].partition(":")
+    model = ModelRef.parse(a["model"])
+    card_id, variant = model.card, model.variant
     if card_id not in cards:
         cards[card_id] = find_card(card_id)
     card = cards[card_id]
     if card is None:
         return f"no model card {card_id!r} in harness/models/"
-    if variant not in card.variants and not (variant.startswith("trim:") and "trim" in card.variants):
+    if variant not in card.variants and not (model.layers is not None and "trim" in card.variants):
         return f"card {card_id} offers variants {', '.join(card.variants)}, not {variant}"
     try:
         reason = unsupported_reason(build_config(card.config, where=f"card {card_id}"))
@@ -36,8 +38,9 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
     if a["graph"] not in caps["capture_backends"]:
         return f"capture backend {a['graph']!r} is not in the runtime (have: {', '.join(caps['capture_backends'])})"
     attn = caps["attention_backends"][a["attention"]]
-    if a["graph"] == "full" and not attn["capturable"]:
-        return f"full capture needs a capturable attention backend; {a['attention']} is not ({attn['why_not_capturable']})"
+    if caps["capture_backends"][a["graph"]]["requires_capturable_attention"] and not attn["capturable"]:
+        return (f"capture backend {a['graph']} needs a capturable attention backend; "
+                f"{a['attention']} is not ({attn['why_not_capturable']})")
     if a["parallel"] not in caps["parallel"]:
         return f"parallel mode {a['parallel']!r} is not supported by the runtime yet (supported: {', '.join(caps['parallel'])})"
     if cell.spec.device == "cuda":

@@ -6,17 +6,15 @@ per axis), per-model overrides (tolerances, limits, which axis values apply) and
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
-from harness.axes import AXES
 from harness.matrix.yaml_lines import line_of, load_yaml_with_lines
-from pcg_core.config import COMPILERS, ConfigError
-
-VARIANT_RE = re.compile(r"^(full|tiny|trim:[1-9][0-9]*)$")
+from harness.outcome import AXES, ModelRef
+from pcg_core.config import COMPILERS
+from pcg_core.errors import ConfigError
 
 
 class _Strict(BaseModel):
@@ -51,9 +49,7 @@ class Axes(_Strict):
     @classmethod
     def _model_variant(cls, values: list[str]) -> list[str]:
         for v in values:
-            card, _, variant = v.partition(":")
-            if not card or not VARIANT_RE.match(variant):
-                raise ValueError(f"{v!r}: write models as CARD:VARIANT with VARIANT one of full, tiny, trim:N")
+            ModelRef.parse(v)  # ValueError naming the grammar
         return values
 
     @field_validator("compiler")

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 
 
 def load_yaml_with_lines(path: Path) -> tuple[Any, dict[tuple, int]]:

@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.reports.frame import Row, cell_speedup, graph_latencies, timings
+from harness.outcome import CellRecord
+from harness.reports.frame import graph_latencies, timings
 from harness.reports.markdown import one_line, table
-from harness.reports.provenance import FIELDS, run_label
+from harness.reports.run_info import FIELDS, run_label
 from harness.reports.stats import fmt_speedup, geomean, is_failing, is_passing, natural_key
 
 
@@ -74,29 +75,11 @@ class RunDiff:
         return [c for c in self.speedup_changes if c.rel_change < 0]
 
 
-def _by_key(rows: Sequence[Row]) -> dict[str, Row]:
-    """Rows by key; if a key repeats (retries), the highest attempt wins, then the later row."""
-    out: dict[str, Row] = {}
-    for r in rows:
-        k = str(r.get("key"))
-        if k not in out or (r.get("attempt") or 0) >= (out[k].get("attempt") or 0):
-            out[k] = r
-    return out
-
-
 def _common_geomeans(base: Mapping[str, float], head: Mapping[str, float]) -> tuple[float | None, float | None]:
     """Geomeans of both over the token counts both timed (a count timed in one run only would move its
     geomean by itself)."""
     common = base.keys() & head.keys()
     return geomean(base[n] for n in common), geomean(head[n] for n in common)
-
-
-def _speedups(base: Mapping[str, Any] | None, head: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
-    """Both cells' speedups over their common token counts; the stored numbers where a run kept a single one."""
-    sb, sh = (base or {}).get("speedup"), (head or {}).get("speedup")
-    if isinstance(sb, Mapping) and isinstance(sh, Mapping):
-        return _common_geomeans(timings(sb), timings(sh))
-    return cell_speedup(base), cell_speedup(head)
 
 
 def _beyond(kind: type[ValueChange], key: str, axes: Mapping[str, Any], values: tuple[float | None, float | None],
@@ -108,21 +91,22 @@ def _beyond(kind: type[ValueChange], key: str, axes: Mapping[str, Any], values: 
     return kind(key, axes, base, head)
 
 
-def diff_runs(base_rows: Sequence[Row], head_rows: Sequence[Row], speedup_threshold: float = 0.10) -> RunDiff:
-    """Compare base with head; status lists sorted by key, speedup changes by relative change (most slowed-down
-    first), graph latency changes by relative change (most slowed-down first)."""
+def diff_runs(base_records: Sequence[CellRecord], head_records: Sequence[CellRecord], speedup_threshold: float = 0.10) -> RunDiff:
+    """Compare base with head (each one final record per cell, as the store hands them out); status lists sorted
+    by key, speedup changes by relative change (most slowed-down first), graph latency changes by relative change
+    (most slowed-down first)."""
     if speedup_threshold < 0:
         raise ValueError(f"speedup_threshold must be >= 0, got {speedup_threshold}")
-    base, head = _by_key(base_rows), _by_key(head_rows)
+    base, head = {r.key: r for r in base_records}, {r.key: r for r in head_records}
     d = RunDiff(speedup_threshold=speedup_threshold)
     d.added = sorted(head.keys() - base.keys(), key=natural_key)
     d.removed = sorted(base.keys() - head.keys(), key=natural_key)
     for key in sorted(base.keys() & head.keys(), key=natural_key):
         b, h = base[key], head[key]
-        bs, hs = str(b.get("status")), str(h.get("status"))
-        axes = dict(h.get("axes") or {})
+        bs, hs = str(b.status), str(h.status)
+        axes = dict(h.axes)
         if bs != hs:
-            change = StatusChange(key, axes, bs, hs, str(h.get("reason") or ""))
+            change = StatusChange(key, axes, bs, hs, h.reason)
             if is_passing(bs) and is_failing(hs):
                 d.new_failures.append(change)
             elif is_failing(bs) and is_passing(hs):
@@ -130,8 +114,9 @@ def diff_runs(base_rows: Sequence[Row], head_rows: Sequence[Row], speedup_thresh
             else:
                 d.flips.append(change)
         if is_passing(bs) and is_passing(hs):
-            mb, mh = b.get("metrics"), h.get("metrics")
-            if (c := _beyond(SpeedupChange, key, axes, _speedups(mb, mh), speedup_threshold)) is not None:
+            mb, mh = b.metrics, h.metrics
+            speedups = _common_geomeans(timings(mb.speedup), timings(mh.speedup))
+            if (c := _beyond(SpeedupChange, key, axes, speedups, speedup_threshold)) is not None:
                 d.speedup_changes.append(c)
             latencies = _common_geomeans(graph_latencies(mb), graph_latencies(mh))
             if (c := _beyond(LatencyChange, key, axes, latencies, speedup_threshold)) is not None:

@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from harness.reports.frame import Row, cell_speedup, results_frame
-from harness.reports.provenance import FIELDS, wall_time
+from harness.outcome import CellRecord
+from harness.reports.frame import cell_speedup, results_frame
+from harness.reports.run_info import FIELDS, wall_time
 from harness.reports.stats import totals
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: cells' metrics are CellMetrics (typed; only what was measured)
 
 
 def jsonable(v: Any) -> Any:
@@ -47,15 +48,15 @@ def run_dict(run: Mapping[str, Any] | None) -> dict[str, Any]:
     return d
 
 
-def cell_dict(row: Row) -> dict[str, Any]:
+def cell_dict(record: CellRecord) -> dict[str, Any]:
     return jsonable({
-        "key": row.get("key"), "axes": dict(row.get("axes") or {}), "status": row.get("status"),
-        "reason": row.get("reason") or "", "duration_s": row.get("duration_s"), "attempt": row.get("attempt"),
-        "speedup": cell_speedup(row.get("metrics")), "metrics": dict(row.get("metrics") or {}),
+        "key": record.key, "axes": dict(record.axes), "status": str(record.status), "reason": record.reason,
+        "duration_s": record.duration_s, "attempt": record.attempt, "speedup": cell_speedup(record.metrics),
+        "metrics": record.metrics.model_dump(mode="python", exclude_defaults=True),  # measured ones, as stored
     })
 
 
-def report_dict(run: Mapping[str, Any] | None, rows: Sequence[Row]) -> dict[str, Any]:
+def report_dict(run: Mapping[str, Any] | None, rows: Sequence[CellRecord]) -> dict[str, Any]:
     """Provenance, counts by status, pass rate (null when nothing is counted), geomean speedup, cells."""
     t = totals(results_frame(rows))
     return jsonable({

@@ -14,11 +14,11 @@ else ➖. Rows and columns are naturally sorted so the CSVs of two runs line up.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import pandas as pd
 
-from harness.reports.frame import Row, results_frame
+from harness.outcome import CellRecord
+from harness.reports.frame import results_frame
 from harness.reports.stats import natural_key, status_class
 
 PAIRS: tuple[tuple[str, str], ...] = (("model", "quant"), ("model", "attention"), ("model", "parallel"),
@@ -28,7 +28,6 @@ SYMBOLS = {"pass": "✅", "flaky": "⚠", "fail": "❌", "eager_fail": "❗", "n
 PRECEDENCE = ("fail", "flaky", "pass", "eager_fail", "not_run")
 LEGEND = ("✅ pass · ⚠ pass_flaky · ❌ failing · ❗ eager_fail (not counted) · ➖ unsupported/skipped · "
           "❓ untested")
-UNSET = "(unset)"  # label for an axis value that is None
 
 
 def aggregate_symbol(statuses: Iterable[str]) -> str:
@@ -45,14 +44,10 @@ def pair_name(row_axis: str, col_axis: str) -> str:
     return f"{row_axis}_x_{col_axis}"
 
 
-def _label(v: Any) -> str:
-    return UNSET if v is None or (isinstance(v, float) and pd.isna(v)) else str(v)
-
-
 def support_matrix(frame: pd.DataFrame, row_axis: str, col_axis: str) -> pd.DataFrame:
     """One pivot of symbols; ❓ where the combination never occurs."""
-    rows_v = frame[row_axis].map(_label) if len(frame) else pd.Series([], dtype=object)
-    cols_v = frame[col_axis].map(_label) if len(frame) else pd.Series([], dtype=object)
+    rows_v = frame[row_axis].map(str) if len(frame) else pd.Series([], dtype=object)
+    cols_v = frame[col_axis].map(str) if len(frame) else pd.Series([], dtype=object)
     index = sorted(set(rows_v), key=natural_key)
     columns = sorted(set(cols_v), key=natural_key)
     out = pd.DataFrame(SYMBOLS["untested"], index=pd.Index(index, name=row_axis, dtype=object),
@@ -65,7 +60,7 @@ def support_matrix(frame: pd.DataFrame, row_axis: str, col_axis: str) -> pd.Data
     return out
 
 
-def support_matrices(rows: Sequence[Row] | pd.DataFrame) -> dict[str, pd.DataFrame]:
+def support_matrices(rows: Sequence[CellRecord] | pd.DataFrame) -> dict[str, pd.DataFrame]:
     """{"model_x_quant": pivot, ...} for every pair in PAIRS; takes rows or a results frame."""
     frame = rows if isinstance(rows, pd.DataFrame) else results_frame(rows)
     return {pair_name(a, b): support_matrix(frame, a, b) for a, b in PAIRS}

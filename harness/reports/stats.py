@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.axes import NOT_COUNTED, PASSING, STATUSES
+from harness.outcome import NOT_COUNTED, PASSING, STATUSES
 
 
 def is_passing(status: str) -> bool:

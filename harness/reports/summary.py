@@ -12,11 +12,11 @@ from typing import Any
 
 import pandas as pd
 
-from harness.axes import NOT_COUNTED, PASSING
-from harness.reports.frame import Row, results_frame
+from harness.outcome import NOT_COUNTED, PASSING, CellRecord
+from harness.reports.frame import results_frame
 from harness.reports.markdown import one_line, table
 from harness.reports.matrices import LEGEND, support_matrices
-from harness.reports.provenance import fmt_duration, run_label, wall_time
+from harness.reports.run_info import fmt_duration, run_label, wall_time
 from harness.reports.stats import fmt_rate, fmt_speedup, is_failing, totals
 
 MAX_FAILING = 20  # failing cells listed in full; the rest are counted
@@ -120,7 +120,7 @@ def _matrices(frame: pd.DataFrame) -> str:
     return "\n\n".join(parts)
 
 
-def summary_markdown(run: Mapping[str, Any] | None, rows: Sequence[Row]) -> str:
+def summary_markdown(run: Mapping[str, Any] | None, rows: Sequence[CellRecord]) -> str:
     """The whole summary page as Markdown."""
     run = run or {}
     frame = results_frame(rows)

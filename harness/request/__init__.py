@@ -8,10 +8,11 @@
 - verdicts.py     one verdict per matrix axis, from the runtime's capability table
 - analyze.py      all of the above → the report (schema.py)
 - card_writer.py  --write-card; submit.py --submit; command.py the whole command; render.py its tables
+
+The package root imports only the report's schema, so the dashboard can validate a submitted request without
+loading the analysis (which reads configs through transformers).
 """
 
-from harness.request.analyze import analyze
-from harness.request.command import request_model
 from harness.request.schema import RequestReport
 
-__all__ = ["RequestReport", "analyze", "request_model"]
+__all__ = ["RequestReport"]

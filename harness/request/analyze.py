@@ -13,14 +13,14 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
-from harness.request import features as feats
-from harness.request import params as P
-from harness.request import verdicts as V
+from harness.request.features import detect
+from harness.request.params import count as count_params, divides_heads, ep_sizes, h200s_needed, memory_bytes, tp_sizes
+from harness.request.verdicts import attention_verdict, graph_verdict, model_verdict, parallel_verdict, quant_verdict
 from harness.request.quantization import quant_word, quantization_of
 from harness.request.schema import RequestReport
 from harness.request.source import config_hash
 from harness.request.structure import read_structure
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 
 
 @contextlib.contextmanager
@@ -101,28 +101,28 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
     if mismatch:
         notes.append(mismatch)
     s = read_structure(config, where)
-    features, details = feats.detect(config, s, architecture)
+    features, details = detect(config, s, architecture)
     quant = quantization_of(config)
-    count = P.count(config, s, where)
+    count = count_params(config, s, where)
     if count is None:
         notes.append(f"no parameter count: the config lacks {', '.join(s.missing) or 'the widths'}")
     nextn = s.f.get_int("num_nextn_predict_layers", 0)
     if nextn:
         notes.append(f"num_nextn_predict_layers={nextn}: the multi-token-prediction layer(s) are not counted (transformers does not load them)")
-    tp_ok = P.tp_sizes(s)
-    divides = sorted(set(tp_ok) | {t for t in tps or [] if P.divides_heads(s, t)})
-    ep_ok = P.ep_sizes(s)
+    tp_ok = tp_sizes(s)
+    divides = sorted(set(tp_ok) | {t for t in tps or [] if divides_heads(s, t)})
+    ep_ok = ep_sizes(s)
     total = count.total if count else None
-    h200s = P.h200s_needed(total) if total else None
-    memory = P.memory_bytes(total) if total else {}
+    h200s = h200s_needed(total) if total else None
+    memory = memory_bytes(total) if total else {}
     wanted_quant = quants or [quant_word(quant)]
     verdicts = {
-        "model": V.model_verdict(architecture, reason, features, caps),
-        "quant": V.quant_verdict(wanted_quant, quant, caps),
-        "attention": V.attention_verdict(features, s.heads, s.kv_heads, caps),
-        "parallel": V.parallel_verdict(tps or None, tp_ok, divides, ep_ok, h200s, memory.get("bfloat16"),
+        "model": model_verdict(architecture, reason, features, caps),
+        "quant": quant_verdict(wanted_quant, quant, caps),
+        "attention": attention_verdict(features, s.heads, s.kv_heads, caps),
+        "parallel": parallel_verdict(tps or None, tp_ok, divides, ep_ok, h200s, memory.get("bfloat16"),
                                        s.moe.experts if s.moe else None, caps),
-        "graph": V.graph_verdict(reason is None, caps),
+        "graph": graph_verdict(reason is None, caps),
     }
     dtype = s.f.data.get("torch_dtype") or s.f.data.get("dtype")
     report = RequestReport.model_validate({

@@ -2,7 +2,7 @@
 
 The card is in the format harness/cards.py reads — id, hub_id, architecture, config, features, variants — and
 is read back through it before the command reports success, so `load_cards()` picks it up. Card features are
-the request's features plus the checkpoint's quantization method (fp8, mxfp4 …), as the seed cards list them.
+the request's features plus the checkpoint's quantization method (fp8, mxfp4 …), as the model cards in harness/models/ list them.
 An existing card, a card for the same hub id, or a different config under the same file name is never
 overwritten without force.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from harness.cards import CARDS_DIR, DEFAULT_VARIANTS, find_card
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 
 _ORG_NAME_FILE = re.compile(r"^(?P<org>[A-Za-z0-9][A-Za-z0-9_.-]*?)__(?P<name>[A-Za-z0-9_.-]+)\.json$")
 
@@ -38,7 +38,7 @@ def config_file_for(hub_id: str) -> str:
 
 
 def hub_id_for_local(path: Path, config: dict[str, Any]) -> str | None:
-    """A local request's hub id, where it can be told: a file named <org>__<name>.json (the seed configs'
+    """A local request's hub id, where it can be told: a file named <org>__<name>.json (the shipped configs'
     convention), or the config's own _name_or_path when that is an org/name."""
     m = _ORG_NAME_FILE.match(path.name)
     if m:

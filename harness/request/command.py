@@ -15,7 +15,7 @@ from harness.request.card_writer import existing_cards, hub_id_for_local, write_
 from harness.request.quantization import check_quant_words
 from harness.request.source import resolve
 from harness.request.submit import endpoint, submit, token
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 
 
 def _summary(row: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 
 # Where multimodal configs put the language model's fields, in the order they are looked for.
 TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 
 # Names a --quant flag may use: the matrix's quant-axis words. Whether the runtime can run one is the
 # runtime's capability table's call (verdicts.py), not this list's.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 from pcg_core.model.loader import fetch_hub_file, read_config_file
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")

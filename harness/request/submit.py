@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 
 TOKEN_ENV = "PCG_UPLOAD_TOKEN"
 ENDPOINT = "/api/requests"

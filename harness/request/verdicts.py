@@ -11,8 +11,8 @@ same table the matrix pre-check reads; no list of what the runtime can do is kep
              sliding_window, sinks, linear_attention) is exercised by some architecture in the table.
 - parallel:  each TP size asked for (--tp, else the smallest that fits the bf16 weights) divides the heads,
              fits the weights, and is a parallel mode of the runtime ("tp<N>").
-- graph:     the runtime can run the model and has a capture backend other than `disabled`; `full` also
-             needs a capturable attention backend.
+- graph:     the runtime can run the model and has a capture backend other than `disabled`; a backend that
+             declares it (`full`) also needs a capturable attention backend.
 """
 
 from __future__ import annotations
@@ -114,7 +114,8 @@ def graph_verdict(supported: bool, caps: dict[str, Any]) -> dict[str, Any]:
         return _v(False, "the runtime has no capture backend besides disabled (eager)")
     capturable = [n for n, b in caps["attention_backends"].items() if b["capturable"]]
     reason = f"capture backends: {', '.join(backends)}"
-    if "full" in backends:
-        reason += (f"; full capture through {', '.join(capturable)} (capturable)" if capturable
-                   else "; full capture needs a capturable attention backend and none is")
+    for name in backends:
+        if caps["capture_backends"][name]["requires_capturable_attention"]:
+            reason += (f"; {name} capture through {', '.join(capturable)} (capturable)" if capturable
+                       else f"; {name} capture needs a capturable attention backend and none is")
     return _v(True, reason)

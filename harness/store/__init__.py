@@ -2,5 +2,6 @@
 
 from harness.store.db import default_db_url
 from harness.store.repository import RequestNotFound, RunNotFound, Store
+from harness.store.views import HistoryPoint, Views
 
-__all__ = ["RequestNotFound", "RunNotFound", "Store", "default_db_url"]
+__all__ = ["HistoryPoint", "RequestNotFound", "RunNotFound", "Store", "Views", "default_db_url"]

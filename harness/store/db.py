@@ -18,7 +18,7 @@ from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 
 DEFAULT_DB_URL = "sqlite:///pcg.db"
 BACKENDS = ("sqlite", "postgresql")

@@ -1,25 +1,41 @@
-"""The Store: the harness's one way to write and read runs, cell results and model requests.
+"""The Store: the one way to write and read runs, cell results and model requests, for the harness and the
+dashboard alike.
 
 Every write commits before returning, so a cell's result survives the parent dying right after it; reads open
-a fresh session each time, so two Stores (or processes) on one database see each other's commits at once.
-Callers get plain dicts keyed by column name, never ORM objects bound to a session.
+a fresh connection each time, so two Stores (or processes) on one database see each other's commits at once.
+Cell results go in and come out as harness.outcome.CellRecord; runs and requests as plain dicts keyed by
+column name. The dashboard's wide reads are `Store.views` (views.py), on the same engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import Connection, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
-from harness.axes import AXES, STATUSES
+from harness.outcome import CellRecord, Status
 from harness.store.db import connect_error, default_db_url, dumps, make_engine, mask
-from harness.store.models import PROVENANCE, REQUEST_STATUSES, Base, CellResult, ModelRequest, Run, as_dict, utcnow
+from harness.store.models import (
+    PROVENANCE,
+    REQUEST_STATUSES,
+    RUN_STATUSES,
+    Base,
+    CellResult,
+    ModelRequest,
+    Run,
+    as_dict,
+    final_attempt,
+    first_recorded,
+    utcnow,
+)
+from harness.store.views import RECORD_COLUMNS, Views, record_of
 
-ROW_KEYS = ("key", "axes", "status", "reason", "metrics", "log", "duration_s", "attempt")
 REQUEST_KEYS = ("model", "revision", "config_hash", "architecture", "supported", "verdict", "status", "card_id")
 _UNCHANGED: Any = object()
 FINAL_RUN_STATUSES = ("finished", "interrupted")
@@ -54,6 +70,7 @@ class Store:
             self._engine.dispose()
             raise connect_error(self.url, e) from e
         self._session = sessionmaker(self._engine, expire_on_commit=False)
+        self.views = Views(self._engine)
 
     def __repr__(self) -> str:
         return f"Store({mask(self.url)!r})"
@@ -69,17 +86,27 @@ class Store:
 
     # --- runs -----------------------------------------------------------------------------------------------
 
-    def create_run(self, name: str, matrix: str, meta: dict[str, Any], trigger: str = "manual") -> int:
+    def create_run(self, name: str, matrix: str, meta: Mapping[str, Any], trigger: str = "manual") -> int:
         """Start a run in status "running"; `meta` holds the provenance columns (missing ones stay NULL)."""
-        unknown = sorted(set(meta) - set(PROVENANCE))
-        if unknown:
-            raise ValueError(f"unknown provenance keys {unknown}; allowed: {', '.join(PROVENANCE)}")
-        provenance = {k: None if meta.get(k) is None else str(meta[k]) for k in PROVENANCE}
-        with self._session.begin() as s:
-            run = Run(name=name, matrix=str(matrix), trigger=trigger, status="running", started_at=utcnow(), **provenance)
-            s.add(run)
-            s.flush()
-            return run.id
+        with self._engine.begin() as conn:
+            return _insert_run(conn, name, matrix, meta, trigger, "running", utcnow(), None)
+
+    def import_run(self, name: str, matrix: str, meta: Mapping[str, Any], records: Sequence[CellRecord], *,
+                   trigger: str = "manual", status: str = "finished", started_at: datetime | None = None,
+                   finished_at: datetime | None = None) -> int:
+        """A whole run at once (an upload, a benchmark's database) with its own times, in one transaction: all
+        of it or, on an error, nothing. Times default to now; a run still "running" has no finish time."""
+        if status not in RUN_STATUSES:
+            raise ValueError(f"run status {status!r} is not one of {', '.join(RUN_STATUSES)}")
+        if status == "running" and finished_at is not None:
+            raise ValueError("a run still running has no finish time")
+        values = _cell_values(records)
+        started = started_at or utcnow()
+        finished = None if status == "running" else finished_at or utcnow()
+        with self._engine.begin() as conn:
+            run_id = _insert_run(conn, name, matrix, meta, trigger, status, started, finished)
+            self._upsert(conn, run_id, values)
+        return run_id
 
     def finish_run(self, run_id: int, status: str = "finished") -> None:
         if status not in FINAL_RUN_STATUSES:
@@ -90,15 +117,16 @@ class Store:
                 raise RunNotFound(self._missing(run_id))
             run.status, run.finished_at = status, utcnow()
 
-    def latest_run(self, name: str | None = None, matrix: str | None = None, unfinished_only: bool = False) -> dict[str, Any] | None:
-        """The newest run matching the filters; unfinished means not "finished" (running or interrupted)."""
+    def latest_run(self, name: str | None = None, matrix: str | None = None,
+                   trigger: str | None = None) -> dict[str, Any] | None:
+        """The newest run matching every filter given; None when there is none."""
         q = select(Run).order_by(Run.id.desc()).limit(1)
         if name is not None:
             q = q.where(Run.name == name)
         if matrix is not None:
             q = q.where(Run.matrix == str(matrix))
-        if unfinished_only:
-            q = q.where(Run.status != "finished")
+        if trigger is not None:
+            q = q.where(Run.trigger == trigger)
         with self._session() as s:
             run = s.scalars(q).first()
             return as_dict(run) if run is not None else None
@@ -127,49 +155,41 @@ class Store:
 
     # --- cell results ---------------------------------------------------------------------------------------
 
-    def record_result(self, run_id: int, row: dict[str, Any]) -> None:
+    def record_result(self, run_id: int, record: CellRecord) -> None:
         """Insert or replace (run_id, key, attempt), committed before returning."""
-        self.record_results(run_id, [row])
+        self.record_results(run_id, [record])
 
-    def record_results(self, run_id: int, rows: list[dict[str, Any]]) -> None:
-        """Insert or replace many rows in one transaction (an upload): all of them or, on an error, none.
-
-        Every row is checked before the database is touched; for a (key, attempt) given twice the last wins.
-        """
-        now = utcnow()
-        unique = {(v["key"], v["attempt"]): v for v in ({**_cell_values(r), "run_id": run_id, "recorded_at": now} for r in rows)}
-        if not unique:
+    def record_results(self, run_id: int, records: Sequence[CellRecord]) -> None:
+        """Insert or replace many records in one transaction: all of them or, on an error, none. For a
+        (key, attempt) given twice the last wins."""
+        values = _cell_values(records)
+        if not values:
             self._require_run(run_id)
             return
-        insert = postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert
-        stmt = insert(CellResult)
-        columns = next(iter(unique.values())).keys()
-        replaced = {k: stmt.excluded[k] for k in columns if k not in ("run_id", "key", "attempt")}
-        stmt = stmt.on_conflict_do_update(index_elements=["run_id", "key", "attempt"], set_=replaced)
         try:
             with self._engine.begin() as conn:
-                conn.execute(stmt, list(unique.values()))
+                self._upsert(conn, run_id, values)
         except IntegrityError:
             self._require_run(run_id)  # the only integrity failure left after the upsert is a missing run
             raise
 
-    def results(self, run_id: int, all_attempts: bool = False) -> list[dict[str, Any]]:
-        """Results in recording order; by default only the highest attempt of each key."""
+    def results(self, run_id: int, all_attempts: bool = False) -> list[CellRecord]:
+        """The final attempt of each cell, in the order cells were first recorded (a retried cell keeps its
+        place); with `all_attempts`, every attempt in recording order."""
         self._require_run(run_id)
-        q = select(CellResult).where(CellResult.run_id == run_id).order_by(CellResult.id)
-        with self._session() as s:
-            rows = [as_dict(r) for r in s.scalars(q)]
-        return rows if all_attempts else _highest_attempts(rows)
+        q = select(*RECORD_COLUMNS, CellResult.log).where(CellResult.run_id == run_id)
+        q = q.order_by(CellResult.id) if all_attempts else q.where(final_attempt()).order_by(first_recorded())
+        with self._engine.connect() as conn:
+            return [record_of(r._mapping) for r in conn.execute(q)]
 
     def final_states(self, run_id: int) -> dict[str, dict[str, Any]]:
-        """Per key, its highest attempt's key, axes, status, reason and attempt, without logs or metrics (up to
+        """Per key, its final attempt's key, axes, status, reason and attempt, without logs or metrics (up to
         200,000 characters each): what a resumed run reads to see which cells are done or owe a retry."""
         self._require_run(run_id)
         cols = (CellResult.key, CellResult.axes, CellResult.status, CellResult.reason, CellResult.attempt)
-        q = select(*cols).where(CellResult.run_id == run_id).order_by(CellResult.id)
-        with self._session() as s:
-            rows = [dict(r._mapping) for r in s.execute(q)]
-        return {r["key"]: r for r in _highest_attempts(rows)}
+        q = select(*cols).where(CellResult.run_id == run_id, final_attempt()).order_by(first_recorded())
+        with self._engine.connect() as conn:
+            return {r.key: dict(r._mapping) for r in conn.execute(q)}
 
     # --- model requests -------------------------------------------------------------------------------------
 
@@ -235,6 +255,15 @@ class Store:
 
     # --- helpers --------------------------------------------------------------------------------------------
 
+    def _upsert(self, conn: Connection, run_id: int, values: list[dict[str, Any]]) -> None:
+        if not values:
+            return
+        now = utcnow()
+        rows = [{**v, "run_id": run_id, "recorded_at": now} for v in values]
+        stmt = (postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert)(CellResult)
+        replaced = {k: stmt.excluded[k] for k in rows[0] if k not in ("run_id", "key", "attempt")}
+        conn.execute(stmt.on_conflict_do_update(index_elements=["run_id", "key", "attempt"], set_=replaced), rows)
+
     def _require_run(self, run_id: int) -> None:
         with self._session() as s:
             if s.get(Run, run_id) is None:
@@ -246,41 +275,29 @@ class Store:
         return f"{where}; the newest is run {newest['id']}" if newest else f"{where}; it has no runs yet"
 
 
-def _highest_attempts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The highest attempt of each key, in the order keys first appear."""
-    latest: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if r["key"] not in latest or r["attempt"] > latest[r["key"]]["attempt"]:
-            latest[r["key"]] = r
-    return list(latest.values())
+def _insert_run(conn: Connection, name: str, matrix: str, meta: Mapping[str, Any], trigger: str, status: str,
+                started_at: datetime, finished_at: datetime | None) -> int:
+    unknown = sorted(set(meta) - set(PROVENANCE))
+    if unknown:
+        raise ValueError(f"unknown provenance keys {unknown}; allowed: {', '.join(PROVENANCE)}")
+    provenance = {k: None if meta.get(k) is None else str(meta[k]) for k in PROVENANCE}
+    result = conn.execute(insert(Run).values(name=name, matrix=str(matrix), trigger=trigger, status=status,
+                                             started_at=started_at, finished_at=finished_at, **provenance))
+    return int(result.inserted_primary_key[0])
 
 
-def _cell_values(row: dict[str, Any]) -> dict[str, Any]:
-    """Check a result row and fill defaults, so a bad row fails here with a message and not in the driver."""
-    unknown = sorted(set(row) - set(ROW_KEYS))
-    missing = [k for k in ("key", "axes", "status") if k not in row]
-    if unknown or missing:
-        raise ValueError(f"result row: unknown keys {unknown}, missing keys {missing}; keys are {', '.join(ROW_KEYS)}")
-    if row["status"] not in STATUSES:
-        raise ValueError(f"result row {row['key']!r}: status {row['status']!r} is not one of {', '.join(STATUSES)}")
-    axes = dict(row["axes"])
-    if set(axes) != set(AXES):
-        raise ValueError(f"result row {row['key']!r}: axes must have exactly {', '.join(AXES)}, got {', '.join(axes)}")
-    attempt = int(row.get("attempt", 1))
-    if attempt < 1:
-        raise ValueError(f"result row {row['key']!r}: attempt must be 1 or more, got {attempt}")
-    metrics = dict(row.get("metrics") or {})
-    dumps(metrics)  # not serialisable -> TypeError naming the type, before touching the database
-    return {
-        "key": str(row["key"]),
-        "axes": axes,
-        "status": row["status"],
-        "reason": _text(row.get("reason")),
-        "metrics": metrics,
-        "log": _text(row.get("log")),
-        "duration_s": float(row.get("duration_s") or 0.0),
-        "attempt": attempt,
-    }
+def _cell_values(records: Sequence[CellRecord]) -> list[dict[str, Any]]:
+    """Each record's column values, the last of a (key, attempt) given twice; all checked before the database
+    is touched. Metrics keep what was measured: fields still at their defaults (None, empty) are left out."""
+    unique: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in records:
+        if not isinstance(r, CellRecord):
+            raise TypeError(f"record a harness.outcome.CellRecord, not {type(r).__name__}")
+        unique[(r.key, r.attempt)] = {
+            "key": r.key, "axes": dict(r.axes), "status": Status(r.status).value, "reason": _text(r.reason),
+            "metrics": r.metrics.model_dump(mode="python", exclude_defaults=True), "log": _text(r.log),
+            "duration_s": float(r.duration_s), "attempt": r.attempt}
+    return list(unique.values())
 
 
 def _text(value: Any) -> str:

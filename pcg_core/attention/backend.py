@@ -1,22 +1,28 @@
-"""Attention backends: a registry, so that new kernels plug in without touching the op or the capture code."""
+"""Attention backends: a registry, so that new kernels plug in without touching the op or the capture code.
+
+Registered like capture backends (`@register_attention_backend` reads `cls.name`, the getter returns the class).
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from pcg_core.registry import ATTENTION_BACKENDS
+
 if TYPE_CHECKING:
+    from pcg_core.attention.kv_cache import KVCache
     from pcg_core.attention.metadata import AttentionMetadata
-    from pcg_core.engine.kv_cache import KVCache
 
 
 class AttentionBackend(ABC):
-    name: str = ""
-    # Can the whole op be recorded into a CUDA graph (static shapes, no host sync)? `full` capture needs it.
-    capturable: bool = False
-    why_not_capturable: str = ""
+    name: ClassVar[str] = ""
+    # Can the whole op be recorded into a CUDA graph (static shapes, no host sync)? A capture backend that
+    # declares requires_capturable_attention (full) needs it.
+    capturable: ClassVar[bool] = False
+    why_not_capturable: ClassVar[str] = ""
 
     @abstractmethod
     def forward(
@@ -28,26 +34,19 @@ class AttentionBackend(ABC):
         layer: int,
         scale: float,
         sliding_window: int,
-        md: "AttentionMetadata",
-        cache: "KVCache",
+        md: AttentionMetadata,
+        cache: KVCache,
     ) -> None: ...
 
 
-_BACKENDS: dict[str, type[AttentionBackend]] = {}
-
-
 def register_attention_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
-    _BACKENDS[cls.name] = cls
-    return cls
+    return ATTENTION_BACKENDS.register(cls)
 
 
 def attention_backend_names() -> list[str]:
-    return sorted(_BACKENDS)
+    return ATTENTION_BACKENDS.names()
 
 
-def get_attention_backend(name: str) -> AttentionBackend:
-    from pcg_core.config import ConfigError
-
-    if name not in _BACKENDS:
-        raise ConfigError(f"attention backend {name!r} is unknown; choose one of {', '.join(attention_backend_names())}")
-    return _BACKENDS[name]()
+def get_attention_backend(name: str) -> type[AttentionBackend]:
+    """The class registered as `name`; raises ConfigError (field "attention") naming the known ones."""
+    return ATTENTION_BACKENDS.get(name)

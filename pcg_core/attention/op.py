@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 
-from pcg_core.capture.split_ops import register_split_op, run_split_op
 from pcg_core.forward_context import get_forward_context
+from pcg_core.split_ops import register_split_op, run_split_op
 
 ATTN_IMPLEMENTATION = "pcg"
 

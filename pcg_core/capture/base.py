@@ -1,4 +1,4 @@
-"""The capture-backend interface and the bucket loop every graph backend shares.
+"""The capture-backend interface, the `disabled` backend, and the bucket loop every graph backend shares.
 
 A backend is built around `body(input_ids[T], positions[T]) -> hidden[T, H]` (the decoder without lm_head)
 and `make_inputs(T)`, which fills the engine's static buffers with an all-padding batch of T tokens and
@@ -9,26 +9,45 @@ returns them with a forward context. `prepare()` does all tracing and capturing 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 
 from pcg_core.capture.graphs import GraphPool, no_gc_during_capture
+from pcg_core.capture.registry import CAPTURE_BACKENDS, register_capture_backend
 from pcg_core.capture.stats import CaptureStats
 from pcg_core.config import CaptureConfig
-from pcg_core.forward_context import ForwardContext, set_forward_context
+from pcg_core.errors import ConfigError
+from pcg_core.forward_context import CaptureMode, ForwardContext, set_forward_context
+
+if TYPE_CHECKING:
+    from pcg_core.attention.backend import AttentionBackend
 
 Body = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 MakeInputs = Callable[[int], "tuple[torch.Tensor, torch.Tensor, ForwardContext]"]
 
 
-class CaptureBackend:
-    """`disabled`: eager, unpadded. Subclasses pad to buckets and capture."""
+class CaptureBackend(ABC):
+    """How the decoder forward of a planned bucket runs. The engine drives every backend the same way:
 
-    name = "disabled"
-    pads = False
+    1. `__init__(body, config, device, make_inputs, attn_backend)`: cheap; refuses an attention backend the
+       backend's declared needs rule out (`requires_capturable_attention`).
+    2. `prepare()`: once, when the engine is built: trace, compile and capture every bucket of the ladder.
+    3. `run(input_ids, positions, ctx)`: every serving forward padded to `ctx.bucket` (`pads` backends only);
+       the engine has set `ctx.mode` to REPLAY.
 
-    def __init__(self, body: Body, config: CaptureConfig, device: torch.device, make_inputs: MakeInputs, attn_backend=None):
+    Eager references and batches above the largest bucket never reach the backend: the engine runs `body`.
+    """
+
+    name: ClassVar[str] = ""
+    pads: ClassVar[bool] = False  # pads batches to the bucket ladder, so the engine calls run()
+    requires_capturable_attention: ClassVar[bool] = False  # the attention op is recorded inside the graph
+
+    def __init__(self, body: Body, config: CaptureConfig, device: torch.device, make_inputs: MakeInputs,
+                 attn_backend: AttentionBackend | None = None):
+        if self.requires_capturable_attention and attn_backend is not None and not attn_backend.capturable:
+            raise ConfigError(_uncapturable_attention_message(self.name, attn_backend), field="backend")
         self.body = body
         self.config = config
         self.attn_backend = attn_backend
@@ -36,35 +55,80 @@ class CaptureBackend:
         self.make_inputs = make_inputs
         self.stats = CaptureStats(backend=self.name, buckets=config.ladder if self.pads else [])
 
+    @abstractmethod
     def prepare(self) -> None:
         """Trace, compile and capture everything; nothing of this happens at serve time."""
 
+    @abstractmethod
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """Forward at a planned bucket (inputs already padded to ctx.bucket)."""
-        return self.body(input_ids, positions)
 
-    def eager(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+
+def _uncapturable_attention_message(name: str, attn: AttentionBackend) -> str:
+    # The fix comes from the built-in backends' own declarations: those that pad and run attention between graphs.
+    others = [n for n, cls in CAPTURE_BACKENDS.items()
+              if n in CAPTURE_BACKENDS.built_in and cls.pads and not cls.requires_capturable_attention]
+    return (
+        f"capture backend {name!r} needs an attention backend that can be captured in a CUDA graph; {attn.name!r} "
+        f"cannot ({attn.why_not_capturable or 'it is not marked capturable'}). "
+        f"Use backend {' or '.join(repr(n) for n in others)}, which run attention between graphs."
+    )
+
+
+@register_capture_backend
+class DisabledBackend(CaptureBackend):
+    """`disabled`: no padding, no graphs; the reference every graph backend is judged against."""
+
+    name = "disabled"
+
+    def prepare(self) -> None:
+        pass
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         return self.body(input_ids, positions)
 
 
 class GraphBackend(CaptureBackend):
+    """Pads to buckets and captures each, largest first, into one pool; replays the bucket's entry at serve time.
+
+    Subclasses say how one bucket is captured (`capture`, returning the entry kept in `entries`) and replayed
+    (`replay`); a bucket without an entry runs `run_padded`, the backend's own padded forward: on a CPU the
+    split/segmented path without graphs, under piecewise the per-piece graphs it keeps in its pieces.
+    """
+
     pads = True
 
-    def __init__(self, body: Body, config: CaptureConfig, device: torch.device, make_inputs: MakeInputs, attn_backend=None):
+    def __init__(self, body: Body, config: CaptureConfig, device: torch.device, make_inputs: MakeInputs,
+                 attn_backend: AttentionBackend | None = None):
         super().__init__(body, config, device, make_inputs, attn_backend)
         self.pool = GraphPool(device)
+        self.entries: dict[int, Any] = {}  # bucket → what replay() needs
 
     # Subclass hooks -----------------------------------------------------------------------------------
     def setup(self) -> None:
-        """Work done once before the bucket loop (piecewise: trace and split)."""
+        """Work done once before the bucket loop (piecewise: trace and split); runs on a CPU too."""
+
+    def run_padded(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The backend's padded forward where `entries` has nothing for the bucket; also what warm-up runs."""
+        return self.body(input_ids, positions)
 
     def warmup(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> None:
-        raise NotImplementedError
+        self.run_padded(input_ids, positions)
 
-    def capture(self, bucket: int, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def capture(self, bucket: int, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> Any:
+        """Record one bucket (ctx.mode is CAPTURE); returns the entry `replay` takes, or None to keep none."""
 
-    # Shared bucket loop -------------------------------------------------------------------------------
+    def replay(self, entry: Any) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} keeps entries but cannot replay them")
+
+    # Shared bucket loop and lookup --------------------------------------------------------------------
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        entry = self.entries.get(ctx.bucket)
+        if entry is None:
+            return self.run_padded(input_ids, positions)
+        return self.replay(entry)
+
     def prepare(self) -> None:
         self.setup()
         if not self.pool.enabled:
@@ -77,13 +141,7 @@ class GraphBackend(CaptureBackend):
             try:
                 with torch.cuda.stream(self.pool.stream):
                     for bucket in sorted(self.config.ladder, reverse=True):  # largest first: later ones reuse its blocks
-                        input_ids, positions, ctx = self.make_inputs(bucket)
-                        ctx.mode = "warmup"
-                        with set_forward_context(ctx):
-                            self.warmup(input_ids, positions, ctx)
-                        ctx.mode = "capture"
-                        with set_forward_context(ctx):
-                            self.capture(bucket, input_ids, positions, ctx)
+                        self._capture_bucket(bucket)
             except BaseException:
                 self.pool.abort()
                 raise
@@ -92,3 +150,14 @@ class GraphBackend(CaptureBackend):
         torch.cuda.empty_cache()
         self.stats.graph_pool_bytes = max(0, torch.cuda.memory_reserved(self.device) - reserved0)
         self.stats.graphs_captured = self.pool.graphs_captured
+
+    def _capture_bucket(self, bucket: int) -> None:
+        input_ids, positions, ctx = self.make_inputs(bucket)
+        ctx.mode = CaptureMode.WARMUP
+        with set_forward_context(ctx):
+            self.warmup(input_ids, positions, ctx)
+        ctx.mode = CaptureMode.CAPTURE
+        with set_forward_context(ctx):
+            entry = self.capture(bucket, input_ids, positions, ctx)
+        if entry is not None:
+            self.entries[bucket] = entry

@@ -13,11 +13,13 @@ import torch
 
 from pcg_core.capture.base import GraphBackend
 from pcg_core.capture.graphs import GraphPool, weak_ref
+from pcg_core.capture.registry import register_capture_backend
 from pcg_core.forward_context import set_forward_context
 
 
 class SegmentRecorder:
-    """Cuts the capture at each split op. Without CUDA it only counts segments and holes."""
+    """Cuts the capture at each split op (the forward context's `SegmentHook`). Without CUDA it only counts
+    segments and holes."""
 
     def __init__(self, pool: GraphPool):
         self.pool = pool
@@ -45,12 +47,9 @@ class SegmentRecorder:
         return len(self.holes) + 1
 
 
+@register_capture_backend
 class BreakableBackend(GraphBackend):
     name = "breakable"
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.entries: dict[int, tuple[SegmentRecorder, torch.Tensor]] = {}
 
     def setup(self) -> None:
         # Count segments once (also on a CPU, where this is all breakable capture can exercise).
@@ -62,22 +61,16 @@ class BreakableBackend(GraphBackend):
         self.stats.pieces = self.stats.submodules = recorder.segments
         self.stats.split_ops = len(recorder.holes)
 
-    def warmup(self, input_ids, positions, ctx) -> None:
-        self.body(input_ids, positions)
-
-    def capture(self, bucket, input_ids, positions, ctx) -> None:
+    def capture(self, bucket, input_ids, positions, ctx) -> tuple[SegmentRecorder, torch.Tensor]:
         recorder = SegmentRecorder(self.pool)
         ctx.segment_recorder = recorder
         recorder.start()
         out = self.body(input_ids, positions)
         recorder.finish()
         ctx.segment_recorder = None
-        self.entries[bucket] = (recorder, weak_ref(out))
+        return recorder, weak_ref(out)
 
-    def run(self, input_ids, positions, ctx) -> torch.Tensor:
-        entry = self.entries.get(ctx.bucket)
-        if entry is None:
-            return self.body(input_ids, positions)
+    def replay(self, entry: tuple[SegmentRecorder, torch.Tensor]) -> torch.Tensor:
         recorder, out = entry
         for i, graph in enumerate(recorder.graphs):
             graph.replay()

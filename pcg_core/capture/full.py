@@ -1,7 +1,7 @@
 """`full`: one CUDA graph per bucket for the whole decoder forward, attention included.
 
-Only offered when the attention backend can be captured (static shapes, no host sync); otherwise building it
-raises and says why.
+It declares that it needs a capturable attention backend (static shapes, no host sync); building it with any
+other raises a ConfigError that says why, and `capabilities()` exports the same declaration for pre-checks.
 """
 
 from __future__ import annotations
@@ -10,38 +10,23 @@ import torch
 
 from pcg_core.capture.base import GraphBackend
 from pcg_core.capture.graphs import weak_ref
-from pcg_core.config import ConfigError
+from pcg_core.capture.registry import register_capture_backend
 
 
+@register_capture_backend
 class FullBackend(GraphBackend):
     name = "full"
-
-    def __init__(self, *args, attn_backend=None, **kwargs):
-        if attn_backend is not None and not attn_backend.capturable:
-            raise ConfigError(
-                f"--graph full needs an attention backend that can be captured in a CUDA graph; "
-                f"{attn_backend.name!r} cannot ({attn_backend.why_not_capturable or 'it is not marked capturable'}). "
-                "Use --graph piecewise or breakable, which run attention between graphs."
-            )
-        super().__init__(*args, attn_backend=attn_backend, **kwargs)
-        self.entries: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+    requires_capturable_attention = True  # the base class refuses other attention backends with a ConfigError
 
     def setup(self) -> None:
         self.stats.pieces = 1
         self.stats.submodules = 1
 
-    def warmup(self, input_ids, positions, ctx) -> None:
-        self.body(input_ids, positions)
+    def capture(self, bucket, input_ids, positions, ctx) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        graph, out = self.pool.capture(self.body, input_ids, positions)
+        return graph, weak_ref(out)
 
-    def capture(self, bucket, input_ids, positions, ctx) -> None:
-        g = self.pool.begin()
-        out = self.body(input_ids, positions)
-        self.pool.end(g)
-        self.entries[bucket] = (g, weak_ref(out))
-
-    def run(self, input_ids, positions, ctx) -> torch.Tensor:
-        entry = self.entries.get(ctx.bucket)
-        if entry is None:
-            return self.body(input_ids, positions)
-        entry[0].replay()
-        return entry[1]
+    def replay(self, entry: tuple[torch.cuda.CUDAGraph, torch.Tensor]) -> torch.Tensor:
+        graph, out = entry
+        graph.replay()
+        return out

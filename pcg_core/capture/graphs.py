@@ -8,7 +8,7 @@ the pool and the next, smaller bucket reuses them. That is what keeps graph memo
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -61,6 +61,13 @@ class GraphPool:
         g.capture_begin(pool=self.handle)
         self.open = g
         return g
+
+    def capture(self, fn: Callable[..., Any], *args: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
+        """Record fn(*args) into a new graph of this pool; returns the graph and fn's output (strongly held)."""
+        g = self.begin()
+        out = fn(*args)
+        self.end(g)
+        return g, out
 
     def end(self, g: torch.cuda.CUDAGraph) -> torch.cuda.CUDAGraph:
         g.capture_end()

@@ -14,9 +14,10 @@ import torch
 from torch.fx.passes.split_module import split_module
 
 from pcg_core.capture.base import GraphBackend
-from pcg_core.capture.graphs import weak_ref
-from pcg_core.capture.split_ops import is_split_node
-from pcg_core.forward_context import get_forward_context, set_forward_context
+from pcg_core.capture.graphs import GraphPool, weak_ref
+from pcg_core.capture.registry import register_capture_backend
+from pcg_core.forward_context import CaptureMode, get_forward_context, set_forward_context
+from pcg_core.split_ops import is_split_node
 
 
 def split_at_split_ops(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[str], list[str]]:
@@ -52,32 +53,31 @@ def compile_piece_inductor(piece: torch.fx.GraphModule) -> Any:
 
 
 class PieceRunner(torch.nn.Module):
-    """One captured piece: a CUDA graph per bucket, output held by weak reference."""
+    """One captured piece: a CUDA graph per bucket, output held by weak reference. What it does on a call is
+    the forward context's mode, set by the forward's owner."""
 
-    def __init__(self, fn: Any, index: int, backend: "PiecewiseBackend"):
+    def __init__(self, fn: Any, index: int, pool: GraphPool):
         super().__init__()
         self.fn = fn
         self.index = index
-        self._backend = [backend]  # list: not registered as a submodule
+        self.pool = pool
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
 
     def forward(self, *args: Any) -> Any:
         ctx = get_forward_context()
-        if ctx.mode == "replay":
+        if ctx.mode is CaptureMode.REPLAY:
             entry = self.graphs.get(ctx.bucket)
             if entry is not None:
                 entry[0].replay()
                 return entry[1]
-        elif ctx.mode == "capture":
-            pool = self._backend[0].pool
-            g = pool.begin()
-            out = self.fn(*args)
-            pool.end(g)
-            self.graphs[ctx.bucket] = (g, weak_ref(out))
+        elif ctx.mode is CaptureMode.CAPTURE:
+            graph, out = self.pool.capture(self.fn, *args)
+            self.graphs[ctx.bucket] = (graph, weak_ref(out))
             return out
         return self.fn(*args)
 
 
+@register_capture_backend
 class PiecewiseBackend(GraphBackend):
     name = "piecewise"
 
@@ -98,7 +98,7 @@ class PiecewiseBackend(GraphBackend):
             piece = getattr(split_gm, name)
             if self.config.compiler == "inductor":
                 piece = compile_piece_inductor(piece)
-            setattr(split_gm, name, PieceRunner(piece, i, self))
+            setattr(split_gm, name, PieceRunner(piece, i, self.pool))
         self.stats.compile_s = time.perf_counter() - t0
         self.stats.pieces, self.stats.split_ops = len(pieces), len(splits)
         self.stats.submodules = len(pieces) + len(splits)
@@ -139,12 +139,10 @@ class PiecewiseBackend(GraphBackend):
         return args
 
     # Capture and replay ---------------------------------------------------------------------------------
-    def warmup(self, input_ids, positions, ctx) -> None:
-        self.split_gm(*self._args(input_ids, positions))
+    # The graphs live in the PieceRunners, one per piece per bucket, so no whole-forward entry is kept: every
+    # forward runs the split module, and each runner captures, replays or runs its piece as ctx.mode says.
+    def run_padded(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.split_gm(*self._args(input_ids, positions))[0]
 
     def capture(self, bucket, input_ids, positions, ctx) -> None:
-        self.split_gm(*self._args(input_ids, positions))
-
-    def run(self, input_ids, positions, ctx) -> torch.Tensor:
-        ctx.mode = "replay"
-        return self.split_gm(*self._args(input_ids, positions))[0]
+        self.run_padded(input_ids, positions)

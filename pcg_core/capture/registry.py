@@ -1,31 +1,26 @@
-"""The registry of capture backends, so new ones (and test-only fault injectors) plug in by name."""
+"""The capture-backend registry, so new backends (and test-only fault injectors) plug in by name.
+
+`@register_capture_backend` reads `cls.name`, as `@register_attention_backend` does; the getter returns the class.
+The registry itself lives in `pcg_core.registry`, below the config that checks names against it.
+"""
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import TypeVar
 
-T = TypeVar("T")
-_BACKENDS: dict[str, type] = {}
+from pcg_core.registry import CAPTURE_BACKENDS
+
+T = TypeVar("T", bound=type)
 
 
-def register_capture_backend(name: str) -> Callable[[T], T]:
-    def deco(cls: T) -> T:
-        cls.name = name  # type: ignore[attr-defined]
-        _BACKENDS[name] = cls  # type: ignore[assignment]
-        return cls
-
-    return deco
+def register_capture_backend(cls: T) -> T:
+    return CAPTURE_BACKENDS.register(cls)
 
 
 def capture_backend_names() -> list[str]:
-    import pcg_core.capture  # noqa: F401  (registers the built-in backends)
-
-    return list(_BACKENDS)
+    return CAPTURE_BACKENDS.names()
 
 
 def get_capture_backend(name: str) -> type:
-    from pcg_core.config import ConfigError
-
-    if name not in capture_backend_names():
-        raise ConfigError(f"capture backend {name!r} is unknown; choose one of {', '.join(capture_backend_names())}")
-    return _BACKENDS[name]
+    """The class registered as `name`; raises ConfigError (field "backend") naming the known ones."""
+    return CAPTURE_BACKENDS.get(name)

@@ -1,7 +1,6 @@
-"""The engine: packed ragged batches, KV cache, prefill and greedy decode, logprobs."""
+"""The engine: packed ragged batches, prefill and greedy decode, logprobs (the KV cache lives with attention)."""
 
 from pcg_core.engine.engine import Engine, SequenceOutput
 from pcg_core.engine.inputs import PackedBatch
-from pcg_core.engine.kv_cache import KVCache
 
-__all__ = ["Engine", "KVCache", "PackedBatch", "SequenceOutput"]
+__all__ = ["Engine", "PackedBatch", "SequenceOutput"]

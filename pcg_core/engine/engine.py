@@ -8,17 +8,15 @@ logprobs → per-prompt outputs. Data flows one way; the capture backend never s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
-from pcg_core.attention import get_attention_backend
+from pcg_core.attention import KVCache, get_attention_backend
 from pcg_core.capture import make_capture_backend
 from pcg_core.capture.stats import CaptureStats
 from pcg_core.config import EngineConfig
 from pcg_core.engine.inputs import InputBuffers, PackedBatch
-from pcg_core.engine.kv_cache import KVCache
-from pcg_core.forward_context import ForwardContext, set_forward_context
+from pcg_core.forward_context import AttentionObserver, CaptureMode, ForwardContext, set_forward_context
 
 LOGITS_CHUNK = 1024  # rows of lm_head at a time, so prompt logprobs over long prompts stay small
 
@@ -50,11 +48,12 @@ class Engine:
         self.model = model
         self.config = config
         self.device = config.torch_device
-        self.attn_backend = get_attention_backend(config.attention)
+        self.attn_backend = get_attention_backend(config.attention)()
         self.cache = KVCache(model.config, config.kv_slots, config.torch_dtype, self.device)
         self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device)
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
+        # The capture backend (self.attn_backend is attention's); it also checks the backend name.
         self.backend = make_capture_backend(config.capture, self._body, self.device, self._dummy_inputs, self.attn_backend)
         with torch.inference_mode(False), torch.no_grad():
             self.backend.prepare()
@@ -73,7 +72,7 @@ class Engine:
         return input_ids, positions, ForwardContext(md, self.cache, self.attn_backend, bucket=num_tokens)
 
     @torch.no_grad()
-    def forward(self, batch: PackedBatch, eager: bool = False, observer: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, eager: bool = False, observer: AttentionObserver | None = None) -> torch.Tensor:
         """Hidden states [len(batch), hidden] of a packed batch whose KV slots are allocated.
 
         eager=True pads exactly as the graph path would but runs the model eagerly: the reference for
@@ -82,18 +81,17 @@ class Engine:
         """
         n = len(batch)
         bucket = self.config.capture.bucket_for(n) if self.backend.pads else None
+        replay = bucket is not None and not eager
         if self.backend.pads and not eager:
             if bucket is None:
                 self.stats.eager_fallbacks += 1
             else:
                 self.stats.bucket_hits[bucket] += 1
         input_ids, positions, md = self.inputs.fill(batch, bucket or n)
-        ctx = ForwardContext(md, self.cache, self.attn_backend, bucket=bucket, observer=observer)
+        mode = CaptureMode.REPLAY if replay else CaptureMode.EAGER
+        ctx = ForwardContext(md, self.cache, self.attn_backend, bucket=bucket, mode=mode, observer=observer)
         with set_forward_context(ctx):
-            if bucket and not eager:
-                hidden = self.backend.run(input_ids, positions, ctx)
-            else:
-                hidden = self.backend.eager(input_ids, positions)
+            hidden = self.backend.run(input_ids, positions, ctx) if replay else self._body(input_ids, positions)
         return hidden[:n]
 
     def prefill_batch(self, prompts: list[list[int]], extra_slots: int = 0) -> PackedBatch:

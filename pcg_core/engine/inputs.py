@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from pcg_core.attention.metadata import AttentionMetadata
-from pcg_core.engine.kv_cache import KVCache
+from pcg_core.attention.kv_cache import KVCache
 
 PAD_SEQ = -2  # sequence id of padding rows: matches no slot (free slots carry -1)
 

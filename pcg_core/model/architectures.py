@@ -1,10 +1,13 @@
-"""What the runtime can run: the capability table the harness reads instead of keeping its own."""
+"""Which architectures the runtime runs: THE table (the loader checks models against it, `capabilities()`
+publishes it to the harness, which keeps no list of its own)."""
 
 from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from pcg_core.config import ConfigError
+from pcg_core.errors import UnsupportedModel
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "architecture_of", "check_supported", "is_moe", "unsupported_reason"]
 
 # architecture → features it exercises. Adding an architecture here is the whole of "supporting" it only
 # when transformers' module runs unchanged with our attention op and expert path.
@@ -15,10 +18,6 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "Qwen3MoeForCausalLM": ("moe",),
     "MixtralForCausalLM": ("moe",),
 }
-
-
-class UnsupportedModel(ConfigError):
-    """The runtime cannot run this model yet; the message says why."""
 
 
 def architecture_of(config: PretrainedConfig) -> str:

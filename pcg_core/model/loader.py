@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from pcg_core.attention import ATTN_IMPLEMENTATION
-from pcg_core.config import ConfigError
-from pcg_core.model.architectures import UnsupportedModel, check_supported, is_moe
+from pcg_core.errors import ConfigError, UnsupportedModel
+from pcg_core.model.architectures import check_supported, is_moe
 from pcg_core.model.experts import EXPERTS_IMPLEMENTATION
 
 # Widths of the `tiny` variant: small enough for a CPU test, shaped like the real thing (GQA kept, MoE kept).
@@ -114,7 +114,7 @@ def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool
             layers = TINY_LAYERS
     if layers is not None:
         if layers <= 0:
-            raise ConfigError(f"--layers must be positive, got {layers}")
+            raise ConfigError(f"layers must be positive, got {layers}", field="layers")
         layers = min(layers, d.get("num_hidden_layers", layers))
         d["num_hidden_layers"] = layers
         if isinstance(d.get("layer_types"), list):
@@ -197,9 +197,9 @@ def load_model(
     weights: "auto" (real weights where the source has them and `tiny` is off), "real" or "synthetic".
     """
     if weights not in ("auto", "real", "synthetic"):
-        raise ConfigError(f"weights must be auto, real or synthetic, got {weights!r}")
+        raise ConfigError(f"weights must be auto, real or synthetic, got {weights!r}", field="weights")
     if tiny and weights == "real":
-        raise ConfigError("--tiny shrinks widths, so it needs synthetic weights; drop --weights real")
+        raise ConfigError("tiny shrinks widths, so it needs synthetic weights; use weights 'synthetic' or 'auto', not 'real'", field="tiny")
     if isinstance(spec, dict):
         data, where, real_path = spec, "config", None
     else:
@@ -215,11 +215,11 @@ def load_model(
             else:
                 real_path, data = None, read_config_file(fetch_hub_file(spec, "config.json"))
         else:
-            raise ConfigError(f"model {spec!r}: not a directory, a config.json file, a model card id or a hub id (org/name)")
+            raise ConfigError(f"model {spec!r}: not a directory, a config.json file or a hub id (org/name)", field="spec")
     use_real = weights == "real" or (weights == "auto" and real_path is not None and not tiny)
     if use_real:
         if real_path is None:
-            raise ConfigError(f"{where}: has no safetensors weights; use --weights synthetic")
+            raise ConfigError(f"{where}: has no safetensors weights; use weights 'synthetic'", field="weights")
         return LoadedModel(pretrained_model(real_path, dtype=dtype, device=device, layers=layers), build_config(shrink_config(data, layers=layers)), where, False)
     config = build_config(shrink_config(data, layers=layers, tiny=tiny), where=where)
     return LoadedModel(synthetic_model(config, dtype=dtype, device=device, seed=seed), config, where, True)

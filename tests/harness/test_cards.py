@@ -3,7 +3,7 @@
 import pytest
 
 from harness.cards import _load, load_cards
-from pcg_core.config import ConfigError
+from pcg_core.errors import ConfigError
 
 
 def test_shipped_cards_load_with_their_configs():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.cli import main
-from harness.judge import STATUSES
+from harness.outcome import STATUSES
 from harness.store import Store
 
 SMOKE = Path(__file__).parents[2] / "harness" / "configs" / "smoke.yaml"
@@ -21,10 +21,10 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
         rows = store.results(first["id"])
         attempts_before = store.results(first["id"], all_attempts=True)
     assert len(rows) == 42
-    assert all(r["status"] in STATUSES for r in rows)
-    launched = [r for r in rows if r["status"] != "unsupported"]
-    assert len(launched) == 21 and all(r["status"] in ("pass", "pass_flaky") for r in launched), \
-        [(r["key"], r["status"], r["reason"]) for r in launched if r["status"] not in ("pass", "pass_flaky")]
+    assert all(r.status in STATUSES for r in rows)
+    launched = [r for r in rows if r.status != "unsupported"]
+    assert len(launched) == 21 and all(r.passed for r in launched), \
+        [(r.key, r.status, r.reason) for r in launched if not r.passed]
     assert first["status"] == "finished" and first["torch_version"]
     assert "smoke" in report and "pass" in report.lower()
 

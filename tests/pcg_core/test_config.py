@@ -88,23 +88,25 @@ def test_bucket_for_edges_default_ladder(b):
 
 
 @pytest.mark.parametrize(
-    "kwargs, words",
+    "kwargs, field, words",
     [
-        ({"backend": "cudagraph"}, ["'cudagraph'", "piecewise", "breakable", "full", "disabled"]),
-        ({"backend": "piecewise", "compiler": "tvm"}, ["'tvm'", "eager", "inductor"]),
-        ({"backend": "piecewise", "max_tokens": 0}, ["max_tokens", "0"]),
-        ({"backend": "piecewise", "max_tokens": -8}, ["max_tokens", "-8"]),
-        ({"backend": "piecewise", "buckets": []}, ["buckets", "non-empty"]),
-        ({"backend": "piecewise", "buckets": [4, 0, 8]}, ["buckets", "positive"]),
-        ({"backend": "piecewise", "buckets": [4, -8]}, ["buckets", "positive"]),
-        ({"backend": "piecewise", "buckets": [4, 8.5]}, ["buckets", "integers"]),
-        ({"backend": "piecewise", "buckets": ["16"]}, ["buckets", "integers"]),
+        ({"backend": "cudagraph"}, "backend", ["'cudagraph'", "piecewise", "breakable", "full", "disabled"]),
+        ({"backend": "piecewize"}, "backend", ["'piecewize'", "disabled, piecewise, breakable, full"]),
+        ({"backend": "piecewise", "compiler": "tvm"}, "compiler", ["'tvm'", "eager", "inductor"]),
+        ({"backend": "piecewise", "max_tokens": 0}, "max_tokens", ["max_tokens", "0"]),
+        ({"backend": "piecewise", "max_tokens": -8}, "max_tokens", ["max_tokens", "-8"]),
+        ({"backend": "piecewise", "buckets": []}, "buckets", ["buckets", "non-empty"]),
+        ({"backend": "piecewise", "buckets": [4, 0, 8]}, "buckets", ["buckets", "positive"]),
+        ({"backend": "piecewise", "buckets": [4, -8]}, "buckets", ["buckets", "positive"]),
+        ({"backend": "piecewise", "buckets": [4, 8.5]}, "buckets", ["buckets", "integers"]),
+        ({"backend": "piecewise", "buckets": ["16"]}, "buckets", ["buckets", "integers"]),
     ],
 )
-def test_bad_capture_config_raises_config_error_naming_the_field(kwargs, words):
+def test_bad_capture_config_raises_config_error_naming_the_field(kwargs, field, words):
     with pytest.raises(ConfigError) as e:
         CaptureConfig(**kwargs)
     msg = str(e.value)
+    assert e.value.field == field
     for w in words:
         assert w in msg, f"{w!r} missing from error message {msg!r}"
 
@@ -118,25 +120,27 @@ def test_non_integer_max_tokens_raises_config_error(max_tokens):
 
 
 @pytest.mark.parametrize(
-    "kwargs, words",
+    "kwargs, field, words",
     [
-        ({"dtype": "fp8"}, ["'fp8'", "float32", "bfloat16", "float16"]),
-        ({"device": "tpu"}, ["'tpu'", "cpu", "cuda"]),
-        ({"kv_slots": 0}, ["kv_slots", "0"]),
-        ({"kv_slots": -1}, ["kv_slots", "-1"]),
+        ({"dtype": "fp8"}, "dtype", ["'fp8'", "float32", "bfloat16", "float16"]),
+        ({"device": "tpu"}, "device", ["'tpu'", "cpu", "cuda"]),
+        ({"kv_slots": 0}, "kv_slots", ["kv_slots", "0"]),
+        ({"kv_slots": -1}, "kv_slots", ["kv_slots", "-1"]),
     ],
 )
-def test_bad_engine_config_raises_config_error_naming_the_field(kwargs, words):
+def test_bad_engine_config_raises_config_error_naming_the_field(kwargs, field, words):
     with pytest.raises(ConfigError) as e:
         EngineConfig(**kwargs)
+    assert e.value.field == field
     for w in words:
         assert w in str(e.value), f"{w!r} missing from error message {str(e.value)!r}"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when no GPU is present")
 def test_cuda_without_gpu_is_a_config_error():
-    with pytest.raises(ConfigError, match="no CUDA GPU"):
+    with pytest.raises(ConfigError, match="no CUDA GPU") as e:
         EngineConfig(device="cuda")
+    assert e.value.field == "device" and "use device 'cpu'" in str(e.value) and "--" not in str(e.value)
 
 
 def test_config_error_is_a_value_error_and_defaults_are_sane():

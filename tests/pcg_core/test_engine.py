@@ -26,7 +26,7 @@ from pcg_core.attention.sdpa import SdpaBackend
 from pcg_core.capture.full import FullBackend
 from pcg_core.engine import Engine
 from pcg_core.engine.inputs import PAD_SEQ, PackedBatch
-from pcg_core.engine.kv_cache import KVCache, KVCacheFull
+from pcg_core.attention.kv_cache import KVCache, KVCacheFull
 
 CPU = torch.device("cpu")
 
@@ -294,8 +294,9 @@ def test_generate_rejects_bad_arguments(qwen3):
 
 
 def test_bad_attention_backend_is_a_config_error(qwen3):
-    with pytest.raises(ConfigError, match="'flash'.*sdpa"):
+    with pytest.raises(ConfigError, match="'flash'.*sdpa") as e:
         Engine(qwen3.model, EngineConfig(attention="flash", kv_slots=KV_SLOTS))
+    assert e.value.field == "attention"
 
 
 def test_full_capture_refuses_an_uncapturable_attention_backend():
@@ -307,7 +308,10 @@ def test_full_capture_refuses_an_uncapturable_attention_backend():
     with pytest.raises(ConfigError) as e:
         FullBackend(lambda i, p: i, CaptureConfig(backend="full", max_tokens=8), CPU, None, attn_backend=Uncapturable())
     msg = str(e.value)
-    assert "'host-sync'" in msg and "reads sequence lengths on the host" in msg and "piecewise" in msg
+    assert e.value.field == "backend"
+    assert "capture backend 'full'" in msg and "'host-sync'" in msg and "reads sequence lengths on the host" in msg
+    assert "use backend 'piecewise' or 'breakable'" in msg.lower(), msg  # the fix, from the backends' declarations
+    assert "--" not in msg  # config words, not CLI flags
 
 
 # Outside reference: transformers' own forward, unpacked ------------------------------------------------------

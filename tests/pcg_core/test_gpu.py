@@ -18,7 +18,7 @@ from pcg_core.attention.sdpa import SdpaBackend
 from pcg_core.capture import base as capture_base
 from pcg_core.capture.graphs import GraphPool
 from pcg_core.engine.inputs import PackedBatch
-from pcg_core.forward_context import get_forward_context
+from pcg_core.forward_context import CaptureMode, get_forward_context
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -157,7 +157,7 @@ def _in_capture(monkeypatch, action) -> None:
     original = SdpaBackend.forward
 
     def forward(self, *args, **kwargs):
-        if get_forward_context().mode == "capture":
+        if get_forward_context().mode is CaptureMode.CAPTURE:
             action()
         return original(self, *args, **kwargs)
 

@@ -10,9 +10,9 @@ from pcg_helpers import ARCH_NAMES, ARCHS, CONFIGS, config_path, tiny_model
 
 from pcg_core import ConfigError, load_model
 from pcg_core.attention import ATTN_IMPLEMENTATION
+from pcg_core.errors import UnsupportedModel
 from pcg_core.model import (
     SUPPORTED_ARCHITECTURES,
-    UnsupportedModel,
     build_config,
     check_supported,
     read_config_file,
@@ -85,8 +85,9 @@ def test_layers_is_capped_at_the_models_depth_and_must_be_positive():
     assert shrink_config(data, layers=1000)["num_hidden_layers"] == 28
     assert shrink_config(data, layers=5)["num_hidden_layers"] == 5
     assert data["num_hidden_layers"] == 28  # the input is not mutated
-    with pytest.raises(ConfigError, match="layers"):
+    with pytest.raises(ConfigError, match="layers must be positive, got 0") as e:
         load_model(config_path("qwen3"), tiny=True, layers=0)
+    assert e.value.field == "layers" and "--" not in str(e.value)
 
 
 def test_shrink_keeps_real_widths_when_not_tiny_and_trims_per_layer_lists():
@@ -190,8 +191,9 @@ def test_non_json_file_is_a_config_error(tmp_path):
 def test_missing_config_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no config.json"):
         load_model(str(tmp_path), tiny=True)  # an empty directory
-    with pytest.raises(ConfigError, match="not a directory, a config.json file"):
+    with pytest.raises(ConfigError, match="not a directory, a config.json file or a hub id") as e:
         load_model(str(tmp_path / "missing.json"), tiny=True)
+    assert e.value.field == "spec" and "model card" not in str(e.value)  # cards are the harness's word
 
 
 def test_missing_model_type_is_a_config_error(tmp_path):
@@ -242,12 +244,15 @@ def test_config_rejected_by_transformers_is_a_config_error(change):
 
 
 def test_bad_weights_argument_is_a_config_error():
-    with pytest.raises(ConfigError, match="auto, real or synthetic"):
+    with pytest.raises(ConfigError, match="auto, real or synthetic") as e:
         load_model(config_path("qwen3"), tiny=True, weights="fp8")
-    with pytest.raises(ConfigError, match="synthetic"):
+    assert e.value.field == "weights"
+    with pytest.raises(ConfigError, match="tiny shrinks widths, so it needs synthetic weights; use weights 'synthetic'") as e:
         load_model(config_path("qwen3"), tiny=True, weights="real")
-    with pytest.raises(ConfigError, match="no safetensors"):
+    assert e.value.field == "tiny" and "--" not in str(e.value)
+    with pytest.raises(ConfigError, match="no safetensors weights; use weights 'synthetic'") as e:
         load_model(config_path("qwen3"), weights="real", layers=1)
+    assert e.value.field == "weights" and "--" not in str(e.value)
 
 
 def test_offline_hub_miss_says_the_hub_cannot_be_reached(monkeypatch):

@@ -1,42 +1,65 @@
-"""`pcgh serve`: its options, and that it hands uvicorn our app; the other subcommands still parse."""
+"""`python -m web` / `pcgh serve`: its options, the `add_command` contract pcgh relies on, and that it hands uvicorn
+our app."""
 
 from __future__ import annotations
 
+import argparse
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
 
-from harness import cli
+import web.__main__ as serve
 
 
-def test_serve_defaults_and_options() -> None:
-    args = cli.build_parser().parse_args(["serve"])
-    assert (args.db, args.host, args.port) == (None, "127.0.0.1", 8000)
-    args = cli.build_parser().parse_args(["serve", "--db", "x.db", "--host", "0.0.0.0", "--port", "9001"])
+def _pcgh_like() -> argparse.ArgumentParser:
+    """A parser as pcgh builds one: subcommands, each adding itself through add_command."""
+    parser = argparse.ArgumentParser(prog="pcgh")
+    serve.add_command(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def test_add_command_adds_serve_with_its_defaults_and_options() -> None:
+    args = _pcgh_like().parse_args(["serve"])
+    assert (args.command, args.db, args.host, args.port) == ("serve", None, "127.0.0.1", 8000)
+    assert callable(args.handler)
+    args = _pcgh_like().parse_args(["serve", "--db", "x.db", "--host", "0.0.0.0", "--port", "9001"])
     assert (args.db, args.host, args.port) == ("x.db", "0.0.0.0", 9001)
-    with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["serve", "--port", "0"])
+    for bad in ("0", "70000", "http"):
+        with pytest.raises(SystemExit):
+            _pcgh_like().parse_args(["serve", "--port", bad])
 
 
-def test_serve_runs_uvicorn_on_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def uvicorn_run(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     import uvicorn
 
     got: dict[str, Any] = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: got.update(app=app, **kw))
+    return got
+
+
+def test_the_handler_runs_uvicorn_on_the_app(tmp_path: Path, uvicorn_run: dict[str, Any]) -> None:
     db = tmp_path / "pcg.db"
-    assert cli.main(["serve", "--db", str(db), "--port", "8765"]) == cli.EXIT_PASS
-    assert isinstance(got["app"], FastAPI) and (got["host"], got["port"]) == ("127.0.0.1", 8765)
-    assert got["app"].state.queries.store.url == str(db) and db.exists()
+    args = _pcgh_like().parse_args(["serve", "--db", str(db), "--port", "8765"])
+    assert args.handler(args) == 0
+    assert isinstance(uvicorn_run["app"], FastAPI)
+    assert (uvicorn_run["host"], uvicorn_run["port"]) == ("127.0.0.1", 8765)
+    assert uvicorn_run["app"].state.store.url == str(db) and db.exists()
 
 
-def test_serve_reports_a_bad_database_url(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["serve", "--db", "mysql://nope/db"]) == cli.EXIT_BAD_INPUT
-    assert "pcgh serve: error:" in capsys.readouterr().err
+def test_main_serves_and_reports_a_bad_database_url(tmp_path: Path, uvicorn_run: dict[str, Any],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert serve.main(["--db", str(tmp_path / "pcg.db"), "--host", "0.0.0.0"]) == 0
+    assert uvicorn_run["host"] == "0.0.0.0"
+    assert serve.main(["--db", "mysql://nope/db"]) == 2
+    assert "python -m web: error:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["run", "m.yaml"], ["report"], ["diff", "1", "latest"], ["models"],
-                                  ["cell", "--model", "m", "--graph", "full"]])
-def test_other_subcommands_still_parse(argv: list[str]) -> None:
-    assert cli.build_parser().parse_args(argv).command == argv[0]
+def test_python_dash_m_web_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "web", "--help"], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout
+    assert "--db" in out and "--host" in out and "--port" in out and "dashboard" in out

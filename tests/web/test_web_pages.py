@@ -83,7 +83,7 @@ def test_stale_nightly_is_marked_until_a_fresh_one_lands(tmp_path: Path) -> None
 
 def test_runs_page_keeps_the_dirty_mark_of_a_shortened_sha(tmp_path: Path) -> None:
     with TestClient(create_app(f"sqlite:///{tmp_path / 'pcg.db'}")) as c:
-        with Store(c.app.state.queries.store.url) as store:
+        with Store(c.app.state.store.url) as store:
             store.create_run("manual", "m.yaml", {"git_sha": "0123456789abcdef0123456789abcdef01234567-dirty"})
             store.create_run("manual", "m.yaml", {"git_sha": "fedcba9876543210fedcba9876543210fedcba98"})
         runs = c.get("/runs").text
@@ -119,17 +119,12 @@ def test_diff_page_new_failures_first_and_markdown_is_pcgh_diff(sqlite_client: T
     assert html.index("New failures (1)") < html.index("Fixes (1)") < html.index("Other status changes (1)")
     md = sqlite_client.get("/diff?base=2&head=3&format=md")
     assert md.headers["content-type"].startswith("text/markdown")
-    url = sqlite_client.app.state.queries.store.url
+    url = sqlite_client.app.state.store.url
     with Store(url) as store:
         expected = diff_markdown(diff_runs(store.results(2), store.results(3)), store.run(2), store.run(3))
     assert md.text == expected
     faster = sqlite_client.get("/diff?base=1&head=3&threshold=0").text  # seeded graph latency drops run by run
     assert 'id="latencies"' in faster and "Graph latency changes (" in faster and 'class="better">-' in faster
-
-
-def test_requests_page_without_a_queue(sqlite_client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(Store, "requests", raising=False)
-    assert "This store has no request queue yet." in sqlite_client.get("/requests").text
 
 
 def test_requests_page_lists_the_queue(sqlite_client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,41 +4,20 @@ from __future__ import annotations
 
 import gc
 import math
-import shlex
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from web_seed import axes
 
+from harness.outcome import CellMetrics, CellRecord
 from harness.reports import cell_speedup
 from harness.store import Store
-from web import cells
-from web.deps import gc_paused
-from web.matrix import build_grid, cell_href, parse_filters
+from web import present
+from web.deps import _as_text, gc_paused
+from web.grid import build_grid, cell_href, parse_filters
 from web.plots import line_plot
-from web.queries import CellRow, Queries
 from web.routers.badges import colour, text_width
-
-
-@pytest.mark.parametrize(("model", "flags"), [
-    ("qwen3-0.6b:tiny", ["--model", "qwen3-0.6b", "--tiny"]),
-    ("qwen3-30b-a3b:trim:4", ["--model", "qwen3-30b-a3b", "--layers", "4"]),
-    ("deepseek-v3:full", ["--model", "deepseek-v3", "--weights", "real"]),
-    ("Qwen/Qwen3-0.6B", ["--model", "Qwen/Qwen3-0.6B"]),
-])
-def test_repro_command_maps_the_variant(model: str, flags: list[str]) -> None:
-    axes = {"model": model, "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": "full", "compiler": "inductor"}
-    cmd = cells.repro_command(axes, {"device": "cuda", "dtype": "bfloat16", "max_tokens": 512})
-    assert shlex.split(cmd) == ["pcgh", "cell", *flags, "--graph", "full", "--attention", "sdpa", "--compiler", "inductor",
-                                "--device", "cuda", "--dtype", "bfloat16", "--max-tokens", "512"]
-
-
-def test_repro_command_falls_back_to_other_runs_and_quotes() -> None:
-    axes = {"model": "my model:tiny", "graph": "piecewise", "attention": "sdpa", "compiler": "eager"}
-    cmd = cells.repro_command(axes, {}, [{"device": "cpu"}, {"device": "cuda", "dtype": "float32"}])
-    assert cmd == "pcgh cell --model 'my model' --tiny --graph piecewise --attention sdpa --compiler eager --device cpu --dtype float32"
-    assert cells.repro_command(axes, {}) == "pcgh cell --model 'my model' --tiny --graph piecewise --attention sdpa --compiler eager"
 
 
 @pytest.mark.parametrize(("statuses", "flips", "flaky"), [
@@ -52,8 +31,8 @@ def test_repro_command_falls_back_to_other_runs_and_quotes() -> None:
     (["fail_run", "timeout", "oom", "fail_run"], 3, False),
 ])
 def test_flips_and_flaky(statuses: list[str], flips: int, flaky: bool) -> None:
-    assert cells.flips(statuses) == flips
-    assert cells.is_flaky(statuses) is flaky
+    assert present.flips(statuses) == flips
+    assert present.is_flaky(statuses) is flaky
 
 
 @pytest.mark.parametrize(("status", "speedup", "label", "css"), [
@@ -68,20 +47,26 @@ def test_flips_and_flaky(statuses: list[str], flips: int, flaky: bool) -> None:
     ("brand_new_status", None, "brand_new_status", "s-fail"),
 ])
 def test_short_labels_and_colours(status: str, speedup: float | None, label: str, css: str) -> None:
-    assert cells.short_label(status, speedup) == label
-    assert cells.css_class(status) == css
+    assert present.short_label(status, speedup) == label
+    assert present.css_class(status) == css
 
 
-@pytest.mark.parametrize("speedups", [{"8": 2.0, "32": 8.0}, {"8": 2.0, "32": None}, {"8": "NaN"}, 3.0, None, {},
-                                      {"8": -1.0, "32": math.inf, "128": 4.0}])
-def test_speedup_is_the_reports_speedup(speedups: object) -> None:
-    assert cells.speedup_of(speedups) == cell_speedup({"speedup": speedups})
+@pytest.mark.parametrize("speedups", [{8: 2.0, 32: 8.0}, {8: 2.0, 32: None}, {8: math.nan}, {},
+                                      {8: -1.0, 32: math.inf, 128: 4.0}])
+def test_speedup_is_the_reports_speedup(speedups: dict[int, float | None]) -> None:
+    m = CellMetrics(speedup=speedups)
+    assert present.speedup_of(m) == cell_speedup(m)
+
+
+def test_nested_metrics_show_as_the_apis_json() -> None:
+    assert _as_text({8: {"eager": 1.5, "graph": math.nan}}) == '{"8": {"eager": 1.5, "graph": null}}'
+    assert _as_text(["ü"]) == '["ü"]' and _as_text(0.5) == "0.5" and _as_text("cpu") == "cpu"
 
 
 def test_tooltip() -> None:
-    tip = cells.tooltip("fail_accuracy", "first line\nsecond line", None, 1.234, 3 * 2**20, 0.5)
+    tip = present.tooltip("fail_accuracy", "first line\nsecond line", None, 1.234, 3 * 2**20, 0.5)
     assert tip == "fail_accuracy: first line…\ncapture 1.23 s · pool 3.0 MiB · token match 0.500"
-    assert cells.tooltip("pass", "", 2.0, None, None, None) == "pass\nspeedup 2.00×"
+    assert present.tooltip("pass", "", 2.0, None, None, None) == "pass\nspeedup 2.00×"
 
 
 @pytest.mark.parametrize("key", ["model=a:tiny|quant=none|graph=full", "weird key & = ? # % |x", "ünïcode|模型"])
@@ -90,9 +75,9 @@ def test_cell_href_round_trips_the_key(key: str) -> None:
     assert query == {"key": [key], "run": ["7"]}
 
 
-def _row(model: str, graph: str, status: str = "pass", attention: str = "sdpa", speedup: float = 2.0) -> CellRow:
+def _row(model: str, graph: str, status: str = "pass", attention: str = "sdpa", speedup: float = 2.0) -> CellRecord:
     axes = {"model": model, "quant": "none", "attention": attention, "parallel": "tp1", "graph": graph, "compiler": "eager"}
-    return CellRow(f"{model}|{graph}|{attention}", axes, status, "", {"8": speedup}, None, None, None, None, 1.0, 1)
+    return CellRecord(key=f"{model}|{graph}|{attention}", axes=axes, status=status, metrics=CellMetrics(speedup={8: speedup}))
 
 
 def test_grid_pivots_groups_and_labels_only_varying_axes() -> None:
@@ -146,19 +131,59 @@ def test_gc_paused_restores_the_collector() -> None:
         gc.enable()
 
 
-def test_odd_metrics_do_not_break_the_matrix(tmp_path: Path) -> None:
-    """Uploaded metrics are free-form JSON: a string speedup or a "NaN" capture time must not break a page."""
+def test_the_matrix_reads_partial_and_non_finite_metrics(tmp_path: Path) -> None:
+    """A cell that timed nothing, a failed timing (None), NaN and infinite values: labels fall back, nothing breaks."""
     with Store(f"sqlite:///{tmp_path / 'pcg.db'}") as store:
         run = store.create_run("r", "m", {})
-        odd = [{"speedup": "fast"}, {"speedup": 3.0}, {"speedup": {"8": None}}, {"speedup": float("nan")},
-               {"capture_s": "NaN", "graph_pool_bytes": "big", "token_match": float("inf")}, {}]
-        for i, m in enumerate(odd):
-            store.record_result(run, {"key": f"k{i}", "axes": axes(f"m{i}:tiny", "full"), "status": "pass", "metrics": m})
-        q = Queries(store)
-        rows = {r.key: r for r in q.cells(run)}
-        q.close()
-    assert [cells.speedup_of(rows[f"k{i}"].speedups) for i in range(4)] == [None, 3.0, None, None]
-    assert rows["k4"].capture_s is not None and math.isnan(rows["k4"].capture_s)
-    assert rows["k4"].graph_pool_bytes is None and rows["k4"].token_match == math.inf
+        odd = [CellMetrics(speedup={8: None}), CellMetrics(speedup={8: 3.0, 32: math.nan}),
+               CellMetrics(capture_s=math.nan, graph_pool_bytes=2**20, token_match=math.inf), CellMetrics()]
+        store.record_results(run, [CellRecord(key=f"k{i}", axes=axes(f"m{i}:tiny", "full"), status="pass", metrics=m)
+                                   for i, m in enumerate(odd)])
+        rows = {r.key: r for r in store.views.cells(run)}
+    assert [present.speedup_of(rows[f"k{i}"].metrics) for i in range(4)] == [None, 3.0, None, None]
+    assert math.isnan(rows["k1"].metrics.speedup[32])
+    m = rows["k2"].metrics
+    assert math.isnan(m.capture_s) and m.graph_pool_bytes == 2**20 and m.token_match == math.inf
     labels = [c.label for _, line in build_grid(list(rows.values()), run).rows for c in line if c]
-    assert labels == ["pass", "3.00×", "pass", "pass", "pass", "pass"]
+    assert labels == ["pass", "3.00×", "pass", "pass"]
+
+
+def test_a_runs_fields_are_the_stores_columns() -> None:
+    from harness.store.models import PROVENANCE, Run
+    from web.schemas import RunOut
+
+    assert set(RunOut.model_fields) == {c.name for c in Run.__table__.columns}
+    assert [f for f in RunOut.model_fields if f in PROVENANCE] == list(PROVENANCE)
+
+
+def test_odd_stored_metrics_do_not_break_the_pages(tmp_path: Path) -> None:
+    """Uploads before the outcome type stored free-form metrics JSON: a string speedup, a number for the per-token
+    dict, a "big" pool size. Written straight into the table (the Store now refuses them), they must read back
+    with the odd values dropped, and the matrix, the run page and the report must still render."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import insert
+
+    from harness.reports import summary_markdown
+    from harness.store.models import CellResult
+    from web.app import create_app
+
+    db = f"sqlite:///{tmp_path / 'pcg.db'}"
+    odd = [{"speedup": "fast"}, {"speedup": 3.0}, {"speedup": {"8": None}}, {"speedup": {"8": 2.0}},
+           {"capture_s": "NaN", "graph_pool_bytes": "big", "token_match": 0.5}, {}]
+    with Store(db) as store:
+        run = store.create_run("r", "m", {})
+        with store._engine.begin() as conn:  # noqa: SLF001 - planting rows no current writer can write
+            conn.execute(insert(CellResult), [{"run_id": run, "key": f"k{i}", "axes": axes(f"m{i}:tiny", "full"),
+                                               "status": "pass", "metrics": m, "attempt": 1} for i, m in enumerate(odd)])
+        rows = {r.key: r for r in store.views.cells(run)}
+        full = {r.key: r for r in store.results(run)}
+        report = summary_markdown(store.run(run), list(full.values()))
+    assert [cell_speedup(rows[f"k{i}"].metrics) for i in range(4)] == [None, None, None, 2.0]
+    assert math.isnan(rows["k4"].metrics.capture_s) and rows["k4"].metrics.graph_pool_bytes is None
+    assert rows["k4"].metrics.token_match == 0.5 and full["k4"].metrics.token_match == 0.5
+    assert "Pass rate: 100.0%" in report
+    labels = [c.label for _, line in build_grid(list(rows.values()), run).rows for c in line if c]
+    assert labels == ["pass", "pass", "pass", "2.00×", "pass", "pass"]
+    client = TestClient(create_app(db))
+    assert client.get("/").status_code == 200 and client.get(f"/runs/{run}").status_code == 200
+    assert client.get("/api/matrix").status_code == 200

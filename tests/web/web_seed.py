@@ -1,4 +1,4 @@
-"""A small results database for the dashboard tests, written through the Store like `pcgh run` writes one.
+"""A small results database for the dashboard tests, written through the Store's import_run (as an upload is).
 
 Three runs of four models × three capture backends × two attention backends (24 cells each):
 
@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from harness.matrix.expand import cell_key
+from harness.outcome import CellMetrics, CellRecord, cell_key
 from harness.store import Store
-from web.queries import Queries
 
 MODELS = ("qwen3-0.6b:tiny", "llama-3.1-8b:tiny", "mixtral-8x7b:tiny", "qwen3-8b:trim:4")
 GRAPHS = ("piecewise", "breakable", "full")
@@ -40,11 +39,10 @@ def key(model: str, graph: str, attention: str = "sdpa") -> str:
     return cell_key(axes(model, graph, attention))
 
 
-def metrics(model: str, graph: str, attention: str, run: int, passed: bool = True) -> dict[str, Any]:
-    """What run_cell records, trimmed: settings, capture stats, latencies, speedups per token count."""
+def metrics(model: str, graph: str, attention: str, run: int, passed: bool = True) -> CellMetrics:
+    """What a cell measures, trimmed: settings, capture stats, latencies, speedups per token count."""
     base = 1.5 + 0.25 * GRAPHS.index(graph) + 0.1 * run + 0.05 * MODELS.index(model) + 0.3 * ATTENTIONS.index(attention)
-    m: dict[str, Any] = {"model": model.split(":")[0], "graph": graph, "attention": attention, "compiler": "eager",
-                         "device": "cpu", "dtype": "float32", "tiny": model.endswith(":tiny"), "layers": 2,
+    m: dict[str, Any] = {"device": "cpu", "dtype": "float32", "tiny": model.endswith(":tiny"), "layers": 2,
                          "max_tokens": 64, "pieces": 5, "graphs_captured": 10, "trace_s": 0.5,
                          "capture_s": 0.8 + 0.1 * run, "compile_s": 0.0, "graph_pool_bytes": (4 + run) * 2**20,
                          "token_match": 1.0 if passed else 0.75, "eager_fallbacks": 0}
@@ -52,7 +50,7 @@ def metrics(model: str, graph: str, attention: str, run: int, passed: bool = Tru
         m["speedup"] = {"8": round(base, 3), "32": round(base * 1.2, 3)}
         m["latency_ms"] = {"8": {"eager": 10.0, "graph": round(10 / base, 4)},
                            "32": {"eager": 12.0, "graph": round(12 / (base * 1.2), 4)}}
-    return m
+    return CellMetrics.model_validate(m)
 
 
 # (model, graph, attention) -> status per run 1..3; every other cell passes in every run.
@@ -88,25 +86,23 @@ def seed(url: str) -> Seeded:
     """Write the three runs into the (empty) database at url."""
     out = Seeded(url)
     with Store(url) as store:
-        q = Queries(store)
         for i, (name, trigger) in enumerate((("nightly", "nightly"), ("nightly", "nightly"), ("smoke", "manual")), 1):
             meta = {"git_sha": f"{i:040x}", "torch_version": "2.13.0", "transformers_version": "5.17.0",
                     "gpu_name": "NVIDIA H200" if i < 3 else None, "host": f"host-{i}"}
-            run_id = store.create_run(name, f"harness/configs/{name}.yaml", meta, trigger=trigger)
+            records = []
             for model, graph, attention in itertools.product(MODELS, GRAPHS, ATTENTIONS):
                 cell = (model, graph, attention)
                 status = PLAN.get(cell, ("pass",) * 3)[i - 1]
-                row = {"key": key(*cell), "axes": axes(*cell), "status": status, "reason": REASONS.get(status, ""),
-                       "duration_s": 3.0, "log": SCRIPT_LOG if cell == SCRIPT_CELL else f"log of {key(*cell)} run {i}\n",
-                       "metrics": {} if status in NO_METRICS else metrics(*cell, i, status in ("pass", "pass_flaky"))}
+                record = CellRecord(key=key(*cell), axes=axes(*cell), status=status, reason=REASONS.get(status, ""),
+                                    duration_s=3.0, log=SCRIPT_LOG if cell == SCRIPT_CELL else f"log of {key(*cell)} run {i}\n",
+                                    metrics=CellMetrics() if status in NO_METRICS
+                                    else metrics(*cell, i, status in ("pass", "pass_flaky")))
                 if status == "pass_flaky":
-                    store.record_result(run_id, {**row, "status": "fail_run", "reason": "segfault", "metrics": {},
-                                                 "attempt": 1})
-                    row["attempt"] = 2
-                store.record_result(run_id, row)
-            store.finish_run(run_id)
+                    first = {**dict(record), "status": "fail_run", "reason": "segfault", "metrics": CellMetrics()}
+                    records.append(CellRecord(**first))
+                    record = CellRecord(**{**dict(record), "attempt": 2})
+                records.append(record)
             start = T0 + timedelta(days=i)
-            q.set_times(run_id, start, start + timedelta(minutes=40 + i))
-            out.run_ids.append(run_id)
-        q.close()
+            out.run_ids.append(store.import_run(name, f"harness/configs/{name}.yaml", meta, records, trigger=trigger,
+                                                started_at=start, finished_at=start + timedelta(minutes=40 + i)))
     return out

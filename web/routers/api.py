@@ -11,11 +11,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from harness.reports.json_report import jsonable
-from web import cells as present
-from web import services
-from web.deps import QueriesDep, gc_paused
-from web.matrix import CONFIG_AXES, DEFAULT_GROUP, Grid, parse_filters
-from web.queries import as_number
+from web import present, services
+from web.deps import StoreDep, gc_paused
+from web.grid import CONFIG_AXES, DEFAULT_GROUP, Grid, parse_filters
 from web.schemas import (
     CellOut,
     ColumnOut,
@@ -55,14 +53,14 @@ def freshness_out(f: services.Freshness) -> FreshnessOut:
 
 
 @router.get("/runs", response_model=RunsOut, summary="Runs, newest first, with counts and pass rates")
-def list_runs(q: QueriesDep, limit: Annotated[int | None, Query(ge=1)] = None) -> RunsOut:
-    return RunsOut(freshness=freshness_out(services.freshness(q)),
-                   runs=[RunSummaryOut(**summary_out(s)) for s in services.run_summaries(q, limit)])
+def list_runs(store: StoreDep, limit: Annotated[int | None, Query(ge=1)] = None) -> RunsOut:
+    return RunsOut(freshness=freshness_out(services.freshness(store)),
+                   runs=[RunSummaryOut(**summary_out(s)) for s in services.run_summaries(store, limit)])
 
 
 @router.get("/runs/{run_ref}", response_model=RunDetailOut, summary="One run ('latest' or an id): provenance and totals")
-def get_run(run_ref: str, q: QueriesDep) -> RunDetailOut:
-    d = services.run_detail(q, run_ref)
+def get_run(run_ref: str, store: StoreDep) -> RunDetailOut:
+    d = services.run_detail(store, run_ref)
     return RunDetailOut(**summary_out(d), geomean_speedup=d.geomean_speedup, speedup_cells=d.speedup_cells,
                         failing_total=d.failing_total, previous_id=d.previous_id,
                         failing=[FailingCellOut(key=r.key, status=r.status, reason=r.reason) for r in d.failing])
@@ -75,17 +73,17 @@ def _filters(request: Request) -> dict[str, list[str]]:
 @router.get("/matrix", response_model=MatrixOut,
             summary="A run's cells as the matrix page shows them; filter with ?AXIS=VALUE (globs, repeatable) "
                     "and ?status=STATUS|passing|failing|not_counted")
-def get_matrix(request: Request, q: QueriesDep, run: str = "latest", group: Group = DEFAULT_GROUP) -> MatrixOut:
+def get_matrix(request: Request, store: StoreDep, run: str = "latest", group: Group = DEFAULT_GROUP) -> MatrixOut:
     if group not in CONFIG_AXES:
         raise HTTPException(422, f"group {group!r}: choose one of {', '.join(CONFIG_AXES)}")
     with gc_paused():
-        return _matrix_out(*services.matrix(q, run, group, _filters(request)))
+        return _matrix_out(*services.matrix(store, run, group, _filters(request)))
 
 
 def _matrix_out(r: dict[str, Any], grid: Grid) -> MatrixOut:
     cells = [MatrixCellOut(key=c.row.key, axes=c.row.axes, status=c.row.status, label=c.label, speedup=c.speedup,
-                           reason=c.row.reason, capture_s=c.row.capture_s, graph_pool_bytes=c.row.graph_pool_bytes,
-                           token_match=c.row.token_match)
+                           reason=c.row.reason, capture_s=c.row.metrics.capture_s,
+                           graph_pool_bytes=c.row.metrics.graph_pool_bytes, token_match=c.row.metrics.token_match)
              for _, line in grid.rows for c in line if c is not None]
     return MatrixOut(run=run_out(r), group=grid.group, filters=grid.filters, options=grid.options, total=grid.total,
                      shown=grid.shown, counts=grid.counts, models=[m for m, _ in grid.rows],
@@ -93,31 +91,27 @@ def _matrix_out(r: dict[str, Any], grid: Grid) -> MatrixOut:
                      cells=cells)
 
 
-def _speedups(metrics: dict[str, Any]) -> dict[str, float | None]:
-    sp = metrics.get("speedup")
-    return {str(k): v if isinstance(v, (int, float)) else None for k, v in sp.items()} if isinstance(sp, dict) else {}
-
-
 @router.get("/cell", response_model=CellOut, summary="One cell: its history across runs, its log and its repro command")
-def get_cell(q: QueriesDep, key: str, run: int | None = None) -> CellOut:
-    v = services.cell(q, key, run)
+def get_cell(store: StoreDep, key: str, run: int | None = None) -> CellOut:
+    v = services.cell(store, key, run)
     history = [HistoryPointOut(run_id=h.run_id, run_name=h.run_name, started_at=h.started_at, trigger=h.trigger,
-                               status=h.status, reason=h.reason, attempts=h.attempts,
-                               speedup=present.speedup_of(h.metrics.get("speedup")),
-                               speedups=_speedups(h.metrics), capture_s=as_number(h.metrics.get("capture_s")),
-                               graph_pool_bytes=as_number(h.metrics.get("graph_pool_bytes")))
+                               status=h.record.status, reason=h.record.reason, attempts=h.attempts,
+                               speedup=present.speedup_of(h.record.metrics), speedups=jsonable(h.record.metrics.speedup),
+                               capture_s=jsonable(h.record.metrics.capture_s),
+                               graph_pool_bytes=h.record.metrics.graph_pool_bytes)
                for h in v.history]
-    return CellOut(key=v.key, axes=v.axes, run_id=v.current.run_id, status=v.current.status, reason=v.current.reason,
-                   metrics=jsonable(v.current.metrics), log=v.log, flips=v.flips, flaky=v.flaky, repro=v.repro,
+    current = v.current.record
+    return CellOut(key=v.key, axes=v.axes, run_id=v.current.run_id, status=current.status, reason=current.reason,
+                   metrics=jsonable(v.measured), log=v.log, flips=v.flips, flaky=v.flaky, repro=v.repro,
                    history=history)
 
 
 @router.get("/diff", response_model=DiffOut,
             summary="What changed between two runs, new failures first (head defaults to latest, base to the run before)")
-def get_diff(q: QueriesDep, base: str | None = None, head: str | None = None,
+def get_diff(store: StoreDep, base: str | None = None, head: str | None = None,
              threshold: Annotated[float, Query(ge=0)] = 0.10) -> DiffOut:
     with gc_paused():
-        v = services.diff(q, base, head, threshold)
+        v = services.diff(store, base, head, threshold)
     d = v.diff
 
     def changes(cs: list) -> list[StatusChangeOut]:
@@ -134,8 +128,7 @@ def get_diff(q: QueriesDep, base: str | None = None, head: str | None = None,
 
 
 @router.get("/requests", response_model=RequestsOut, summary="The queue of requested models, with verdicts and status")
-def get_requests(q: QueriesDep) -> RequestsOut:
-    available, rows = services.requests(q)
-    return RequestsOut(available=available, requests=[
+def get_requests(store: StoreDep) -> RequestsOut:
+    return RequestsOut(requests=[
         RequestOut(**jsonable(r.request), matrix_cells=r.cells, matrix_passing=r.passing, matrix_counted=r.counted)
-        for r in rows])
+        for r in services.requests(store)])

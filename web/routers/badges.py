@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from web import services
-from web.deps import QueriesDep, templates
+from web.deps import StoreDep, templates
 
 router = APIRouter(prefix="/badge", tags=["badges"])
 GREY = "#9f9f9f"
@@ -46,10 +46,10 @@ def _message(s: services.RunSummary | None) -> tuple[str, str]:
 
 
 @router.get("/model/{card_id}.svg", summary="A model card's cells in the latest run")
-def model_badge(card_id: str, q: QueriesDep) -> Response:
-    return badge("pcg", *_message(services.model_summary(q, card_id)))
+def model_badge(card_id: str, store: StoreDep) -> Response:
+    return badge("pcg", *_message(services.model_summary(store, card_id)))
 
 
 @router.get("/matrix/{name}.svg", summary="The newest run of a matrix (by name, e.g. smoke)")
-def matrix_badge(name: str, q: QueriesDep) -> Response:
-    return badge(f"pcg {name}", *_message(services.matrix_summary(q, name)))
+def matrix_badge(name: str, store: StoreDep) -> Response:
+    return badge(f"pcg {name}", *_message(services.matrix_summary(store, name)))

@@ -11,32 +11,31 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from starlette.responses import PlainTextResponse, Response
 
-from harness.axes import AXES
+from harness.outcome import AXES
 from harness.store import RunNotFound
 from web import services
-from web.cells import speedup_of
-from web.deps import QueriesDep, gc_paused, render
-from web.matrix import CONFIG_AXES, DEFAULT_GROUP, STATUS_CLASSES, parse_filters
+from web.deps import StoreDep, gc_paused, render
+from web.grid import CONFIG_AXES, DEFAULT_GROUP, STATUS_CLASSES, parse_filters
 from web.plots import line_plot
-from web.queries import as_number
+from web.present import speedup_of
 
 router = APIRouter(include_in_schema=False)
 
 
 @router.get("/")
-def matrix_page(request: Request, q: QueriesDep, run: str = "latest", group: str = DEFAULT_GROUP) -> Response:
-    fresh = services.freshness(q)
+def matrix_page(request: Request, store: StoreDep, run: str = "latest", group: str = DEFAULT_GROUP) -> Response:
+    fresh = services.freshness(store)
     if group not in CONFIG_AXES:
         group = DEFAULT_GROUP
     filters = parse_filters({k: request.query_params.getlist(k) for k in request.query_params})
     with gc_paused():
         try:
-            r, grid = services.matrix(q, run, group, filters)
+            r, grid = services.matrix(store, run, group, filters)
         except RunNotFound as e:
             if run != "latest":
                 raise
             return render(request, "empty.html", {"message": str(e), "freshness": fresh})
-        runs = q.store.runs(50)  # for the run picker; an older run asked for by id is added to it
+        runs = store.runs(50)  # for the run picker; an older run asked for by id is added to it
         if all(x["id"] != r["id"] for x in runs):
             runs.append(r)
         return render(request, "matrix.html", {
@@ -46,25 +45,13 @@ def matrix_page(request: Request, q: QueriesDep, run: str = "latest", group: str
 
 def _plots(v: services.CellView) -> list[Any]:
     labels = [str(h.run_id) for h in v.history]
-    tokens: list[str] = []
-    for h in v.history:
-        sp = h.metrics.get("speedup")
-        for n in sp if isinstance(sp, dict) else ():
-            if n not in tokens:
-                tokens.append(n)
-    tokens.sort(key=lambda n: int(n) if str(n).isdigit() else 0)
-
-    def per_token(n: str) -> list[float | None]:
-        return [as_number(h.metrics["speedup"].get(n)) if isinstance(h.metrics.get("speedup"), dict) else None
-                for h in v.history]
-
-    speedup = {f"{n} tokens": per_token(n) for n in tokens}
-    if not speedup:  # stored as one number per cell
-        speedup = {"speedup": [speedup_of(h.metrics.get("speedup")) for h in v.history]}
-    pool = [as_number(h.metrics.get("graph_pool_bytes")) for h in v.history]
+    metrics = [h.record.metrics for h in v.history]
+    tokens = sorted({n for m in metrics for n in m.speedup})
+    speedup = {f"{n} tokens": [m.speedup.get(n) for m in metrics] for n in tokens}
+    pool = [m.graph_pool_bytes for m in metrics]
     return [
         line_plot("Speedup over eager (×), per token count", labels, speedup, fmt=lambda x: f"{x:.2f}", unit="×"),
-        line_plot("Capture time (s)", labels, {"capture s": [as_number(h.metrics.get("capture_s")) for h in v.history]},
+        line_plot("Capture time (s)", labels, {"capture s": [m.capture_s for m in metrics]},
                   fmt=lambda x: f"{x:.3g}", unit=" s"),
         line_plot("Graph memory pool (MiB)", labels, {"MiB": [None if p is None else p / 2**20 for p in pool]},
                   fmt=lambda x: f"{x:.3g}", unit=" MiB"),
@@ -72,35 +59,34 @@ def _plots(v: services.CellView) -> list[Any]:
 
 
 @router.get("/cell")
-def cell_page(request: Request, q: QueriesDep, key: str, run: int | None = None) -> Response:
-    v = services.cell(q, key, run)
-    history = [(h, speedup_of(h.metrics.get("speedup"))) for h in reversed(v.history)]
+def cell_page(request: Request, store: StoreDep, key: str, run: int | None = None) -> Response:
+    v = services.cell(store, key, run)
+    history = [(h, speedup_of(h.record.metrics)) for h in reversed(v.history)]
     return render(request, "cell.html", {"v": v, "history": history, "plots": _plots(v),
-                                         "speedup": speedup_of(v.current.metrics.get("speedup"))})
+                                         "speedup": speedup_of(v.current.record.metrics)})
 
 
 @router.get("/runs")
-def runs_page(request: Request, q: QueriesDep, limit: Annotated[int, Query(ge=1)] = 200) -> Response:
-    return render(request, "runs.html", {"summaries": services.run_summaries(q, limit),
-                                         "freshness": services.freshness(q)})
+def runs_page(request: Request, store: StoreDep, limit: Annotated[int, Query(ge=1)] = 200) -> Response:
+    return render(request, "runs.html", {"summaries": services.run_summaries(store, limit),
+                                         "freshness": services.freshness(store)})
 
 
 @router.get("/runs/{run_ref}")
-def run_page(request: Request, run_ref: str, q: QueriesDep) -> Response:
-    return render(request, "run.html", {"d": services.run_detail(q, run_ref), "freshness": services.freshness(q)})
+def run_page(request: Request, run_ref: str, store: StoreDep) -> Response:
+    return render(request, "run.html", {"d": services.run_detail(store, run_ref), "freshness": services.freshness(store)})
 
 
 @router.get("/diff")
-def diff_page(request: Request, q: QueriesDep, base: str | None = None, head: str | None = None,
+def diff_page(request: Request, store: StoreDep, base: str | None = None, head: str | None = None,
               threshold: Annotated[float, Query(ge=0)] = 0.10, format: str = "html") -> Response:
     with gc_paused():
-        v = services.diff(q, base or None, head or None, threshold)
+        v = services.diff(store, base or None, head or None, threshold)
         if format == "md":
             return PlainTextResponse(v.markdown, media_type="text/markdown; charset=utf-8")
-        return render(request, "diff.html", {"v": v, "runs": q.store.runs(200)})
+        return render(request, "diff.html", {"v": v, "runs": store.runs(200)})
 
 
 @router.get("/requests")
-def requests_page(request: Request, q: QueriesDep) -> Response:
-    available, rows = services.requests(q)
-    return render(request, "requests.html", {"available": available, "rows": rows})
+def requests_page(request: Request, store: StoreDep) -> Response:
+    return render(request, "requests.html", {"rows": services.requests(store)})

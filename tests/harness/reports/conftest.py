@@ -7,21 +7,23 @@ from typing import Any, Callable
 
 import pytest
 
+from harness.outcome import CellRecord
+
 BASE_AXES = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1",
              "graph": "piecewise", "compiler": "eager"}
 
 
 def make_row(key: str, status: str = "pass", speedup: dict[str, float] | None = None, reason: str = "",
-             metrics: dict[str, Any] | None = None, **axes: str) -> dict[str, Any]:
+             metrics: dict[str, Any] | None = None, **axes: str) -> CellRecord:
     m = dict(metrics or {})
     if speedup is not None:
         m["speedup"] = speedup
-    return {"key": key, "axes": {**BASE_AXES, **axes}, "status": status, "reason": reason, "metrics": m,
-            "log": "a log line\n", "duration_s": 10.0, "attempt": 1}
+    return CellRecord(key=key, axes={**BASE_AXES, **axes}, status=status, reason=reason, metrics=m,
+                      log="a log line\n", duration_s=10.0, attempt=1)
 
 
 @pytest.fixture
-def row() -> Callable[..., dict[str, Any]]:
+def row() -> Callable[..., CellRecord]:
     """row(key, status="pass", speedup={"8": 2.0}, reason="", metrics={}, **axes)."""
     return make_row
 

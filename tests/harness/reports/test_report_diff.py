@@ -85,12 +85,6 @@ def test_identical_runs_diff_is_empty(row):
     assert (d.new_failures, d.fixes, d.flips, d.speedup_changes, d.added, d.removed) == ([], [], [], [], [], [])
 
 
-def test_retried_cell_uses_highest_attempt(row):
-    first, retry = row("a", "fail_run"), {**row("a", "pass"), "attempt": 2}
-    d = diff_runs([row("a", "pass")], [retry, first])
-    assert d.new_failures == [] and d.flips == []
-
-
 def test_markdown_lists_new_failures_before_fixes(row, run):
     d = diff_runs(*_base_head(row))
     md = diff_markdown(d, {**run, "id": 6, "name": "base"}, {**run, "torch_version": "2.12.0"})

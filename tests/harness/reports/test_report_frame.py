@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from harness.axes import AXES
+from harness.outcome import AXES
 from harness.reports import geomean, results_frame
 
 

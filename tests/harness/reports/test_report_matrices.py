@@ -18,7 +18,7 @@ def test_pairs_and_keys(row):
 @pytest.mark.parametrize("status,symbol", [
     ("pass", "✅"), ("pass_flaky", "⚠"), ("fail_accuracy", "❌"), ("fail_capture", "❌"), ("fail_run", "❌"),
     ("timeout", "❌"), ("oom", "❌"), ("eager_nondeterministic", "❌"), ("eager_fail", "❗"), ("unsupported", "➖"),
-    ("skipped", "➖"), ("some_new_status", "❌")])
+    ("skipped", "➖")])
 def test_single_cell_symbol(row, status, symbol):
     mats = support_matrices([row("a", status)])
     for m in mats.values():
@@ -73,7 +73,3 @@ def test_aggregation_across_other_axes(row):
     m = support_matrices(rows)["model_x_graph"]
     assert m.loc[M1].to_dict() == {"breakable": "➖", "full": "❌", "piecewise": "⚠"}
 
-
-def test_none_axis_value_is_labelled(row):
-    m = support_matrices([row("a", quant=None)])["model_x_quant"]
-    assert list(m.columns) == ["(unset)"] and m.iloc[0, 0] == "✅"

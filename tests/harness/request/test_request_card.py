@@ -40,7 +40,7 @@ def test_write_card_round_trip(request_json, offline, models_dir, db):
     assert set(cards) == before | {"deepseek-mini"}
     card = cards["deepseek-mini"]
     assert card.hub_id == "pcg-test/DeepSeek-Mini" and card.architecture == "DeepseekV3ForCausalLM"
-    assert card.features == ["moe", "mla", "rope_scaling", "fp8"]  # the seed cards' convention: features + quant
+    assert card.features == ["moe", "mla", "rope_scaling", "fp8"]  # the model cards' convention: features + quant
     assert card.variants == ["full", "trim", "tiny"] and card.config == cfg
     data = yaml.safe_load(card_path.read_text())
     assert data["config"] == "configs/pcg-test__DeepSeek-Mini.json"
@@ -78,7 +78,7 @@ def test_existing_card_is_not_overwritten_without_force(pcgh, db, offline, model
 
 
 def test_a_hub_id_that_already_has_a_card_is_refused_without_force(pcgh, db, models_dir):
-    # The seed config's file name gives hub id meta-llama/Llama-3.1-8B-Instruct (card id llama-3.1-8b-instruct),
+    # The shipped config's file name gives hub id meta-llama/Llama-3.1-8B-Instruct (card id llama-3.1-8b-instruct),
     # which card llama-3.1-8b already covers.
     name = "meta-llama__Llama-3.1-8B-Instruct.json"
     rc, _, err = pcgh("request", REPO_CONFIGS / name, "--write-card", "--models-dir", models_dir, "--db", db)

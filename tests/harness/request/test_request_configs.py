@@ -8,7 +8,7 @@ import json
 import pytest
 
 from harness.cards import load_cards
-from harness.request import analyze
+from harness.request.analyze import analyze
 from harness.request.features import FEATURES
 from pcg_core.capabilities import capabilities
 
@@ -75,7 +75,7 @@ def test_supported_set_is_the_runtime_table():
 
 
 def test_card_features_agree_with_the_analysis():
-    """Each seed card's features (less its quantization word) are found by the analysis, inline configs included."""
+    """Each model card's features (less its quantization word) are found by the analysis, inline configs included."""
     for card in load_cards().values():
         r = analyze(card.config, model=card.id)
         quant = r["quantization"]["method"] if r["quantization"] else None
@@ -143,7 +143,7 @@ def test_verdicts_follow_the_capability_table():
     r = analyze(json.loads((REPO_CONFIGS / "deepseek-ai__DeepSeek-V3.json").read_text()), model="ds", caps=caps, tps=[2])
     assert r["verdicts"]["quant"]["ok"] and r["verdicts"]["attention"]["ok"]
     assert not r["verdicts"]["parallel"]["ok"] and "need 11 H200s, more than 2" in r["verdicts"]["parallel"]["reason"]
-    caps["capture_backends"] = ["disabled"]
+    caps["capture_backends"] = {"disabled": {"requires_capturable_attention": False}}
     r = analyze(json.loads((REPO_CONFIGS / "Qwen__Qwen3-0.6B.json").read_text()), model="q", caps=caps)
     assert not r["verdicts"]["graph"]["ok"] and "no capture backend" in r["verdicts"]["graph"]["reason"]
 

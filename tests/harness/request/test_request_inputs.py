@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.request import analyze
+from harness.request.analyze import analyze
 from request_helpers import REPO_CONFIGS, cache_config, load_config
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from harness.cards import load_cards
-from harness.request import analyze
+from harness.request.analyze import analyze
 from harness.request.params import BYTES_PER_PARAM, H200_BYTES, h200s_needed, memory_bytes
 from request_helpers import load_config
 

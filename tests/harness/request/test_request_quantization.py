@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.request import analyze
+from harness.request.analyze import analyze
 from harness.request.quantization import describe, quantization_of
 from request_helpers import load_config
 
@@ -58,7 +58,7 @@ def test_quantized_supported_architecture_fails_only_the_quant_axis():
 
 
 def test_a_quantization_config_that_is_not_a_mapping_is_a_clear_error():
-    from pcg_core.config import ConfigError
+    from pcg_core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="quantization_config must be a mapping"):
         quantization_of(BASE | {"quantization_config": "fp8"})

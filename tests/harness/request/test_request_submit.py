@@ -69,7 +69,7 @@ def test_submit_posts_the_request_with_the_token(request_json, dashboard, monkey
     assert got["path"] == "/api/requests" and got["auth"] == f"Bearer {TOKEN}" and got["type"] == "application/json"
     body = got["body"]
     assert body["architecture"] == "Qwen3MoeForCausalLM" and body["supported"] is True and body["features"] == ["moe"]
-    assert body["hub_id"] == "Qwen/Qwen3-30B-A3B"  # told by the seed config's file name
+    assert body["hub_id"] == "Qwen/Qwen3-30B-A3B"  # told by the shipped config's file name
     assert body["request_id"] == r["request_id"] and body["config"] == load_config("Qwen__Qwen3-30B-A3B.json")
     assert TOKEN not in json.dumps(body)
     report = RequestReport.model_validate(body)  # the schema the dashboard can validate bodies with

@@ -1,16 +1,19 @@
-"""The results store on SQLite and PostgreSQL: runs, results, attempts, resume keys, errors, concurrency."""
+"""The results store on SQLite and PostgreSQL: runs, records, attempts, resume keys, errors, concurrency."""
 
 from __future__ import annotations
 
 import math
 import threading
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, event
 
+from harness.outcome import CellMetrics, CellRecord
 from harness.store import RunNotFound, Store, default_db_url
-from pcg_core.config import ConfigError
+from harness.store.models import CellResult
+from pcg_core.errors import ConfigError
 
 META = {
     "git_sha": "8c29027",
@@ -24,12 +27,11 @@ META = {
 
 
 def _keys(store: Store, run_id: int) -> set[str]:
-    return {r["key"] for r in store.results(run_id)}
+    return {r.key for r in store.results(run_id)}
 
 
-def row(axes: dict, key: str = "k1", status: str = "pass", attempt: int = 1, **extra) -> dict:
-    return {"key": key, "axes": axes, "status": status, "reason": "", "metrics": {}, "log": "", "duration_s": 1.5,
-            "attempt": attempt, **extra}
+def row(axes: dict, key: str = "k1", status: str = "pass", attempt: int = 1, **extra: Any) -> CellRecord:
+    return CellRecord(**{"key": key, "axes": axes, "status": status, "duration_s": 1.5, "attempt": attempt, **extra})
 
 
 def test_run_round_trip_with_provenance(db_url):
@@ -61,24 +63,24 @@ def test_record_commits_immediately_and_replaces(db_url, axes):
     first.record_result(run_id, row(axes, status="fail_run", reason="segfault", log="boom"))
     with Store(db_url) as second:  # first is still open: the row must already be committed
         [seen] = second.results(run_id)
-        assert (seen["status"], seen["reason"], seen["log"]) == ("fail_run", "segfault", "boom")
-        first.record_result(run_id, row(axes, status="pass", metrics={"speedup": 2.0}))
+        assert (seen.status, seen.reason, seen.log) == ("fail_run", "segfault", "boom")
+        assert seen == row(axes, status="fail_run", reason="segfault", log="boom")
+        first.record_result(run_id, row(axes, status="pass", metrics=CellMetrics(speedup={8: 2.0})))
         [replaced] = second.results(run_id, all_attempts=True)
-        assert (replaced["status"], replaced["reason"], replaced["metrics"]) == ("pass", "", {"speedup": 2.0})
-        assert replaced["recorded_at"] >= seen["recorded_at"] and replaced["recorded_at"].tzinfo == timezone.utc
+        assert (replaced.status, replaced.reason, replaced.metrics.speedup) == ("pass", "", {8: 2.0})
     first.close()
 
 
-def test_latest_attempt_per_key(db_url, axes):
+def test_final_attempt_per_key_in_first_recorded_order(db_url, axes):
     with Store(db_url) as store:
         run_id = store.create_run("r", "smoke.yaml", META)
         store.record_result(run_id, row(axes, "a", "timeout", attempt=1))
         store.record_result(run_id, row(axes, "b", "pass", attempt=1))
         store.record_result(run_id, row(axes, "a", "pass_flaky", attempt=2))
         latest = store.results(run_id)
-        assert [(r["key"], r["attempt"], r["status"]) for r in latest] == [("a", 2, "pass_flaky"), ("b", 1, "pass")]
+        assert [(r.key, r.attempt, r.status) for r in latest] == [("a", 2, "pass_flaky"), ("b", 1, "pass")]
         every = store.results(run_id, all_attempts=True)
-        assert [(r["key"], r["attempt"]) for r in every] == [("a", 1), ("b", 1), ("a", 2)]
+        assert [(r.key, r.attempt) for r in every] == [("a", 1), ("b", 1), ("a", 2)]
 
 
 def test_final_states_are_the_highest_attempts_without_logs(db_url, axes):
@@ -100,20 +102,16 @@ def test_final_states_are_the_highest_attempts_without_logs(db_url, axes):
 def test_latest_run_filters(db_url):
     with Store(db_url) as store:
         assert store.latest_run() is None
-        a = store.create_run("nightly", "nightly.yaml", META)
+        a = store.create_run("nightly", "nightly.yaml", META, trigger="nightly")
         b = store.create_run("nightly", "smoke.yaml", META)
         c = store.create_run("adhoc", "nightly.yaml", META)
-        store.finish_run(c)
         d = store.create_run("nightly", "nightly.yaml", META)
-        store.finish_run(d, "interrupted")
         assert store.latest_run()["id"] == d
         assert store.latest_run(name="adhoc")["id"] == c
         assert store.latest_run(matrix="smoke.yaml")["id"] == b
         assert store.latest_run(name="nightly", matrix="nightly.yaml")["id"] == d
-        assert store.latest_run(matrix="nightly.yaml", unfinished_only=True)["id"] == d
-        store.finish_run(d)
-        assert store.latest_run(matrix="nightly.yaml", unfinished_only=True)["id"] == a
-        assert store.latest_run(name="adhoc", unfinished_only=True) is None
+        assert store.latest_run(trigger="nightly")["id"] == a
+        assert store.latest_run(name="adhoc", trigger="nightly") is None
         assert store.latest_run(name="nope") is None
 
 
@@ -139,7 +137,7 @@ def test_run_refs_and_listing(db_url):
 def test_record_results_writes_all_rows_in_one_transaction_or_none(db_url, axes):
     with Store(db_url) as store:
         run_id = store.create_run("r", "m.yaml", META)
-        rows = [row(axes, f"cell-{i}", metrics={"i": i}) for i in range(500)]
+        rows = [row(axes, f"cell-{i}", metrics=CellMetrics(pieces=i)) for i in range(500)]
         commits: list[object] = []
 
         def count(conn) -> None:
@@ -151,59 +149,90 @@ def test_record_results_writes_all_rows_in_one_transaction_or_none(db_url, axes)
         finally:
             event.remove(Engine, "commit", count)
         assert len(commits) == 1  # one transaction for the whole batch
-        got = {r["key"]: r for r in store.results(run_id)}
-        assert len(got) == 500 and got["cell-7"]["metrics"] == {"i": 7}
-        assert (got["cell-0"]["status"], got["cell-0"]["reason"]) == ("fail_run", "given twice: last wins")
+        got = {r.key: r for r in store.results(run_id)}
+        assert len(got) == 500 and got["cell-7"].metrics.pieces == 7
+        assert (got["cell-0"].status, got["cell-0"].reason) == ("fail_run", "given twice: last wins")
         store.record_results(run_id, [row(axes, "cell-1", status="timeout"), row(axes, "new")])  # replaces, adds
-        got = {r["key"]: r for r in store.results(run_id)}
-        assert len(got) == 501 and got["cell-1"]["status"] == "timeout"
-        with pytest.raises(ValueError, match="status 'passed'"):  # one bad row: nothing of the batch is written
-            store.record_results(run_id, [row(axes, "cell-2", status="fail_run"), row(axes, "bad", status="passed")])
-        got = {r["key"]: r for r in store.results(run_id)}
-        assert "bad" not in got and got["cell-2"]["status"] == "pass"
+        got = {r.key: r for r in store.results(run_id)}
+        assert len(got) == 501 and got["cell-1"].status == "timeout"
+        bad: Any = {"key": "bad", "axes": axes, "status": "pass"}
+        with pytest.raises(TypeError, match="CellRecord, not dict"):  # one bad row: nothing of the batch is written
+            store.record_results(run_id, [row(axes, "cell-2", status="fail_run"), bad])
+        got = {r.key: r for r in store.results(run_id)}
+        assert "bad" not in got and got["cell-2"].status == "pass"
         with pytest.raises(KeyError, match=f"no run {run_id + 1}"):
             store.record_results(run_id + 1, [row(axes)])
         with pytest.raises(KeyError, match=f"no run {run_id + 1}"):
             store.record_results(run_id + 1, [])
 
 
-def test_record_for_missing_run_or_bad_row(db_url, axes):
+def test_import_run_keeps_its_times_in_one_transaction(db_url, axes):
+    start = datetime(2026, 2, 1, 10, tzinfo=timezone.utc)
+    with Store(db_url) as store:
+        records = [row(axes, "a", "fail_run"), row(axes, "a", "pass_flaky", attempt=2), row(axes, "b")]
+        run_id = store.import_run("up", "m.yaml", META, records, trigger="ci", status="interrupted",
+                                  started_at=start, finished_at=start + timedelta(minutes=30))
+        run = store.run(run_id)
+        assert (run["trigger"], run["status"], run["host"]) == ("ci", "interrupted", META["host"])
+        assert (run["started_at"], run["finished_at"]) == (start, start + timedelta(minutes=30))
+        assert [(r.key, r.attempt) for r in store.results(run_id)] == [("a", 2), ("b", 1)]
+        running = store.run(store.import_run("live", "m.yaml", {}, [], status="running"))
+        assert running["status"] == "running" and running["finished_at"] is None
+        with pytest.raises(ValueError, match="no finish time"):
+            store.import_run("live", "m.yaml", {}, [], status="running", finished_at=start)
+        with pytest.raises(ValueError, match="unknown provenance keys"):
+            store.import_run("bad", "m.yaml", {"gpu": "x"}, records)
+        with pytest.raises(TypeError):
+            store.import_run("bad", "m.yaml", {}, [*records, {"key": "c"}])
+        assert [r["name"] for r in store.runs()] == ["live", "up"]  # the failed imports left no run behind
+
+
+def test_record_for_missing_run_or_not_a_record(db_url, axes):
     with Store(db_url) as store:
         run_id = store.create_run("r", "m.yaml", META)
         with pytest.raises(KeyError, match=f"no run {run_id + 1}"):
             store.record_result(run_id + 1, row(axes))
-        with pytest.raises(ValueError, match="status 'passed'"):
-            store.record_result(run_id, row(axes, status="passed"))
-        with pytest.raises(ValueError, match="axes must have exactly"):
-            store.record_result(run_id, row({"model": "m"}))
-        with pytest.raises(ValueError, match="unknown keys \\['stdout'\\]"):
-            store.record_result(run_id, row(axes, stdout="x"))
-        with pytest.raises(TypeError, match="object is not JSON"):
-            store.record_result(run_id, row(axes, metrics={"x": object()}))
+        with pytest.raises(TypeError, match="CellRecord, not dict"):
+            store.record_result(run_id, dict(row(axes)))  # type: ignore[arg-type]
         assert store.results(run_id) == []
 
 
 def test_metrics_round_trip_exactly(db_url, axes):
-    metrics = {
-        "latency_ms": {"8": {"eager": 31.25, "graph": 5.0}, "32": {"eager": 0.1 + 0.2, "graph": 1e-300}},
-        "speedup": {"8": 6.25},
-        "token_match": 1.0,
-        "graphs_captured": 2**40,
-        "topk_containment_ok": True,
-        "first_divergent_piece": None,
-        "pieces": [1, [2, 3.5], {"deep": {"deeper": -0.0}}],
-        "note": "ünïcode ✓ \u0000 kept in JSON",
-        "max_prompt_logprob_diff": float("nan"),
-        "bounds": [float("inf"), float("-inf")],
-    }
+    metrics = CellMetrics(
+        device="cuda", dtype="bfloat16", layers=4, tiny=False, max_tokens=512,
+        latency_ms={8: {"eager": 31.25, "graph": 5.0}, 32: {"eager": 0.1 + 0.2, "graph": 1e-300}},
+        speedup={8: 6.25, 32: None}, bucket_hits={8: 3}, token_match=1.0, graph_pool_bytes=2**40,
+        topk_containment_ok=True, eager_bitwise_deterministic=False,
+        eager_self_diff={"token_match": 1.0, "max_prompt_logprob_diff": -0.0},
+        divergences=["ünïcode ✓ \u0000 kept in JSON"], max_prompt_logprob_diff=float("nan"),
+        max_output_logprob_diff=float("inf"), max_prompt_kl=float("-inf"))
     with Store(db_url) as store:
         run_id = store.create_run("r", "m.yaml", META)
         store.record_result(run_id, row(axes, metrics=metrics))
     with Store(db_url) as store:
-        got = store.results(run_id)[0]["metrics"]
-    assert math.isnan(got.pop("max_prompt_logprob_diff"))
-    expected = {k: v for k, v in metrics.items() if k != "max_prompt_logprob_diff"}
-    assert got == expected and repr(got) == repr(expected)  # repr: floats bit-exact, -0.0 kept, int stays int
+        got = store.results(run_id)[0].metrics
+    assert math.isnan(got.max_prompt_logprob_diff)
+    # repr: floats bit-exact, -0.0 kept, ints stay ints, token counts stay ints
+    assert repr(got.model_copy(update={"max_prompt_logprob_diff": None})) == repr(
+        metrics.model_copy(update={"max_prompt_logprob_diff": None}))
+
+
+def test_rows_written_before_cell_metrics_read_back(db_url, axes):
+    """Older rows keep the axes and duration in metrics and token counts as strings: still CellRecords."""
+    old = {"model": "qwen3-0.6b", "graph": "piecewise", "duration_s": 9.0, "device": "cpu",
+           "speedup": {"8": 2.5, "32": "NaN"}, "latency_ms": {"8": {"eager": 10.0, "graph": 4.0}},
+           "bucket_hits": {"8": 2}, "graph_pool_bytes": 1024.0}
+    with Store(db_url) as store:
+        run_id = store.create_run("r", "m.yaml", META)
+        with store._engine.begin() as conn:  # as an older Store wrote it
+            conn.execute(CellResult.__table__.insert(), [{"run_id": run_id, "key": "k", "axes": axes, "status": "pass",
+                                                          "reason": "", "metrics": old, "log": "", "duration_s": 9.0,
+                                                          "attempt": 1}])
+        [got] = store.results(run_id)
+        [cell] = store.views.cells(run_id, latency=True)
+    for m in (got.metrics, cell.metrics):
+        assert m.speedup[8] == 2.5 and math.isnan(m.speedup[32]) and m.latency_ms[8].graph == 4.0
+    assert got.metrics.device == "cpu" and got.metrics.bucket_hits == {8: 2} and got.metrics.graph_pool_bytes == 1024
 
 
 def test_text_columns_take_nul_bytes_and_surrogates(db_url, axes):
@@ -211,7 +240,7 @@ def test_text_columns_take_nul_bytes_and_surrogates(db_url, axes):
         run_id = store.create_run("r", "m.yaml", META)
         store.record_result(run_id, row(axes, log="before\x00after \udcff end", reason="why\x00"))
         got = store.results(run_id)[0]
-        assert got["log"] == "before\ufffdafter ? end" and got["reason"] == "why\ufffd"
+        assert got.log == "before\ufffdafter ? end" and got.reason == "why\ufffd"
 
 
 def test_two_stores_interleaved_on_one_run(db_url, axes):

@@ -1,0 +1,31 @@
+"""One cell of the matrix: an eager reference and a graph candidate on the same weights, run over the prompt
+suite and judged, with latency side by side.
+
+- spec.py — CellSpec, the cell's run settings (what the worker reads on stdin)
+- run.py — run_cell and its phases: load, eager reference, candidate, judge, latency → a CellOutcome
+- prompts.py — the prompt suite (bucket edges, packed batches) and the latency token counts
+- judge.py — tolerances and the token/logprob comparison (judge layers 1, 3 and 4)
+- diagnose.py — the layers that need both engines: prompt KL and the first diverging piece (layer 5)
+- timing.py — medians of CUDA-event (or wall-clock) timings
+
+The package root is lazy (PEP 562): `harness.cell.timing` or `.prompts` alone (the benchmarks on the GPU image)
+import no pydantic, no model cards.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.cell.run import resolve_model, run_cell
+    from harness.cell.spec import CellSpec
+
+_WHERE = {"CellSpec": "harness.cell.spec", "resolve_model": "harness.cell.run", "run_cell": "harness.cell.run"}
+__all__ = ["CellSpec", "resolve_model", "run_cell"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'harness.cell' has no attribute {name!r}")
+    return getattr(import_module(_WHERE[name]), name)

@@ -1,0 +1,201 @@
+"""run_cell: load, eager reference, graph candidate, judge, latency — one phase each, one CellOutcome out.
+
+`pcgh cell` runs this in-process; the matrix launcher runs the same code in a child process per cell. A phase
+that cannot go on raises `_Stop` with the status it ends the cell in; whatever was measured before it is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Callable
+
+import torch
+
+from harness.cards import find_card
+from harness.cell.diagnose import first_diverging_piece, max_prompt_kl
+from harness.cell.judge import KL_TOL, LOGPROB_TOL, PIECE_RTOL, Judgement, compare
+from harness.cell.prompts import latency_token_counts, prompt_suite
+from harness.cell.spec import CellSpec
+from harness.cell.timing import median_ms
+from harness.outcome import CellMetrics, CellOutcome, EagerSelfDiff, Latency, Status
+from pcg_core.config import CaptureConfig, EngineConfig
+from pcg_core.engine import Engine, SequenceOutput
+from pcg_core.errors import ConfigError, UnsupportedModel
+from pcg_core.model import LoadedModel, load_model
+
+Suite = dict[str, list[list[int]]]
+Outputs = dict[str, list[SequenceOutput]]
+
+
+class _Stop(Exception):
+    """Ends the cell early in `status`, for `reason`."""
+
+    def __init__(self, status: Status, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def _crash(status: Status, e: BaseException) -> _Stop:
+    oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+    return _Stop(Status.OOM if oom else status, f"{type(e).__name__}: {e}"[:2000])
+
+
+def resolve_model(spec: CellSpec) -> str | dict:
+    """A card id becomes its real config (synthetic weights, or its hub id with weights="real")."""
+    card = find_card(spec.model)
+    if card is None:
+        return spec.model
+    return card.hub_id if spec.weights == "real" else card.config
+
+
+@dataclass
+class _Cell:
+    """What the phases share: the spec, the engine config, the model, the prompt suite and the metrics so far."""
+
+    spec: CellSpec
+    config: EngineConfig
+    metrics: CellMetrics
+    lm: LoadedModel | None = None
+    cases: Suite | None = None
+    kv_slots: int = 0
+
+    def engine(self, backend: str) -> Engine:
+        capture = replace(self.config.capture, backend=backend)
+        return Engine(self.lm.model, replace(self.config, capture=capture, kv_slots=self.kv_slots))
+
+    def run_suite(self, e: Engine) -> Outputs:
+        s = self.spec
+        return {name: e.generate(prompts, s.max_new_tokens, s.top_k, prompt_logprobs=True) for name, prompts in self.cases.items()}
+
+    @property
+    def tol(self) -> float:
+        return self.spec.logprob_tol if self.spec.logprob_tol is not None else LOGPROB_TOL[self.spec.dtype]
+
+
+def _load(cell: _Cell) -> None:
+    s = cell.spec
+    try:
+        cell.lm = load_model(resolve_model(s), layers=s.layers, tiny=s.tiny, weights=s.weights,
+                             dtype=cell.config.torch_dtype, device=s.device, seed=s.seed)
+    except UnsupportedModel as e:
+        raise _Stop(Status.UNSUPPORTED, str(e)) from e
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure to build the model means eager cannot run
+        raise _crash(Status.EAGER_FAIL, e) from e
+    cell.metrics.layers = cell.lm.config.num_hidden_layers
+    cell.cases = prompt_suite(cell.config.capture.ladder, cell.lm.config.vocab_size, seed=s.seed)
+    need = max(sum(len(p) + s.max_new_tokens for p in prompts) for prompts in cell.cases.values())
+    cell.kv_slots = max(need, max(latency_token_counts(s.max_tokens), default=0)) + 16
+
+
+def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
+    """Layer 1: eager twice. Eager's own noise floor: if eager-vs-eager passes the judge the graph faces, the graph
+    can be judged; if not, the cell cannot tell graph bugs from eager noise (on a GPU, bf16 decode near-ties have
+    been seen to flip between runs)."""
+    try:
+        eager = cell.engine("disabled")
+        ref, ref2 = cell.run_suite(eager), cell.run_suite(eager)
+    except Exception as e:  # noqa: BLE001
+        raise _crash(Status.EAGER_FAIL, e) from e
+    cell.metrics.eager_bitwise_deterministic = list(ref.values()) == list(ref2.values())
+    if not cell.metrics.eager_bitwise_deterministic:
+        self_check = compare(ref, ref2, cell.tol)
+        cell.metrics.eager_self_diff = EagerSelfDiff(
+            token_match=self_check.token_match, max_prompt_logprob_diff=self_check.max_prompt_logprob_diff,
+            max_output_logprob_diff=self_check.max_output_logprob_diff)
+        if self_check.status != Status.PASS:
+            raise _Stop(Status.EAGER_NONDETERMINISTIC,
+                        f"two eager runs of the same prompts differ beyond the judge's bounds: {self_check.reason}")
+    return eager, ref
+
+
+def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Outputs]:
+    """Layer 2: capture, then run the suite; a crash in either is classified by where it happened."""
+    m = cell.metrics
+    try:
+        graph = cell.engine(cell.spec.graph)
+    except ConfigError as e:
+        raise _Stop(Status.UNSUPPORTED, str(e)) from e
+    except Exception as e:  # noqa: BLE001
+        raise _crash(Status.FAIL_CAPTURE, e) from e
+    st = graph.stats
+    m.pieces, m.graphs_captured, m.trace_s, m.capture_s = st.pieces, st.graphs_captured, st.trace_s, st.capture_s
+    m.compile_s, m.graph_pool_bytes = st.compile_s, st.graph_pool_bytes
+    on_phase("run")
+    try:
+        cand = cell.run_suite(graph)
+    except Exception as e:  # noqa: BLE001
+        raise _crash(Status.FAIL_RUN, e) from e
+    m.eager_fallbacks, m.bucket_hits = st.eager_fallbacks, dict(sorted(st.bucket_hits.items()))
+    return graph, cand
+
+
+def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Outputs) -> Judgement:
+    """Layers 3-5: tokens and top-k containment, logprobs, KL at prompt positions; on failure, the first piece
+    whose output diverges."""
+    m, dtype = cell.metrics, cell.spec.dtype
+    judgement = compare(ref, cand, cell.tol)
+    for name, value in asdict(judgement).items():
+        if name not in ("status", "reason"):
+            setattr(m, name, value)
+    m.max_prompt_kl = max(max_prompt_kl(eager, graph, prompts) for prompts in cell.cases.values())
+    if not m.max_prompt_kl <= KL_TOL[dtype]:  # NaN fails too
+        extra = f"prompt KL {m.max_prompt_kl:.3g} > {KL_TOL[dtype]:g}"
+        judgement.reason = f"{judgement.reason}; {extra}" if judgement.status != Status.PASS else extra
+        judgement.status = Status.FAIL_ACCURACY
+    if judgement.status == Status.FAIL_ACCURACY:
+        names = list(cell.cases)
+        for name in names:
+            found = first_diverging_piece(graph, cell.cases[name], PIECE_RTOL[dtype])
+            if found.piece is not None or name == names[-1]:
+                m.diverging_piece = found.piece
+                judgement.reason += f"; {name}: {found}"
+                break
+    return judgement
+
+
+def _latency(cell: _Cell, eager: Engine, graph: Engine) -> None:
+    """Prefill latency of eager and graph side by side, at each latency token count, in this one process."""
+    s = cell.spec
+    repeat = s.latency_repeat or (20 if s.device.startswith("cuda") else 5)
+    gen = torch.Generator().manual_seed(s.seed + 1)
+    for n in latency_token_counts(s.max_tokens):
+        prompt = torch.randint(0, cell.lm.config.vocab_size, (n,), generator=gen).tolist()
+        ms = {}
+        for side, e in (("eager", eager), ("graph", graph)):
+            batch = e.prefill_batch([prompt])
+            ms[side] = round(median_ms(lambda: e.forward(batch), e.device, warmup=2, repeat=repeat), 4)
+        cell.metrics.latency_ms[n] = Latency(**ms)
+        cell.metrics.speedup[n] = round(ms["eager"] / ms["graph"], 3) if ms["graph"] > 0 else None
+
+
+def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> CellOutcome:
+    """The cell's outcome; raises ConfigError only for bad input.
+
+    on_phase(name) is told when each phase starts (load, eager, capture, run, latency), so a parent process
+    can tell where a child that died without a result was.
+    """
+    phase = on_phase or (lambda name: None)
+    capture = CaptureConfig(backend=spec.graph, compiler=spec.compiler, max_tokens=spec.max_tokens)
+    config = EngineConfig(device=spec.device, dtype=spec.dtype, attention=spec.attention, capture=capture)
+    metrics = CellMetrics(device=spec.device, dtype=spec.dtype, layers=spec.layers, tiny=spec.tiny, weights=spec.weights,
+                          max_tokens=spec.max_tokens, max_new_tokens=spec.max_new_tokens)
+    cell = _Cell(spec, config, metrics)
+    t0 = time.perf_counter()
+    try:
+        phase("load")
+        _load(cell)
+        phase("eager")
+        eager, ref = _eager_reference(cell)
+        phase("capture")
+        graph, cand = _candidate(cell, phase)
+        judgement = _judge(cell, eager, graph, ref, cand)
+        phase("latency")
+        _latency(cell, eager, graph)
+        status, reason = judgement.status, judgement.reason
+    except _Stop as stop:
+        status, reason = stop.status, stop.reason
+    metrics.cell_s = round(time.perf_counter() - t0, 3)
+    return CellOutcome(status=status, reason=reason, metrics=metrics, duration_s=metrics.cell_s)

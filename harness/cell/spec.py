@@ -1,0 +1,28 @@
+"""CellSpec: everything one cell needs to run, as plain fields, so it crosses to the worker process as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CellSpec:
+    model: str  # model-card id, hub id, local model directory or config.json
+    graph: str = "piecewise"  # capture backend of the candidate
+    attention: str = "sdpa"
+    device: str = "cpu"
+    dtype: str | None = None  # default: float32 on cpu, bfloat16 on cuda
+    layers: int | None = None  # keep the first N decoder layers
+    tiny: bool = False  # CPU-sized widths
+    weights: str = "auto"  # auto | real | synthetic
+    max_tokens: int = 4096  # largest token bucket
+    compiler: str = "eager"
+    seed: int = 0
+    max_new_tokens: int = 8
+    top_k: int = 5
+    logprob_tol: float | None = None  # None: the judge's per-dtype default
+    latency_repeat: int | None = None  # None: 20 on a GPU, 5 on a CPU
+
+    def __post_init__(self) -> None:
+        if self.dtype is None:
+            self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"

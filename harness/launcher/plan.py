@@ -1,0 +1,48 @@
+"""Planning a run: the matrix's cells after filters, tier and shard, each pre-checked against the runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.matrix import Cell, Matrix, expand, load_matrix, precheck, shard
+
+
+@dataclass
+class RunOptions:
+    jobs: int = 1
+    shard: tuple[int, int] | None = None
+    resume: bool = False
+    filters: list[dict[str, str]] = None  # type: ignore[assignment]
+    tier: str | None = None
+    trigger: str = "manual"
+    logs_dir: Path = Path("pcg-logs")
+    retry: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.filters = list(self.filters or [])
+
+
+@dataclass
+class Plan:
+    """The matrix, its cells (cell.unsupported says why where the pre-check refused one) and the capability table
+    they were checked against."""
+
+    matrix: Matrix
+    cells: list[Cell]
+    caps: dict[str, Any]
+
+
+def plan(matrix_path: str | Path, opts: RunOptions) -> Plan:
+    from pcg_core.capabilities import capabilities
+
+    matrix = load_matrix(matrix_path)
+    cells = expand(matrix, filters=opts.filters, tier=opts.tier)
+    if opts.shard:
+        cells = shard(cells, *opts.shard)
+    caps, cards = capabilities(), {}
+    for cell in cells:
+        cell.unsupported = precheck(cell, caps, cards)
+    return Plan(matrix, cells, caps)

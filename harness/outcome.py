@@ -1,0 +1,223 @@
+"""A cell's outcome: the one value that flows from the cell through the worker, the store and the reports to the
+dashboard, and the words it is made of (statuses, axes, the model reference).
+
+Everything downstream of the cell reads these types instead of guessing at dict keys, and this module imports
+nothing from the runtime, so the store, the reports and the dashboard never pull in torch to know what "pass"
+means.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class Status(StrEnum):
+    """What happened to a cell. Only `pass` and `pass_flaky` pass; see NOT_COUNTED for the pass rate."""
+
+    PASS = "pass"
+    PASS_FLAKY = "pass_flaky"  # failed, then passed on the retry
+    FAIL_ACCURACY = "fail_accuracy"
+    FAIL_CAPTURE = "fail_capture"
+    FAIL_RUN = "fail_run"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    EAGER_FAIL = "eager_fail"  # the reference itself failed: nothing to judge the graph against
+    EAGER_NONDETERMINISTIC = "eager_nondeterministic"  # eager vs eager beyond the judge's bounds
+    UNSUPPORTED = "unsupported"  # decided before launch, with the reason
+    SKIPPED = "skipped"
+
+
+STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
+PASSING: tuple[str, ...] = (Status.PASS, Status.PASS_FLAKY)
+# Shown, but not counted against the pass rate: the graph path was never judged.
+NOT_COUNTED: tuple[str, ...] = (Status.EAGER_FAIL, Status.UNSUPPORTED, Status.SKIPPED)
+# A retry cannot change these: they passed, were never run, or fail the same way whatever the graph does.
+NOT_RETRIED: tuple[str, ...] = (*PASSING, Status.UNSUPPORTED, Status.SKIPPED, Status.EAGER_FAIL, Status.EAGER_NONDETERMINISTIC)
+
+# A cell is one point of these axes.
+AXES = ("model", "quant", "attention", "parallel", "graph", "compiler")
+
+_VARIANT = re.compile(r"^(full|tiny|trim:([1-9][0-9]*))$")
+VARIANT_GRAMMAR = "full, tiny or trim:N (N ≥ 1)"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """The `model` axis value `card:variant`: a model card and the size it runs at.
+
+    full: the real model (real weights); tiny: CPU-sized widths, synthetic weights; trim:N: the first N decoder
+    layers at real widths, synthetic weights.
+    """
+
+    card: str
+    variant: str
+    layers: int | None = None  # trim:N
+
+    @classmethod
+    def parse(cls, text: str) -> ModelRef:
+        card, _, variant = str(text).partition(":")
+        m = _VARIANT.match(variant)
+        if not card or m is None:
+            raise ValueError(f"model {text!r}: write it as CARD:VARIANT with VARIANT one of {VARIANT_GRAMMAR}")
+        return cls(card, variant, int(m.group(2)) if m.group(2) else None)
+
+    def __str__(self) -> str:
+        return f"{self.card}:{self.variant}"
+
+    @property
+    def tiny(self) -> bool:
+        return self.variant == "tiny"
+
+    @property
+    def weights(self) -> str:
+        """`real` for the full model, `synthetic` for the shrunk variants."""
+        return "real" if self.variant == "full" else "synthetic"
+
+
+def cell_key(axes: dict[str, str]) -> str:
+    """The stable key of the cell at these axes."""
+    return "|".join(f"{a}={axes[a]}" for a in AXES)
+
+
+class _Model(BaseModel):
+    # Rows written by older versions carry keys nothing reads any more: they are ignored, not an error.
+    model_config = ConfigDict(extra="ignore")
+
+
+class Latency(_Model):
+    """Median prefill latency (ms) at one token count, eager and graph side by side in one process."""
+
+    eager: float | None = None
+    graph: float | None = None
+
+
+class EagerSelfDiff(_Model):
+    """How far two eager runs of the same prompts were apart (recorded only when not bitwise equal)."""
+
+    token_match: float | None = None
+    max_prompt_logprob_diff: float | None = None
+    max_output_logprob_diff: float | None = None
+
+
+class CellMetrics(_Model):
+    """What a cell measured. A field is None when the cell ended before measuring it (a crash, an unsupported
+    model), so "not measured" never reads as zero."""
+
+    # The run settings, enough to rerun the cell (the axes hold model, graph, attention and compiler).
+    device: str | None = None
+    dtype: str | None = None
+    layers: int | None = None
+    tiny: bool | None = None
+    weights: str | None = None
+    max_tokens: int | None = None
+    max_new_tokens: int | None = None
+    # Capture.
+    pieces: int | None = None
+    graphs_captured: int | None = None
+    trace_s: float | None = None
+    capture_s: float | None = None
+    compile_s: float | None = None
+    graph_pool_bytes: int | None = None
+    eager_fallbacks: int | None = None
+    bucket_hits: dict[int, int] = Field(default_factory=dict)
+    # Judge.
+    eager_bitwise_deterministic: bool | None = None
+    eager_self_diff: EagerSelfDiff | None = None
+    token_match: float | None = None
+    max_prompt_logprob_diff: float | None = None
+    max_output_logprob_diff: float | None = None
+    max_prompt_kl: float | None = None
+    topk_containment_ok: bool | None = None
+    divergences: list[str] = Field(default_factory=list)
+    diverging_piece: str | None = None  # layer 5: the first piece whose output differs, when the judge failed
+    # Latency, per prompt token count.
+    latency_ms: dict[int, Latency] = Field(default_factory=dict)
+    speedup: dict[int, float | None] = Field(default_factory=dict)
+    # run_cell's own time, load to latency: the record's duration_s adds the worker process around it.
+    cell_s: float | None = Field(default=None, validation_alias=AliasChoices("cell_s", "duration_s"))
+
+    def graph_latencies(self) -> dict[int, float]:
+        """Graph latency (ms) per token count, the measured ones only."""
+        return {n: v.graph for n, v in self.latency_ms.items() if v.graph is not None}
+
+    @classmethod
+    def lenient(cls, data: Any) -> CellMetrics:
+        """Stored metrics, whatever their shape: a value that does not read as its field's type is dropped, so
+        one odd value (an upload from before the type existed could hold any JSON) never loses the row."""
+        data = dict(data) if isinstance(data, Mapping) else {}
+        while True:
+            try:
+                return cls.model_validate(data)
+            except ValidationError as e:
+                bad = {err["loc"][0] for err in e.errors() if err["loc"]} & data.keys()
+                if not bad:
+                    return cls()
+                for name in bad:
+                    del data[name]
+
+
+SCALAR_METRICS = ("token_match", "max_prompt_logprob_diff", "max_output_logprob_diff", "max_prompt_kl", "capture_s",
+                  "compile_s", "trace_s", "graph_pool_bytes", "pieces", "graphs_captured", "eager_fallbacks")
+
+
+class CellOutcome(_Model):
+    """A cell's status, why, what it measured and how long it took: what `run_cell` returns."""
+
+    status: Status
+    reason: str = ""
+    metrics: CellMetrics = Field(default_factory=CellMetrics)
+    duration_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status in PASSING
+
+    def to_json(self) -> str:
+        """JSON text; NaN stays NaN (Python's json reads it back), so a measured NaN is not lost on the way."""
+        return json.dumps(self.model_dump(mode="python"))
+
+    @classmethod
+    def from_json(cls, text: str) -> CellOutcome:
+        return cls.model_validate(json.loads(text))
+
+
+class CellRecord(CellOutcome):
+    """One attempt at one cell of one run, as the store keeps it: the outcome plus its key, axes, attempt and log."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    axes: dict[str, str]
+    attempt: int = Field(default=1, ge=1)
+    log: str = ""
+
+    @field_validator("axes")
+    @classmethod
+    def _all_axes(cls, axes: dict[str, str]) -> dict[str, str]:
+        if set(axes) != set(AXES):
+            raise ValueError(f"axes must have exactly {', '.join(AXES)}, got {', '.join(axes) or 'none'}")
+        return axes
+
+    @classmethod
+    def of(cls, key: str, axes: dict[str, str], outcome: CellOutcome, *, attempt: int = 1, log: str = "") -> CellRecord:
+        return cls(key=key, axes=axes, attempt=attempt, log=log, **dict(outcome))
+
+    @property
+    def model(self) -> ModelRef:
+        return ModelRef.parse(self.axes["model"])
+
+    @classmethod
+    def read(cls, row: Mapping[str, Any]) -> CellRecord:
+        """A record as a store holds it: strict about everything but the metrics, read leniently
+        (CellMetrics.lenient), since a writer may have stored them before they had a type."""
+        try:
+            return cls.model_validate(row)
+        except ValidationError:
+            return cls.model_validate({**row, "metrics": CellMetrics.lenient(row.get("metrics"))})

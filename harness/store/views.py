@@ -1,0 +1,150 @@
+"""The dashboard's wide reads, on the Store's engine (`Store.views`): what a 10,000-cell page needs in one query.
+
+Compared with Store.results these leave out what the pages never show at that scale: no log column (up to
+200,000 characters each; `log` reads one), a reason cut to REASON_CHARS, and only the metrics the pages show
+pulled out of the JSON by the database (decoding 10,000 full metrics dicts costs more than the page). The
+final attempt of each cell is chosen in SQL by the Store's one rule (models.final_attempt). Cells come back
+as CellRecords whose metrics hold only those fields; nothing here hands out ORM objects.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import ColumnElement, Engine, Text, cast, func, literal_column, select
+
+from harness.outcome import CellRecord
+from harness.store.models import CellResult, Run, final_attempt, first_recorded
+
+REASON_CHARS = 400  # of a reason, enough for the one-line tooltips and tables; the cell page reads it whole
+SHOWN_METRICS = ("capture_s", "graph_pool_bytes", "token_match")  # besides speedup (and latency for a diff)
+# The columns of a CellRecord, log aside: the Store adds it where a reader wants it.
+RECORD_COLUMNS = (CellResult.key, CellResult.axes, CellResult.status, CellResult.reason, CellResult.metrics,
+                  CellResult.duration_s, CellResult.attempt)
+
+
+def record_of(row: Mapping[str, Any]) -> CellRecord:
+    """A stored row as a CellRecord. Metrics written before CellMetrics existed carry keys it no longer has
+    (the axes) and token counts as strings: the first are ignored, the second read as ints; a value of the wrong
+    shape is dropped (CellRecord.read), never the row."""
+    return CellRecord.read({"key": row["key"], "axes": row["axes"], "status": row["status"], "reason": row["reason"] or "",
+                            "metrics": row["metrics"] or {}, "duration_s": row["duration_s"] or 0.0,
+                            "attempt": row["attempt"], "log": row.get("log") or ""})
+
+
+def _parse(text: str) -> CellRecord:
+    """A record the database built as JSON text; parsed in one go, and leniently only when that fails."""
+    try:
+        return CellRecord.model_validate_json(text)
+    except ValidationError:
+        return CellRecord.read(json.loads(text))
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    """One run's final attempt at one cell (log left out); `attempts` counts every attempt in that run."""
+
+    run_id: int
+    run_name: str
+    started_at: datetime | None
+    trigger: str
+    attempts: int
+    record: CellRecord
+
+
+def _record_json(dialect: str, latency: bool) -> ColumnElement[str]:
+    """SQL that builds a row's CellRecord as one JSON text, metrics cut to the shown ones (absent ones null).
+
+    The database assembles it in C and pydantic parses it in Rust: no per-value json.loads in Python, which cost
+    more than the rest of the matrix page. The Store's "NaN" strings stay strings; CellMetrics reads them as floats.
+    """
+    if dialect == "postgresql":
+        build, axes, empty = func.json_build_object, CellResult.axes, literal_column("'{}'::json")
+        field: Callable[[str], Any] = lambda name: CellResult.metrics[name]  # noqa: E731
+    else:  # SQLite: json_extract's objects are JSON to json_object (its scalars are plain values)
+        build, axes, empty = func.json_object, func.json(CellResult.axes), func.json("{}")
+        field = lambda name: func.json_extract(CellResult.metrics, f"$.{name}")  # noqa: E731
+    # A missing scalar is null (None to CellMetrics); a missing per-token-count dict is {}, its default.
+    metrics = [(name, field(name)) for name in SHOWN_METRICS]
+    metrics += [(name, func.coalesce(field(name), empty)) for name in ("speedup", "latency_ms")[:2 if latency else 1]]
+
+    def obj(pairs: list[tuple[str, Any]]) -> ColumnElement[str]:
+        return build(*(x for name, value in pairs for x in (literal_column(f"'{name}'"), value)))
+
+    return obj([("key", CellResult.key), ("axes", axes), ("status", CellResult.status),
+                ("reason", func.coalesce(func.substr(CellResult.reason, 1, REASON_CHARS), "")),
+                ("duration_s", func.coalesce(CellResult.duration_s, 0.0)),
+                ("attempt", CellResult.attempt), ("metrics", obj(metrics))])
+
+
+class Views:
+    """Reads over one database for the dashboard; built by the Store on its engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def status_counts(self, run_ids: list[int]) -> dict[int, Counter[str]]:
+        """Final-attempt cells by status, per run, in one GROUP BY."""
+        out: dict[int, Counter[str]] = {rid: Counter() for rid in run_ids}
+        if not run_ids:
+            return out
+        q = (select(CellResult.run_id, CellResult.status, func.count())
+             .where(CellResult.run_id.in_(run_ids), final_attempt())
+             .group_by(CellResult.run_id, CellResult.status))
+        with self._engine.connect() as conn:
+            for run_id, status, n in conn.execute(q):
+                out[run_id][status] = n
+        return out
+
+    def model_counts(self, run_id: int) -> dict[str, Counter[str]]:
+        """Final-attempt cells by status per model-axis value ("card:variant") of one run, in one GROUP BY."""
+        model = CellResult.axes["model"].as_string()
+        q = (select(model, CellResult.status, func.count()).where(CellResult.run_id == run_id, final_attempt())
+             .group_by(model, CellResult.status))
+        out: dict[str, Counter[str]] = {}
+        with self._engine.connect() as conn:
+            for m, status, n in conn.execute(q):
+                out.setdefault(str(m), Counter())[status] = n
+        return out
+
+    def previous_run_id(self, run_id: int) -> int | None:
+        """The run created just before this one, the natural base of a diff."""
+        with self._engine.connect() as conn:
+            return conn.execute(select(func.max(Run.id)).where(Run.id < run_id)).scalar()
+
+    def cells(self, run_id: int, latency: bool = False) -> list[CellRecord]:
+        """Every cell of a run (final attempts, in the order first recorded), without logs, with metrics cut to
+        speedup and SHOWN_METRICS; with `latency` also latency_ms (the diff compares graph latency; the other
+        pages do without its cost)."""
+        q = (select(cast(_record_json(self._engine.dialect.name, latency), Text))
+             .where(CellResult.run_id == run_id, final_attempt())
+             .order_by(first_recorded()))
+        with self._engine.connect() as conn:
+            texts = conn.execute(q).scalars().all()
+        return [_parse(t) for t in texts]
+
+    def history(self, key: str) -> list[HistoryPoint]:
+        """The cell in every run that has it, oldest run first, with full metrics and no log; one query over
+        every attempt (retries are few)."""
+        q = (select(CellResult.run_id, Run.name, Run.started_at, Run.trigger, *RECORD_COLUMNS)
+             .join(Run, Run.id == CellResult.run_id)
+             .where(CellResult.key == key)
+             .order_by(CellResult.run_id, CellResult.attempt))
+        rows: dict[int, tuple[Any, int]] = {}
+        with self._engine.connect() as conn:
+            for r in conn.execute(q):
+                rows[r.run_id] = (r, rows[r.run_id][1] + 1 if r.run_id in rows else 1)
+        return [HistoryPoint(r.run_id, r.name, r.started_at, r.trigger, n, record_of(r._mapping))
+                for r, n in rows.values()]
+
+    def log(self, run_id: int, key: str) -> str:
+        """The final attempt's log: the one wide column, read for one cell only."""
+        q = select(CellResult.log).where(CellResult.run_id == run_id, CellResult.key == key, final_attempt())
+        with self._engine.connect() as conn:
+            return conn.execute(q).scalar() or ""

@@ -1,0 +1,189 @@
+"""run_cell and `pcgh cell` end to end on the CPU: statuses, the outcome's fields, exit codes, bad input, planted faults."""
+
+import json
+import random
+
+import pytest
+
+from harness.cards import CARDS_DIR
+from harness.cell import CellSpec, run_cell
+from harness.cli import main
+from harness.outcome import CellOutcome
+from pcg_core.engine.inputs import InputBuffers
+
+CONFIGS = CARDS_DIR / "configs"
+
+
+@pytest.mark.parametrize("graph", ["piecewise", "breakable", "full"])
+def test_cell_json_passes_on_tiny_moe(graph, capsys):
+    rc = main(["cell", "--model", "qwen3-30b-a3b", "--tiny", "--graph", graph, "--device", "cpu", "--max-tokens", "64", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    assert out["spec"]["graph"] == graph and out["spec"]["model"] == "qwen3-30b-a3b"
+    o = CellOutcome.model_validate(out)  # the JSON is the outcome type, whole
+    m = o.metrics
+    assert o.status == "pass" and m.token_match == 1.0 and m.topk_containment_ok is True
+    assert m.device == "cpu" and m.dtype == "float32" and m.max_tokens == 64 and m.tiny is True
+    assert m.pieces == {"piecewise": 3, "breakable": 3, "full": 1}[graph]
+    assert m.graphs_captured == 0  # CPU: no CUDA graphs, the split/pad path still ran
+    assert m.eager_fallbacks >= 1  # the above-max case ran eagerly and was counted
+    assert m.capture_s is not None and m.compile_s is not None and m.graph_pool_bytes is not None
+    assert m.max_prompt_logprob_diff is not None and m.max_output_logprob_diff is not None
+    assert set(m.latency_ms) == {8, 32} and all(v > 0 for v in m.speedup.values())
+
+
+def test_cell_on_a_config_not_tested_elsewhere(tmp_path):
+    """A config with head counts, widths and depth no other test uses (the 'configs you did not test' rule)."""
+    rng = random.Random(7)
+    heads = rng.choice([6, 10, 12])
+    cfg = json.loads((CONFIGS / "Qwen__Qwen3-8B.json").read_text())
+    cfg.update(hidden_size=heads * 8, num_attention_heads=heads, num_key_value_heads=2, head_dim=8,
+               intermediate_size=96, num_hidden_layers=3, vocab_size=1000)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    r = run_cell(CellSpec(model=str(path), graph="piecewise", max_tokens=32, max_new_tokens=4))
+    assert r.status == "pass", r.reason
+    assert r.metrics.pieces == 4 and r.metrics.layers == 3
+
+
+def test_planted_stale_input_fails_accuracy(monkeypatch):
+    """A stale static input (positions not refreshed after the first forward) must be caught as fail_accuracy."""
+    real_fill = InputBuffers.fill
+
+    def stale_fill(self, batch, num_tokens):
+        before = self._bufs["positions"].clone()
+        out = real_fill(self, batch, num_tokens)
+        if self._pcg_graph and num_tokens <= self.capacity:
+            self._bufs["positions"].copy_(before)  # the planted bug: the static positions are never refreshed
+        return out
+
+    real_init = InputBuffers.__init__
+
+    def tagged_init(self, capacity, cache, device):
+        real_init(self, capacity, cache, device)
+        self._pcg_graph = tagged_init.count > 0  # the first engine built is the eager reference
+        tagged_init.count += 1
+
+    tagged_init.count = 0
+    monkeypatch.setattr(InputBuffers, "fill", stale_fill)
+    monkeypatch.setattr(InputBuffers, "__init__", tagged_init)
+    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, graph="piecewise", max_tokens=32, max_new_tokens=4))
+    assert r.status == "fail_accuracy", r
+    assert "logprob diff" in r.reason or "top-k" in r.reason
+    # layer 5: the stale input reaches eager-at-the-same-padding too, so no captured piece is blamed
+    assert "no piece diverges from eager at the same padding" in r.reason, r.reason
+    assert r.metrics.diverging_piece is None and r.metrics.max_prompt_kl > 0
+
+
+def test_unsupported_architecture_is_a_status_not_a_crash(capsys):
+    rc = main(["cell", "--model", "deepseek-v3", "--tiny", "--graph", "piecewise", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["status"] == "unsupported" and "DeepseekV3ForCausalLM" in out["reason"]
+
+
+def test_remote_code_model_type_is_unsupported(capsys):
+    rc = main(["cell", "--model", "kimi-k2", "--tiny", "--graph", "piecewise", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["status"] == "unsupported" and "kimi_k2" in out["reason"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "/no/such/config.json"], "not a directory, a config.json file"),
+        (["--model", "qwen3-0.6b", "--device", "cuda"], "no CUDA GPU"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(args, message, capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    rc = main(["cell", "--tiny", "--graph", "piecewise", *args])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_json_config_names_the_file(tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    assert main(["cell", "--model", str(bad), "--tiny", "--graph", "piecewise"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "not valid JSON" in err
+
+
+def test_bad_flag_value_is_rejected_by_argparse(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["cell", "--model", "qwen3-0.6b", "--graph", "piecewise", "--max-tokens", "-4"])
+    assert e.value.code == 2
+    assert "positive integer" in capsys.readouterr().err
+
+
+def test_models_lists_every_card(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for cid in ("qwen3-0.6b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3", "grok-2"):
+        assert cid in out
+
+
+@pytest.mark.slow
+def test_piecewise_with_inductor_compiler_passes():
+    r = run_cell(CellSpec(model="qwen3-30b-a3b", tiny=True, graph="piecewise", compiler="inductor", max_tokens=32, max_new_tokens=4))
+    assert r.status == "pass", r.reason
+    assert r.metrics.compile_s > 0 and r.metrics.pieces == 3
+
+
+def test_unreachable_hub_id_offline_is_a_clear_error(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    rc = main(["cell", "--model", "pcg-test-org/no-such-model-xyz", "--tiny", "--graph", "piecewise"])
+    assert rc == 2
+    assert "not in the local cache and the hub cannot be reached" in capsys.readouterr().err
+
+
+def _perturb_second_eager_run(monkeypatch, delta):
+    """Make the eager engine's second suite run differ from its first by `delta` on every output logprob."""
+    from pcg_core.engine.engine import Engine
+
+    real_generate = Engine.generate
+    seen = {}
+
+    def generate(self, prompts, *args, **kwargs):
+        outs = real_generate(self, prompts, *args, **kwargs)
+        if self.config.capture.backend == "disabled":
+            key = (id(self), tuple(map(tuple, prompts)))
+            if key in seen:
+                for o in outs:
+                    o.output_logprobs = [x + delta for x in o.output_logprobs]
+            seen[key] = True
+        return outs
+
+    monkeypatch.setattr(Engine, "generate", generate)
+
+
+def test_eager_noise_within_bounds_is_recorded_not_fatal(monkeypatch):
+    _perturb_second_eager_run(monkeypatch, 1e-5)
+    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, graph="full", max_tokens=32, max_new_tokens=2))
+    assert r.status == "pass", r.reason
+    assert r.metrics.eager_bitwise_deterministic is False
+    assert abs(r.metrics.eager_self_diff.max_output_logprob_diff - 1e-5) < 1e-6
+
+
+def test_eager_noise_beyond_bounds_is_eager_nondeterministic(monkeypatch):
+    _perturb_second_eager_run(monkeypatch, 0.5)
+    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, graph="full", max_tokens=32, max_new_tokens=2))
+    assert r.status == "eager_nondeterministic"
+    assert "beyond the judge's bounds" in r.reason
+
+
+def test_first_diverging_piece_is_named():
+    """A capture backend whose piece 1 is wrong inside its CUDA graph / replay: the reason names piece 1."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "launcher"))
+    try:
+        import fault_backends  # noqa: F401
+    finally:
+        sys.path.pop(0)
+    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, layers=3, graph="test_perturb_piece", max_tokens=32, max_new_tokens=2))
+    assert r.status == "fail_accuracy", r
+    assert "first diverging: piece 1 (up to attention 1)" in r.reason, r.reason
+    assert r.metrics.diverging_piece == "piece 1 (up to attention 1)"

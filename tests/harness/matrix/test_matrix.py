@@ -1,0 +1,128 @@
+"""Matrix files: validation with file:line errors, deterministic expansion, rules, overrides, pre-check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.matrix import expand, load_matrix, precheck
+from harness.outcome import cell_key
+from pcg_core.capabilities import capabilities
+from pcg_core.errors import ConfigError
+
+CONFIGS = Path(__file__).parents[3] / "harness" / "configs"
+
+
+@pytest.mark.parametrize("name", ["smoke", "nightly", "full"])
+def test_shipped_matrices_load_and_expand_deterministically(name):
+    m = load_matrix(CONFIGS / f"{name}.yaml")
+    a, b = expand(m), expand(load_matrix(CONFIGS / f"{name}.yaml"))
+    assert [c.key for c in a] == [c.key for c in b] and len(a) == len({c.key for c in a}) > 0
+
+
+def test_cell_key_is_stable_and_readable():
+    axes = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": "full", "compiler": "eager"}
+    assert cell_key(axes) == "model=qwen3-0.6b:tiny|quant=none|attention=sdpa|parallel=tp1|graph=full|compiler=eager"
+
+
+def _write(tmp_path, text) -> Path:
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ("name: x\naxes:\n  model: [qwen3-0.6b:tiny]\n  grph: [full]\n", 4, ["axes.grph", "Extra inputs"]),
+        ("name: x\naxes:\n  model:\n    - qwen3-0.6b:tiny\n    - qwen3-0.6b:huge\n", 3, ["axes.model", "CARD:VARIANT"]),
+        ("name: x\ndefaults:\n  max_tokens: -3\naxes:\n  model: [qwen3-0.6b:tiny]\n", 3, ["defaults.max_tokens", "greater than 0"]),
+        ("name: x\ndefaults:\n  device: tpu\naxes:\n  model: [qwen3-0.6b:tiny]\n", 3, ["defaults.device", "'cpu' or 'cuda'"]),
+        ("name: x\naxes:\n  model: [qwen3-0.6b:tiny]\nexclude:\n  - {grap: full}\n", 5, ["exclude.0", "unknown axis"]),
+        ("axes:\n  model: [qwen3-0.6b:tiny]\n", None, ["field name", "Field required"]),
+    ],
+)
+def test_malformed_matrix_names_file_line_and_field(tmp_path, text, line, words):
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_matrix(path)
+    msg = str(e.value)
+    assert str(path) in msg
+    if line is not None:
+        assert f"{path}:{line}:" in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_not_yaml_names_the_line(tmp_path):
+    path = _write(tmp_path, "name: x\naxes: [\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:\d+: not valid YAML"):
+        load_matrix(path)
+
+
+def test_include_exclude_overrides_and_tiers(tmp_path):
+    path = _write(tmp_path, """
+name: rules
+defaults: {max_tokens: 64, tolerances: {logprob: 0.001}}
+axes:
+  model: [qwen3-0.6b:tiny, mixtral-8x7b:tiny, qwen3-8b:trim:2]
+  graph: [piecewise, breakable, full]
+include:
+  - {model: "qwen3-*"}
+  - {model: "mixtral-*", graph: piecewise}
+exclude:
+  - {model: "*:trim:*", graph: full}
+overrides:
+  "mixtral-*": {tolerances: {logprob: 0.5}, max_tokens: 32}
+  "qwen3-8b:*": {axes: {graph: [breakable, full]}}
+tiers:
+  fast: {graph: piecewise}
+""")
+    m = load_matrix(path)
+    keys = {(c.axes["model"], c.axes["graph"]): c for c in expand(m)}
+    assert set(keys) == {("qwen3-0.6b:tiny", "piecewise"), ("qwen3-0.6b:tiny", "breakable"), ("qwen3-0.6b:tiny", "full"),
+                         ("mixtral-8x7b:tiny", "piecewise"), ("qwen3-8b:trim:2", "breakable")}
+    mix = keys[("mixtral-8x7b:tiny", "piecewise")].spec
+    assert mix.logprob_tol == 0.5 and mix.max_tokens == 32 and mix.tiny
+    q = keys[("qwen3-0.6b:tiny", "full")].spec
+    assert q.logprob_tol == 0.001 and q.max_tokens == 64
+    trim = keys[("qwen3-8b:trim:2", "breakable")].spec
+    assert trim.layers == 2 and not trim.tiny and trim.weights == "synthetic"
+    assert {c.axes["graph"] for c in expand(m, tier="fast")} == {"piecewise"}
+    assert {c.axes["model"] for c in expand(m, filters=[{"model": "mixtral*"}])} == {"mixtral-8x7b:tiny"}
+    with pytest.raises(ConfigError, match="tier 'slow' is not in matrix"):
+        expand(m, tier="slow")
+
+
+def _cell(tmp_path, model="qwen3-0.6b:tiny", graph="piecewise", quant="none", parallel="tp1", device="cpu"):
+    path = _write(tmp_path, f"name: p\ndefaults: {{device: {device}}}\naxes:\n  model: ['{model}']\n  graph: [{graph}]\n"
+                            f"  quant: [{quant}]\n  parallel: [{parallel}]\n")
+    return expand(load_matrix(path))[0]
+
+
+def test_precheck_reads_the_runtime_table(tmp_path, monkeypatch):
+    caps = capabilities()
+    caps["cuda_devices"] = 0
+    assert precheck(_cell(tmp_path), caps, {}) is None
+    assert "DeepseekV3ForCausalLM" in precheck(_cell(tmp_path, model="deepseek-v3:tiny"), caps, {})
+    assert "quantization 'fp8'" in precheck(_cell(tmp_path, quant="fp8"), caps, {})
+    assert "parallel mode 'tp2'" in precheck(_cell(tmp_path, parallel="tp2"), caps, {})
+    assert "0 visible" in precheck(_cell(tmp_path, device="cuda"), caps, {})
+    assert "no model card" in precheck(_cell(tmp_path, model="no-such-model:tiny"), caps, {})
+    caps["attention_backends"]["sdpa"] = {"capturable": False, "why_not_capturable": "host sync in the kernel"}
+    assert "host sync in the kernel" in precheck(_cell(tmp_path, graph="full"), caps, {})
+    assert precheck(_cell(tmp_path, graph="piecewise"), caps, {}) is None  # runs attention between graphs
+    # the rule is the backend's own declaration, not a name the pre-check knows
+    caps["capture_backends"]["piecewise"] = {"requires_capturable_attention": True}
+    assert "needs a capturable attention backend" in precheck(_cell(tmp_path, graph="piecewise"), caps, {})
+
+
+def test_matrix_grows_with_the_runtime(tmp_path, monkeypatch):
+    """Teach the runtime an architecture and the same matrix launches the cell — the harness is not edited."""
+    from pcg_core.model import architectures
+
+    cell = _cell(tmp_path, model="grok-2:tiny")
+    assert "Grok1ForCausalLM" in precheck(cell, capabilities(), {})
+    monkeypatch.setitem(architectures.SUPPORTED_ARCHITECTURES, "Grok1ForCausalLM", ("moe",))
+    assert precheck(cell, capabilities(), {}) is None
