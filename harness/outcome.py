@@ -193,7 +193,7 @@ class CellRecord(CellOutcome):
 
     model_config = ConfigDict(extra="forbid")
 
-    key: str
+    key: str = Field(min_length=1)
     axes: dict[str, str]
     attempt: int = Field(default=1, ge=1)
     log: str = ""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.matrix import Cell, Matrix, expand, load_matrix, precheck, shard
+from pcg_core.capabilities import capabilities
 
 
 @dataclass
@@ -14,15 +15,12 @@ class RunOptions:
     jobs: int = 1
     shard: tuple[int, int] | None = None
     resume: bool = False
-    filters: list[dict[str, str]] = None  # type: ignore[assignment]
+    filters: list[dict[str, str]] = field(default_factory=list)
     tier: str | None = None
     trigger: str = "manual"
     logs_dir: Path = Path("pcg-logs")
     retry: bool = True
     progress: bool = True
-
-    def __post_init__(self) -> None:
-        self.filters = list(self.filters or [])
 
 
 @dataclass
@@ -36,8 +34,6 @@ class Plan:
 
 
 def plan(matrix_path: str | Path, opts: RunOptions) -> Plan:
-    from pcg_core.capabilities import capabilities
-
     matrix = load_matrix(matrix_path)
     cells = expand(matrix, filters=opts.filters, tier=opts.tier)
     if opts.shard:

@@ -61,6 +61,8 @@ def test_record_needs_every_axis_and_a_known_status():
         CellRecord(key="k", axes=AXES_OK, status="passed")
     with pytest.raises(ValidationError):
         CellRecord(key="k", axes=AXES_OK, status="pass", attempt=0)
+    with pytest.raises(ValidationError):
+        CellRecord(key="", axes=AXES_OK, status="pass")
     with pytest.raises(ValidationError):  # a record has no free-form keys: a typo is an error, not a lost value
         CellRecord(key="k", axes=AXES_OK, status="pass", atempt=2)
     r = CellRecord.of(cell_key(AXES_OK), AXES_OK, CellOutcome(status="pass"), attempt=2, log="x")
