@@ -86,6 +86,19 @@ def cell_key(axes: dict[str, str]) -> str:
     return "|".join(f"{a}={axes[a]}" for a in AXES)
 
 
+MAX_ATTEMPT = 100  # a cell runs once and is retried once; anything near this is not an attempt number
+LOG_KEEP = 200_000  # characters of a cell's log a record keeps: the end, where the error is
+
+
+def _encodable(text: str) -> str:
+    """The text, if UTF-8 can hold it (a lone surrogate cannot, and no database stores one)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{text[:40]!r} is not valid text (a lone surrogate at {e.start})") from None
+    return text
+
+
 class _Model(BaseModel):
     # Rows written by older versions carry keys nothing reads any more: they are ignored, not an error.
     model_config = ConfigDict(extra="ignore")
@@ -173,7 +186,7 @@ class CellOutcome(_Model):
     status: Status
     reason: str = ""
     metrics: CellMetrics = Field(default_factory=CellMetrics)
-    duration_s: float = 0.0
+    duration_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
 
     @property
     def passed(self) -> bool:
@@ -193,9 +206,9 @@ class CellRecord(CellOutcome):
 
     model_config = ConfigDict(extra="forbid")
 
-    key: str = Field(min_length=1)
+    key: str = Field(min_length=1, max_length=2000)
     axes: dict[str, str]
-    attempt: int = Field(default=1, ge=1)
+    attempt: int = Field(default=1, ge=1, le=MAX_ATTEMPT)
     log: str = ""
 
     @field_validator("axes")
@@ -203,7 +216,19 @@ class CellRecord(CellOutcome):
     def _all_axes(cls, axes: dict[str, str]) -> dict[str, str]:
         if set(axes) != set(AXES):
             raise ValueError(f"axes must have exactly {', '.join(AXES)}, got {', '.join(axes) or 'none'}")
+        for value in axes.values():
+            _encodable(value)
         return axes
+
+    @field_validator("key")
+    @classmethod
+    def _key_text(cls, key: str) -> str:
+        return _encodable(key)
+
+    @field_validator("log")
+    @classmethod
+    def _log_tail(cls, log: str) -> str:
+        return log[-LOG_KEEP:]
 
     @classmethod
     def of(cls, key: str, axes: dict[str, str], outcome: CellOutcome, *, attempt: int = 1, log: str = "") -> CellRecord:

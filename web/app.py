@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse
@@ -23,6 +24,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from harness.store import RunNotFound, Store
 from web.deps import render
+from web.guard import UploadGuard, max_bytes_from_env
 from web.routers import api, badges, pages, upload
 from web.services import CellNotFound
 
@@ -46,6 +48,7 @@ def create_app(db_url: str | None = None, upload_token: str | None = None) -> Fa
     app.state.store = store
     app.state.upload_token = upload_token if upload_token is not None else os.environ.get("PCG_UPLOAD_TOKEN") or None
     app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)
+    app.add_middleware(UploadGuard, max_bytes=max_bytes_from_env())
     app.mount("/static/swagger", StaticFiles(directory=str(swagger_ui_path)), name="swagger")
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     for r in (upload.router, api.router, badges.router, pages.router):
@@ -63,6 +66,14 @@ def create_app(db_url: str | None = None, upload_token: str | None = None) -> Fa
         if request.url.path.startswith("/api/"):
             return JSONResponse({"detail": message}, status_code=404)
         return render(request, "error.html", {"status": 404, "message": message}, status_code=404)
+
+    @app.exception_handler(RequestValidationError)
+    def invalid(request: Request, e: RequestValidationError) -> Response:
+        # The 422 names each bad field and why, without echoing its input: a NaN or a lone surrogate there would
+        # make the error itself unrenderable as JSON (a 500 in place of the 422).
+        detail = [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "")).encode("utf-8", "backslashreplace").decode(),
+                   "type": err.get("type", "")} for err in e.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(RunNotFound)
     def run_not_found(request: Request, e: RunNotFound) -> Response:

@@ -30,6 +30,9 @@ from harness.store import Store
 from web import present
 
 HERE = Path(__file__).parent
+# Bounds of the query parameters every page and API route shares (a value past them is a 422 naming it).
+MAX_LIMIT = 10_000  # runs listed at once
+MAX_THRESHOLD = 100.0  # a relative change; past 100× nothing is left to report
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; script-src 'none'; form-action 'self'; "
        "base-uri 'none'; frame-ancestors 'none'")
 
@@ -92,15 +95,24 @@ def render(request: Request, name: str, context: dict[str, Any], status_code: in
 _bearer = HTTPBearer(auto_error=False, description="the server's upload token (create_app arg or $PCG_UPLOAD_TOKEN)")
 
 
+def upload_refusal(expected: str | None, authorization: str | None) -> str | None:
+    """Why an upload with this Authorization header is refused, or None when its bearer token matches.
+
+    The one check: web.guard runs it before any body is read, require_upload_token again for the route (and
+    for the OpenAPI security scheme). A server started without a token takes no uploads."""
+    if not expected:
+        return "uploads are disabled: this server was started without an upload token (set PCG_UPLOAD_TOKEN)"
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return "send Authorization: Bearer <upload token>"
+    if not secrets.compare_digest(token.strip().encode(), expected.encode()):
+        return "wrong upload token"
+    return None
+
+
 def require_upload_token(request: Request,
                          creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
-    """401 unless `Authorization: Bearer <token>` matches; a server started without a token takes no uploads."""
-    expected: str | None = request.app.state.upload_token
-    challenge = {"WWW-Authenticate": "Bearer"}
-    if not expected:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "uploads are disabled: this server was started without "
-                            "an upload token (set PCG_UPLOAD_TOKEN)", headers=challenge)
-    if creds is None or creds.scheme.lower() != "bearer":
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "send Authorization: Bearer <upload token>", headers=challenge)
-    if not secrets.compare_digest(creds.credentials.encode(), expected.encode()):
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "wrong upload token", headers=challenge)
+    """401 unless `Authorization: Bearer <token>` matches (upload_refusal)."""
+    refusal = upload_refusal(request.app.state.upload_token, request.headers.get("authorization"))
+    if refusal is not None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, refusal, headers={"WWW-Authenticate": "Bearer"})

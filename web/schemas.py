@@ -188,9 +188,9 @@ class RequestsOut(BaseModel):
 class RunIn(BaseModel):
     """A whole run: provenance, its cell results, and optionally its own start and finish times."""
 
-    name: str = Field(min_length=1)
-    matrix: str
-    trigger: str = "manual"
+    name: str = Field(min_length=1, max_length=200)
+    matrix: str = Field(max_length=1000)
+    trigger: str = Field(default="manual", max_length=100)
     status: Literal["finished", "interrupted", "running"] = "finished"
     provenance: dict[str, str | None] = Field(default_factory=dict, description=f"keys among {', '.join(PROVENANCE)}")
     started_at: datetime | None = None
@@ -203,6 +203,8 @@ class RunIn(BaseModel):
         unknown = sorted(set(v) - set(PROVENANCE))
         if unknown:
             raise ValueError(f"unknown provenance keys {unknown}; allowed: {', '.join(PROVENANCE)}")
+        for value in v.values():
+            cls._text(value or "")
         return v
 
     @field_validator("started_at", "finished_at")
@@ -212,10 +214,21 @@ class RunIn(BaseModel):
             raise ValueError("give a time zone (e.g. 2026-01-01T02:00:00Z)")
         return v
 
+    @field_validator("name", "matrix", "trigger")
+    @classmethod
+    def _text(cls, v: str) -> str:
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("not valid text (a lone surrogate)") from None
+        return v
+
     @model_validator(mode="after")
     def _finished_if_timed(self) -> RunIn:
         if self.status == "running" and self.finished_at is not None:
             raise ValueError("a run still running has no finished_at")
+        if self.started_at and self.finished_at and self.finished_at < self.started_at:
+            raise ValueError(f"finished_at {self.finished_at.isoformat()} is before started_at {self.started_at.isoformat()}")
         return self
 
 

@@ -21,8 +21,6 @@ from harness.launcher.classify import classify_death
 from harness.matrix import Cell
 from harness.outcome import CellOutcome, CellRecord
 
-LOG_KEEP = 200_000  # characters of a cell's log kept in the store (the file keeps everything)
-
 
 def log_name(key: str) -> str:
     """A file name for a cell key (keys hold `|`, `:` and `*`)."""
@@ -71,4 +69,4 @@ def launch(cell: Cell, log_path: Path, gpu: int | None, attempt: int = 1) -> Cel
         status, reason = classify_death(returncode, timed_out, log_text, cell.timeout_s)
         outcome = CellOutcome(status=status, reason=reason)
     outcome.duration_s = duration  # the parent's clock, process start-up included (metrics.cell_s: the cell's own)
-    return CellRecord.of(cell.key, cell.axes, outcome, attempt=attempt, log=log_text[-LOG_KEEP:])
+    return CellRecord.of(cell.key, cell.axes, outcome, attempt=attempt, log=log_text)  # keeps the last LOG_KEEP

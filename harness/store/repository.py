@@ -39,6 +39,7 @@ from harness.store.views import RECORD_COLUMNS, Views, record_of
 REQUEST_KEYS = ("model", "revision", "config_hash", "architecture", "supported", "verdict", "status", "card_id")
 _UNCHANGED: Any = object()
 FINAL_RUN_STATUSES = ("finished", "interrupted")
+MAX_ID = 2**63 - 1  # the largest id either database can store
 
 
 class RunNotFound(KeyError):
@@ -142,6 +143,8 @@ class Store:
             run_id = int(run_ref)
         except (TypeError, ValueError):
             raise RunNotFound(f"run reference {run_ref!r}: give a run id or 'latest'") from None
+        if not 0 < run_id <= MAX_ID:  # no such row; and past 2**63 the database could not even compare it
+            raise RunNotFound(self._missing(run_id))
         with self._session() as s:
             run = s.get(Run, run_id)
             if run is None:

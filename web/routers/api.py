@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 
 from harness.reports.json_report import jsonable
 from web import present, services
-from web.deps import StoreDep, gc_paused
+from web.deps import MAX_LIMIT, MAX_THRESHOLD, StoreDep, gc_paused
 from web.grid import CONFIG_AXES, DEFAULT_GROUP, Grid, parse_filters
 from web.schemas import (
     CellOut,
@@ -53,7 +53,7 @@ def freshness_out(f: services.Freshness) -> FreshnessOut:
 
 
 @router.get("/runs", response_model=RunsOut, summary="Runs, newest first, with counts and pass rates")
-def list_runs(store: StoreDep, limit: Annotated[int | None, Query(ge=1)] = None) -> RunsOut:
+def list_runs(store: StoreDep, limit: Annotated[int | None, Query(ge=1, le=MAX_LIMIT)] = None) -> RunsOut:
     return RunsOut(freshness=freshness_out(services.freshness(store)),
                    runs=[RunSummaryOut(**summary_out(s)) for s in services.run_summaries(store, limit)])
 
@@ -109,7 +109,7 @@ def get_cell(store: StoreDep, key: str, run: int | None = None) -> CellOut:
 @router.get("/diff", response_model=DiffOut,
             summary="What changed between two runs, new failures first (head defaults to latest, base to the run before)")
 def get_diff(store: StoreDep, base: str | None = None, head: str | None = None,
-             threshold: Annotated[float, Query(ge=0)] = 0.10) -> DiffOut:
+             threshold: Annotated[float, Query(ge=0, le=MAX_THRESHOLD, allow_inf_nan=False)] = 0.10) -> DiffOut:
     with gc_paused():
         v = services.diff(store, base, head, threshold)
     d = v.diff

@@ -14,7 +14,7 @@ from starlette.responses import PlainTextResponse, Response
 from harness.outcome import AXES
 from harness.store import RunNotFound
 from web import services
-from web.deps import StoreDep, gc_paused, render
+from web.deps import MAX_LIMIT, MAX_THRESHOLD, StoreDep, gc_paused, render
 from web.grid import CONFIG_AXES, DEFAULT_GROUP, STATUS_CLASSES, parse_filters
 from web.plots import line_plot
 from web.present import speedup_of
@@ -67,7 +67,7 @@ def cell_page(request: Request, store: StoreDep, key: str, run: int | None = Non
 
 
 @router.get("/runs")
-def runs_page(request: Request, store: StoreDep, limit: Annotated[int, Query(ge=1)] = 200) -> Response:
+def runs_page(request: Request, store: StoreDep, limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 200) -> Response:
     return render(request, "runs.html", {"summaries": services.run_summaries(store, limit),
                                          "freshness": services.freshness(store)})
 
@@ -79,7 +79,7 @@ def run_page(request: Request, run_ref: str, store: StoreDep) -> Response:
 
 @router.get("/diff")
 def diff_page(request: Request, store: StoreDep, base: str | None = None, head: str | None = None,
-              threshold: Annotated[float, Query(ge=0)] = 0.10, format: str = "html") -> Response:
+              threshold: Annotated[float, Query(ge=0, le=MAX_THRESHOLD, allow_inf_nan=False)] = 0.10, format: str = "html") -> Response:
     with gc_paused():
         v = services.diff(store, base or None, head or None, threshold)
         if format == "md":

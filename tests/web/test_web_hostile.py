@@ -1,0 +1,151 @@
+"""Hostile and careless input: uploads refused before their body is read, bad upload bodies refused before
+anything is written (the database left as it was), and bad query parameters a 4xx naming them, never a 500."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from web_seed import axes, seed
+from web_support import TOKEN
+
+from harness.outcome import LOG_KEEP
+from harness.store import Store
+from web.app import create_app
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BIG = str(2**70)
+
+
+def _record(key: str = "k", **over: object) -> dict:
+    return {"key": key, "axes": axes("qwen3-0.6b:tiny", "full"), "status": "pass", "metrics": {"speedup": {"8": 2.0}},
+            **over}
+
+
+def _run(**over: object) -> dict:
+    return {"name": "up", "matrix": "m.yaml", "started_at": "2026-02-01T10:00:00Z",
+            "finished_at": "2026-02-01T10:30:00Z", "results": [_record()], **over}
+
+
+def _nested(depth: int) -> object:
+    v: object = 1.0
+    for _ in range(depth):
+        v = {"8": v}
+    return v
+
+
+@pytest.fixture
+def app_db(tmp_path: Path) -> tuple[TestClient, Path]:
+    path = tmp_path / "pcg.db"
+    seed(f"sqlite:///{path}")
+    with TestClient(create_app(f"sqlite:///{path}", upload_token=TOKEN), raise_server_exceptions=False) as c:
+        yield c, path
+
+
+def _dump(path: Path) -> list[str]:
+    with sqlite3.connect(path) as conn:
+        return list(conn.iterdump())
+
+
+@pytest.mark.parametrize("body", [
+    _run(results=[_record(duration_s=float("nan"))]),
+    _run(results=[_record(duration_s=-1.0)]),
+    _run(results=[_record(duration_s=float("inf"))]),
+    _run(results=[_record(attempt=2**63)]),
+    _run(results=[_record(attempt=0)]),
+    _run(results=[_record(metrics={"speedup": _nested(900)})]),
+    _run(results=[_record(key="")]),
+    _run(results=[_record(key="k\ud800")]),
+    _run(results=[_record(axes={"model": "m:tiny"})]),
+    _run(results=[_record(status="passed")]),
+    _run(results=[_record(atempt=2)]),
+    _run(results=[_record(), _record(key="k2", duration_s=float("nan"))]),  # one bad row among good ones
+    _run(name="a\ud800b"),
+    _run(name=""),
+    _run(provenance={"git_sha": "\udfff"}),
+    _run(provenance={"nope": "x"}),
+    _run(finished_at="2026-02-01T09:00:00Z"),  # before it started
+    _run(started_at="2026-02-01T10:00:00"),  # no time zone
+    _run(status="running"),  # running, yet finished
+], ids=lambda b: json.dumps(b, allow_nan=True)[:60])
+def test_a_bad_upload_is_422_and_the_database_is_untouched(app_db, body):
+    client, path = app_db
+    before = _dump(path)
+    text = json.dumps(body, allow_nan=True)  # NaN and Infinity as Python's json writes them
+    r = client.post("/api/runs", content=text.encode("utf-8", "surrogatepass"), headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 422, (r.status_code, r.text[:300])
+    assert _dump(path) == before
+
+
+def test_a_good_upload_keeps_only_the_documented_end_of_a_log(app_db):
+    client, path = app_db
+    log = "x" * (LOG_KEEP + 5000) + "the error at the end"
+    r = client.post("/api/runs", json=_run(results=[_record(log=log)]), headers=AUTH)
+    assert r.status_code == 201, r.text
+    with Store(f"sqlite:///{path}") as store:
+        (rec,) = store.results(r.json()["id"])
+    assert len(rec.log) == LOG_KEEP and rec.log.endswith("the error at the end")
+
+
+def _asgi_post(app, headers: dict[str, str]) -> tuple[int, bool]:
+    """POST /api/runs straight through the ASGI app; (status, whether any of the body was read)."""
+    read = False
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        nonlocal read
+        read = True
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/api/runs", "raw_path": b"/api/runs", "query_string": b"",
+             "root_path": "", "scheme": "http", "server": ("test", 80), "client": ("1.2.3.4", 5), "http_version": "1.1",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
+    asyncio.run(app(scope, receive, send))
+    return next(m["status"] for m in sent if m["type"] == "http.response.start"), read
+
+
+@pytest.mark.parametrize("headers,status", [
+    ({"content-length": str(30 * 2**20)}, 401),  # a stranger's 30 MB: refused from the headers
+    ({"content-length": "2", "authorization": "Bearer wrong"}, 401),
+    ({"authorization": f"Bearer {TOKEN}"}, 411),  # no length
+    ({"authorization": f"Bearer {TOKEN}", "content-length": str(65 * 2**20)}, 413),  # over the default cap
+])
+def test_uploads_are_refused_from_their_headers_before_the_body_is_read(tmp_path, headers, status):
+    app = create_app(seed(f"sqlite:///{tmp_path / 'pcg.db'}").url, upload_token=TOKEN)
+    got, read = _asgi_post(app, headers)
+    assert (got, read) == (status, False)
+    got, read = _asgi_post(app, {"authorization": f"Bearer {TOKEN}", "content-length": "2", "content-type": "application/json"})
+    assert got == 422 and read  # the guard lets a sound upload through to validation
+
+
+def test_the_cap_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("PCG_UPLOAD_MAX_MB", "1")
+    app = create_app(seed(f"sqlite:///{tmp_path / 'pcg.db'}").url, upload_token=TOKEN)
+    assert _asgi_post(app, {"authorization": f"Bearer {TOKEN}", "content-length": str(2 * 2**20)}) == (413, False)
+    monkeypatch.setenv("PCG_UPLOAD_MAX_MB", "lots")
+    from pcg_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="PCG_UPLOAD_MAX_MB"):
+        create_app(f"sqlite:///{tmp_path / 'pcg.db'}", upload_token=TOKEN)
+
+
+@pytest.mark.parametrize("url,status", [
+    ("/diff?threshold=inf", 422), ("/diff?threshold=nan", 422), ("/api/diff?threshold=1e400", 422),
+    (f"/runs?limit={BIG}", 422), (f"/api/runs?limit={BIG}", 422),
+    (f"/runs/{BIG}", 404), (f"/api/runs/{BIG}", 404), (f"/?run={BIG}", 404), (f"/api/matrix?run={BIG}", 404),
+    (f"/diff?base={BIG}&head=latest", 404), ("/api/runs/0", 404), ("/runs/-1", 404),
+    (f"/cell?key=x&run={BIG}", 404), (f"/api/cell?key=x&run={BIG}", 404),
+    ("/badge/matrix/%ED%A0%80.svg", 200), ("/?run=%ED%A0%80", 404), ("/cell?key=%ED%A0%80", 404),
+])
+def test_bad_query_parameters_are_4xx_never_500(sqlite_client, url, status):
+    r = sqlite_client.get(url)
+    assert r.status_code == status, (url, r.status_code, r.text[:200])
+    if status == 422:
+        assert r.json()["detail"][0]["loc"][-1] in ("threshold", "limit")  # names the parameter
