@@ -17,18 +17,19 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import Response
 from swagger_ui_bundle import swagger_ui_path
 
 from harness.store import RunNotFound, Store
-from web.deps import render
+from web.deps import SecurityHeaders, render
 from web.guard import UploadGuard, max_bytes_from_env
 from web.routers import api, badges, pages, upload
 from web.services import CellNotFound
 
 STATIC = Path(__file__).parent / "static"
+SWAGGER_FILES = ("swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png")
 
 
 def create_app(db_url: str | None = None, upload_token: str | None = None) -> FastAPI:
@@ -49,7 +50,16 @@ def create_app(db_url: str | None = None, upload_token: str | None = None) -> Fa
     app.state.upload_token = upload_token if upload_token is not None else os.environ.get("PCG_UPLOAD_TOKEN") or None
     app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)
     app.add_middleware(UploadGuard, max_bytes=max_bytes_from_env())
-    app.mount("/static/swagger", StaticFiles(directory=str(swagger_ui_path)), name="swagger")
+    app.add_middleware(SecurityHeaders)
+
+    @app.get("/static/swagger/{name}", include_in_schema=False)
+    def swagger_file(name: str) -> Response:
+        # Only what /docs loads: the package's folder also holds Swagger's stock demo page, which fetches an
+        # outside host.
+        if name not in SWAGGER_FILES:
+            return JSONResponse({"detail": "not found"}, status_code=404)
+        return FileResponse(Path(swagger_ui_path) / name)
+
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     for r in (upload.router, api.router, badges.router, pages.router):
         app.include_router(r)

@@ -149,3 +149,20 @@ def test_bad_query_parameters_are_4xx_never_500(sqlite_client, url, status):
     assert r.status_code == status, (url, r.status_code, r.text[:200])
     if status == 422:
         assert r.json()["detail"][0]["loc"][-1] in ("threshold", "limit")  # names the parameter
+
+
+@pytest.mark.parametrize("url", ["/", "/api/runs", "/badge/matrix/smoke.svg", "/static/style.css", "/docs",
+                                 "/openapi.json", "/no/such/page", "/static/swagger/swagger-ui.css"])
+def test_every_response_carries_the_security_headers(sqlite_client, url):
+    r = sqlite_client.get(url)
+    assert r.headers["x-content-type-options"] == "nosniff" and r.headers["referrer-policy"] == "no-referrer"
+    csp = r.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+    assert ("script-src 'self'" in csp) == (url == "/docs")  # only /docs runs scripts, and only its own
+
+
+@pytest.mark.parametrize("name,status", [("swagger-ui-bundle.js", 200), ("swagger-ui.css", 200), ("favicon-32x32.png", 200),
+                                         ("index.html", 404), ("swagger-initializer.js", 404), ("oauth2-redirect.html", 404),
+                                         ("..%2F..%2Fapp.py", 404)])
+def test_only_the_swagger_files_docs_loads_are_served(sqlite_client, name, status):
+    assert sqlite_client.get(f"/static/swagger/{name}").status_code == status
