@@ -23,8 +23,8 @@ from starlette.responses import Response
 from swagger_ui_bundle import swagger_ui_path
 
 from harness.store import RunNotFound, Store
-from web.deps import SecurityHeaders, render
-from web.guard import UploadGuard, max_bytes_from_env
+from web.deps import render
+from web.guard import SecurityHeaders, UploadGuard, max_bytes_from_env
 from web.routers import api, badges, pages, upload
 from web.services import CellNotFound
 

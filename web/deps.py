@@ -35,36 +35,6 @@ MAX_LIMIT = 10_000  # runs listed at once
 MAX_THRESHOLD = 100.0  # a relative change; past 100× nothing is left to report
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; script-src 'none'; form-action 'self'; "
        "base-uri 'none'; frame-ancestors 'none'")
-# /docs is the one page that runs scripts: Swagger UI from our own files plus FastAPI's inline start-up script,
-# talking to this origin only.
-DOCS_CSP = ("default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
-            "img-src 'self' data:; connect-src 'self'; base-uri 'none'; frame-ancestors 'none'")
-
-
-class SecurityHeaders:
-    """Every response says nosniff and sends no referrer; one without a CSP of its own (JSON, badges, static
-    files, /docs) gets the strict one (DOCS_CSP for /docs), so no route can ship without."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        csp = (DOCS_CSP if scope["path"] == "/docs" else CSP).encode()
-
-        async def send_with_headers(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                names = {k.lower() for k, _ in headers}
-                headers += [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
-                if b"content-security-policy" not in names:
-                    headers.append((b"content-security-policy", csp))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
 
 
 def _fmt_time(v: datetime | str | None) -> str:

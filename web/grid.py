@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from harness.outcome import AXES, NOT_COUNTED, CellRecord
+from harness.reports import cell_speedup
 from harness.reports.stats import is_failing, is_passing, natural_key, ordered_statuses
 from web import present
 
@@ -122,7 +123,7 @@ def build_grid(rows: Sequence[CellRecord], run_id: int, group: str = DEFAULT_GRO
     counts: Counter[str] = Counter()
     for r, config in zip(shown, shown_configs):
         m = r.metrics
-        speedup = present.speedup_of(m)
+        speedup = cell_speedup(m)
         cell = GridCell(r, speedup, present.short_label(r.status, speedup), present.css_class(r.status),
                         present.tooltip(r.status, r.reason, speedup, m.capture_s, m.graph_pool_bytes, m.token_match),
                         cell_href(r.key, run_id))

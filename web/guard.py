@@ -1,4 +1,6 @@
-"""The upload guard: an upload is refused before a byte of its body is read when its token is wrong, when it does
+"""What every request passes before a route: the upload guard and the security headers (ASGI middlewares).
+
+The upload guard refuses an upload before a byte of its body is read when its token is wrong, when it does
 not say how long it is, or when it is longer than the server takes.
 
 FastAPI reads and parses a request body before it runs the route's dependencies, so a token check there comes
@@ -16,7 +18,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pcg_core.errors import ConfigError
-from web.deps import upload_refusal
+from web.deps import CSP, upload_refusal
 
 DEFAULT_MAX_BYTES = 64 * 2**20  # a nightly's 504 cells with their logs (each kept to 200,000 characters) fit
 
@@ -84,3 +86,35 @@ async def _answer(send: Send, status: int, detail: str, extra: dict[str, str] | 
     start: dict[str, Any] = {"type": "http.response.start", "status": status, "headers": headers}
     await send(start)
     await send({"type": "http.response.body", "body": body})
+
+
+# /docs is the one page that runs scripts: Swagger UI from our own files plus FastAPI's inline start-up script,
+# talking to this origin only.
+DOCS_CSP = ("default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+            "img-src 'self' data:; connect-src 'self'; base-uri 'none'; frame-ancestors 'none'")
+
+
+class SecurityHeaders:
+    """Every response says nosniff and sends no referrer; one without a CSP of its own (JSON, badges, static
+    files, /docs) gets the strict one (DOCS_CSP for /docs), so no route can ship without."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        csp = (DOCS_CSP if scope["path"] == "/docs" else CSP).encode()
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                names = {k.lower() for k, _ in headers}
+                headers += [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
+                if b"content-security-policy" not in names:
+                    headers.append((b"content-security-policy", csp))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

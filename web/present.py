@@ -11,8 +11,6 @@ import math
 from collections.abc import Sequence
 from itertools import pairwise
 
-from harness.outcome import CellMetrics
-from harness.reports import cell_speedup
 from harness.reports.markdown import one_line
 from harness.reports.stats import is_passing, status_class
 
@@ -25,11 +23,6 @@ MIB = 2**20
 def css_class(status: str) -> str:
     """s-pass, s-flaky, s-fail, s-eager_fail or s-not_run (web/static/style.css colours them)."""
     return f"s-{status_class(status)}"
-
-
-def speedup_of(metrics: CellMetrics) -> float | None:
-    """The cell's speedup as the reports compute it: geomean over token counts."""
-    return cell_speedup(metrics)
 
 
 def short_label(status: str, speedup: float | None) -> str:

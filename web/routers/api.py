@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 
+from harness.reports import cell_speedup
 from harness.reports.json_report import jsonable
 from web import present, services
 from web.deps import MAX_LIMIT, MAX_THRESHOLD, StoreDep, gc_paused
@@ -96,7 +97,7 @@ def get_cell(store: StoreDep, key: str, run: int | None = None) -> CellOut:
     v = services.cell(store, key, run)
     history = [HistoryPointOut(run_id=h.run_id, run_name=h.run_name, started_at=h.started_at, trigger=h.trigger,
                                status=h.record.status, reason=h.record.reason, attempts=h.attempts,
-                               speedup=present.speedup_of(h.record.metrics), speedups=jsonable(h.record.metrics.speedup),
+                               speedup=cell_speedup(h.record.metrics), speedups=jsonable(h.record.metrics.speedup),
                                capture_s=jsonable(h.record.metrics.capture_s),
                                graph_pool_bytes=h.record.metrics.graph_pool_bytes)
                for h in v.history]

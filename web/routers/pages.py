@@ -13,11 +13,11 @@ from starlette.responses import PlainTextResponse, Response
 
 from harness.outcome import AXES
 from harness.store import RunNotFound
+from harness.reports import cell_speedup
 from web import services
 from web.deps import MAX_LIMIT, MAX_THRESHOLD, StoreDep, gc_paused, render
 from web.grid import CONFIG_AXES, DEFAULT_GROUP, STATUS_CLASSES, parse_filters
 from web.plots import line_plot
-from web.present import speedup_of
 
 router = APIRouter(include_in_schema=False)
 
@@ -61,9 +61,9 @@ def _plots(v: services.CellView) -> list[Any]:
 @router.get("/cell")
 def cell_page(request: Request, store: StoreDep, key: str, run: int | None = None) -> Response:
     v = services.cell(store, key, run)
-    history = [(h, speedup_of(h.record.metrics)) for h in reversed(v.history)]
+    history = [(h, cell_speedup(h.record.metrics)) for h in reversed(v.history)]
     return render(request, "cell.html", {"v": v, "history": history, "plots": _plots(v),
-                                         "speedup": speedup_of(v.current.record.metrics)})
+                                         "speedup": cell_speedup(v.current.record.metrics)})
 
 
 @router.get("/runs")

@@ -28,7 +28,6 @@ def upload_run(body: RunIn, store: StoreDep) -> RunCreatedOut:
 @router.post("/requests", status_code=status.HTTP_201_CREATED, response_model=RequestCreatedOut,
              summary="Queue a model for the matrix: the report `pcgh request --submit` sends (Authorization: Bearer <token>)")
 def upload_request(body: RequestIn, store: StoreDep) -> RequestCreatedOut:
-
     try:
         report = RequestReport.model_validate(body.model_dump())
     except ValidationError as e:
