@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -52,8 +53,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
 def _add_cell(sub: argparse._SubParsersAction) -> None:
     from pcg_core.attention import attention_backend_names
+    from pcg_core.capabilities import PARALLEL, QUANTIZATION
 
     p = sub.add_parser("cell", help="run one cell: eager reference vs graph candidate, judged")
     p.add_argument("--model", required=True, help="model-card id, hub id (org/name), local model directory or config.json")
@@ -63,20 +75,34 @@ def _add_cell(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--graph", choices=[b for b in capture_backend_names() if b != "disabled"], required=True)
     p.add_argument("--compiler", choices=COMPILERS, default="eager")
     p.add_argument("--attention", choices=attention_backend_names(), default="sdpa")
+    # Not limited to what the runtime has: a matrix cell's repro names its scheme, and the cell says it is unsupported.
+    p.add_argument("--quant", default="none", help=f"quantization scheme (the runtime runs: {', '.join(QUANTIZATION)})")
+    p.add_argument("--parallel", default="tp1", help=f"parallel mode (the runtime runs: {', '.join(PARALLEL)})")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", choices=list(DTYPES), help="default: float32 on cpu, bfloat16 on cuda")
     p.add_argument("--max-tokens", type=_positive_int, default=4096, help="largest token bucket")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=_positive_int, default=8)
+    p.add_argument("--top-k", type=_positive_int, default=5, help="top-k logprobs kept per position for the judge")
+    p.add_argument("--logprob-tol", type=_positive_float, help="max |Δlogprob| where tokens agree (default: per dtype)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _cmd_cell(args: argparse.Namespace) -> int:
-    from harness.cell import CellSpec, run_cell
+def spec_from_args(args: argparse.Namespace) -> CellSpec:
+    """The cell `pcgh cell` runs: one flag per CellSpec field a matrix sets, so a cell's repro command
+    (harness.repro) reruns exactly that cell."""
+    from harness.cell import CellSpec
 
-    spec = CellSpec(model=args.model, graph=args.graph, attention=args.attention, device=args.device, dtype=args.dtype,
+    return CellSpec(model=args.model, graph=args.graph, attention=args.attention, device=args.device, dtype=args.dtype,
                     layers=args.layers, tiny=args.tiny, weights=args.weights, max_tokens=args.max_tokens,
-                    compiler=args.compiler, seed=args.seed, max_new_tokens=args.max_new_tokens)
+                    compiler=args.compiler, quant=args.quant, parallel=args.parallel, seed=args.seed,
+                    max_new_tokens=args.max_new_tokens, top_k=args.top_k, logprob_tol=args.logprob_tol)
+
+
+def _cmd_cell(args: argparse.Namespace) -> int:
+    from harness.cell import run_cell
+
+    spec = spec_from_args(args)
     outcome = run_cell(spec)
     if args.json:  # the outcome, with the spec that produced it
         print(json.dumps({"spec": asdict(spec), **json.loads(outcome.to_json())}))
@@ -95,7 +121,8 @@ def _print_cell(spec: CellSpec, o: CellOutcome) -> None:
 
     console, m = Console(), o.metrics
     colour = "green" if o.passed else "yellow" if o.status == "unsupported" else "red"
-    console.print(f"[bold {colour}]{o.status}[/] {spec.model} graph={spec.graph} attention={spec.attention} "
+    console.print(f"[bold {colour}]{o.status}[/] {spec.model} quant={spec.quant} attention={spec.attention} "
+                  f"parallel={spec.parallel} graph={spec.graph} compiler={spec.compiler} "
                   f"{m.device} {m.dtype} layers={m.layers}" + (f" — {o.reason}" if o.reason else ""))
     if m.pieces is None:
         return  # ended before capture: nothing measured

@@ -123,7 +123,8 @@ class CellMetrics(_Model):
     """What a cell measured. A field is None when the cell ended before measuring it (a crash, an unsupported
     model), so "not measured" never reads as zero."""
 
-    # The run settings, enough to rerun the cell (the axes hold model, graph, attention and compiler).
+    # The run settings, enough to rerun the cell (harness.repro); the axes hold the rest. None: not recorded
+    # (a cell that died before reporting, or one stored before the field existed).
     device: str | None = None
     dtype: str | None = None
     layers: int | None = None
@@ -131,6 +132,9 @@ class CellMetrics(_Model):
     weights: str | None = None
     max_tokens: int | None = None
     max_new_tokens: int | None = None
+    seed: int | None = None
+    top_k: int | None = None
+    logprob_tol: float | None = None  # None here and in the spec alike: the judge's per-dtype default
     # Capture.
     pieces: int | None = None
     graphs_captured: int | None = None

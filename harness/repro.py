@@ -1,8 +1,13 @@
 """The `pcgh cell` command that reruns one cell of a matrix, from its axes and the settings it recorded.
 
+Every axis is written out, defaults too (`--quant none --parallel tp1 …`), so the command says which cell it is;
+each axis has the `pcgh cell` flag of the same name, and a scheme or mode the runtime lacks ends that cell as
+`unsupported` instead of quietly running the default one. The run settings (device, dtype, token limits, seed,
+top-k, logprob tolerance) come from the cell's CellMetrics, which run_cell fills before anything can fail.
+
 It lives beside the outcome (not in the command line, which imports the runtime) so the dashboard can print it
-without torch; tests/harness/test_repro.py parses every command it makes with pcgh's own parser, so the two
-cannot drift apart.
+without torch; tests/harness/test_repro.py parses the commands it makes with pcgh's own parser and checks that
+they rebuild the matrix's CellSpec, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -10,25 +15,29 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 
-from harness.outcome import CellMetrics, ModelRef
+from harness.outcome import AXES, CellMetrics, ModelRef
+
+# `pcgh cell` flag → the CellMetrics field that recorded its value.
+SETTINGS = (("--device", "device"), ("--dtype", "dtype"), ("--max-tokens", "max_tokens"),
+            ("--max-new-tokens", "max_new_tokens"), ("--seed", "seed"), ("--top-k", "top_k"),
+            ("--logprob-tol", "logprob_tol"))
 
 
 def repro_command(axes: dict[str, str], metrics: CellMetrics, fallbacks: Iterable[CellMetrics] = ()) -> str:
-    """The command for this cell. A cell that died before reporting has no settings: device, dtype and max tokens
-    then come from the first of `fallbacks` (the same cell's other runs) that has them, else pcgh's defaults."""
+    """The command for this cell. A cell that died before reporting has no settings: each then comes from the
+    first of `fallbacks` (the same cell's other runs) that recorded it, else it is left to pcgh's default."""
     model = ModelRef.parse(axes["model"])
     args = ["pcgh", "cell", "--model", model.card]
     if model.tiny:
         args.append("--tiny")
     elif model.layers is not None:
         args += ["--layers", str(model.layers)]
-    elif model.weights == "real":
-        args += ["--weights", "real"]
-    for flag, axis in (("--graph", "graph"), ("--attention", "attention"), ("--compiler", "compiler")):
-        if axes.get(axis):
-            args += [flag, axes[axis]]
+    args += ["--weights", model.weights]
+    for axis in AXES:
+        if axis != "model":
+            args += [f"--{axis}", axes[axis]]
     sources = [metrics, *fallbacks]
-    for flag, name in (("--device", "device"), ("--dtype", "dtype"), ("--max-tokens", "max_tokens")):
+    for flag, name in SETTINGS:
         value = next((getattr(m, name) for m in sources if getattr(m, name) not in (None, "")), None)
         if value is not None:
             args += [flag, str(value)]

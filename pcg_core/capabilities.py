@@ -7,6 +7,7 @@ grows (an architecture, a quantization scheme, an attention backend, a parallel 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -18,6 +19,19 @@ from pcg_core.model import architectures
 
 QUANTIZATION = ("none",)  # schemes the runtime can execute; FP8/INT8/AWQ/GPTQ… come later
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
+
+
+def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION) -> str | None:
+    """Why the runtime cannot run quantization `quant`, or None: one wording for the matrix pre-check (which
+    passes its capabilities' list) and for a cell asked for it directly."""
+    have = list(supported)
+    return None if quant in have else f"quantization {quant!r} is not supported by the runtime yet (supported: {', '.join(have)})"
+
+
+def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL) -> str | None:
+    """Why the runtime cannot run parallel mode `parallel`, or None; worded once, like quant_unsupported_reason."""
+    have = list(supported)
+    return None if parallel in have else f"parallel mode {parallel!r} is not supported by the runtime yet (supported: {', '.join(have)})"
 
 
 def capabilities() -> dict[str, Any]:

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from swagger_ui_bundle import swagger_ui_path
 
 from harness.store import RunNotFound, Store
+from web.cache import KeptViews, page_cache
 from web.deps import render
 from web.guard import SecurityHeaders, UploadGuard, max_bytes_from_env
 from web.routers import api, badges, pages, upload
@@ -36,6 +37,7 @@ def create_app(db_url: str | None = None, upload_token: str | None = None) -> Fa
     """The app over `db_url` (None: $PCG_DB_URL or sqlite:///pcg.db); uploads need `upload_token`, else
     $PCG_UPLOAD_TOKEN; with neither, uploads are refused and everything else works."""
     store = Store(db_url)
+    store.views = KeptViews(store.views.engine)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -47,6 +49,7 @@ def create_app(db_url: str | None = None, upload_token: str | None = None) -> Fa
                   description="Read the pcg compatibility matrix: runs, cells, histories, diffs, requests. "
                               "Uploads need `Authorization: Bearer <token>`.")
     app.state.store = store
+    app.state.pages = page_cache()
     app.state.upload_token = upload_token if upload_token is not None else os.environ.get("PCG_UPLOAD_TOKEN") or None
     app.add_middleware(GZipMiddleware, minimum_size=2048, compresslevel=5)
     app.add_middleware(UploadGuard, max_bytes=max_bytes_from_env())

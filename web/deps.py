@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +32,7 @@ from web import present
 HERE = Path(__file__).parent
 # Bounds of the query parameters every page and API route shares (a value past them is a 422 naming it).
 MAX_LIMIT = 10_000  # runs listed at once
+MAX_PAGE = 100_000  # a page number of the matrix (past the last page shows the last)
 MAX_THRESHOLD = 100.0  # a relative change; past 100× nothing is left to report
 CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; script-src 'none'; form-action 'self'; "
        "base-uri 'none'; frame-ancestors 'none'")
@@ -108,6 +109,20 @@ def upload_refusal(expected: str | None, authorization: str | None) -> str | Non
     if not secrets.compare_digest(token.strip().encode(), expected.encode()):
         return "wrong upload token"
     return None
+
+
+def kept_page(request: Request, build: Callable[[], Response], *extra: Hashable) -> Response:
+    """The response `build` makes for this URL, or the copy kept from an earlier request while the store's
+    version and `extra` (what else the page prints, e.g. its freshness line) are unchanged (web.cache)."""
+    key = (request.url.path, request.url.query, request.app.state.store.views.version(), *extra)
+    status_code, body, headers = request.app.state.pages.get(key, lambda: _frozen(build()))
+    response = Response(body, status_code)
+    response.raw_headers = list(headers)
+    return response
+
+
+def _frozen(response: Response) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    return response.status_code, bytes(response.body), list(response.raw_headers)
 
 
 def require_upload_token(request: Request,

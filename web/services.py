@@ -22,8 +22,10 @@ from harness.reports.stats import is_counted, is_failing, is_passing, ordered_st
 from harness.store import HistoryPoint, RunNotFound, Store
 from web import present
 from web.grid import DEFAULT_GROUP, Grid, build_grid
+from web.support import Support, support
 
 STALE_AFTER = timedelta(days=1)
+HISTORY_RUNS = 8  # runs in a matrix cell's history strip, this one included
 MAX_FAILING = 50  # failing cells listed on a run page
 
 
@@ -109,11 +111,25 @@ def freshness(store: Store, now: datetime | None = None) -> Freshness:
     return Freshness(run, age, stale, msg + (": stale, older than a day" if stale else ""))
 
 
+@dataclass
+class MatrixView:
+    run: dict[str, Any]
+    grid: Grid
+    support: Support | None  # the whole run's (filters aside); None when not asked for
+    strip_runs: list[int]  # the runs before this one in each history strip, oldest first
+
+
 def matrix(store: Store, run_ref: int | str = "latest", group: str = DEFAULT_GROUP,
-           filters: Mapping[str, list[str]] | None = None) -> tuple[dict[str, Any], Grid]:
-    """The run and its grid: one query for the cells, everything else in memory."""
+           filters: Mapping[str, list[str]] | None = None, *, hide_unsupported: bool = False, page: int | None = None,
+           with_history: bool = False, with_support: bool = False) -> MatrixView:
+    """The run and its grid (one page of it, when `page` is given); its support summary and its cells' history
+    strips (the statuses of the runs before it of the same name) when asked for."""
     run = store.run(run_ref)
-    return run, build_grid(store.views.cells(run["id"]), run["id"], group, filters)
+    rows = store.views.cells(run["id"])
+    before = store.views.runs_before(run["id"], HISTORY_RUNS - 1) if with_history else []
+    grid = build_grid(rows, run["id"], group, filters, hide_unsupported=hide_unsupported, page=page,
+                      history=[store.views.statuses(r) for r in before])
+    return MatrixView(run, grid, support(rows, run["id"]) if with_support else None, before)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from harness.cell.prompts import latency_token_counts, prompt_suite
 from harness.cell.spec import CellSpec
 from harness.cell.timing import median_ms
 from harness.outcome import CellMetrics, CellOutcome, EagerSelfDiff, Latency, Status
+from pcg_core.capabilities import parallel_unsupported_reason, quant_unsupported_reason
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.errors import ConfigError, UnsupportedModel
@@ -71,6 +72,22 @@ class _Cell:
     @property
     def tol(self) -> float:
         return self.spec.logprob_tol if self.spec.logprob_tol is not None else LOGPROB_TOL[self.spec.dtype]
+
+
+def recorded_settings(spec: CellSpec) -> CellMetrics:
+    """The metrics a cell starts with: its run settings, which harness.repro turns back into the `pcgh cell`
+    command (the axes give the rest), so they are recorded even when the cell ends before measuring anything."""
+    return CellMetrics(device=spec.device, dtype=spec.dtype, layers=spec.layers, tiny=spec.tiny, weights=spec.weights,
+                       max_tokens=spec.max_tokens, max_new_tokens=spec.max_new_tokens, seed=spec.seed, top_k=spec.top_k,
+                       logprob_tol=spec.logprob_tol)
+
+
+def _check_runtime(spec: CellSpec) -> None:
+    """A quantization or parallel mode the runtime lacks ends the cell as the matrix pre-check would have, before
+    the model is loaded; running the unquantized single-GPU cell instead would pass under the wrong name."""
+    reason = quant_unsupported_reason(spec.quant) or parallel_unsupported_reason(spec.parallel)
+    if reason:
+        raise _Stop(Status.UNSUPPORTED, reason)
 
 
 def _load(cell: _Cell) -> None:
@@ -180,11 +197,11 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
     phase = on_phase or (lambda name: None)
     capture = CaptureConfig(backend=spec.graph, compiler=spec.compiler, max_tokens=spec.max_tokens)
     config = EngineConfig(device=spec.device, dtype=spec.dtype, attention=spec.attention, capture=capture)
-    metrics = CellMetrics(device=spec.device, dtype=spec.dtype, layers=spec.layers, tiny=spec.tiny, weights=spec.weights,
-                          max_tokens=spec.max_tokens, max_new_tokens=spec.max_new_tokens)
+    metrics = recorded_settings(spec)
     cell = _Cell(spec, config, metrics)
     t0 = time.perf_counter()
     try:
+        _check_runtime(spec)
         phase("load")
         _load(cell)
         phase("eager")

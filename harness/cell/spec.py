@@ -17,6 +17,8 @@ class CellSpec:
     weights: str = "auto"  # auto | real | synthetic
     max_tokens: int = 4096  # largest token bucket
     compiler: str = "eager"
+    quant: str = "none"  # quantization scheme; run_cell ends a scheme the runtime lacks as unsupported
+    parallel: str = "tp1"  # parallel mode; likewise
     seed: int = 0
     max_new_tokens: int = 8
     top_k: int = 5

@@ -48,6 +48,8 @@ def spec_for(matrix: Matrix, axes: dict[str, str]) -> tuple[CellSpec, int]:
         weights=model.weights,
         max_tokens=max_tokens,
         compiler=axes["compiler"],
+        quant=axes["quant"],
+        parallel=axes["parallel"],
         seed=d.seed,
         max_new_tokens=max_new,
         top_k=d.top_k,

@@ -10,6 +10,7 @@ from typing import Any
 from harness.cards import ModelCard, find_card
 from harness.matrix.expand import Cell
 from harness.outcome import ModelRef
+from pcg_core.capabilities import parallel_unsupported_reason, quant_unsupported_reason
 from pcg_core.errors import ConfigError
 from pcg_core.model import build_config, unsupported_reason
 
@@ -31,8 +32,8 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
         reason = str(e)
     if reason:
         return reason
-    if a["quant"] not in caps["quantization"]:
-        return f"quantization {a['quant']!r} is not supported by the runtime yet (supported: {', '.join(caps['quantization'])})"
+    if reason := quant_unsupported_reason(a["quant"], caps["quantization"]):
+        return reason
     if a["attention"] not in caps["attention_backends"]:
         return f"attention backend {a['attention']!r} is not in the runtime (have: {', '.join(caps['attention_backends'])})"
     if a["graph"] not in caps["capture_backends"]:
@@ -41,8 +42,8 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
     if caps["capture_backends"][a["graph"]]["requires_capturable_attention"] and not attn["capturable"]:
         return (f"capture backend {a['graph']} needs a capturable attention backend; "
                 f"{a['attention']} is not ({attn['why_not_capturable']})")
-    if a["parallel"] not in caps["parallel"]:
-        return f"parallel mode {a['parallel']!r} is not supported by the runtime yet (supported: {', '.join(caps['parallel'])})"
+    if reason := parallel_unsupported_reason(a["parallel"], caps["parallel"]):
+        return reason
     if cell.spec.device == "cuda":
         need = caps["parallel"][a["parallel"]]
         if caps["cuda_devices"] < need:

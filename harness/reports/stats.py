@@ -68,6 +68,8 @@ def geomean(values: Iterable[Any]) -> float | None:
 
 
 def is_positive_finite(v: Any) -> bool:
+    if type(v) is float:  # nearly every value: skip the abstract-base-class checks, 3× the cost of the rest
+        return 0 < v < math.inf
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 

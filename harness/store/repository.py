@@ -14,7 +14,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import Connection, insert, or_, select
+from sqlalchemy import Connection, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
@@ -29,12 +29,13 @@ from harness.store.models import (
     CellResult,
     ModelRequest,
     Run,
+    RunCounts,
     as_dict,
     final_attempt,
     first_recorded,
     utcnow,
 )
-from harness.store.views import RECORD_COLUMNS, Views, record_of
+from harness.store.views import RECORD_COLUMNS, Views, record_of, tally
 
 REQUEST_KEYS = ("model", "revision", "config_hash", "architecture", "supported", "verdict", "status", "card_id")
 _UNCHANGED: Any = object()
@@ -72,6 +73,7 @@ class Store:
             raise connect_error(self.url, e) from e
         self._session = sessionmaker(self._engine, expire_on_commit=False)
         self.views = Views(self._engine)
+        self._count_uncounted_runs()
 
     def __repr__(self) -> str:
         return f"Store({mask(self.url)!r})"
@@ -90,7 +92,9 @@ class Store:
     def create_run(self, name: str, matrix: str, meta: Mapping[str, Any], trigger: str = "manual") -> int:
         """Start a run in status "running"; `meta` holds the provenance columns (missing ones stay NULL)."""
         with self._engine.begin() as conn:
-            return _insert_run(conn, name, matrix, meta, trigger, "running", utcnow(), None)
+            run_id = _insert_run(conn, name, matrix, meta, trigger, "running", utcnow(), None)
+            self._recount(conn, run_id)
+        return run_id
 
     def import_run(self, name: str, matrix: str, meta: Mapping[str, Any], records: Sequence[CellRecord], *,
                    trigger: str = "manual", status: str = "finished", started_at: datetime | None = None,
@@ -107,16 +111,18 @@ class Store:
         with self._engine.begin() as conn:
             run_id = _insert_run(conn, name, matrix, meta, trigger, status, started, finished)
             self._upsert(conn, run_id, values)
+            self._recount(conn, run_id)
         return run_id
 
     def finish_run(self, run_id: int, status: str = "finished") -> None:
         if status not in FINAL_RUN_STATUSES:
             raise ValueError(f"run status {status!r}: a run ends as one of {', '.join(FINAL_RUN_STATUSES)}")
-        with self._session.begin() as s:
-            run = s.get(Run, run_id)
-            if run is None:
-                raise RunNotFound(self._missing(run_id))
-            run.status, run.finished_at = status, utcnow()
+        with self._engine.begin() as conn:
+            found = conn.execute(update(Run).where(Run.id == run_id).values(status=status, finished_at=utcnow())).rowcount
+            if found:
+                self._recount(conn, run_id)
+        if not found:
+            raise RunNotFound(self._missing(run_id))
 
     def latest_run(self, name: str | None = None, matrix: str | None = None,
                    trigger: str | None = None) -> dict[str, Any] | None:
@@ -172,6 +178,7 @@ class Store:
         try:
             with self._engine.begin() as conn:
                 self._upsert(conn, run_id, values)
+                self._recount(conn, run_id)
         except IntegrityError:
             self._require_run(run_id)  # the only integrity failure left after the upsert is a missing run
             raise
@@ -263,9 +270,29 @@ class Store:
             return
         now = utcnow()
         rows = [{**v, "run_id": run_id, "recorded_at": now} for v in values]
-        stmt = (postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert)(CellResult)
+        stmt = self._insert()(CellResult)
         replaced = {k: stmt.excluded[k] for k in rows[0] if k not in ("run_id", "key", "attempt")}
         conn.execute(stmt.on_conflict_do_update(index_elements=["run_id", "key", "attempt"], set_=replaced), rows)
+
+    def _insert(self) -> Any:
+        return (postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert)
+
+    def _recount(self, conn: Connection, run_id: int) -> None:
+        """Rewrite the run's RunCounts row and bump its revision, in the caller's transaction."""
+        stmt = self._insert()(RunCounts).values(run_id=run_id, counts=dict(tally(conn, [run_id])[run_id]), revision=1)
+        conn.execute(stmt.on_conflict_do_update(index_elements=["run_id"],
+                                                set_={"counts": stmt.excluded.counts, "revision": RunCounts.revision + 1}))
+
+    def _count_uncounted_runs(self) -> None:
+        """Count the runs that have no RunCounts row: every run of a database made before that table existed
+        (once, when a Store first opens it), or one written since by an older Store."""
+        with self._engine.begin() as conn:
+            missing = list(conn.execute(select(Run.id).outerjoin(RunCounts, RunCounts.run_id == Run.id)
+                                        .where(RunCounts.run_id.is_(None))).scalars())
+            if missing:
+                rows = [{"run_id": r, "counts": dict(c), "revision": 1} for r, c in tally(conn, missing).items()]
+                # Another process opening the same database may count them at the same moment.
+                conn.execute(self._insert()(RunCounts).values(rows).on_conflict_do_nothing(index_elements=["run_id"]))
 
     def _require_run(self, run_id: int) -> None:
         with self._session() as s:

@@ -17,10 +17,10 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, Engine, Text, cast, func, literal_column, select
+from sqlalchemy import ColumnElement, Connection, Engine, Text, cast, func, literal_column, select
 
 from harness.outcome import CellRecord
-from harness.store.models import CellResult, Run, final_attempt, first_recorded
+from harness.store.models import CellResult, Run, RunCounts, final_attempt, first_recorded
 
 REASON_CHARS = 400  # of a reason, enough for the one-line tooltips and tables; the cell page reads it whole
 SHOWN_METRICS = ("capture_s", "graph_pool_bytes", "token_match")  # besides speedup (and latency for a diff)
@@ -44,6 +44,18 @@ def _parse(text: str) -> CellRecord:
         return CellRecord.model_validate_json(text)
     except ValidationError:
         return CellRecord.read(json.loads(text))
+
+
+def tally(conn: Connection, run_ids: list[int]) -> dict[int, Counter[str]]:
+    """Final-attempt cells by status, per run, counted in one GROUP BY: what RunCounts keeps precounted."""
+    out: dict[int, Counter[str]] = {rid: Counter() for rid in run_ids}
+    if run_ids:
+        q = (select(CellResult.run_id, CellResult.status, func.count())
+             .where(CellResult.run_id.in_(run_ids), final_attempt())
+             .group_by(CellResult.run_id, CellResult.status))
+        for run_id, status, n in conn.execute(q):
+            out[run_id][status] = n
+    return out
 
 
 @dataclass(frozen=True)
@@ -89,18 +101,45 @@ class Views:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
     def status_counts(self, run_ids: list[int]) -> dict[int, Counter[str]]:
-        """Final-attempt cells by status, per run, in one GROUP BY."""
-        out: dict[int, Counter[str]] = {rid: Counter() for rid in run_ids}
+        """Final-attempt cells by status, per run: the Store's precounted RunCounts rows, and a count for a run
+        that has none (one written by a Store older than that table)."""
+        out: dict[int, Counter[str]] = {}
         if not run_ids:
             return out
-        q = (select(CellResult.run_id, CellResult.status, func.count())
-             .where(CellResult.run_id.in_(run_ids), final_attempt())
-             .group_by(CellResult.run_id, CellResult.status))
         with self._engine.connect() as conn:
-            for run_id, status, n in conn.execute(q):
-                out[run_id][status] = n
-        return out
+            q = select(RunCounts.run_id, RunCounts.counts).where(RunCounts.run_id.in_(run_ids))
+            for run_id, counts in conn.execute(q):
+                out[run_id] = Counter({str(s): int(n) for s, n in (counts or {}).items()})
+            out.update(tally(conn, [r for r in run_ids if r not in out]))
+        return {r: out[r] for r in run_ids}
+
+    def revisions(self, run_ids: list[int]) -> dict[int, int]:
+        """How many writes each run has had (RunCounts.revision; 0 when it has no row): a cache of a run's cells
+        is current while this is unchanged."""
+        if not run_ids:
+            return {}
+        with self._engine.connect() as conn:
+            found = dict(conn.execute(select(RunCounts.run_id, RunCounts.revision).where(RunCounts.run_id.in_(run_ids))).all())
+        return {r: int(found.get(r, 0)) for r in run_ids}
+
+    def version(self) -> tuple[int, int, int]:
+        """Changes with every write of runs or cells through a Store (run count, newest run, sum of revisions):
+        what a cache of pages built from them is keyed on. Model requests are not in it."""
+        q = select(func.count(), func.coalesce(func.max(RunCounts.run_id), 0), func.coalesce(func.sum(RunCounts.revision), 0))
+        with self._engine.connect() as conn:
+            n, newest, revisions = conn.execute(q).one()
+        return int(n), int(newest), int(revisions)
+
+    def statuses(self, run_id: int) -> dict[str, str]:
+        """Each cell's final status in one run, by key: what a history strip needs, without the rest of the row."""
+        q = select(CellResult.key, CellResult.status).where(CellResult.run_id == run_id, final_attempt())
+        with self._engine.connect() as conn:
+            return {k: s for k, s in conn.execute(q)}
 
     def model_counts(self, run_id: int) -> dict[str, Counter[str]]:
         """Final-attempt cells by status per model-axis value ("card:variant") of one run, in one GROUP BY."""
@@ -117,6 +156,13 @@ class Views:
         """The run created just before this one, the natural base of a diff."""
         with self._engine.connect() as conn:
             return conn.execute(select(func.max(Run.id)).where(Run.id < run_id)).scalar()
+
+    def runs_before(self, run_id: int, n: int) -> list[int]:
+        """Up to n runs of the same name created before this one, oldest first: a history strip's runs."""
+        name = select(Run.name).where(Run.id == run_id).scalar_subquery()
+        q = select(Run.id).where(Run.name == name, Run.id < run_id).order_by(Run.id.desc()).limit(n)
+        with self._engine.connect() as conn:
+            return sorted(conn.execute(q).scalars())
 
     def cells(self, run_id: int, latency: bool = False) -> list[CellRecord]:
         """Every cell of a run (final attempts, in the order first recorded), without logs, with metrics cut to

@@ -65,3 +65,19 @@ def test_runtime_errors_name_the_flag_on_the_cell_command(field, flag):
     assert cli.error_text(e, "run") == str(e)  # run has no such flag: the matrix field is named instead
     assert cli.error_text(ConfigError("no field"), "cell") == "no field"
     assert "`pcgh models` lists them" in cli.error_text(ConfigError("not a model", field="spec"), "cell")
+
+
+def test_cell_flags_default_to_the_cellspecs_own_defaults():
+    """A repro command leaves out a setting nobody recorded; pcgh's default must then be the cell's default."""
+    from harness.cell import CellSpec
+
+    args = cli.build_parser().parse_args(["cell", "--model", "m", "--graph", "piecewise"])
+    assert cli.spec_from_args(args) == CellSpec(model="m", graph="piecewise")
+
+
+@pytest.mark.parametrize("flag,value", [("--top-k", "0"), ("--logprob-tol", "0"), ("--logprob-tol", "-1e-3"),
+                                        ("--logprob-tol", "nan"), ("--logprob-tol", "inf"), ("--logprob-tol", "x")])
+def test_cell_settings_must_be_positive(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.build_parser().parse_args(["cell", "--model", "m", "--graph", "piecewise", f"{flag}={value}"])
+    assert e.value.code == 2 and "expected a positive" in capsys.readouterr().err

@@ -15,9 +15,13 @@ def test_matrix_page_renders_the_seeded_run(tab: Tab, tmp_path) -> None:
     tab.goto("/")
     page = tab.page
     assert page.title().startswith("Matrix · run 3")
+    coverage = page.locator("#coverage").inner_text()
+    assert coverage.startswith("22 of 24 cells launched, 19 pass, 2 fail") and "pass rate 90.5% (19/21 counted)" in coverage
+    assert page.locator("#support-model tbody tr").count() == len(MODELS)
+    assert page.locator("#support-model svg.bar").count() == len(MODELS)
     assert page.locator("#matrix tbody th.model").all_inner_texts() == sorted(MODELS)
-    assert page.locator("#matrix td a").count() == 24
-    assert page.locator("#counts").inner_text().startswith("24 of 24 cells shown · pass rate 90.5% (19/21 counted)")
+    assert page.locator("#matrix td a").count() == 22  # the 2 cells the runtime cannot run are hidden
+    assert page.locator("#counts").inner_text().startswith("22 of 24 cells shown (2 not supported hidden)")
     assert "stale" in page.locator("#freshness").inner_text()
     # a failing cell: colour class, short label and a tooltip with the reason
     fail = page.locator("#matrix td.s-fail a", has_text="cap")
@@ -30,24 +34,50 @@ def test_matrix_page_renders_the_seeded_run(tab: Tab, tmp_path) -> None:
     page.screenshot(path=str(screenshot_path("matrix.png", tmp_path)), full_page=True)
 
 
-def test_a_filter_changes_what_is_shown(tab: Tab) -> None:
+def test_a_reason_group_links_to_its_cells_and_the_switch_shows_them(tab: Tab) -> None:
     tab.goto("/")
     page = tab.page
-    page.select_option("#filters select[name=graph]", "full")
+    page.locator("#unsupported-reasons-box summary").click()
+    group = page.locator("#unsupported-reasons tbody tr", has_text="sliding-window attention")
+    with page.expect_navigation():
+        group.locator("a").click()
+    assert page.locator("#matrix td.s-not_run a").all_inner_texts() == ["n/s", "n/s"]
+    assert page.locator("#unsupported").input_value() == "show"
+    page.select_option("#unsupported", "hide")
+    with page.expect_navigation():
+        page.click("#filters button[type=submit]")
+    assert page.locator("#all-hidden").is_visible() and page.locator("#matrix").count() == 0
+
+
+def test_filters_take_several_values_and_keep_them(tab: Tab) -> None:
+    tab.goto("/")
+    page = tab.page
+    page.select_option("#filters select[name=graph]", ["full", "breakable"])
     page.select_option("#filters select[name=status]", "passing")
     with page.expect_navigation():
         page.click("#filters button[type=submit]")
-    assert "graph=full" in page.url and "status=passing" in page.url
-    assert page.locator("#matrix th.group").all_inner_texts() == ["graph=full"]
-    assert page.locator("#counts").inner_text().startswith("4 of 24 cells shown")
-    assert page.locator("#matrix td a").count() == 4
+    assert "graph=full" in page.url and "graph=breakable" in page.url and "status=passing" in page.url
+    assert page.locator("#matrix th.group").all_inner_texts() == ["graph=breakable", "graph=full"]
     assert page.locator("#matrix td.s-fail, #matrix td.s-not_run, #matrix td.s-eager_fail").count() == 0
-    # the form keeps the choice
-    assert page.locator("#filters select[name=graph]").input_value() == "full"
+    # the form keeps both choices
+    assert page.eval_on_selector("#filters select[name=graph]",
+                                 "s => [...s.selectedOptions].map(o => o.value)") == ["breakable", "full"]
     page.select_option("#filters select[name=group]", "attention")
     with page.expect_navigation():
         page.click("#filters button[type=submit]")
     assert page.locator("#matrix th.group").all_inner_texts() == ["attention=flash", "attention=sdpa"]
+
+
+def test_history_strips_show_the_runs_before(tab: Tab, tmp_path) -> None:
+    tab.goto("/?run=2")  # nightly run 2; run 1 is the nightly before it
+    page = tab.page
+    flipped = page.locator("#matrix td.flip")
+    assert flipped.count() == 2  # qwen3-0.6b breakable: pass → fail_accuracy; mixtral breakable flash: oom → pass
+    assert flipped.first.locator(".strip i").count() == 2
+    assert page.locator("#matrix td .strip").count() == page.locator("#matrix td a").count()
+    box = flipped.first.locator(".strip i").first.bounding_box()
+    assert box is not None and box["width"] >= 3 and box["height"] >= 3  # drawn, not collapsed
+    page.screenshot(path=str(screenshot_path("matrix-history.png", tmp_path)), full_page=True)
 
 
 def test_cell_page_shows_history_plots_and_repro(tab: Tab, tmp_path) -> None:
@@ -62,8 +92,9 @@ def test_cell_page_shows_history_plots_and_repro(tab: Tab, tmp_path) -> None:
     assert [history.nth(i).locator(".chip").inner_text() for i in range(3)] == ["pass", "fail_accuracy", "pass"]
     assert "2 flips in 3 runs" in page.locator(".status-line").inner_text()
     assert page.locator("#flaky").is_visible()
-    assert page.locator("#repro").inner_text() == ("pcgh cell --model qwen3-0.6b --tiny --graph breakable --attention sdpa "
-                                                   "--compiler eager --device cpu --dtype float32 --max-tokens 64")
+    assert page.locator("#repro").inner_text() == ("pcgh cell --model qwen3-0.6b --tiny --weights synthetic --quant none "
+                                                   "--attention sdpa --parallel tp1 --graph breakable --compiler eager "
+                                                   "--device cpu --dtype float32 --max-tokens 64")
     plots = page.locator("figure.plot")
     assert plots.count() == 3
     # speedup: 8 and 32 tokens in runs 1 and 3, a gap at the failed run 2 (points, no line across it)

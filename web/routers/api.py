@@ -78,7 +78,8 @@ def get_matrix(request: Request, store: StoreDep, run: str = "latest", group: Gr
     if group not in CONFIG_AXES:
         raise HTTPException(422, f"group {group!r}: choose one of {', '.join(CONFIG_AXES)}")
     with gc_paused():
-        return _matrix_out(*services.matrix(store, run, group, _filters(request)))
+        v = services.matrix(store, run, group, _filters(request))
+        return _matrix_out(v.run, v.grid)
 
 
 def _matrix_out(r: dict[str, Any], grid: Grid) -> MatrixOut:

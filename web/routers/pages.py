@@ -6,7 +6,9 @@ or bookmarked. Each handler makes one service call (web.services) and renders on
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import PlainTextResponse, Response
@@ -15,32 +17,54 @@ from harness.outcome import AXES
 from harness.store import RunNotFound
 from harness.reports import cell_speedup
 from web import services
-from web.deps import MAX_LIMIT, MAX_THRESHOLD, StoreDep, gc_paused, render
+from web.deps import MAX_LIMIT, MAX_PAGE, MAX_THRESHOLD, StoreDep, gc_paused, kept_page, render
 from web.grid import CONFIG_AXES, DEFAULT_GROUP, STATUS_CLASSES, parse_filters
+from web.support import SUMMARY_AXES
 from web.plots import line_plot
 
 router = APIRouter(include_in_schema=False)
+DIFF_ROWS = 200  # rows of each diff table on the page; the Markdown has them all
 
 
 @router.get("/")
-def matrix_page(request: Request, store: StoreDep, run: str = "latest", group: str = DEFAULT_GROUP) -> Response:
+def matrix_page(request: Request, store: StoreDep, run: str = "latest", group: str = DEFAULT_GROUP,
+                page: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1,
+                unsupported: Literal["hide", "show"] = "hide") -> Response:
+    """The support summary, then the grid: one page of models, cells the runtime cannot run hidden by default
+    (the summary counts and explains them)."""
     fresh = services.freshness(store)
     if group not in CONFIG_AXES:
         group = DEFAULT_GROUP
     filters = parse_filters({k: request.query_params.getlist(k) for k in request.query_params})
-    with gc_paused():
-        try:
-            r, grid = services.matrix(store, run, group, filters)
-        except RunNotFound as e:
-            if run != "latest":
-                raise
-            return render(request, "empty.html", {"message": str(e), "freshness": fresh})
-        runs = store.runs(50)  # for the run picker; an older run asked for by id is added to it
-        if all(x["id"] != r["id"] for x in runs):
-            runs.append(r)
-        return render(request, "matrix.html", {
-            "run": r, "grid": grid, "runs": runs, "axes": AXES, "config_axes": CONFIG_AXES,
-            "status_classes": list(STATUS_CLASSES), "freshness": fresh, "summary": services.summarize(r, grid.counts)})
+
+    def build() -> Response:
+        with gc_paused():
+            try:
+                v = services.matrix(store, run, group, filters, hide_unsupported=unsupported == "hide", page=page,
+                                    with_history=True, with_support=True)
+            except RunNotFound as e:
+                if run != "latest":
+                    raise
+                return render(request, "empty.html", {"message": str(e), "freshness": fresh})
+            runs = store.runs(50)  # for the run picker; an older run asked for by id is added to it
+            if all(x["id"] != v.run["id"] for x in runs):
+                runs.append(v.run)
+            return render(request, "matrix.html", {
+                "run": v.run, "grid": v.grid, "support": v.support, "strip_runs": v.strip_runs, "runs": runs,
+                "axes": AXES, "config_axes": CONFIG_AXES, "summary_axes": SUMMARY_AXES,
+                "status_classes": list(STATUS_CLASSES), "freshness": fresh, "unsupported": unsupported,
+                "href": _href(request)})
+
+    return kept_page(request, build, fresh.message)
+
+
+def _href(request: Request) -> Callable[..., str]:
+    """This page's URL with some parameters replaced (None drops one)."""
+    def href(**changes: object) -> str:
+        params = [(k, v) for k, v in request.query_params.multi_items() if k not in changes]
+        params += [(k, str(v)) for k, v in changes.items() if v is not None]
+        return f"{request.url.path}?{urlencode(params)}"
+    return href
 
 
 def _plots(v: services.CellView) -> list[Any]:
@@ -60,33 +84,49 @@ def _plots(v: services.CellView) -> list[Any]:
 
 @router.get("/cell")
 def cell_page(request: Request, store: StoreDep, key: str, run: int | None = None) -> Response:
-    v = services.cell(store, key, run)
-    history = [(h, cell_speedup(h.record.metrics)) for h in reversed(v.history)]
-    return render(request, "cell.html", {"v": v, "history": history, "plots": _plots(v),
-                                         "speedup": cell_speedup(v.current.record.metrics)})
+    fresh = services.freshness(store)
+
+    def build() -> Response:
+        v = services.cell(store, key, run)
+        history = [(h, cell_speedup(h.record.metrics)) for h in reversed(v.history)]
+        return render(request, "cell.html", {"v": v, "history": history, "plots": _plots(v), "freshness": fresh,
+                                             "speedup": cell_speedup(v.current.record.metrics)})
+
+    return kept_page(request, build, fresh.message)
 
 
 @router.get("/runs")
 def runs_page(request: Request, store: StoreDep, limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 200) -> Response:
-    return render(request, "runs.html", {"summaries": services.run_summaries(store, limit),
-                                         "freshness": services.freshness(store)})
+    fresh = services.freshness(store)
+    return kept_page(request, lambda: render(request, "runs.html", {
+        "summaries": services.run_summaries(store, limit), "freshness": fresh}), fresh.message)
 
 
 @router.get("/runs/{run_ref}")
 def run_page(request: Request, run_ref: str, store: StoreDep) -> Response:
-    return render(request, "run.html", {"d": services.run_detail(store, run_ref), "freshness": services.freshness(store)})
+    fresh = services.freshness(store)
+    return kept_page(request, lambda: render(request, "run.html", {
+        "d": services.run_detail(store, run_ref), "freshness": fresh}), fresh.message)
 
 
 @router.get("/diff")
 def diff_page(request: Request, store: StoreDep, base: str | None = None, head: str | None = None,
               threshold: Annotated[float, Query(ge=0, le=MAX_THRESHOLD, allow_inf_nan=False)] = 0.10, format: str = "html") -> Response:
-    with gc_paused():
-        v = services.diff(store, base or None, head or None, threshold)
-        if format == "md":
-            return PlainTextResponse(v.markdown, media_type="text/markdown; charset=utf-8")
-        return render(request, "diff.html", {"v": v, "runs": store.runs(200)})
+    fresh = services.freshness(store)
+
+    def build() -> Response:
+        with gc_paused():
+            v = services.diff(store, base or None, head or None, threshold)
+            if format == "md":
+                return PlainTextResponse(v.markdown, media_type="text/markdown; charset=utf-8")
+            return render(request, "diff.html", {
+                "v": v, "runs": store.runs(200), "freshness": fresh, "max_rows": DIFF_ROWS,
+                "slower": sum(c.rel_change > 0 for c in v.diff.latency_changes),
+                "worse": sum(c.rel_change < 0 for c in v.diff.speedup_changes)})
+
+    return kept_page(request, build, fresh.message)
 
 
 @router.get("/requests")
 def requests_page(request: Request, store: StoreDep) -> Response:
-    return render(request, "requests.html", {"rows": services.requests(store)})
+    return render(request, "requests.html", {"rows": services.requests(store), "freshness": services.freshness(store)})

@@ -8,7 +8,9 @@ import pytest
 from harness.cards import CARDS_DIR
 from harness.cell import CellSpec, run_cell
 from harness.cli import main
+from harness.matrix import Matrix, expand, precheck
 from harness.outcome import CellOutcome
+from pcg_core.capabilities import capabilities
 from pcg_core.engine.inputs import InputBuffers
 
 CONFIGS = CARDS_DIR / "configs"
@@ -79,6 +81,21 @@ def test_unsupported_architecture_is_a_status_not_a_crash(capsys):
     rc = main(["cell", "--model", "deepseek-v3", "--tiny", "--graph", "piecewise", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and out["status"] == "unsupported" and "DeepseekV3ForCausalLM" in out["reason"]
+
+
+@pytest.mark.parametrize("flag,axis,value", [("--quant", "quant", "fp8"), ("--parallel", "parallel", "tp2")])
+def test_a_quant_or_parallel_the_runtime_lacks_is_unsupported_before_loading(flag, axis, value, capsys, monkeypatch):
+    """Not the none/tp1 cell under another name: unsupported, in the matrix pre-check's words, and no model built."""
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded for a cell the runtime cannot run")
+
+    monkeypatch.setattr("harness.cell.run.load_model", no_load)
+    rc = main(["cell", "--model", "qwen3-0.6b", "--tiny", "--graph", "piecewise", flag, value, "--seed", "3", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["status"] == "unsupported" and out["spec"][axis] == value
+    cell = expand(Matrix.model_validate({"name": "p", "axes": {"model": ["qwen3-0.6b:tiny"], axis: [value]}}))[0]
+    assert out["reason"] == precheck(cell, capabilities(), {})
+    assert out["metrics"]["seed"] == 3 and out["metrics"]["top_k"] == 5  # its settings, for the repro command
 
 
 def test_remote_code_model_type_is_unsupported(capsys):

@@ -88,3 +88,41 @@ def test_the_final_attempt_rules_are_answered_by_the_unique_index(tmp_path) -> N
         old = select(func.min(first.id)).where(first.run_id == CellResult.run_id, first.key == CellResult.key)
         planted = [line for line in _plan(store, old.scalar_subquery()) if line.startswith(("SEARCH cell_results_", "SCAN cell_results_"))]
         assert not all("(run_id=? AND key=?" in line for line in planted), planted
+
+
+def test_precounted_statuses_follow_every_write_and_revisions_count_them(db_url):
+    with Store(db_url) as store:
+        first, run = _seed(store)
+        revs = store.views.revisions([first, run])
+        version = store.views.version()
+        store.record_result(run, CellRecord(key="c", axes=_axes("m:tiny", "piecewise"), status="pass", attempt=2))
+        assert store.views.status_counts([run])[run] == Counter({"pass_flaky": 1, "unsupported": 1, "pass": 1})
+        store.record_result(run, CellRecord(key="b", axes=_axes("n:trim:4"), status="skipped"))  # replaced in place
+        assert store.views.status_counts([run])[run] == Counter({"pass_flaky": 1, "skipped": 1, "pass": 1})
+        assert store.views.revisions([first, run, run + 1]) == {first: revs[first], run: revs[run] + 2, run + 1: 0}
+        store.finish_run(first)  # the run's own row changed: its revision too
+        assert store.views.revisions([first])[first] == revs[first] + 1
+        assert store.views.version() != version
+        assert store.views.statuses(run) == {"a": "pass_flaky", "b": "skipped", "c": "pass"}
+
+
+def test_a_database_from_before_the_counts_is_counted_when_opened(tmp_path):
+    from sqlalchemy import create_engine, text
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with Store(url) as store:
+        first, run = _seed(store)
+        expected = store.views.status_counts([first, run])
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE run_counts"))  # as a database made before the table existed
+    engine.dispose()
+    with Store(url) as store:
+        assert store.views.status_counts([first, run]) == expected
+        assert store.views.revisions([first, run]) == {first: 1, run: 1}
+    engine = create_engine(url)
+    with engine.begin() as conn:  # a run written by an older Store after that: counted where read
+        conn.execute(text("DELETE FROM run_counts WHERE run_id = :r"), {"r": run})
+    engine.dispose()
+    with Store(url) as store:
+        assert store.views.status_counts([run]) == {run: expected[run]}
