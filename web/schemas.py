@@ -88,10 +88,42 @@ class MatrixOut(BaseModel):
     options: dict[str, list[str]] = Field(description="every value of each axis and status in the run")
     total: int
     shown: int
+    hidden: int = Field(description="cells left out by unsupported=hide")
     counts: dict[str, int] = Field(description="shown cells by status")
     models: list[str]
     columns: list[ColumnOut]
     cells: list[MatrixCellOut]
+
+
+class TallyOut(BaseModel):
+    passing: int
+    failing: int = Field(description="counted and not passing: the graph path's fault")
+    eager_fail: int = Field(description="failed in eager too: the model's fault, not counted")
+    not_supported: int = Field(description="not launched: unsupported or skipped")
+    launched: int
+    pass_rate: float | None = Field(description="passing / (passing + failing); null when nothing is counted")
+
+
+class AxisValueOut(BaseModel):
+    value: str
+    tally: TallyOut
+
+
+class ReasonGroupOut(BaseModel):
+    reason: str = Field(description="the first cell's reason, one line; the group's others differ at most in numbers")
+    cells: int
+    statuses: list[str]
+    shared: dict[str, str] = Field(description="axis values every cell of the group has (axes the run varies)")
+
+
+class SupportOut(BaseModel):
+    run: RunOut
+    tally: TallyOut
+    by_axis: dict[str, list[AxisValueOut]]
+    failing: list[ReasonGroupOut] = Field(description="the largest groups of failing cells by reason")
+    failing_groups: int
+    not_supported: list[ReasonGroupOut] = Field(description="the largest groups of not-supported cells by reason")
+    not_supported_groups: int
 
 
 class HistoryPointOut(BaseModel):

@@ -177,3 +177,18 @@ def test_the_runs_list_reads_precounted_runs_not_their_cells(sqlite_client: Test
         event.remove(engine, "before_cursor_execute", listener)
     assert statements and not any("cell_results" in s for s in statements)
     assert "pass_flaky 1" in text(html)  # the counts are there all the same
+
+
+def test_the_api_gives_the_support_summary_the_page_shows(sqlite_client: TestClient) -> None:
+    s = sqlite_client.get("/api/support?run=3").json()
+    assert s["run"]["id"] == 3
+    assert {k: s["tally"][k] for k in ("passing", "failing", "eager_fail", "not_supported", "launched")} == {
+        "passing": 19, "failing": 2, "eager_fail": 1, "not_supported": 2, "launched": 22}
+    assert s["tally"]["pass_rate"] == pytest.approx(19 / 21)
+    llama = next(v for v in s["by_axis"]["model"] if v["value"] == "llama-3.1-8b:tiny")
+    assert (llama["tally"]["passing"], llama["tally"]["not_supported"]) == (4, 2)
+    [group] = s["not_supported"]
+    assert group["cells"] == 2 and group["shared"] == {"model": "llama-3.1-8b:tiny", "graph": "full"}
+    hidden = sqlite_client.get("/api/matrix?run=3&unsupported=hide").json()
+    assert (hidden["shown"], hidden["hidden"], hidden["total"]) == (22, 2, 24)
+    assert sqlite_client.get("/api/matrix?run=3").json()["shown"] == 24  # the API shows every cell by default

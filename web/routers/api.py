@@ -6,7 +6,7 @@ numbers are the ones on the pages because they come from the same call.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 
@@ -33,7 +33,9 @@ from web.schemas import (
     RunSummaryOut,
     SpeedupChangeOut,
     StatusChangeOut,
+    SupportOut,
 )
+from web.support import ReasonGroup, Tally
 
 router = APIRouter(prefix="/api", tags=["read"])
 Group = Annotated[str, Query(description=f"axis the columns are grouped by: {', '.join(CONFIG_AXES)}")]
@@ -74,12 +76,38 @@ def _filters(request: Request) -> dict[str, list[str]]:
 @router.get("/matrix", response_model=MatrixOut,
             summary="A run's cells as the matrix page shows them; filter with ?AXIS=VALUE (globs, repeatable) "
                     "and ?status=STATUS|passing|failing|not_counted")
-def get_matrix(request: Request, store: StoreDep, run: str = "latest", group: Group = DEFAULT_GROUP) -> MatrixOut:
+def get_matrix(request: Request, store: StoreDep, run: str = "latest", group: Group = DEFAULT_GROUP,
+               unsupported: Annotated[Literal["show", "hide"], Query(
+                   description="hide leaves out the cells the runtime cannot run yet (unsupported, skipped)")] = "show",
+               ) -> MatrixOut:
     if group not in CONFIG_AXES:
         raise HTTPException(422, f"group {group!r}: choose one of {', '.join(CONFIG_AXES)}")
     with gc_paused():
-        v = services.matrix(store, run, group, _filters(request))
+        v = services.matrix(store, run, group, _filters(request), hide_unsupported=unsupported == "hide")
         return _matrix_out(v.run, v.grid)
+
+
+def _tally(t: Tally) -> dict[str, Any]:
+    return {"passing": t.passing, "failing": t.failing, "eager_fail": t.eager_fail, "not_supported": t.not_supported,
+            "launched": t.launched, "pass_rate": t.pass_rate}
+
+
+def _groups(groups: list[ReasonGroup]) -> list[dict[str, Any]]:
+    return [{"reason": g.reason, "cells": g.cells, "statuses": g.statuses, "shared": g.shared} for g in groups]
+
+
+@router.get("/support", response_model=SupportOut,
+            summary="A run's support summary: cells by axis value (pass, fail, not supported), reasons grouped")
+def get_support(store: StoreDep, run: str = "latest") -> SupportOut:
+    with gc_paused():
+        v = services.matrix(store, run, with_support=True)
+    s = v.support
+    assert s is not None
+    return SupportOut(run=run_out(v.run), tally=_tally(s.tally),
+                      by_axis={a: [{"value": x.value, "tally": _tally(x.tally)} for x in values]
+                               for a, values in s.by_axis.items()},
+                      failing=_groups(s.failing), failing_groups=s.failing_groups,
+                      not_supported=_groups(s.not_supported), not_supported_groups=s.not_supported_groups)
 
 
 def _matrix_out(r: dict[str, Any], grid: Grid) -> MatrixOut:
@@ -88,7 +116,7 @@ def _matrix_out(r: dict[str, Any], grid: Grid) -> MatrixOut:
                            graph_pool_bytes=c.row.metrics.graph_pool_bytes, token_match=c.row.metrics.token_match)
              for _, line in grid.rows for c in line if c is not None]
     return MatrixOut(run=run_out(r), group=grid.group, filters=grid.filters, options=grid.options, total=grid.total,
-                     shown=grid.shown, counts=grid.counts, models=[m for m, _ in grid.rows],
+                     shown=grid.shown, hidden=grid.hidden, counts=grid.counts, models=[m for m, _ in grid.rows],
                      columns=[ColumnOut(group=c.group, config=dict(zip(CONFIG_AXES, c.config))) for c in grid.columns],
                      cells=cells)
 

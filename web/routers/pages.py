@@ -19,8 +19,8 @@ from harness.reports import cell_speedup
 from web import services
 from web.deps import MAX_LIMIT, MAX_PAGE, MAX_THRESHOLD, StoreDep, gc_paused, kept_page, render
 from web.grid import CONFIG_AXES, DEFAULT_GROUP, STATUS_CLASSES, parse_filters
-from web.support import SUMMARY_AXES
 from web.plots import line_plot
+from web.support import SUMMARY_AXES
 
 router = APIRouter(include_in_schema=False)
 DIFF_ROWS = 200  # rows of each diff table on the page; the Markdown has them all
