@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from harness.safe_yaml import compose_and_load
 from pcg_core.errors import ConfigError
 from pcg_core.model.loader import read_config_file
 
@@ -26,12 +26,21 @@ class ModelCard:
     variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
     path: Path | None = None
 
+    @cached_property
+    def runtime_reason(self) -> str | None:
+        """Why the runtime cannot run this card's architecture, or None. Cached on the card: building the
+        transformers config costs ~2 ms and a plan asks once per cell (thousands)."""
+        from pcg_core.model import build_config, unsupported_reason
+
+        try:
+            return unsupported_reason(build_config(self.config, where=f"card {self.id}"))
+        except ConfigError as e:
+            return str(e)
+
 
 def _load(path: Path) -> ModelCard:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    # The matrices' bounded reader: UTF-8 only, no duplicate keys, no alias bombs, a size cap.
+    _, data = compose_and_load(path, what="model card")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a model card is a YAML mapping with id, hub_id, architecture, config")
     missing = [k for k in ("id", "hub_id", "architecture", "config") if k not in data]

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 import torch
 
 from pcg_core.errors import ConfigError
+from pcg_core.known import COMPILERS, DTYPE_NAMES, MAX_TOKENS
 from pcg_core.registry import CAPTURE_BACKENDS
 
 __all__ = ["COMPILERS", "DTYPES", "CaptureConfig", "EngineConfig", "default_bucket_ladder"]
 
-COMPILERS = ("eager", "inductor")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def default_bucket_ladder(max_tokens: int = 4096) -> list[int]:
@@ -60,6 +60,9 @@ class CaptureConfig:
             self.max_tokens = self.buckets[-1]
         elif not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
             raise ConfigError(f"max_tokens must be a positive integer, got {self.max_tokens!r}", field="max_tokens")
+        if self.max_tokens > MAX_TOKENS:
+            raise ConfigError(f"max_tokens {self.max_tokens} is past the largest bucket the runtime captures "
+                              f"({MAX_TOKENS}); give a smaller one", field="max_tokens")
 
     @property
     def ladder(self) -> list[int]:

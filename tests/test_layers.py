@@ -13,13 +13,14 @@ from import_graph import GRAPH, IMPORT_TIME_GRAPH, find_cycles, imports
 FLOORS: dict[str, int] = {
     "pcg_core": 0,
     "harness.outcome": 1, "harness.repro": 1,  # the vocabulary every later stage reads
+    "harness.safe_yaml": 1,  # the bounded YAML reader of matrices and model cards
     "harness.cards": 2,
     "harness.cell": 3,
     "harness.matrix": 4,
     "harness.store": 5,
     "harness.reports": 6,
     "harness.launcher": 7, "harness.request": 7,
-    "harness": 8,  # the package root and cli.py: the top of the harness
+    "harness": 8,  # the package root and the command line (harness/cli/): the top of the harness
     "web": 9,
     "benchmarks": 10,
 }

@@ -8,9 +8,12 @@ import signal
 from harness.launcher.worker import PHASE_MARK
 from harness.outcome import Status
 
-# Phase the child was in when it died → status.
-_PHASE_STATUS = {"load": Status.EAGER_FAIL, "eager": Status.EAGER_FAIL, "capture": Status.FAIL_CAPTURE,
-                 "run": Status.FAIL_RUN, "latency": Status.FAIL_RUN}
+# A child that died without an outcome crashed in its phase: a failure, retried. Never eager_fail, whatever the
+# phase: that is a verdict only the worker itself gives (the eager reference raised), and a kill, a segfault or
+# a lost GPU in load or eager says nothing about the model. Capture has its own status; every other phase is
+# fail_run.
+_PHASE_STATUS = {"capture": Status.FAIL_CAPTURE}
+_BEFORE_PHASES = "startup"  # died before its first phase marker: interpreter start, imports, plugins
 _OOM = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
 
 
@@ -28,8 +31,8 @@ def last_error_line(log: str) -> str:
 
 
 def classify_death(returncode: int | None, timed_out: bool, log: str, timeout_s: float) -> tuple[Status, str]:
-    """Status and reason for a child that left no result."""
-    phase = last_phase(log) or "load"
+    """Status and reason for a child that left no result: a crash of the phase it died in (see _PHASE_STATUS)."""
+    phase = last_phase(log) or _BEFORE_PHASES
     if timed_out:
         return Status.TIMEOUT, f"no result after {timeout_s:g}s (in phase {phase}); process group killed"
     if _OOM.search(log):

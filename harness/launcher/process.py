@@ -1,6 +1,7 @@
 """One attempt of one cell in a child process group: spec on stdin, outcome file back, log kept, timeout enforced.
 
 A child that leaves no outcome (killed, segfaulted, timed out) is classified from its phase markers and log.
+Starting, waiting for and killing the child is groups.py's.
 """
 
 from __future__ import annotations
@@ -8,14 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from harness.launcher.classify import classify_death
+from harness.launcher.groups import WorkerGroups
 from harness.matrix import Cell
 from harness.outcome import CellOutcome, CellRecord
 
@@ -34,8 +34,14 @@ def _read_outcome(path: Path) -> CellOutcome | None:
         return None  # a torn or foreign file is no outcome: the death is classified instead
 
 
-def launch(cell: Cell, log_path: Path, gpu: int | None, attempt: int = 1) -> CellRecord:
-    """Run `cell` once in a child process; its record for the store."""
+def launch(cell: Cell, log_path: Path, gpu: int | None, attempt: int = 1, groups: WorkerGroups | None = None) -> CellRecord:
+    """Run `cell` once in a worker of `groups` (of its own when None); its record for the store.
+
+    Raises Cancelled when the runner shut down while the cell ran: there is nothing to record then.
+    """
+    if groups is None:
+        with WorkerGroups() as own:
+            return launch(cell, log_path, gpu, attempt, own)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     result_path = log_path.with_suffix(".json")
     result_path.unlink(missing_ok=True)
@@ -43,23 +49,15 @@ def launch(cell: Cell, log_path: Path, gpu: int | None, attempt: int = 1) -> Cel
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     t0 = time.perf_counter()
-    timed_out = False
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.launcher.worker", str(result_path)],
-            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True,
-        )
+        proc = groups.spawn([sys.executable, "-m", "harness.launcher.worker", str(result_path)], env, log)
         try:
             proc.stdin.write(json.dumps(asdict(cell.spec)))
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        try:
-            returncode = proc.wait(timeout=cell.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole group: the worker and anything it started
-            returncode = proc.wait()
+        # The whole group is killed when the worker ends (or times out): the worker and anything it started.
+        returncode, timed_out = groups.wait(proc, cell.timeout_s)
     duration = round(time.perf_counter() - t0, 3)
     log_text = log_path.read_text(errors="replace")
     outcome = None if timed_out else _read_outcome(result_path)

@@ -2,19 +2,26 @@
 on retry is `pass_flaky`), and record every attempt in the store the moment it ends.
 
 Workers run side by side: one per GPU (pinned with CUDA_VISIBLE_DEVICES) for CUDA matrices, `jobs` on a CPU.
+The runner owns their process groups (groups.py): none outlives the cell, the runner's exit or its death, and a
+resume first kills what an earlier runner of the run left behind (orphans.py).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import sys
 import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from queue import Queue
-from typing import Callable
+from typing import Any, Callable
 
 from harness.launcher.environment import provenance
-from harness.launcher.plan import RunOptions, plan
+from harness.launcher.groups import Terminated, WorkerGroups
+from harness.launcher.orphans import reap_orphans, report_reaped
+from harness.launcher.plan import Plan, RunOptions, plan
 from harness.launcher.process import launch, log_name
 from harness.launcher.progress import RunProgress
 from harness.matrix import Cell
@@ -22,19 +29,57 @@ from harness.outcome import NOT_RETRIED, PASSING, CellRecord, Status
 from harness.store import Store
 
 
+def matrix_identity(matrix_path: str | Path) -> tuple[str, str, list[str]]:
+    """(resolved path, sha256 of the content, the spellings earlier runs may have recorded it under): a matrix is
+    the same one however its path is written (m.yaml, ./m.yaml, /abs/m.yaml)."""
+    path = Path(matrix_path)
+    resolved = path.resolve()
+    spellings = {str(resolved), str(matrix_path), str(path), os.path.relpath(resolved)}
+    spellings |= {f"./{s}" for s in list(spellings) if not s.startswith(("/", "./"))}
+    return str(resolved), hashlib.sha256(resolved.read_bytes()).hexdigest(), sorted(spellings)
+
+
+def run_logs(logs_dir: str | Path, store: Store, run_id: int) -> Path:
+    """A run's log folder: per database and run, so two databases used from one folder never share one."""
+    return Path(logs_dir) / store.identity / f"run-{run_id}"
+
+
+def _resumable(store: Store, name: str, matrix_path: str | Path) -> dict[str, Any] | None:
+    """The newest run of this matrix (by identity) when it did not finish; None when there is none. Says on
+    stderr what it found: a finished run (never changed), or a matrix whose content changed since."""
+    resolved, sha, spellings = matrix_identity(matrix_path)
+    runs = store.runs_of_matrix(name, spellings)
+    if not runs:
+        print(f"pcgh: no run of {resolved} to resume; starting a new one", file=sys.stderr)
+        return None
+    newest = runs[0]
+    if newest["status"] == "finished":
+        print(f"pcgh: run {newest['id']} of {resolved} finished; nothing to resume (it is left as it is)", file=sys.stderr)
+        return newest
+    if newest["matrix_sha256"] not in (None, sha):
+        print(f"pcgh: warning: {resolved} changed since run {newest['id']} started (content {newest['matrix_sha256'][:12]} → "
+              f"{sha[:12]}); resuming it with the matrix as it is now", file=sys.stderr)
+    return newest
+
+
 def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
-               on_result: Callable[[CellRecord], None] | None = None) -> int:
-    """Run (or resume) a matrix into `store`; returns the run id."""
-    p = plan(matrix_path, opts)
+               on_result: Callable[[CellRecord], None] | None = None, planned: Plan | None = None) -> int:
+    """Run (or resume) a matrix into `store`; returns the run id. `planned`: the matrix's plan when the caller
+    made it already (the command line plans before it opens the store)."""
+    p = planned or plan(matrix_path, opts)
     matrix, cells = p.matrix, p.cells
-    prev = store.latest_run(name=matrix.name, matrix=str(matrix_path)) if opts.resume else None
-    # Resuming: the newest run of this matrix, finished or not; only its missing cells run.
-    run_id = prev["id"] if prev else store.create_run(matrix.name, str(matrix_path), provenance(), trigger=opts.trigger)
+    prev = _resumable(store, matrix.name, matrix_path) if opts.resume else None
+    if prev is not None and prev["status"] == "finished":
+        return prev["id"]  # a finished run is never changed, not even its finish time
+    if prev is None:
+        resolved, sha, _ = matrix_identity(matrix_path)
+        run_id = store.create_run(matrix.name, resolved, provenance(), trigger=opts.trigger, matrix_sha256=sha)
+    else:
+        run_id = prev["id"]
     recorded = store.final_states(run_id) if prev else {}
     # In a run that did not finish, a failed first attempt without its retry (the parent died in between) is
-    # not done: it gets its second attempt now, judged against the recorded first one. A finished run's
-    # first-attempt failures are final (it ran without retries).
-    owes_retries = opts.retry and prev is not None and prev["status"] != "finished"
+    # not done: it gets its second attempt now, judged against the recorded first one.
+    owes_retries = opts.retry and prev is not None
     retry_due = {k: r for k, r in recorded.items() if owes_retries and r["attempt"] == 1 and r["status"] not in NOT_RETRIED}
     done = set(recorded) - set(retry_due)
     lock = threading.Lock()
@@ -60,21 +105,23 @@ def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
     else:
         for _ in range(max(1, opts.jobs)):
             slots.put(None)
-    logs = Path(opts.logs_dir) / f"run-{run_id}"
+    logs = run_logs(opts.logs_dir, store, run_id)
+    if prev:  # an earlier runner of this run may have died leaving workers: none may write into it any more
+        report_reaped(run_id, reap_orphans(logs / "workers"))
 
     def work(cell: Cell) -> str:
         gpu = slots.get()
         try:
             owed = retry_due.get(cell.key)  # a first attempt recorded before the parent died
             if owed is None:
-                first = launch(cell, logs / f"{log_name(cell.key)}.attempt1.log", gpu)
+                first = launch(cell, logs / f"{log_name(cell.key)}.attempt1.log", gpu, groups=groups)
                 record(first)
                 status, reason = first.status, first.reason
             else:
                 status, reason = owed["status"], owed["reason"]
             if status in NOT_RETRIED or not opts.retry:
                 return status
-            second = launch(cell, logs / f"{log_name(cell.key)}.attempt2.log", gpu, attempt=2)
+            second = launch(cell, logs / f"{log_name(cell.key)}.attempt2.log", gpu, attempt=2, groups=groups)
             if second.status in PASSING:
                 second.status = Status.PASS_FLAKY
                 second.reason = f"passed on retry; first attempt: {status}: {reason}"[:2000]
@@ -83,12 +130,20 @@ def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
         finally:
             slots.put(gpu)
 
+    groups = WorkerGroups(records=logs / "workers")
     try:
-        with RunProgress(len(todo), counts, enabled=opts.progress) as bar, ThreadPoolExecutor(max_workers=slots.qsize()) as pool:
-            for status in pool.map(work, todo):
-                counts[status] += 1
-                bar.advance()
-    except KeyboardInterrupt:
+        with groups, RunProgress(len(todo), counts, enabled=opts.progress) as bar, \
+                ThreadPoolExecutor(max_workers=slots.qsize()) as pool:
+            try:
+                futures = {pool.submit(work, cell): cell for cell in todo}
+                for future in as_completed(futures):
+                    status = future.result()
+                    counts[status] += 1
+                    bar.advance(futures[future].key, status)
+            finally:  # before the pool's exit waits for its threads: they wait for their workers
+                groups.close()
+                pool.shutdown(wait=False, cancel_futures=True)
+    except (KeyboardInterrupt, Terminated):
         store.finish_run(run_id, status="interrupted")
         raise
     store.finish_run(run_id)

@@ -1,19 +1,52 @@
 """A cell's own process: reads a CellSpec (JSON) on stdin, runs it, writes its CellOutcome (JSON) to argv[1].
 
 Phase markers go to stderr so that the parent can classify a death without a result (segfault, OOM kill).
+
+The worker leads a process group of its own and never outlives its runner: a watchdog thread blocks on the read
+end of a pipe whose only write end the runner holds; when the runner is gone, however it died (SIGKILL
+included), the read returns EOF and the watchdog kills the worker's whole group.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 PHASE_MARK = "PCG-PHASE"
+PARENT_FD_ENV = "PCG_WORKER_PARENT_FD"  # the read end of the runner's pipe (its fd number in the worker)
+TOKEN_ENV = "PCG_WORKER_TOKEN"  # the worker's identity, inherited by what it starts (orphans.py reads it)
+
+
+def watch_parent() -> threading.Thread | None:
+    """Start the watchdog when a runner handed this process its pipe; None when run on its own."""
+    fd = os.environ.pop(PARENT_FD_ENV, None)  # popped: what the worker starts must not think it holds it
+    if fd is None:
+        return None
+    fd = int(fd)
+    os.set_inheritable(fd, False)
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 64):  # the runner never writes: this returns b"" (EOF) once it is gone
+                pass
+        except OSError:
+            pass
+        # Our own session (the runner starts us with one): the group is this worker and what it started.
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="pcg-runner-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def main() -> int:
+    watch_parent()  # first: before the imports, which take seconds the runner may not live through
     from harness.cell import CellSpec, run_cell
     from harness.outcome import CellOutcome, Status
     from pcg_core.errors import ConfigError

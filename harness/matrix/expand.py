@@ -21,18 +21,36 @@ class Cell:
     unsupported: str | None = None  # the pre-check: None (launch it) or why the runtime cannot run it
 
 
-def matches(rule: dict[str, str], axes: dict[str, str]) -> bool:
-    return all(fnmatch.fnmatchcase(axes[a], pattern) for a, pattern in rule.items())
-
-
 def _override_for(matrix: Matrix, model: str) -> list[Override]:
     return [o for pattern, o in matrix.overrides.items() if fnmatch.fnmatchcase(model, pattern)]
 
 
-def spec_for(matrix: Matrix, axes: dict[str, str]) -> tuple[CellSpec, int]:
+class _RuleSet:
+    """Rules matched per axis value once, so a cell is checked against all of them in a few integer ANDs.
+
+    A matrix may have 100,000 cells and 200 rules per list; matching every cell against every rule with fnmatch
+    took ~50 s of a dry run. Bit i of masks[axis][value] is set when rule i accepts `value` on that axis (a rule
+    silent on the axis accepts every value); a cell satisfies rule i when bit i survives the AND over its axes.
+    """
+
+    def __init__(self, rules: list[dict[str, str]], values: dict[str, list[str]]):
+        self.all = (1 << len(rules)) - 1
+        self.masks = {a: {v: sum(1 << i for i, r in enumerate(rules) if a not in r or fnmatch.fnmatchcase(v, r[a]))
+                          for v in vs} for a, vs in values.items()}
+
+    def satisfied(self, axes: dict[str, str]) -> int:
+        bits = self.all
+        for a, v in axes.items():
+            bits &= self.masks[a][v]
+        return bits
+
+
+def spec_for(matrix: Matrix, axes: dict[str, str], overrides: list[Override] | None = None) -> tuple[CellSpec, int]:
+    """The cell's settings: the defaults, then each override whose pattern matches its model (`overrides`: those,
+    when the caller has matched them already)."""
     d = matrix.defaults
     tol, max_tokens, max_new, timeout, dtype = d.tolerances.logprob, d.max_tokens, d.max_new_tokens, d.timeout_s, d.dtype
-    for o in _override_for(matrix, axes["model"]):
+    for o in _override_for(matrix, axes["model"]) if overrides is None else overrides:
         tol = o.tolerances.logprob if o.tolerances and o.tolerances.logprob is not None else tol
         max_tokens, max_new = o.max_tokens or max_tokens, o.max_new_tokens or max_new
         timeout, dtype = o.timeout_s or timeout, o.dtype or dtype
@@ -66,25 +84,22 @@ def expand(matrix: Matrix, filters: list[dict[str, str]] | None = None, tier: st
         raise ConfigError(f"tier {tier!r} is not in matrix {matrix.name!r}; tiers: {', '.join(matrix.tiers) or 'none'}")
     rules = [matrix.tiers[tier]] if tier else []
     rules += filters or []
-    cells, seen = [], set()
-    values = [getattr(matrix.axes, a) for a in AXES]
-    for combo in itertools.product(*values):
+    cells = []
+    values = {a: list(dict.fromkeys(getattr(matrix.axes, a))) for a in AXES}  # a repeated value is one cell
+    include, exclude, required = (_RuleSet(r, values) for r in (matrix.include, matrix.exclude, rules))
+    overrides = {m: _override_for(matrix, m) for m in values["model"]}
+    for combo in itertools.product(*values.values()):
         axes = dict(zip(AXES, combo))
-        key = cell_key(axes)
-        if key in seen:
+        if matrix.include and not include.satisfied(axes):
             continue
-        seen.add(key)
-        if matrix.include and not any(matches(r, axes) for r in matrix.include):
+        if exclude.satisfied(axes):
             continue
-        if any(matches(r, axes) for r in matrix.exclude):
+        if any(axes[a] not in o.axes[a] for o in overrides[axes["model"]] for a in o.axes):
             continue
-        limits = [o.axes for o in _override_for(matrix, axes["model"])]
-        if any(axes[a] not in allowed for lim in limits for a, allowed in lim.items()):
+        if required.satisfied(axes) != required.all:
             continue
-        if not all(matches(r, axes) for r in rules):
-            continue
-        spec, timeout = spec_for(matrix, axes)
-        cells.append(Cell(key, axes, spec, timeout))
+        spec, timeout = spec_for(matrix, axes, overrides[axes["model"]])
+        cells.append(Cell(cell_key(axes), axes, spec, timeout))
     return cells
 
 

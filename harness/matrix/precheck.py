@@ -12,25 +12,19 @@ from harness.matrix.expand import Cell
 from harness.outcome import ModelRef
 from pcg_core.capabilities import parallel_unsupported_reason, quant_unsupported_reason
 from pcg_core.errors import ConfigError
-from pcg_core.model import build_config, unsupported_reason
 
 
 def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None]) -> str | None:
+    """Why the runtime cannot run `cell`, or None. The card and its variant were checked when the matrix loaded;
+    `cards` caches the cards across the cells of a plan (and their architecture verdict with them)."""
     a = cell.axes
-    model = ModelRef.parse(a["model"])
-    card_id, variant = model.card, model.variant
+    card_id = ModelRef.parse(a["model"]).card
     if card_id not in cards:
         cards[card_id] = find_card(card_id)
     card = cards[card_id]
     if card is None:
-        return f"no model card {card_id!r} in harness/models/"
-    if variant not in card.variants and not (model.layers is not None and "trim" in card.variants):
-        return f"card {card_id} offers variants {', '.join(card.variants)}, not {variant}"
-    try:
-        reason = unsupported_reason(build_config(card.config, where=f"card {card_id}"))
-    except ConfigError as e:
-        reason = str(e)
-    if reason:
+        raise ConfigError(f"no model card {card_id!r} in harness/models/ (load_matrix refuses such a matrix)")
+    if reason := card.runtime_reason:
         return reason
     if reason := quant_unsupported_reason(a["quant"], caps["quantization"]):
         return reason

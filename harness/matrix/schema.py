@@ -2,6 +2,7 @@
 
 A matrix names the axes to sweep, the defaults every cell starts from, include/exclude rules (glob patterns
 per axis), per-model overrides (tolerances, limits, which axis values apply) and named tiers (filters).
+Loading is bounded (safe_yaml), numbers have ranges (below), names must be known (names.py).
 """
 
 from __future__ import annotations
@@ -9,12 +10,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harness.cards import CARDS_DIR
+from harness.matrix.names import name_problems
 from harness.matrix.yaml_lines import line_of, load_yaml_with_lines
 from harness.outcome import AXES, ModelRef
-from pcg_core.config import COMPILERS
 from pcg_core.errors import ConfigError
+from pcg_core.known import MAX_TOKENS
+
+# Ranges, so a typo fails at load instead of as a 6 GB allocation or a week-long run:
+MAX_NEW_TOKENS = 4096  # greedy decode steps per prompt, each judged: the suite needs ≤ 16; 4096 is minutes per cell
+MAX_TOP_K = 100  # top-k logprobs kept per position in every result row; the judge reads 5
+MAX_TIMEOUT_S = 24 * 3600  # a cell that needs more than a day is hung
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes it (seed + 1 too), as `pcgh cell --seed` does
+MAX_LOGPROB_TOL = 10.0  # 10 nats of |Δlogprob| is a factor e^10 ≈ 22,000: past it the judge judges nothing
+MAX_RULES = 200  # per list (include, exclude, overrides, tiers): expand() matches every cell against every rule
+
+MaxTokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, description="largest token bucket (allocated up front)")]
+MaxNewTokens = Annotated[int, Field(gt=0, le=MAX_NEW_TOKENS)]
+TimeoutS = Annotated[int, Field(gt=0, le=MAX_TIMEOUT_S)]
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 class _Strict(BaseModel):
@@ -22,18 +38,19 @@ class _Strict(BaseModel):
 
 
 class Tolerances(_Strict):
-    logprob: float | None = Field(default=None, gt=0, description="max |Δlogprob| on agreeing positions")
+    logprob: float | None = Field(default=None, gt=0, le=MAX_LOGPROB_TOL, allow_inf_nan=False,
+                                  description="max |Δlogprob| on agreeing positions")
 
 
 class Defaults(_Strict):
     device: Literal["cpu", "cuda"] = "cpu"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Dtype = "auto"
     prompt_suite: Literal["edges"] = "edges"
-    max_new_tokens: PositiveInt = 8
-    top_k: PositiveInt = 5
-    max_tokens: PositiveInt = 4096
-    timeout_s: PositiveInt = 900
-    seed: int = 0
+    max_new_tokens: MaxNewTokens = 8
+    top_k: int = Field(default=5, gt=0, le=MAX_TOP_K)
+    max_tokens: MaxTokens = 4096
+    timeout_s: TimeoutS = 900
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     tolerances: Tolerances = Tolerances()
 
 
@@ -52,21 +69,13 @@ class Axes(_Strict):
             ModelRef.parse(v)  # ValueError naming the grammar
         return values
 
-    @field_validator("compiler")
-    @classmethod
-    def _compiler(cls, values: list[str]) -> list[str]:
-        bad = [v for v in values if v not in COMPILERS]
-        if bad:
-            raise ValueError(f"unknown compiler(s) {bad}; allowed: {', '.join(COMPILERS)}")
-        return values
-
 
 class Override(_Strict):
     tolerances: Tolerances | None = None
-    max_tokens: PositiveInt | None = None
-    max_new_tokens: PositiveInt | None = None
-    timeout_s: PositiveInt | None = None
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
+    max_tokens: MaxTokens | None = None
+    max_new_tokens: MaxNewTokens | None = None
+    timeout_s: TimeoutS | None = None
+    dtype: Dtype | None = None
     axes: dict[str, list[str]] = Field(default_factory=dict, description="axis values this model is limited to")
 
     @field_validator("axes")
@@ -89,32 +98,45 @@ Rule = Annotated[dict[str, str], AfterValidator(_check_rule)]  # axis → glob
 
 
 class Matrix(_Strict):
-    name: str
+    name: str = Field(min_length=1, max_length=200)
     description: str = ""
     defaults: Defaults = Defaults()
     axes: Axes
-    include: list[Rule] = Field(default_factory=list, description="if given, keep only cells matching a rule")
-    exclude: list[Rule] = Field(default_factory=list, description="drop cells matching a rule")
-    overrides: dict[str, Override] = Field(default_factory=dict, description="model glob → override")
-    tiers: dict[str, Rule] = Field(default_factory=dict, description="tier name → filter rule")
+    include: list[Rule] = Field(default_factory=list, max_length=MAX_RULES,
+                                description="if given, keep only cells matching a rule")
+    exclude: list[Rule] = Field(default_factory=list, max_length=MAX_RULES, description="drop cells matching a rule")
+    overrides: dict[str, Override] = Field(default_factory=dict, max_length=MAX_RULES,
+                                           description="model glob → override")
+    tiers: dict[str, Rule] = Field(default_factory=dict, max_length=MAX_RULES, description="tier name → filter rule")
 
 
+def load_matrix(path: str | Path, cards_dir: Path = CARDS_DIR) -> Matrix:
+    """Parse and validate a matrix file; errors name the file, the line, the field and what is allowed.
 
-def load_matrix(path: str | Path) -> Matrix:
-    """Parse and validate a matrix file; errors name the file, the line, the field and what is allowed."""
+    Names are checked against the runtime's registries as they are now, after the PCG_PLUGINS plugins are imported.
+    """
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: no such matrix file (see harness/configs/ for examples)")
-    data, lines = load_yaml_with_lines(p)
+    data, lines = load_yaml_with_lines(p, what="matrix file")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a matrix file is a YAML mapping with at least name and axes")
     try:
-        return Matrix.model_validate(data)
+        matrix = Matrix.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            loc = tuple(err["loc"])
-            line = line_of(lines, loc)
-            field = ".".join(str(x) for x in loc) or "(top level)"
-            problems.append(f"{p}:{line or '?'}: field {field}: {err['msg']}")
-        raise ConfigError("invalid matrix file:\n  " + "\n  ".join(problems)) from e
+        raise ConfigError(_problems_text(p, lines, [(tuple(err["loc"]), err["msg"]) for err in e.errors()])) from e
+    problems = name_problems(matrix, cards_dir)
+    if problems:
+        problems.sort(key=lambda pr: line_of(lines, pr[0]) or 0)  # in the order of the file
+        raise ConfigError(_problems_text(p, lines, problems))
+    return matrix
+
+
+def _problems_text(path: Path, lines: dict[tuple, int], problems: list[tuple[tuple, str]], most: int = 20) -> str:
+    out = []
+    for loc, msg in problems[:most]:
+        field = ".".join(str(x) for x in loc) or "(top level)"
+        out.append(f"{path}:{line_of(lines, loc) or '?'}: field {field}: {msg}")
+    if len(problems) > most:
+        out.append(f"… and {len(problems) - most} more")
+    return "invalid matrix file:\n  " + "\n  ".join(out)

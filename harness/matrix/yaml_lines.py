@@ -1,41 +1,43 @@
-"""YAML with line numbers: so a validation error can say which line of which file is wrong."""
+"""YAML with line numbers: so a validation error can say which line of which file is wrong.
+
+The file is read once, within the limits of safe_yaml (size, UTF-8, aliases, duplicate keys), and the line map is
+one pass over the composed nodes. An alias is walked once per use, like the data pydantic validates, which
+safe_yaml has already bounded; so the walk is linear in the file, and never a bomb.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from pcg_core.errors import ConfigError
+from harness.safe_yaml import compose_and_load
 
 
-def load_yaml_with_lines(path: Path) -> tuple[Any, dict[tuple, int]]:
-    """The parsed document and a map from each key/item path (tuple of keys and indices) to its 1-based line."""
-    text = path.read_text()
-    try:
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from e
+def line_map(root: Node | None) -> dict[tuple, int]:
+    """Each key/item path (tuple of keys and indices) → its 1-based line. Iterative: no recursion limit to hit."""
     lines: dict[tuple, int] = {}
-
-    def walk(node: Any, prefix: tuple) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                path_ = prefix + (key.value,)
-                lines[path_] = key.start_mark.line + 1
-                walk(value, path_)
-        elif isinstance(node, yaml.SequenceNode):
+    stack: list[tuple[Node, tuple]] = [(root, ())] if root is not None else []
+    while stack:
+        node, prefix = stack.pop()
+        if isinstance(node, MappingNode):
+            # The last of a repeated key wins, as in the data: a mapping's own key overrides one merged by `<<`.
+            last = {key.value: (key, value) for key, value in node.value if isinstance(key, ScalarNode)}
+            for name, (key, value) in last.items():
+                lines[(*prefix, name)] = key.start_mark.line + 1
+                stack.append((value, (*prefix, name)))
+        elif isinstance(node, SequenceNode):
             for i, item in enumerate(node.value):
-                lines[prefix + (i,)] = item.start_mark.line + 1
-                walk(item, prefix + (i,))
+                lines[(*prefix, i)] = item.start_mark.line + 1
+                stack.append((item, (*prefix, i)))
+    return lines
 
-    if root is not None:
-        walk(root, ())
-    return data, lines
+
+def load_yaml_with_lines(path: Path, what: str = "YAML file") -> tuple[Any, dict[tuple, int]]:
+    """The parsed document and its line map; ConfigError naming the file (and line) for anything refused."""
+    root, data = compose_and_load(path, what=what)
+    return data, line_map(root)
 
 
 def line_of(lines: dict[tuple, int], loc: tuple) -> int | None:

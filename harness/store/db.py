@@ -61,12 +61,42 @@ def normalize(url: str) -> URL:
     return parsed
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`, with the failures of building one turned into ConfigErrors naming the URL."""
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (None for PostgreSQL or an in-memory database)."""
+    parsed = normalize(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def check_access(url: str, read_only: bool) -> None:
+    """A SQLite file that a reader needs and is missing, or that a writer cannot write, as a ConfigError now
+    (rather than a traceback from the first write, or an empty database made by a command that only reads)."""
+    path = sqlite_file(url)
+    if path is None:
+        return
+    if read_only:
+        if not path.is_file():
+            raise ConfigError(f"no results database at {path}: nothing has been recorded there yet (`pcgh run` "
+                              f"makes one), or give the right one with --db or PCG_DB_URL")
+        return
+    if path.is_dir():
+        raise ConfigError(f"database URL {mask(url)!r}: {path} is a folder; {FIX}")
+    folder = next((p for p in path.parents if p.exists()), Path("/"))  # where its folder would be made
+    if not folder.is_dir():
+        return  # a file in the way: make_engine says it cannot create the folder
+    if (path.exists() and not os.access(path, os.W_OK)) or not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"the results database {path} is read-only here (SQLite also writes a journal beside it): "
+                          f"give a writable place with --db or PCG_DB_URL")
+
+
+def make_engine(url: str, create: bool = True) -> Engine:
+    """An engine for `url`, with the failures of building one turned into ConfigErrors naming the URL; with
+    `create`, a SQLite file's folder is made if missing."""
     parsed = normalize(url)
     kwargs: dict[str, Any] = {"json_serializer": dumps, "json_deserializer": loads}
     if parsed.get_backend_name() == "sqlite":
-        if parsed.database not in (None, "", ":memory:"):
+        if create and parsed.database not in (None, "", ":memory:"):
             try:
                 Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:

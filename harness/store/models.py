@@ -105,6 +105,17 @@ class RunCounts(Base):
     revision: Mapped[int] = mapped_column(Integer, default=0)
 
 
+class MatrixFile(Base):
+    """The content hash of the matrix file a run started from (`pcgh run` records it; an upload has none), so a
+    resume can say the file changed since. A table of its own, not a column of runs: a database made before it
+    existed still reads, with nothing to migrate."""
+
+    __tablename__ = "run_matrix_files"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+
+
 class ModelRequest(Base):
     """One `pcgh request`: which model (hub id or local path, revision, config hash) and what the analysis said.
 

@@ -9,18 +9,21 @@ column name. The dashboard's wide reads are `Store.views` (views.py), on the sam
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import Connection, insert, or_, select, update
+from sqlalchemy import Connection, insert, inspect, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
 from harness.outcome import CellRecord, Status
-from harness.store.db import connect_error, default_db_url, dumps, make_engine, mask
+from harness.store.db import check_access, connect_error, default_db_url, dumps, make_engine, mask, normalize
 from harness.store.models import (
     PROVENANCE,
     REQUEST_STATUSES,
@@ -28,6 +31,7 @@ from harness.store.models import (
     Base,
     CellResult,
     ModelRequest,
+    MatrixFile,
     Run,
     RunCounts,
     as_dict,
@@ -36,6 +40,7 @@ from harness.store.models import (
     utcnow,
 )
 from harness.store.views import RECORD_COLUMNS, Views, record_of, tally
+from pcg_core.errors import ConfigError
 
 REQUEST_KEYS = ("model", "revision", "config_hash", "architecture", "supported", "verdict", "status", "card_id")
 _UNCHANGED: Any = object()
@@ -60,23 +65,43 @@ class RequestNotFound(KeyError):
 class Store:
     """Runs and cell results in SQLite or PostgreSQL. Use one Store per process (do not share across fork)."""
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, read_only: bool = False) -> None:
+        """`read_only`: for commands that only read; the database must exist already and nothing in it changes
+        (no tables made, no counts filled in)."""
         self.url = url if url is not None else default_db_url()
-        self._engine = make_engine(self.url)
+        check_access(self.url, read_only)
+        self._engine = make_engine(self.url, create=not read_only)
         try:
-            try:
-                Base.metadata.create_all(self._engine)
-            except (IntegrityError, ProgrammingError):
-                Base.metadata.create_all(self._engine)  # another process created the tables at the same moment
+            if read_only:
+                tables = set(inspect(self._engine).get_table_names())
+            else:
+                try:
+                    Base.metadata.create_all(self._engine)
+                except (IntegrityError, ProgrammingError):
+                    Base.metadata.create_all(self._engine)  # another process created the tables at the same moment
         except SQLAlchemyError as e:
             self._engine.dispose()
             raise connect_error(self.url, e) from e
+        if read_only and not {Run.__tablename__, CellResult.__tablename__} <= tables:
+            self._engine.dispose()
+            raise ConfigError(f"{mask(self.url)} is not a pcg results database (it has no runs table)")
         self._session = sessionmaker(self._engine, expire_on_commit=False)
-        self.views = Views(self._engine)
-        self._count_uncounted_runs()
+        self.views = Views(self._engine, counted=not read_only or RunCounts.__tablename__ in tables)
+        if not read_only:
+            self._count_uncounted_runs()
 
     def __repr__(self) -> str:
         return f"Store({mask(self.url)!r})"
+
+    @property
+    def identity(self) -> str:
+        """A short name for this database that two databases never share: its file or database name and a hash
+        of its full location (password left out). Keeps the files of runs in two databases apart (log folders),
+        where run ids alone would collide."""
+        url = normalize(self.url)
+        name = Path(url.database).stem if url.get_backend_name() == "sqlite" and url.database else (url.database or "db")
+        digest = hashlib.sha256(url.render_as_string(hide_password=True).encode()).hexdigest()[:8]
+        return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:40]}-{digest}"
 
     def __enter__(self) -> Store:
         return self
@@ -89,12 +114,24 @@ class Store:
 
     # --- runs -----------------------------------------------------------------------------------------------
 
-    def create_run(self, name: str, matrix: str, meta: Mapping[str, Any], trigger: str = "manual") -> int:
-        """Start a run in status "running"; `meta` holds the provenance columns (missing ones stay NULL)."""
+    def create_run(self, name: str, matrix: str, meta: Mapping[str, Any], trigger: str = "manual",
+                   matrix_sha256: str | None = None) -> int:
+        """Start a run in status "running"; `meta` holds the provenance columns (missing ones stay NULL);
+        `matrix_sha256` the matrix file's content hash, which a resume compares."""
         with self._engine.begin() as conn:
             run_id = _insert_run(conn, name, matrix, meta, trigger, "running", utcnow(), None)
+            if matrix_sha256 is not None:
+                conn.execute(insert(MatrixFile).values(run_id=run_id, sha256=matrix_sha256))
             self._recount(conn, run_id)
         return run_id
+
+    def runs_of_matrix(self, name: str, matrices: Sequence[str]) -> list[dict[str, Any]]:
+        """Runs of this matrix name recorded under any of these matrix spellings (a resolved path and the
+        spellings older runs used), newest first, each with its matrix file's `matrix_sha256` (None if unknown)."""
+        q = (select(Run, MatrixFile.sha256).outerjoin(MatrixFile, MatrixFile.run_id == Run.id)
+             .where(Run.name == name, Run.matrix.in_([str(m) for m in matrices])).order_by(Run.id.desc()))
+        with self._session() as s:
+            return [{**as_dict(run), "matrix_sha256": sha} for run, sha in s.execute(q)]
 
     def import_run(self, name: str, matrix: str, meta: Mapping[str, Any], records: Sequence[CellRecord], *,
                    trigger: str = "manual", status: str = "finished", started_at: datetime | None = None,

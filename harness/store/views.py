@@ -98,8 +98,10 @@ def _record_json(dialect: str, latency: bool) -> ColumnElement[str]:
 class Views:
     """Reads over one database for the dashboard; built by the Store on its engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, counted: bool = True) -> None:
+        """`counted`: the database has the RunCounts table (a read-only Store over an older one may not)."""
         self._engine = engine
+        self._counted = counted
 
     @property
     def engine(self) -> Engine:
@@ -113,7 +115,7 @@ class Views:
             return out
         with self._engine.connect() as conn:
             q = select(RunCounts.run_id, RunCounts.counts).where(RunCounts.run_id.in_(run_ids))
-            for run_id, counts in conn.execute(q):
+            for run_id, counts in conn.execute(q) if self._counted else ():
                 out[run_id] = Counter({str(s): int(n) for s, n in (counts or {}).items()})
             out.update(tally(conn, [r for r in run_ids if r not in out]))
         return {r: out[r] for r in run_ids}
@@ -121,8 +123,8 @@ class Views:
     def revisions(self, run_ids: list[int]) -> dict[int, int]:
         """How many writes each run has had (RunCounts.revision; 0 when it has no row): a cache of a run's cells
         is current while this is unchanged."""
-        if not run_ids:
-            return {}
+        if not run_ids or not self._counted:
+            return dict.fromkeys(run_ids, 0)
         with self._engine.connect() as conn:
             found = dict(conn.execute(select(RunCounts.run_id, RunCounts.revision).where(RunCounts.run_id.in_(run_ids))).all())
         return {r: int(found.get(r, 0)) for r in run_ids}

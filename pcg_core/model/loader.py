@@ -9,8 +9,10 @@ without downloading weights.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,22 +47,51 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
         p = p / "config.json"
     if not p.is_file():
         raise ConfigError(f"{p}: no config.json there; pass a model directory, a config.json file or a hub id")
+    raw = p.read_bytes()
     try:
-        data = json.loads(p.read_text())
+        text = raw.decode("utf-8")  # JSON is UTF-8 (RFC 8259); not the locale's encoding
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{p}: not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start} (line {line}); "
+                          "a config.json is UTF-8 JSON") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}); fix the file or pass another config") from e
+    except (ValueError, RecursionError) as e:  # an integer of more digits than Python converts; absurd nesting
+        raise ConfigError(f"{p}: a value cannot be read: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a config.json must hold a JSON object, found {type(data).__name__}")
     return data
 
 
+@functools.lru_cache(maxsize=1)
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the hub's host answers a TCP connect, asked once per process. Without it, an offline machine that
+    did not set HF_HUB_OFFLINE spends ~30 s in huggingface_hub's retries (and prints a line for each) before the
+    cache is even consulted; with it, the cache answers at once and an error says why."""
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlsplit(constants.ENDPOINT)
+    try:
+        with socket.create_connection((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)), timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 def fetch_hub_file(hub_id: str, filename: str, revision: str | None = None) -> str:
-    """One file from the hub (or the local cache; HF_HUB_OFFLINE=1 is honoured by huggingface_hub)."""
+    """One file from the hub, or from the local cache alone when the hub cannot be reached (hub_reachable;
+    HF_HUB_OFFLINE=1 is honoured)."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
-        return hf_hub_download(hub_id, filename, revision=revision)
+        return hf_hub_download(hub_id, filename, revision=revision, local_files_only=not hub_reachable())
     except RepositoryNotFoundError as e:
         raise ConfigError(f"hub id {hub_id!r}: no such model on the hub (or it is gated); check the id") from e
     except LocalEntryNotFoundError as e:  # before EntryNotFoundError: it is a subclass of it
@@ -80,7 +111,8 @@ def fetch_hub_weights(hub_id: str, revision: str | None = None) -> str:
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
-        return snapshot_download(hub_id, revision=revision, allow_patterns=["*.json", "*.safetensors"])
+        return snapshot_download(hub_id, revision=revision, allow_patterns=["*.json", "*.safetensors"],
+                                 local_files_only=not hub_reachable())
     except RepositoryNotFoundError as e:
         raise ConfigError(f"hub id {hub_id!r}: no such model on the hub (or it is gated); check the id") from e
     except LocalEntryNotFoundError as e:
@@ -111,11 +143,14 @@ def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool
                 elif isinstance(d.get(key), list):
                     d[key] = [min(t, TINY_MAX_VOCAB - 1) for t in d[key]]
         if layers is None:
-            layers = TINY_LAYERS
+            layers = min(TINY_LAYERS, d.get("num_hidden_layers", TINY_LAYERS))
     if layers is not None:
         if layers <= 0:
             raise ConfigError(f"layers must be positive, got {layers}", field="layers")
-        layers = min(layers, d.get("num_hidden_layers", layers))
+        depth = d.get("num_hidden_layers")
+        if isinstance(depth, int) and layers > depth:  # asked for more than the model has: a typo, not a trim
+            raise ConfigError(f"layers {layers}: the model has {depth} decoder layers; keep at most {depth}",
+                              field="layers")
         d["num_hidden_layers"] = layers
         if isinstance(d.get("layer_types"), list):
             d["layer_types"] = d["layer_types"][:layers]

@@ -18,3 +18,18 @@ def test_broken_config_file_beside_a_card_names_the_file(tmp_path):
     card.write_text("id: m\nhub_id: org/m\narchitecture: X\nconfig: broken.json\n")
     with pytest.raises(ConfigError, match=r"broken\.json: not valid JSON"):
         _load(card)
+
+
+def test_non_utf8_card_names_the_file_and_the_byte(tmp_path):
+    card = tmp_path / "m.yaml"
+    card.write_bytes("id: m\nhub_id: org/m\narchitecture: X\nconfig: {model_type: qwen3}\n# Ærø\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"m\.yaml: not UTF-8 text: byte 0xc6 at offset 66"):
+        _load(card)
+
+
+def test_non_utf8_config_beside_a_card_names_the_file(tmp_path):
+    (tmp_path / "latin1.json").write_bytes('{"model_type": "qwen3", "note": "café"}'.encode("latin-1"))
+    card = tmp_path / "m.yaml"
+    card.write_text("id: m\nhub_id: org/m\narchitecture: X\nconfig: latin1.json\n")
+    with pytest.raises(ConfigError, match=r"latin1\.json: not UTF-8 text: byte 0xe9 at offset 36"):
+        _load(card)

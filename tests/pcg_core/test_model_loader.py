@@ -80,9 +80,12 @@ def test_layers_trims(arch, layers):
     assert len(lm.model.get_decoder().layers) == layers
 
 
-def test_layers_is_capped_at_the_models_depth_and_must_be_positive():
+def test_layers_is_at_most_the_models_depth_and_must_be_positive():
     data = read_config_file(config_path("qwen3"))  # 28 layers
-    assert shrink_config(data, layers=1000)["num_hidden_layers"] == 28
+    with pytest.raises(ConfigError, match="layers 1000: the model has 28 decoder layers") as too_many:
+        shrink_config(data, layers=1000)  # a typo, not a trim: never silently cut to 28
+    assert too_many.value.field == "layers"
+    assert shrink_config(data, layers=28)["num_hidden_layers"] == 28
     assert shrink_config(data, layers=5)["num_hidden_layers"] == 5
     assert data["num_hidden_layers"] == 28  # the input is not mutated
     with pytest.raises(ConfigError, match="layers must be positive, got 0") as e:

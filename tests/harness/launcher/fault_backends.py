@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -83,3 +84,39 @@ class FailOnceThenWork(BreakableBackend):
             marker.write_text("x")
             raise RuntimeError("planted one-off failure")
         super().prepare()
+
+
+
+def _hang_with_a_child() -> None:
+    """Start a child (in the worker's process group), write its pid to PCG_TEST_FLAKY_DIR/child.pid, hang."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "3600"])
+    (Path(os.environ["PCG_TEST_FLAKY_DIR"]) / "child.pid").write_text(str(child.pid))
+    time.sleep(3600)
+
+
+# Graph names whose worker misbehaves as a phase starts (see _plant_in_phases): test_kill_<phase> dies by
+# SIGKILL, a death no `except` sees (an OOM killer, a lost GPU); test_hang_<phase> hangs with a child of its own.
+_PLANTED = {"test_kill_load": "load", "test_kill_eager": "eager", "test_hang_load": "load"}
+for _graph in _PLANTED:
+    register_capture_backend(type(f"Planted_{_graph}", (PiecewiseBackend,), {"name": _graph}))
+
+
+def _plant_in_phases() -> None:
+    """In a cell worker: wrap the load and eager phases of run_cell so that the planted graphs misbehave there."""
+    import harness.cell.run as run
+
+    for phase, fn in (("load", "_load"), ("eager", "_eager_reference")):
+        def hooked(cell, *args, _phase=phase, _original=getattr(run, fn)):
+            if _PLANTED.get(cell.spec.graph) == _phase:
+                if cell.spec.graph.startswith("test_kill_"):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                _hang_with_a_child()
+            return _original(cell, *args)
+
+        setattr(run, fn, hooked)
+
+
+if getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) == "harness.launcher.worker":
+    _plant_in_phases()  # only in a worker: the test process that imports this module runs no cell

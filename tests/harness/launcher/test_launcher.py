@@ -72,6 +72,7 @@ def test_resume_redoes_nothing_and_completes_a_partial_run(tmp_path):
     with Store(db) as store:
         partial = run_matrix(matrix, store, RunOptions(filters=[{"graph": "piecewise"}], logs_dir=tmp_path / "l", progress=False))
         assert {r.axes["graph"] for r in store.results(partial)} == {"piecewise"}
+        store.finish_run(partial, status="interrupted")  # as if the parent had died before the breakable cells
         resumed = run_matrix(matrix, store, RunOptions(resume=True, logs_dir=tmp_path / "l", progress=False),
                              on_result=lambda row: seen.append(row.key))
         assert resumed == partial

@@ -289,7 +289,7 @@ def test_unwritable_sqlite_path_is_a_config_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(ConfigError, match="cannot create its directory"):
         Store(str(blocker / "sub" / "pcg.db"))
-    with pytest.raises(ConfigError, match="cannot open the results database"):
+    with pytest.raises(ConfigError, match="is a folder"):
         Store(str(tmp_path))  # a directory is not a database file
 
 
@@ -309,3 +309,13 @@ def test_default_url_and_plain_paths(tmp_path, monkeypatch, axes):
         store.create_run("r", "m.yaml", {})
     with Store(f"sqlite:///{path}") as store:
         assert store.run("latest")["name"] == "r"
+
+
+def test_runs_of_a_matrix_by_its_spellings_with_the_files_hash(tmp_path):
+    with Store(str(tmp_path / "r.db")) as store:
+        old = store.create_run("nightly", "m.yaml", META)  # recorded without a hash (an older pcgh)
+        new = store.create_run("nightly", "/abs/m.yaml", META, matrix_sha256="0" * 64)
+        found = store.runs_of_matrix("nightly", ["/abs/m.yaml", "m.yaml"])
+        assert [(r["id"], r["matrix_sha256"]) for r in found] == [(new, "0" * 64), (old, None)]
+        assert store.runs_of_matrix("other", ["m.yaml"]) == []
+        assert "matrix_sha256" not in store.run(new)  # a run's own fields are the runs table's

@@ -1,0 +1,81 @@
+"""How long `pcgh` takes to answer the commands that run no model: `--help`, `report`, `diff`, `requests`.
+
+Each sample is a fresh `python -m harness.cli …` process, timed from spawn to exit (what a user or a CI step
+waits for), on a copy of the committed nightly store (2 runs × 504 cells). The target is ≤ 1 s each; the
+median of --repeat samples is printed with whether torch was imported, and with --base another tree's
+numbers beside them (samples alternate, so both see the same load) and the ratio base / this.
+
+    python benchmarks/cli_start.py
+    python benchmarks/cli_start.py --base /tmp/old-tree --repeat 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NIGHTLY = ROOT / "benchmarks" / "results" / "2026-11-29-h200" / "nightly" / "nightly.db"
+TARGET_S = 1.0
+COMMANDS = {"--help": ["--help"], "report 1": ["report", "1", "--db", "{db}"], "diff 1 2": ["diff", "1", "2", "--db", "{db}"],
+            "requests": ["requests", "--db", "{db}"]}
+# Run inside the child after the command, to say whether it imported torch (a command that exits through
+# SystemExit, like --help, still reaches it).
+CHILD = ("import runpy, sys\nsys.argv = ['pcgh', *sys.argv[1:]]\ntry:\n    runpy.run_module('harness.cli', run_name='__main__')\n"
+         "except SystemExit:\n    pass\nfinally:\n    sys.stderr.write('torch=%s\\n' % ('torch' in sys.modules))\n")
+
+
+def sample(tree: Path, argv: list[str]) -> tuple[float, bool]:
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", CHILD, *argv], cwd=tree, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(tree)})
+    elapsed = time.perf_counter() - t
+    if "torch=" not in p.stderr:
+        raise SystemExit(f"{tree}: pcgh {' '.join(argv)} failed:\n{p.stderr[-2000:]}")
+    return elapsed, "torch=True" in p.stderr
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--base", type=Path, help="another checkout to time side by side")
+    args = ap.parse_args(argv)
+    trees = {"this": ROOT, **({"base": args.base.resolve()} if args.base else {})}
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "nightly.db"
+        shutil.copy(NIGHTLY, db)
+        times: dict[tuple[str, str], list[float]] = {}
+        torch: dict[tuple[str, str], bool] = {}
+        for name, cmd in COMMANDS.items():
+            full = [a.format(db=db) for a in cmd]
+            for tree in trees:  # one warm-up each: the OS file cache, not what a second run of pcgh would skip
+                sample(trees[tree], full)
+            for _ in range(args.repeat):
+                for tree, path in trees.items():
+                    t, imported = sample(path, full)
+                    times.setdefault((tree, name), []).append(t)
+                    torch[(tree, name)] = imported
+    ok = True
+    print(f"pcgh start-up, median of {args.repeat} fresh processes (s), {os.cpu_count()} CPUs; target ≤ {TARGET_S:.1f} s")
+    head = f"{'command':12s} {'this':>7s} {'torch':>6s}" + (f" {'base':>7s} {'torch':>6s} {'base/this':>9s}" if args.base else "")
+    print(head)
+    for name in COMMANDS:
+        this = statistics.median(times[("this", name)])
+        ok &= this <= TARGET_S
+        line = f"{name:12s} {this:7.2f} {str(torch[('this', name)]):>6s}"
+        if args.base:
+            base = statistics.median(times[("base", name)])
+            line += f" {base:7.2f} {str(torch[('base', name)]):>6s} {base / this:8.1f}×"
+        print(line + ("" if this <= TARGET_S else "  over target"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""Argument types and checks the commands share: each turns bad input into argparse's one-line error (exit 2)
+or a ConfigError naming the flag, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from pcg_core.errors import ConfigError
+
+DB_HELP = "database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)"
+MAX_INT_FLAG = 2**31 - 1  # past this no count or size on the command line is meant (and some overflow C ints)
+
+
+def add_db(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", help=DB_HELP)
+
+
+def _int_in(text: str, low: int, high: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"expected {what} from {low} to {high}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _int_in(text, 1, MAX_INT_FLAG, "a positive integer")
+
+
+def seed_int(text: str) -> int:
+    return _int_in(text, 0, 2**63 - 1, "an integer seed")
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def threshold(text: str) -> float:
+    """A relative change: 0 (report every change) up to 100 (100×); NaN, infinities and negatives mean nothing."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a relative change such as 0.1 (10%), got {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected a relative change from 0 to 100 (0.1 is 10%), got {text}")
+    return value
+
+
+def writable_dir(path: Path, flag: str) -> Path:
+    """`path` as a folder this process can write into (created if missing), else a ConfigError naming `flag`."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a file; give a folder (it is created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".pcgh-write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror or e}); give a writable folder") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: cannot write there; give a writable folder")
+    return path

@@ -1,0 +1,124 @@
+"""`pcgh cell`: one cell, eager reference against graph candidate, judged; its flags are CellSpec's fields.
+
+The parser takes backend names as text and the runtime checks them (a ConfigError naming the field, which
+harness.cli maps back to the flag), so building the parser, and `pcgh --help`, never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from harness.cli.args import positive_float, positive_int, seed_int
+from pcg_core.known import COMPILERS, DTYPE_NAMES, KNOWN_QUANTIZATION, MAX_TOKENS, parse_parallel
+from pcg_core.registry import CAPTURE_BACKENDS
+
+if TYPE_CHECKING:
+    from harness.cell import CellSpec
+    from harness.outcome import CellOutcome
+
+EXIT_PASS, EXIT_FAIL = 0, 1
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    graphs = [b for b in CAPTURE_BACKENDS.built_in if b != "disabled"]
+    p = sub.add_parser("cell", help="run one cell: eager reference vs graph candidate, judged")
+    p.add_argument("--model", required=True, help="model-card id, hub id (org/name), local model directory or config.json")
+    p.add_argument("--layers", type=positive_int, help="keep only the first N decoder layers (at most the model's)")
+    p.add_argument("--tiny", action="store_true", help="shrink to tiny widths (CPU-sized, synthetic weights)")
+    p.add_argument("--weights", choices=("auto", "real", "synthetic"), default="auto")
+    p.add_argument("--graph", required=True, metavar="BACKEND",
+                   help=f"capture backend of the candidate: {', '.join(graphs)} (or one a plugin registers)")
+    p.add_argument("--compiler", choices=COMPILERS, default="eager")
+    p.add_argument("--attention", default="sdpa", metavar="BACKEND",
+                   help="attention backend (default sdpa; an unknown name lists the registered ones)")
+    # Not limited to what the runtime has: a matrix cell's repro names its scheme, and the cell says it is unsupported.
+    p.add_argument("--quant", type=_quant, default="none",
+                   help="quantization scheme (default none; a known one the runtime lacks ends the cell unsupported)")
+    p.add_argument("--parallel", type=_parallel, default="tp1",
+                   help="parallel mode: tp2, tp2-ep8 … (default tp1; one the runtime lacks ends the cell unsupported)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, help="default: float32 on cpu, bfloat16 on cuda")
+    p.add_argument("--max-tokens", type=_max_tokens, default=4096, help=f"largest token bucket (at most {MAX_TOKENS})")
+    p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--max-new-tokens", type=positive_int, default=8)
+    p.add_argument("--top-k", type=positive_int, default=5, help="top-k logprobs kept per position for the judge")
+    p.add_argument("--logprob-tol", type=positive_float, help="max |Δlogprob| where tokens agree (default: per dtype)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def _quant(text: str) -> str:
+    """A known scheme (pcg_core.known), else an error with the nearest names: a typo must not become a cell."""
+    if text not in KNOWN_QUANTIZATION:
+        near = difflib.get_close_matches(text, KNOWN_QUANTIZATION, n=3)
+        hint = f"did you mean {', '.join(near)}? " if near else ""
+        raise argparse.ArgumentTypeError(f"unknown quantization {text!r}; {hint}known: {', '.join(KNOWN_QUANTIZATION)}")
+    return text
+
+
+def _parallel(text: str) -> str:
+    try:
+        parse_parallel(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _max_tokens(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_TOKENS} (the largest bucket the runtime captures), got {value}")
+    return value
+
+
+def spec_from_args(args: argparse.Namespace) -> CellSpec:
+    """The cell `pcgh cell` runs: one flag per CellSpec field a matrix sets, so a cell's repro command
+    (harness.repro) reruns exactly that cell."""
+    from harness.cell import CellSpec
+
+    return CellSpec(model=args.model, graph=args.graph, attention=args.attention, device=args.device, dtype=args.dtype,
+                    layers=args.layers, tiny=args.tiny, weights=args.weights, max_tokens=args.max_tokens,
+                    compiler=args.compiler, quant=args.quant, parallel=args.parallel, seed=args.seed,
+                    max_new_tokens=args.max_new_tokens, top_k=args.top_k, logprob_tol=args.logprob_tol)
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.cell import run_cell
+
+    spec = spec_from_args(args)
+    outcome = run_cell(spec)
+    if args.json:  # the outcome, with the spec that produced it
+        print(json.dumps({"spec": asdict(spec), **json.loads(outcome.to_json())}))
+    else:
+        _print(spec, outcome)
+    return EXIT_PASS if outcome.passed else EXIT_FAIL
+
+
+def _num(v: float | None, fmt: str = ".2f") -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def _print(spec: CellSpec, o: CellOutcome) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console, m = Console(), o.metrics
+    colour = "green" if o.passed else "yellow" if o.status == "unsupported" else "red"
+    console.print(f"[bold {colour}]{o.status}[/] {spec.model} quant={spec.quant} attention={spec.attention} "
+                  f"parallel={spec.parallel} graph={spec.graph} compiler={spec.compiler} "
+                  f"{m.device} {m.dtype} layers={m.layers}" + (f" — {o.reason}" if o.reason else ""))
+    if m.pieces is None:
+        return  # ended before capture: nothing measured
+    pool = None if m.graph_pool_bytes is None else m.graph_pool_bytes / 2**20
+    console.print(f"pieces {m.pieces}, graphs {m.graphs_captured}, trace {_num(m.trace_s)}s, "
+                  f"capture {_num(m.capture_s)}s, pool {_num(pool, '.1f')} MiB, token match {_num(m.token_match, '.3f')}, "
+                  f"max logprob diff prompt {m.max_prompt_logprob_diff} output {m.max_output_logprob_diff}, "
+                  f"eager fallbacks {m.eager_fallbacks}")
+    if m.latency_ms:
+        t = Table("tokens", "eager ms", "graph ms", "speedup")
+        for n, lat in m.latency_ms.items():
+            t.add_row(str(n), _num(lat.eager), _num(lat.graph), f"{_num(m.speedup.get(n))}x")
+        console.print(t)

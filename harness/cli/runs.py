@@ -1,0 +1,170 @@
+"""`pcgh run`, `report` and `diff`: a matrix into the store, and what the store says about its runs.
+
+Exit codes a CI can gate on: 0 when every launched cell passed, 1 when one failed (a counted status that is not
+a pass: fail_*, timeout, oom, eager_nondeterministic; eager_fail, unsupported and skipped do not fail a run) or,
+for `diff --fail-on-regression`, when a cell that passed in BASE fails in HEAD; 2 for bad input. `report` and
+`diff` only read: they never create a database.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from harness.cli.args import add_db, positive_int, threshold, writable_dir
+from harness.outcome import AXES, CellRecord
+from pcg_core.errors import ConfigError
+
+EXIT_PASS, EXIT_FAIL = 0, 1
+SHOWN_FAILURES = 10  # failing cells listed after a run; `pcgh report` has them all
+
+
+def _filter(text: str) -> dict[str, str]:
+    axis, sep, pattern = text.partition("=")
+    if not sep or axis not in AXES or not pattern:
+        raise argparse.ArgumentTypeError(f"expected AXIS=GLOB with AXIS one of {', '.join(AXES)}, got {text!r}")
+    return {axis: pattern}
+
+
+def _shard(text: str) -> tuple[int, int]:
+    m = text.split("/")
+    if len(m) != 2 or not all(x.isdigit() for x in m) or not 0 <= int(m[0]) < int(m[1]):
+        raise argparse.ArgumentTypeError(f"expected I/N with 0 ≤ I < N, got {text!r}")
+    return int(m[0]), int(m[1])
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a matrix (harness/configs/*.yaml) into the results store",
+                       description="Run a matrix into the results store. Exit status: 0 when every launched cell "
+                                   "passed, 1 when one failed (fail_*, timeout, oom, eager_nondeterministic; not "
+                                   "eager_fail, unsupported or skipped), 2 for bad input.")
+    p.add_argument("matrix", help="matrix YAML file")
+    add_db(p)
+    p.add_argument("--jobs", type=positive_int, default=1, help="cells side by side on a CPU (GPU runs use one per GPU)")
+    p.add_argument("--shard", type=_shard, help="run shard I of N (by a stable hash of the cell key)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the newest unfinished run of this matrix (the same file however its path is "
+                        "written; a finished run is left as it is); give the same --db and --logs")
+    p.add_argument("--filter", type=_filter, action="append", default=[], metavar="AXIS=GLOB",
+                   help=f"only cells whose AXIS matches GLOB (AXIS one of {', '.join(AXES)}); repeat to narrow further")
+    p.add_argument("--tier", help="one of the matrix's tiers")
+    p.add_argument("--trigger", default="manual", help="recorded with the run (manual, nightly, ci …)")
+    p.add_argument("--logs", default="pcg-logs", help="folder for the cells' logs")
+    p.add_argument("--dry-run", action="store_true", help="list the cells and their pre-check verdicts, run nothing")
+    p.add_argument("--allow-failures", action="store_true", help="exit 0 even when cells fail (exploratory runs)")
+    p.add_argument("--no-report", action="store_true", help="do not print the summary at the end")
+    p.set_defaults(handler=run)
+
+    p = sub.add_parser("report", help="summary, support matrices (CSV) and JSON of a run")
+    p.add_argument("run", nargs="?", default="latest", help="run id or 'latest'")
+    add_db(p)
+    p.add_argument("--out", help="also write summary.md, report.json and support_*.csv into this folder")
+    p.set_defaults(handler=report)
+
+    p = sub.add_parser("diff", help="what changed between two runs")
+    p.add_argument("base", help="run id")
+    p.add_argument("head", help="run id or 'latest'")
+    add_db(p)
+    p.add_argument("--threshold", type=threshold, default=0.10,
+                   help="relative speedup or graph latency change worth reporting, 0 to 100 (default 0.1: 10%%)")
+    p.add_argument("--fail-on-regression", action="store_true", help="exit 1 if a cell that passed in BASE fails in HEAD")
+    p.set_defaults(handler=diff)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.launcher import RunOptions, plan, run_matrix
+
+    opts = RunOptions(jobs=args.jobs, shard=args.shard, resume=args.resume, filters=args.filter, tier=args.tier,
+                      trigger=args.trigger, logs_dir=Path(args.logs))
+    planned = plan(args.matrix, opts)  # a bad matrix is refused before anything is written
+    cells = planned.cells
+    if args.dry_run:
+        t = Table("key", "pre-check")
+        for c in cells:
+            t.add_row(c.key, "launch" if c.unsupported is None else f"unsupported: {c.unsupported}")
+        Console(width=200).print(t)
+        print(f"{len(cells)} cells, {sum(c.unsupported is None for c in cells)} to launch")
+        return EXIT_PASS
+    writable_dir(opts.logs_dir, "--logs")
+    from harness.store import Store
+
+    with Store(args.db) as store:
+        run_id = run_matrix(args.matrix, store, opts, planned=planned)
+        run, records = store.run(run_id), store.results(run_id)
+    failed = [r for r in records if _fails(r.status)]
+    if not args.no_report:
+        print(end_summary(run, records, failed, args.db))
+    return EXIT_FAIL if failed and not args.allow_failures else EXIT_PASS
+
+
+def _fails(status: str) -> bool:
+    from harness.reports.stats import is_failing
+
+    return is_failing(status)
+
+
+def end_summary(run: dict[str, Any], records: list[CellRecord], failed: list[CellRecord], db: str | None) -> str:
+    """A few lines: the counts, the pass rate, the first failing cells and where the full report is."""
+    from collections import Counter
+
+    from harness.reports.stats import fmt_rate, is_counted, is_passing, ordered_statuses
+
+    counts = Counter(r.status for r in records)
+    passing = sum(is_passing(r.status) for r in records)
+    counted = sum(is_counted(r.status) for r in records)
+    lines = [f"run {run['id']} ({run['name']}, {run['status']}): {len(records)} cells, "
+             + ", ".join(f"{counts[s]} {s}" for s in ordered_statuses(counts))
+             + f"; pass rate {fmt_rate(passing / counted if counted else None)} ({passing}/{counted} counted)"]
+    for r in failed[:SHOWN_FAILURES]:
+        lines.append(f"  {r.status}: {r.key}" + (f" — {r.reason.splitlines()[0][:160]}" if r.reason else ""))
+    if len(failed) > SHOWN_FAILURES:
+        lines.append(f"  … and {len(failed) - SHOWN_FAILURES} more failing")
+    lines.append(f"full report: pcgh report {run['id']}" + (f" --db {db}" if db else ""))
+    return "\n".join(lines)
+
+
+def _read_store(db: str | None) -> Any:
+    from harness.store import Store
+
+    return Store(db, read_only=True)
+
+
+def _lookup_run(store: Any, ref: str) -> dict[str, Any]:
+    try:
+        return store.run(int(ref) if ref.isdigit() else ref)
+    except KeyError as e:
+        raise ConfigError(f"run {ref!r} is not in the store ({e}); `pcgh report` lists the latest run") from e
+
+
+def report(args: argparse.Namespace) -> int:
+    from harness.reports import summary_markdown, write_report
+
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        writable_dir(out, "--out")
+    with _read_store(args.db) as store:
+        run = _lookup_run(store, args.run)
+        rows = store.results(run["id"])
+    print(summary_markdown(run, rows))
+    if out is not None:
+        try:
+            paths = write_report(run, rows, out)
+        except OSError as e:
+            raise ConfigError(f"--out {out}: cannot write the report there ({e.strerror or e}: {e.filename})") from None
+        for path in paths:
+            print(f"wrote {path}")
+    return EXIT_PASS
+
+
+def diff(args: argparse.Namespace) -> int:
+    from harness.reports import diff_markdown, diff_runs
+
+    with _read_store(args.db) as store:
+        base, head = _lookup_run(store, args.base), _lookup_run(store, args.head)
+        d = diff_runs(store.results(base["id"]), store.results(head["id"]), speedup_threshold=args.threshold)
+    print(diff_markdown(d, base, head))
+    return EXIT_FAIL if args.fail_on_regression and d.has_regression else EXIT_PASS

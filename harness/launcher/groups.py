@@ -1,0 +1,144 @@
+"""The runner's workers, each the leader of a process group of its own, and the one place they are started,
+waited for and taken down.
+
+- every worker gets a new session (pgid = its pid), so that what it starts (compile workers, a shell) is in its
+  group and a signal to the group reaches all of it, and nothing of the runner's terminal group;
+- when a worker ends, for whatever reason, its whole group is killed before the worker is reaped (a zombie still
+  holds its pgid, so the group id cannot have been recycled when the kill is sent);
+- close() kills every live group; WorkerGroups as a context manager closes on the way out, normal or not, and
+  turns SIGTERM/SIGHUP into an exception (Terminated) so that the way out runs;
+- each worker holds the read end of a pipe whose write end only this process holds (non-inheritable, and
+  close_fds): when the runner dies, SIGKILL included, the worker's watchdog sees EOF and kills its group
+  (worker.py). PR_SET_PDEATHSIG is not used: it fires when the *thread* that forked the worker exits, and its
+  SIGKILL would beat the watchdog, leaving the worker's children behind;
+- each live worker has a record in the run's log folder until it is reaped (orphans.py), for a resume to find.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from harness.launcher.orphans import WorkerRecord, drop_record, start_time, write_record
+from harness.launcher.worker import PARENT_FD_ENV, TOKEN_ENV
+
+_FATAL = (signal.SIGTERM, signal.SIGHUP)  # fatal by default, so they would skip every `finally`
+
+
+class Cancelled(Exception):
+    """The runner is shutting down: the worker was killed by it, and the cell has no outcome to record."""
+
+
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP, raised in the main thread so that the runner takes its workers down on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)  # the shell's exit code for death by that signal
+        self.signum = signum
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone (on macOS a group of zombies answers EPERM)
+
+
+def _exited(proc: subprocess.Popen) -> bool:
+    """Whether the worker has exited, without reaping it (WNOWAIT): until it is reaped its pid, and so its group's
+    id, cannot be given to another process. Where there is no waitid, poll() reaps (a far smaller window)."""
+    if not hasattr(os, "waitid"):
+        return proc.poll() is not None
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+class WorkerGroups:
+    """The live workers of one runner. Thread-safe: cells are launched from a thread pool."""
+
+    def __init__(self, records: Path | None = None) -> None:
+        self.records = records  # where worker records go (the run's log folder); None: nowhere
+        self._read, self._write = os.pipe()  # both non-inheritable; workers get the read end through pass_fds
+        self._lock = threading.Lock()
+        self._live: dict[int, subprocess.Popen] = {}
+        self._closed = False
+        self._runner_start = start_time(os.getpid())
+        self._handlers: dict[int, Any] = {}
+
+    def spawn(self, args: list[str], env: dict[str, str], stdout: IO[str]) -> subprocess.Popen:
+        """Start a worker (stdin a text pipe, stderr into stdout) as the leader of a new session."""
+        token = uuid.uuid4().hex
+        with self._lock:  # close() either sees this worker or makes it never start
+            if self._closed:
+                raise Cancelled("the runner is shutting down")
+            proc = subprocess.Popen(
+                [*args, token], stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.STDOUT, text=True,
+                env={**env, PARENT_FD_ENV: str(self._read), TOKEN_ENV: token},
+                start_new_session=True, close_fds=True, pass_fds=(self._read,),
+            )
+            self._live[proc.pid] = proc
+            if self.records is not None:
+                write_record(self.records, WorkerRecord(proc.pid, token, os.getpid(), self._runner_start))
+        return proc
+
+    def wait(self, proc: subprocess.Popen, timeout: float | None) -> tuple[int, bool]:
+        """Wait for a worker to end (up to `timeout` seconds), kill its group, reap it: (returncode, timed_out).
+
+        Raises Cancelled when close() was called meanwhile: the worker was killed by the runner, not by its cell.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay, timed_out = 0.001, False
+        while not _exited(proc) and not self._closed:
+            if deadline is not None and time.monotonic() >= deadline:
+                timed_out = True
+                break
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+        _kill_group(proc.pid)  # the worker's leftovers on a normal end; all of it on a timeout or close
+        returncode = proc.wait()
+        with self._lock:
+            self._live.pop(proc.pid, None)
+            if self.records is not None:
+                drop_record(self.records, proc.pid)
+            if self._closed:
+                raise Cancelled("the runner is shutting down")
+        return returncode, timed_out
+
+    def close(self) -> None:
+        """Kill every live worker's group and start no more. Safe to call again (it kills again)."""
+        with self._lock:
+            self._closed = True
+            for pid in list(self._live):
+                _kill_group(pid)
+            for fd in (self._write, self._read):
+                if fd >= 0:
+                    os.close(fd)  # with the write end gone, any worker that missed the kill kills itself
+            self._read = self._write = -1
+
+    def _on_fatal(self, signum: int, frame: FrameType | None) -> None:
+        if not self._closed:  # one is enough: a second must not cut the way out short
+            raise Terminated(signum)
+
+    def __enter__(self) -> WorkerGroups:
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            for sig in _FATAL:
+                if signal.getsignal(sig) is signal.SIG_DFL:  # an embedding program's own handler stays
+                    self._handlers[sig] = signal.signal(sig, self._on_fatal)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.close()
+        finally:
+            for sig, handler in self._handlers.items():
+                signal.signal(sig, handler)
+            self._handlers.clear()

@@ -1,0 +1,149 @@
+"""Names in a matrix, checked when it loads: a typo is an error with a suggestion, not an `unsupported` cell.
+
+Known means: registered with the runtime (capture and attention backends, read from the registries now, after
+the PCG_PLUGINS plugins have registered theirs), or named in pcg_core.known (schemes and backends planned but
+not implemented yet: those stay cells, unsupported with the pre-check's reason), or a model card in
+harness/models/ that offers the variant. Rules and override patterns must match a value of the matrix, else
+they are dead (usually a typo) and silently do nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import math
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from harness.cards import CARDS_DIR, ModelCard, find_card
+from harness.outcome import AXES, ModelRef
+from pcg_core.known import KNOWN_QUANTIZATION, PLANNED_ATTENTION, parse_parallel
+
+# Every cell is a process (minutes on a GPU): the full matrix is ~3,000 cells. expand() walks the whole cross
+# product before any filter, so a product this big is a mistake (or a bomb), not a plan.
+MAX_CELLS = 100_000
+
+Problem = tuple[tuple, str]  # (pydantic-style location, message)
+Checker = Callable[[str], str | None]  # value → why it is not known, or None
+
+
+def did_you_mean(value: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(value, list(known), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _in(kind: str, known: list[str]) -> Checker:
+    def check(value: str) -> str | None:
+        if value in known:
+            return None
+        return f"unknown {kind} {value!r}{did_you_mean(value, known)} (known: {', '.join(known)})"
+
+    return check
+
+
+def _parallel(value: str) -> str | None:
+    try:
+        parse_parallel(value)
+    except ValueError as e:
+        fixed = re.sub(r"(?<=[0-9])-?(?=[a-z])", "-", value.lower().replace("_", "-"))  # TP2ep8 → tp2-ep8
+        try:
+            parse_parallel(fixed)
+        except ValueError:
+            return str(e)
+        return f"{e}; did you mean {fixed!r}?"
+    return None
+
+
+def axis_checkers() -> dict[str, Checker]:
+    """One checker per non-model axis, from the registries as they are now (plugins loaded first)."""
+    from pcg_core.attention import attention_backend_names
+    from pcg_core.capabilities import QUANTIZATION
+    from pcg_core.capture import capture_backend_names
+    from pcg_core.config import COMPILERS
+    from pcg_core.plugins import load_plugins
+
+    load_plugins()  # idempotent: the CLI and the worker have loaded them already; a library caller may not have
+    graphs = [b for b in capture_backend_names() if b != "disabled"]  # disabled is the eager reference itself
+    attention = list(dict.fromkeys([*attention_backend_names(), *PLANNED_ATTENTION]))
+    quant = list(dict.fromkeys([*KNOWN_QUANTIZATION, *QUANTIZATION]))
+    return {
+        "graph": _in("capture backend", graphs),
+        "compiler": _in("compiler", list(COMPILERS)),
+        "attention": _in("attention backend", attention),
+        "quant": _in("quantization scheme", quant),
+        "parallel": _parallel,
+    }
+
+
+class _Models:
+    """Model values → problems, reading each card once."""
+
+    def __init__(self, cards_dir: Path):
+        self.cards_dir = cards_dir
+        self.ids = sorted(p.stem for p in cards_dir.glob("*.yaml"))
+        self.cards: dict[str, ModelCard | None] = {}
+
+    def __call__(self, value: str) -> str | None:
+        ref = ModelRef.parse(value)  # the schema has checked the grammar
+        if ref.card not in self.ids:
+            return (f"no model card {ref.card!r} in {self.cards_dir}{did_you_mean(ref.card, self.ids)} "
+                    "(`pcgh models` lists them)")
+        if ref.card not in self.cards:
+            self.cards[ref.card] = find_card(ref.card, self.cards_dir)
+        card = self.cards[ref.card]
+        offered = card.variants if card else []
+        if not (ref.variant in offered or (ref.layers is not None and "trim" in offered)):
+            return f"card {ref.card} offers variants {', '.join(offered)}, not {ref.variant}"
+        depth = card.config.get("num_hidden_layers") if card else None
+        if ref.layers is not None and isinstance(depth, int) and ref.layers > depth:
+            return f"{value}: card {ref.card} has {depth} decoder layers; trim to at most {depth}"
+        return None
+
+
+def _matches_any(pattern: str, values: list[str]) -> bool:
+    if not any(c in pattern for c in "*?["):
+        return pattern in values
+    match = re.compile(fnmatch.translate(pattern)).match  # as fnmatchcase does, compiled once for the whole list
+    return any(match(v) for v in values)
+
+
+def _rule_problems(loc: tuple, rule: dict[str, str], values: dict[str, list[str]]) -> list[Problem]:
+    out = []
+    for axis, pattern in rule.items():
+        if not _matches_any(pattern, values[axis]):
+            have = ", ".join(values[axis]) if len(values[axis]) <= 8 else f"{len(values[axis])} of them"
+            out.append(((*loc, axis), f"{pattern!r} matches none of the matrix's {axis} values ({have})"
+                                      f"{did_you_mean(pattern, values[axis])}"))
+    return out
+
+
+def name_problems(matrix: Any, cards_dir: Path = CARDS_DIR) -> list[Problem]:
+    """Every unknown axis value, dead rule or pattern and over-large product in `matrix` (a schema.Matrix; not
+    imported, even for typing: the schema imports this module), with where it is."""
+    checkers: dict[str, Checker] = {"model": _Models(cards_dir), **axis_checkers()}
+    values = {a: getattr(matrix.axes, a) for a in AXES}
+    problems: list[Problem] = []
+    for axis in AXES:
+        for i, value in enumerate(values[axis]):
+            if (why := checkers[axis](value)) is not None:
+                problems.append((("axes", axis, i), why))
+    cells = math.prod(len(set(v)) for v in values.values())
+    if cells > MAX_CELLS:
+        problems.append((("axes",), f"the axes make {cells:,} cells, over the {MAX_CELLS:,} a matrix may have; "
+                                    "split the matrix or use fewer values"))
+    for i, rule in enumerate(matrix.include):
+        problems += _rule_problems(("include", i), rule, values)
+    for i, rule in enumerate(matrix.exclude):
+        problems += _rule_problems(("exclude", i), rule, values)
+    for name, rule in matrix.tiers.items():
+        problems += _rule_problems(("tiers", name), rule, values)
+    for pattern, override in matrix.overrides.items():
+        problems += _rule_problems(("overrides", pattern), {"model": pattern}, values)
+        for axis, allowed in override.axes.items():
+            for i, value in enumerate(allowed):
+                if (why := checkers[axis](value)) is not None:
+                    problems.append((("overrides", pattern, "axes", axis, i), why))
+    return problems
+

@@ -1,0 +1,76 @@
+"""What the project knows by name on each axis, whether or not this runtime runs it yet, and the size limits every
+entry point shares.
+
+Two questions are kept apart: is a name *known* (else it is a typo, refused when a matrix loads, with a
+suggestion) and can this runtime *run* it (pcg_core.capabilities; else the cell is `unsupported`, with the
+reason). Only the not-yet-implemented vocabulary lives here; what is registered (capture and attention backends)
+comes from the registries at validation time. Torch-free, like pcg_core.errors, so any caller can check a name.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Fixed choices of the runtime, by name (pcg_core.config maps the dtypes to torch's).
+COMPILERS: tuple[str, ...] = ("eager", "inductor")
+DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+# Quantization schemes: the runtime runs pcg_core.capabilities.QUANTIZATION today; the rest is planned (see the
+# research notes on quantization on H200) or is a checkpoint format `pcgh request` reports.
+KNOWN_QUANTIZATION: tuple[str, ...] = (
+    "none",
+    # umbrella words: the checkpoint's own granularity
+    "fp8", "int8", "int4", "fp4",
+    # FP8: per-tensor (static activation scale), per-token × per-channel (dynamic), DeepSeek 128×128 blocks
+    "fp8_per_tensor", "fp8_per_token", "fp8_block",
+    # INT8 weights and activations (SmoothQuant-style); int4 weights with fp8/int8 or 16-bit activations
+    "int8_w8a8", "w4a8", "w4a16",
+    # int4 weight-only checkpoints
+    "awq", "gptq",
+    # 4-bit floats: NVIDIA's (e4m3 scale per 16) and OCP's (e8m0 scale per 32, gpt-oss)
+    "nvfp4", "mxfp4",
+    # checkpoint formats (quant_method values) `pcgh request --quant` accepts
+    "modelopt", "compressed-tensors", "bitsandbytes", "gguf",
+)
+
+# Attention backends planned but not registered yet; registered ones (pcg_core.attention) are known as well.
+PLANNED_ATTENTION: tuple[str, ...] = (
+    "flex",  # torch FlexAttention over the paged KV cache: the planned primary
+    "varlen",  # torch.nn.attention.varlen (FA2 inside aten): the planned no-compile fallback
+    "triton",  # our own paged extend/decode kernel
+    "fa3",  # FlashAttention 3 (no wheel for us yet)
+    "flashinfer",
+)
+
+# Parallel modes are a grammar, not a list: kinds in this order, each at most once, joined by "-" (tp2-ep8).
+PARALLEL_KINDS: tuple[str, ...] = ("tp", "pp", "dp", "ep")
+# The largest degree: far beyond any cluster a cell runs on; a bigger number is a typo, not a plan.
+MAX_PARALLEL_DEGREE = 1024
+_PART = re.compile(r"^(tp|pp|dp|ep)([1-9][0-9]{0,5})$")
+PARALLEL_GRAMMAR = "parts KINDn joined by '-' (tp2, tp2-ep8), kinds tp, pp, dp, ep in that order, n ≥ 1"
+
+# The largest token bucket any entry point accepts. The largest bucket's buffers (inputs, hidden states, MLP
+# intermediates, captured graphs) are allocated up front, so 100,000,000 took 6 GB before a single cell ran;
+# 2^20 covers the longest-context models we test (1M tokens) and stops a typo before it allocates.
+MAX_TOKENS = 1 << 20
+
+
+def parse_parallel(text: str) -> dict[str, int]:
+    """{kind: degree} of a parallel mode such as "tp2-ep8"; ValueError saying what is wrong otherwise."""
+    parts = []
+    for part in str(text).split("-"):
+        m = _PART.match(part)
+        if m is None:
+            raise ValueError(f"parallel mode {text!r} is not {PARALLEL_GRAMMAR}")
+        parts.append((m.group(1), int(m.group(2))))
+    kinds = [k for k, _ in parts]
+    if len(set(kinds)) != len(kinds):
+        raise ValueError(f"parallel mode {text!r} names a kind twice; {PARALLEL_GRAMMAR}")
+    canonical = sorted(parts, key=lambda p: PARALLEL_KINDS.index(p[0]))
+    if parts != canonical:  # one spelling per mode, so one cell key per mode
+        fixed = "-".join(f"{k}{n}" for k, n in canonical)
+        raise ValueError(f"parallel mode {text!r}: write it {fixed} (kinds in the order tp, pp, dp, ep)")
+    for _, n in parts:
+        if n > MAX_PARALLEL_DEGREE:
+            raise ValueError(f"parallel mode {text!r}: degree {n} is over {MAX_PARALLEL_DEGREE}")
+    return dict(parts)
