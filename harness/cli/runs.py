@@ -103,16 +103,12 @@ def run(args: argparse.Namespace) -> int:
     with Store(args.db) as store:
         run_id = run_matrix(args.matrix, store, opts, planned=planned)
         run, records = store.run(run_id), store.results(run_id)
-    failed = [r for r in records if _fails(r.status)]
+    from harness.reports.stats import is_failing
+
+    failed = [r for r in records if is_failing(r.status)]
     if not args.no_report:
         print(end_summary(run, records, failed, args.db))
     return EXIT_FAIL if failed and not args.allow_failures else EXIT_PASS
-
-
-def _fails(status: str) -> bool:
-    from harness.reports.stats import is_failing
-
-    return is_failing(status)
 
 
 def end_summary(run: dict[str, Any], records: list[CellRecord], failed: list[CellRecord], db: str | None) -> str:
