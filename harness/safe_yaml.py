@@ -125,7 +125,10 @@ except ImportError:  # pragma: no cover - PyYAML built without libyaml
 
 
 def read_utf8(path: Path, max_bytes: int = MAX_YAML_BYTES, what: str = "YAML file") -> str:
-    """The file's text; ConfigError naming the file if it is over `max_bytes` or not UTF-8 (with the byte offset)."""
+    """The file's text; ConfigError naming the file if it is missing, over `max_bytes` or not UTF-8 (with the byte
+    offset)."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such {what}")
     size = path.stat().st_size
     if size > max_bytes:
         raise ConfigError(f"{path}: {size:,} bytes, over the {max_bytes:,}-byte limit for a {what}")

@@ -44,10 +44,9 @@ def run_logs(logs_dir: str | Path, store: Store, run_id: int) -> Path:
     return Path(logs_dir) / store.identity / f"run-{run_id}"
 
 
-def _resumable(store: Store, name: str, matrix_path: str | Path) -> dict[str, Any] | None:
+def _resumable(store: Store, name: str, resolved: str, sha: str, spellings: list[str]) -> dict[str, Any] | None:
     """The newest run of this matrix (by identity) when it did not finish; None when there is none. Says on
     stderr what it found: a finished run (never changed), or a matrix whose content changed since."""
-    resolved, sha, spellings = matrix_identity(matrix_path)
     runs = store.runs_of_matrix(name, spellings)
     if not runs:
         print(f"pcgh: no run of {resolved} to resume; starting a new one", file=sys.stderr)
@@ -68,11 +67,11 @@ def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
     made it already (the command line plans before it opens the store)."""
     p = planned or plan(matrix_path, opts)
     matrix, cells = p.matrix, p.cells
-    prev = _resumable(store, matrix.name, matrix_path) if opts.resume else None
+    resolved, sha, spellings = matrix_identity(matrix_path)
+    prev = _resumable(store, matrix.name, resolved, sha, spellings) if opts.resume else None
     if prev is not None and prev["status"] == "finished":
         return prev["id"]  # a finished run is never changed, not even its finish time
     if prev is None:
-        resolved, sha, _ = matrix_identity(matrix_path)
         run_id = store.create_run(matrix.name, resolved, provenance(), trigger=opts.trigger, matrix_sha256=sha)
     else:
         run_id = prev["id"]

@@ -116,8 +116,6 @@ def load_matrix(path: str | Path, cards_dir: Path = CARDS_DIR) -> Matrix:
     Names are checked against the runtime's registries as they are now, after the PCG_PLUGINS plugins are imported.
     """
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: no such matrix file (see harness/configs/ for examples)")
     data, lines = load_yaml_with_lines(p, what="matrix file")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a matrix file is a YAML mapping with at least name and axes")
