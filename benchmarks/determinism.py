@@ -43,7 +43,7 @@ def main() -> int:
     spec = CellSpec(model=args.model, graph="piecewise", device=args.device, layers=args.layers, max_tokens=args.max_tokens)
     lm = load_model(resolve_model(spec), layers=args.layers, weights="synthetic", dtype=torch.bfloat16, device=args.device)
     cap = CaptureConfig(backend="disabled", max_tokens=args.max_tokens)
-    cases = prompt_suite(cap.ladder, lm.config.vocab_size)
+    cases = {c.name: [list(p) for p in c.prompts] for c in prompt_suite(cap.ladder, lm.config.vocab_size)}
     kv = max(sum(len(p) + 8 for p in ps) for ps in cases.values()) + 16
     engine = Engine(lm.model, EngineConfig(device=args.device, dtype="bfloat16", capture=cap, kv_slots=kv))
     # Cold versus warm: the first forward at a shape against later ones, module by module.

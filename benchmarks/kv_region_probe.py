@@ -19,8 +19,8 @@ def main() -> int:
     spec = CellSpec(model="qwen3-0.6b", device=dev)
     lm = load_model(resolve_model(spec), layers=layers, weights="synthetic", dtype=torch.bfloat16, device=dev)
     cap = CaptureConfig(backend="disabled", max_tokens=max_tokens)
-    cases = prompt_suite(cap.ladder, lm.config.vocab_size)
-    name = next(n for n in cases if n.startswith("exact_bucket"))
+    cases = {c.name: [list(p) for p in c.prompts] for c in prompt_suite(cap.ladder, lm.config.vocab_size)}
+    name = next(n for n in cases if "_exact_" in n)
     prompts = cases[name]
     n = len(prompts[0])
     kv = max(sum(len(p) + 8 for p in ps) for ps in cases.values()) + 16

@@ -119,6 +119,35 @@ class EagerSelfDiff(_Model):
     max_output_logprob_diff: float | None = None
 
 
+class SuiteCoverage(_Model):
+    """What the prompt suite made the graph candidate run (harness/cell/coverage.py counts it): printed per cell,
+    stored with it, shown on its page, so a judge that passed also says what it looked at."""
+
+    buckets: int = 0  # in the ladder
+    buckets_hit: int = 0  # replayed at least once
+    largest_bucket_hit: bool = False
+    regions: int = 0  # ladder regions (runs of one step size)
+    regions_hit: int = 0
+    layouts: dict[int, int] = Field(default_factory=dict)  # bucket → distinct packed layouts replayed there
+    decode_steps: int = 0  # decode forwards on the graph path
+    decode_layouts: int = 0  # distinct decode batch memberships
+    beyond_ladder_forwards: int = 0  # graph forwards with a position past the largest bucket
+    eager_forwards: int = 0  # forwards above the largest bucket, run eagerly
+    repeat_identical: bool | None = None  # the final repeat replayed bitwise like its first run (None: not run)
+
+    @property
+    def max_layouts(self) -> int:
+        return max(self.layouts.values(), default=0)
+
+    def summary(self) -> str:
+        """One line: what a reader checks first."""
+        rep = {True: "bitwise", False: "DIFFERS", None: "not run"}[self.repeat_identical]
+        return (f"{self.buckets_hit}/{self.buckets} buckets (largest {'yes' if self.largest_bucket_hit else 'NO'}), "
+                f"{self.regions_hit}/{self.regions} ladder regions, up to {self.max_layouts} layouts per bucket, "
+                f"{self.decode_steps} decode steps ({self.decode_layouts} memberships), "
+                f"{self.beyond_ladder_forwards} forwards past the largest bucket's positions, repeat {rep}")
+
+
 class CellMetrics(_Model):
     """What a cell measured. A field is None when the cell ended before measuring it (a crash, an unsupported
     model), so "not measured" never reads as zero."""
@@ -135,6 +164,8 @@ class CellMetrics(_Model):
     seed: int | None = None
     top_k: int | None = None
     logprob_tol: float | None = None  # None here and in the spec alike: the judge's per-dtype default
+    peaked: bool | None = None  # synthetic weights get a peaked output head (loader.peak_logits); None: older row
+    repeats: int | None = None  # fresh processes the cell ran in (--repeats); None: one
     # Capture.
     pieces: int | None = None
     graphs_captured: int | None = None
@@ -151,9 +182,16 @@ class CellMetrics(_Model):
     max_prompt_logprob_diff: float | None = None
     max_output_logprob_diff: float | None = None
     max_prompt_kl: float | None = None
+    max_decode_kl: float | None = None  # at decode positions, eager's tokens fed to both sides
+    max_same_padding_diff: float | None = None  # ‖graph − eager at the graph's padding‖ / ‖eager‖, worst forward
+    padding_noise: float | None = None  # max |Δlogprob| eager padded vs unpadded (half precision; 0: not measured)
     topk_containment_ok: bool | None = None
     divergences: list[str] = Field(default_factory=list)
     diverging_piece: str | None = None  # layer 5: the first piece whose output differs, when the judge failed
+    diagnosis_error: str | None = None  # layer 5 itself failed: why (the verdict above stands)
+    tie_margin: float | None = None  # the largest eager top-2 margin a token flip is excused within (the noise)
+    coverage: SuiteCoverage | None = None
+    repeat_statuses: list[str] = Field(default_factory=list)  # with --repeats: each fresh process's status
     # Latency, per prompt token count.
     latency_ms: dict[int, Latency] = Field(default_factory=dict)
     speedup: dict[int, float | None] = Field(default_factory=dict)
@@ -180,8 +218,9 @@ class CellMetrics(_Model):
                     del data[name]
 
 
-SCALAR_METRICS = ("token_match", "max_prompt_logprob_diff", "max_output_logprob_diff", "max_prompt_kl", "capture_s",
-                  "compile_s", "trace_s", "graph_pool_bytes", "pieces", "graphs_captured", "eager_fallbacks")
+SCALAR_METRICS = ("token_match", "max_prompt_logprob_diff", "max_output_logprob_diff", "max_prompt_kl", "max_decode_kl",
+                  "max_same_padding_diff", "capture_s", "compile_s", "trace_s", "graph_pool_bytes", "pieces",
+                  "graphs_captured", "eager_fallbacks")
 
 
 class CellOutcome(_Model):

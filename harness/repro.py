@@ -37,6 +37,8 @@ def repro_command(axes: dict[str, str], metrics: CellMetrics, fallbacks: Iterabl
         if axis != "model":
             args += [f"--{axis}", axes[axis]]
     sources = [metrics, *fallbacks]
+    if metrics.peaked is False:
+        args.append("--flat-weights")
     for flag, name in SETTINGS:
         value = next((getattr(m, name) for m in sources if getattr(m, name) not in (None, "")), None)
         if value is not None:

@@ -3,9 +3,11 @@ suite and judged, with latency side by side.
 
 - spec.py — CellSpec, the cell's run settings (what the worker reads on stdin)
 - run.py — run_cell and its phases: load, eager reference, candidate, judge, latency → a CellOutcome
-- prompts.py — the prompt suite (bucket edges, packed batches) and the latency token counts
-- judge.py — tolerances and the token/logprob comparison (judge layers 1, 3 and 4)
-- diagnose.py — the layers that need both engines: prompt KL and the first diverging piece (layer 5)
+- prompts.py — the prompt suite, derived from the bucket ladder, and the latency token counts
+- coverage.py — what the suite made the graph candidate run (buckets, layouts, decode steps), counted per forward
+- judge.py — tolerances, the near-tie noise bound and the token/logprob comparison (judge layers 1, 3 and 4)
+- diagnose.py — the layers that need both engines, run in lockstep on their own KV caches: KL at prompt and
+  decode positions, and the first diverging piece (layer 5)
 - timing.py — medians of CUDA-event (or wall-clock) timings
 
 The package root is lazy (PEP 562): `harness.cell.timing` or `.prompts` alone (the benchmarks on the GPU image)

@@ -1,20 +1,153 @@
-"""Judge layers that need both engines at once: KL at prompt positions and the first diverging piece."""
+"""Judge layers that need both engines at once: KL of the next-token distributions, and the first diverging piece.
+
+Both run a case in lockstep: the eager engine and the graph engine each on its own KV cache (a graph that skips
+or misplaces a KV write then reads its own wrong cache, as it does in the suite), the eager side padded to the
+graph's bucket (same shapes, so same-kernel pieces agree bitwise), decode steps fed eager's greedy tokens on both
+sides so every step stays comparable. Prefill (in the case's chunks) and decode are both covered.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import torch
 
+from harness.cell.prompts import Case
 from pcg_core.engine import Engine
-from pcg_core.engine.engine import LOGITS_CHUNK as CHUNK
+from pcg_core.engine.engine import LOGITS_CHUNK, chunks, decode_batch
+
+
+@dataclass
+class Step:
+    """One forward of a case on both sides: what it was, the hidden states, and the attention inputs seen."""
+
+    label: str
+    decode: bool
+    ref: torch.Tensor  # eager at the graph's padding
+    cand: torch.Tensor  # the graph
+    probes: torch.Tensor | None = None  # a token per row whose logprob the noise estimates compare
+    unpadded: torch.Tensor | None = None  # eager unpadded (noise=True, where the graph pads)
+    again: torch.Tensor | None = None  # eager at the graph's padding once more (noise=True)
+    ref_stages: dict[int, torch.Tensor] = field(default_factory=dict)
+    cand_stages: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@torch.no_grad()
+def lockstep(eager: Engine, graph: Engine, case: Case, observe: bool = False, noise: bool = False) -> Iterator[Step]:
+    """The case's forwards on both engines, one Step each (observe: record every attention input too; noise: run
+    eager unpadded before and at the same padding again after, for the noise the eager path itself shows)."""
+    prompts = [list(p) for p in case.prompts]
+    new = list(case.new_tokens)
+    batch, bases = eager.pack_prompts(prompts, max(new))
+    graph.pack_prompts(prompts, max(new))  # the same slots on the graph's own cache
+    pieces = chunks(batch, case.chunk)
+
+    def run(part, label: str, decode: bool) -> Step:
+        step = Step(label, decode, torch.empty(0), torch.empty(0))
+        bucket, n = graph.bucket_for(len(part)), len(part)
+        # The real rows only: padding rows are nobody's output, and a backend may stage them as it likes.
+        obs_ref = (lambda layer, q: step.ref_stages.__setitem__(layer, q[:n].float().clone())) if observe else None
+        obs_cand = (lambda layer, q: step.cand_stages.__setitem__(layer, q[:n].float().clone())) if observe else None
+        if noise and bucket is not None and bucket != n:  # first: the padded runs after it leave the cache as theirs
+            step.unpadded = eager.forward(part, eager=True).clone()
+        step.ref = eager.forward(part, eager=True, observer=obs_ref, pad_to=bucket).clone()
+        if noise:
+            step.again = eager.forward(part, eager=True, pad_to=bucket).clone()
+        step.cand = graph.forward(part, observer=obs_cand, decode=decode).clone()
+        # probe tokens: the next token of the packed stream (a prompt target, mostly from the tail), the last row's own
+        step.probes = torch.tensor(part.token_ids[1:] + part.token_ids[-1:], device=step.ref.device)
+        return step
+
+    last_rows: list[torch.Tensor] = []
+    for k, part in enumerate(pieces):
+        label = f"prefill forward {k + 1} of {len(pieces)} ({len(part)} tokens, bucket {graph.bucket_for(len(part))})"
+        step = run(part, label, False)
+        last_rows.append(step.ref)
+        yield step
+    ends = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
+    hidden = torch.cat(last_rows)
+    tokens = eager.logits(hidden[ends.to(hidden.device)]).argmax(-1).tolist()
+    done = [1] * len(prompts)
+    for t in range(1, max(new)):
+        active = [i for i in range(len(prompts)) if done[i] < new[i]]
+        steps = [(i, tokens[i], len(prompts[i]) + done[i] - 1) for i in active]
+        label = f"decode step {t} ({len(active)} sequences, bucket {graph.bucket_for(len(active))})"
+        step = run(decode_batch(steps, bases), label, True)
+        yield step
+        for i, token in zip(active, eager.logits(step.ref).argmax(-1).tolist()):
+            tokens[i] = token
+            done[i] += 1
+
+
+def _kl_rows(eager: Engine, ref: torch.Tensor, cand: torch.Tensor) -> float:
+    """max over rows of KL(ref ‖ cand) of the next-token distributions; NaN if any row is NaN."""
+    worst = 0.0
+    for s in range(0, ref.shape[0], LOGITS_CHUNK):
+        lp_ref = torch.log_softmax(eager.logits(ref[s : s + LOGITS_CHUNK]), dim=-1)
+        lp_cand = torch.log_softmax(eager.logits(cand[s : s + LOGITS_CHUNK]), dim=-1)
+        k = float((lp_ref.exp() * (lp_ref - lp_cand)).sum(dim=-1).max())  # torch's max keeps a NaN
+        if math.isnan(k):
+            return k
+        worst = max(worst, k)
+    return worst
+
+
+@dataclass
+class LockstepStats:
+    """One case in lockstep: the worst KL at prompt and at decode positions, and the worst relative difference of
+    a forward's hidden states (graph vs eager at the same padding), with the forward it was in."""
+
+    prompt_kl: float = 0.0
+    decode_kl: float = 0.0
+    same_padding_rel: float = 0.0
+    where: str = ""
+    eager_same_padding_rel: float = 0.0  # eager vs eager, same padding (noise=True)
+    padding_noise: float = 0.0  # max |Δlogprob| of a probe token, eager padded vs unpadded (noise=True)
+
+
+def _probe_diff(eager: Engine, a: torch.Tensor, b: torch.Tensor, probes: torch.Tensor) -> float:
+    """max over rows of |logprob_a − logprob_b| of the row's probe token."""
+    worst = 0.0
+    for s in range(0, a.shape[0], LOGITS_CHUNK):
+        idx = probes[s : s + LOGITS_CHUNK, None]
+        la = torch.log_softmax(eager.logits(a[s : s + LOGITS_CHUNK]), dim=-1).gather(1, idx)
+        lb = torch.log_softmax(eager.logits(b[s : s + LOGITS_CHUNK]), dim=-1).gather(1, idx)
+        worst = _worse(worst, float((la - lb).abs().max()))
+    return worst
+
+
+def _worse(a: float, b: float) -> float:
+    """The larger of two, a NaN on either side winning (it is the loudest failure)."""
+    return b if math.isnan(b) or (not math.isnan(a) and b > a) else a
+
+
+@torch.no_grad()
+def lockstep_stats(eager: Engine, graph: Engine, case: Case, noise: bool = False) -> LockstepStats:
+    """KL (eager's tokens fed to both) and the same-padding difference of every forward of one case; with noise,
+    what eager itself shows: run twice at one padding, and padded against unpadded."""
+    st = LockstepStats()
+    for step in lockstep(eager, graph, case, noise=noise):
+        if step.again is not None:
+            st.eager_same_padding_rel = _worse(st.eager_same_padding_rel, _rel(step.ref, step.again))
+        if step.unpadded is not None:
+            st.padding_noise = _worse(st.padding_noise, _probe_diff(eager, step.ref, step.unpadded, step.probes))
+        k = _kl_rows(eager, step.ref, step.cand)
+        if step.decode:
+            st.decode_kl = _worse(st.decode_kl, k)
+        else:
+            st.prompt_kl = _worse(st.prompt_kl, k)
+        rel = _rel(step.ref, step.cand)
+        if not math.isnan(st.same_padding_rel) and (math.isnan(rel) or rel > st.same_padding_rel):
+            st.same_padding_rel, st.where = rel, step.label
+    return st
 
 
 @dataclass(frozen=True)
 class PieceDiagnosis:
     """Layer 5's answer: the first piece whose output differs from eager (None when none does or none can be told
-    apart), its relative difference, and a sentence for the cell's reason."""
+    apart), in which case and forward, its relative difference, and a sentence for the cell's reason."""
 
     piece: str | None
     rel_diff: float | None
@@ -24,41 +157,34 @@ class PieceDiagnosis:
         return self.note
 
 
-@torch.no_grad()
-def max_prompt_kl(eager: Engine, graph: Engine, prompts: list[list[int]]) -> float:
-    """max over prompt positions of KL(eager ‖ graph) of the next-token distributions (same weights)."""
-    h_ref = eager.forward(eager.prefill_batch(prompts))
-    h_cand = graph.forward(graph.prefill_batch(prompts))
-    worst = 0.0
-    for s in range(0, h_ref.shape[0], CHUNK):
-        lp_ref = torch.log_softmax(eager.lm_head(h_ref[s : s + CHUNK]).float(), dim=-1)
-        lp_cand = torch.log_softmax(graph.lm_head(h_cand[s : s + CHUNK]).float(), dim=-1)
-        kl = (lp_ref.exp() * (lp_ref - lp_cand)).sum(dim=-1)
-        k = float(kl.max())  # torch's max propagates a NaN; Python's max(worst, k) would drop it
-        if math.isnan(k):
-            return k
-        worst = max(worst, k)
-    return worst
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖a‖ (NaN when b holds a NaN)."""
+    return float((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30))
 
 
 @torch.no_grad()
-def first_diverging_piece(graph: Engine, prompts: list[list[int]], rtol: float) -> PieceDiagnosis:
-    """Name the first piece whose output differs from an eager run at the same padding.
-
-    A piece's output is what the next attention receives, so every attention input that runs outside a graph
-    (eager, and the holes of piecewise/breakable replay) is compared; the final hidden states close the list.
-    """
-    batch = graph.prefill_batch(prompts)
-    ref: dict[int, torch.Tensor] = {}
-    cand: dict[int, torch.Tensor] = {}
-    h_ref = graph.forward(batch, eager=True, observer=lambda layer, q: ref.__setitem__(layer, q.float().clone())).float()
-    h_cand = graph.forward(batch, observer=lambda layer, q: cand.__setitem__(layer, q.float().clone())).float()
-    stages = [(f"piece {i} (up to attention {i})", ref[i], cand.get(i)) for i in sorted(ref)]
-    stages.append((f"piece {len(ref)} (after the last attention)", h_ref, h_cand))
-    for name, a, b in stages:
-        if b is None:
-            return PieceDiagnosis(None, None, f"{graph.stats.backend}: attention runs inside the graph, so pieces cannot be told apart")
-        rel = float((a - b).norm() / a.norm().clamp_min(1e-30))
-        if rel > rtol:
-            return PieceDiagnosis(name, rel, f"first diverging: {name}, relative difference {rel:.3g}")
-    return PieceDiagnosis(None, None, "no piece diverges from eager at the same padding (look at input staging, padding or bucket choice)")
+def first_diverging_piece(eager: Engine, graph: Engine, case: Case, rtol: float) -> PieceDiagnosis:
+    """The first forward of `case` (prefill chunk or decode step) where a piece's output differs from eager at the
+    same padding, and that piece. A piece's output is what the next attention receives, so every attention input
+    that runs outside a graph (eager, and the holes of piecewise/breakable replay) is compared; the final hidden
+    states close the list."""
+    for step in lockstep(eager, graph, case, observe=True):
+        n = len(step.ref_stages)
+        stages = [(f"piece {i} (up to attention {i})", step.ref_stages[i], step.cand_stages.get(i))
+                  for i in sorted(step.ref_stages)]
+        stages.append((f"piece {n} (after the last attention)", step.ref, step.cand))
+        for name, a, b in stages:
+            if b is None:
+                rel = _rel(step.ref, step.cand)
+                if rel > rtol:
+                    return PieceDiagnosis(None, rel, f"{case.name}, {step.label}: output differs ({rel:.3g}); "
+                                          f"{graph.stats.backend} runs attention inside the graph, so pieces "
+                                          "cannot be told apart")
+                break
+            rel = _rel(a, b)
+            if rel > rtol:
+                return PieceDiagnosis(name, rel, f"{case.name}, {step.label}: first diverging {name}, "
+                                      f"relative difference {rel:.3g}")
+    return PieceDiagnosis(None, None, f"{case.name}: no piece diverges from eager at the same padding, each side on "
+                          "its own KV cache, prefill and decode (look at input staging, the bucket choice or what runs "
+                          "outside the forward)")

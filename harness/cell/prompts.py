@@ -1,33 +1,137 @@
-"""The deterministic prompt suite, aimed at the places a graph goes stale: bucket edges and packed batches.
+"""The prompt suite, derived from the bucket ladder and aimed at every way a captured graph can go stale.
 
-Each case is one generate() call, so each is one packed prefill batch followed by decode steps.
+A graph is recorded once per bucket and replayed for every batch padded to it, so a bug hides wherever the suite
+does not look: a bucket never replayed (the large ones), a size at a bucket's edge, a second batch with another
+packed layout at the same bucket, decode batches whose membership changes, positions past the largest bucket,
+state left over from the previous replay. Each case is one `generate()` call: one packed prefill (in chunks
+where the case says so), then decode steps of the sequences still generating. The cases run in order, so the
+layout cases are consecutive forwards at one bucket and the last case repeats an earlier one.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+EDGE_NEW_TOKENS = 2  # decode steps after an edge-size prefill: enough to read the KV it wrote
+MIN_DECODE_STEPS = 4  # the decode case needs a few steps for its batch to change membership
 
-def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, packed_sizes: tuple[int, ...] = (8,)) -> dict[str, list[list[int]]]:
-    """Cases: one token, an exact bucket, bucket+1, above the largest bucket, packed batches of mixed lengths."""
+
+@dataclass(frozen=True)
+class Case:
+    """One generate() call: prompts packed into one prefill, each sequence decoding its own number of tokens
+    (1: prefill only), the prefill split into forwards of at most `chunk` tokens when set."""
+
+    name: str
+    prompts: tuple[tuple[int, ...], ...]
+    new_tokens: tuple[int, ...]
+    chunk: int | None = None
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def kv_slots(self) -> int:
+        """KV slots the case needs: every prompt plus its room for generated tokens."""
+        return sum(len(p) + max(self.new_tokens) for p in self.prompts)
+
+
+def ladder_regions(ladder: list[int]) -> list[list[int]]:
+    """The ladder cut where its step changes: the fine steps at the bottom, the coarse ones above."""
+    regions: list[list[int]] = []
+    step = None
+    for prev, b in zip([0, *ladder], ladder):
+        if b - prev != step:
+            regions.append([])
+            step = b - prev
+        regions[-1].append(b)
+    return regions
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """`total` tokens as `parts` unequal lengths ≥ 1 (the first short, the last long), summing to `total`."""
+    parts = max(1, min(parts, total))
+    weights = list(range(1, parts + 1))
+    lengths = [max(1, total * w // sum(weights)) for w in weights]
+    lengths[-1] += total - sum(lengths)
+    if lengths[-1] < 1:  # rounding took too much from the last: give it back from the longest
+        i = lengths.index(max(lengths))
+        lengths[i] += lengths[-1] - 1
+        lengths[-1] = 1
+    return lengths
+
+
+def layout_bucket(ladder: list[int]) -> int:
+    """The bucket the layout cases share: the one nearest a quarter of the largest, at least 8 where the ladder
+    has one, so it holds sequences of several lengths."""
+    largest = ladder[-1]
+    wide = [b for b in ladder if b >= 8] or [largest]
+    return min(wide, key=lambda b: (abs(b - largest // 4), b))
+
+
+def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_tokens: int = 8) -> list[Case]:
+    """The cases, in the order they run: edge sizes per ladder region and at the largest bucket, layouts at one
+    bucket, decode with changing membership, positions past every bucket, then a repeat of an earlier case."""
     gen = torch.Generator().manual_seed(seed)
+    cases: list[Case] = []
+    seen: set[str] = set()
 
-    def tokens(n: int) -> list[int]:
-        return torch.randint(0, vocab_size, (n,), generator=gen).tolist()
+    def tokens(n: int) -> tuple[int, ...]:
+        return tuple(torch.randint(0, vocab_size, (n,), generator=gen).tolist())
 
-    max_tokens = ladder[-1]
-    exact = ladder[min(len(ladder) // 3, len(ladder) - 1)]
-    cases = {
-        "one_token": [tokens(1)],
-        f"exact_bucket_{exact}": [tokens(exact)],
-        f"bucket_plus_one_{exact + 1}": [tokens(exact + 1)],
-        f"above_max_{max_tokens + 1}": [tokens(max_tokens + 1)],
-    }
-    for n in packed_sizes:
-        lengths = torch.randint(1, max(2, min(48, max_tokens // max(n, 1))), (n,), generator=gen).tolist()
-        lengths[0] = 1  # a one-token sequence inside a packed batch
-        cases[f"packed_{n}_mixed"] = [tokens(length) for length in lengths]
+    def add(name: str, lengths: list[int], new: int | list[int], chunk: int | None = None) -> Case:
+        news = [new] * len(lengths) if isinstance(new, int) else new
+        case = Case(name, tuple(tokens(n) for n in lengths), tuple(news), chunk)
+        if name not in seen:
+            seen.add(name)
+            cases.append(case)
+        return case
+
+    edge_new = min(EDGE_NEW_TOKENS, max_new_tokens)
+    largest = ladder[-1]
+    sizes_done: set[int] = set()
+    # Edge sizes: in every region one bucket exactly, one token short (two sequences: padding one row) and one
+    # token over (the next bucket, at its widest padding); the largest bucket too, whose +1 runs eagerly.
+    reps = [r[len(r) // 2] for r in ladder_regions(ladder)]
+    for k, b in enumerate([*reps, largest] if reps[-1] != largest else reps):
+        region = f"r{k}" if k < len(reps) else "largest"
+        for size, label, parts in ((b, "exact", 1), (b - 1, "minus1", 2), (b + 1, "plus1", 1)):
+            if size < 1 or size in sizes_done:
+                continue
+            sizes_done.add(size)
+            if size > largest:
+                continue  # above_max below
+            add(f"{region}_{label}_{size}", _split(size, parts), edge_new)
+    # Layouts: one bucket replayed in consecutive prefill-only forwards with other numbers, lengths and orders.
+    b = layout_bucket(ladder)
+    below = max([x for x in ladder if x < b], default=0)
+    short = max(below + 1, b - 3)
+    a = max(1, b // 3)
+    layouts = [[b], [a, b - a], [b - a, a], [1, *_split(b - 3, 3), 1, 1] if b >= 6 else [b], _split(short, 3)]
+    firsts = []
+    for i, lengths in enumerate(layouts):
+        lengths = [n for n in lengths if n > 0]
+        firsts.append(add(f"layout_{b}_{i}_" + "-".join(map(str, lengths)), lengths, 1))
+    # Decode: sequences of different lengths that stop at different steps, so each decode step's batch has other
+    # members; all in the first step, two more than the smallest bucket, so the decode batches cross its edge.
+    steps = max(MIN_DECODE_STEPS, max_new_tokens)
+    n = ladder[0] + 2
+    add(f"decode_{n}_seqs", [1 + (7 * i) % max(2, min(largest, 24)) for i in range(n)], [2 + i % (steps - 1) for i in range(n)])
+    # Positions past every bucket: a prompt one over the largest (prefill eager, decode replayed at positions
+    # above it), and a chunked prefill whose later chunks replay the graphs at positions beyond the ladder.
+    add(f"above_max_{largest + 1}", [largest + 1], max_new_tokens)
+    add(f"chunked_{2 * largest + 3}", [largest + largest // 2, largest // 2 + 3], max_new_tokens, chunk=largest)
+    # Stale state: the second layout again, after every other case has replayed its bucket with other data.
+    again = firsts[1] if len(firsts) > 1 else cases[0]
+    cases.append(Case(f"repeat_{again.name}", again.prompts, again.new_tokens, again.chunk))
     return cases
+
+
+def repeat_of(case: Case) -> str | None:
+    """The name of the case `case` repeats, or None."""
+    return case.name.removeprefix("repeat_") if case.name.startswith("repeat_") else None
 
 
 def latency_token_counts(max_tokens: int) -> list[int]:

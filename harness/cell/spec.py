@@ -15,6 +15,7 @@ class CellSpec:
     layers: int | None = None  # keep the first N decoder layers
     tiny: bool = False  # CPU-sized widths
     weights: str = "auto"  # auto | real | synthetic
+    peaked: bool = True  # synthetic weights with a peaked next-token distribution (pcg_core.model.loader.peak_logits)
     max_tokens: int = 4096  # largest token bucket
     compiler: str = "eager"
     quant: str = "none"  # quantization scheme; run_cell ends a scheme the runtime lacks as unsupported

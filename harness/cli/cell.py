@@ -29,6 +29,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=positive_int, help="keep only the first N decoder layers (at most the model's)")
     p.add_argument("--tiny", action="store_true", help="shrink to tiny widths (CPU-sized, synthetic weights)")
     p.add_argument("--weights", choices=("auto", "real", "synthetic"), default="auto")
+    p.add_argument("--flat-weights", action="store_true",
+                   help="synthetic weights as initialized (flat next-token distributions), not peaked for the judge")
     p.add_argument("--graph", required=True, metavar="BACKEND",
                    help=f"capture backend of the candidate: {', '.join(graphs)} (or one a plugin registers)")
     p.add_argument("--compiler", choices=COMPILERS, default="eager")
@@ -46,6 +48,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=8)
     p.add_argument("--top-k", type=positive_int, default=5, help="top-k logprobs kept per position for the judge")
     p.add_argument("--logprob-tol", type=positive_float, help="max |Δlogprob| where tokens agree (default: per dtype)")
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="run the cell in N fresh processes and keep the worst (flakiness that fires in some processes)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -82,19 +86,38 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
     return CellSpec(model=args.model, graph=args.graph, attention=args.attention, device=args.device, dtype=args.dtype,
                     layers=args.layers, tiny=args.tiny, weights=args.weights, max_tokens=args.max_tokens,
                     compiler=args.compiler, quant=args.quant, parallel=args.parallel, seed=args.seed,
-                    max_new_tokens=args.max_new_tokens, top_k=args.top_k, logprob_tol=args.logprob_tol)
+                    max_new_tokens=args.max_new_tokens, top_k=args.top_k, logprob_tol=args.logprob_tol,
+                    peaked=not args.flat_weights)
 
 
 def run(args: argparse.Namespace) -> int:
     from harness.cell import run_cell
 
     spec = spec_from_args(args)
-    outcome = run_cell(spec)
+    outcome = run_cell(spec) if args.repeats == 1 else _run_repeated(spec, args.repeats)
     if args.json:  # the outcome, with the spec that produced it
         print(json.dumps({"spec": asdict(spec), **json.loads(outcome.to_json())}))
     else:
         _print(spec, outcome)
     return EXIT_PASS if outcome.passed else EXIT_FAIL
+
+
+def _run_repeated(spec: CellSpec, repeats: int) -> CellOutcome:
+    """The cell in `repeats` fresh worker processes (the matrix launcher's, logs in a temporary folder), merged."""
+    import tempfile
+    from pathlib import Path
+
+    from harness.launcher.process import launch_repeated
+    from harness.matrix import Cell
+    from harness.matrix.schema import Defaults
+    from harness.outcome import CellOutcome, cell_key
+
+    axes = {"model": spec.model, "quant": spec.quant, "attention": spec.attention, "parallel": spec.parallel,
+            "graph": spec.graph, "compiler": spec.compiler}
+    cell = Cell(cell_key(axes), axes, spec, Defaults().timeout_s)
+    with tempfile.TemporaryDirectory(prefix="pcgh-cell-") as logs:
+        record = launch_repeated(cell, Path(logs) / "cell.log", None, repeats)
+    return CellOutcome.model_validate(record.model_dump(include=set(CellOutcome.model_fields)))
 
 
 def _num(v: float | None, fmt: str = ".2f") -> str:
@@ -117,6 +140,12 @@ def _print(spec: CellSpec, o: CellOutcome) -> None:
                   f"capture {_num(m.capture_s)}s, pool {_num(pool, '.1f')} MiB, token match {_num(m.token_match, '.3f')}, "
                   f"max logprob diff prompt {m.max_prompt_logprob_diff} output {m.max_output_logprob_diff}, "
                   f"eager fallbacks {m.eager_fallbacks}")
+    if m.coverage is not None:
+        console.print(f"coverage: {m.coverage.summary()}")
+    if m.repeats:
+        console.print(f"repeats: {m.repeats} fresh processes: {', '.join(m.repeat_statuses)}")
+    if m.diagnosis_error:
+        console.print(f"[red]diagnosis failed[/] (the verdict stands): {m.diagnosis_error}")
     if m.latency_ms:
         t = Table("tokens", "eager ms", "graph ms", "speedup")
         for n, lat in m.latency_ms.items():

@@ -49,6 +49,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--filter", type=_filter, action="append", default=[], metavar="AXIS=GLOB",
                    help=f"only cells whose AXIS matches GLOB (AXIS one of {', '.join(AXES)}); repeat to narrow further")
     p.add_argument("--tier", help="one of the matrix's tiers")
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="run each cell in N fresh processes; any non-pass among them is the cell's status (no retry)")
     p.add_argument("--trigger", default="manual", help="recorded with the run (manual, nightly, ci …)")
     p.add_argument("--logs", default="pcg-logs", help="folder for the cells' logs")
     p.add_argument("--dry-run", action="store_true", help="list the cells and their pre-check verdicts, run nothing")
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.launcher import RunOptions, plan, run_matrix
 
     opts = RunOptions(jobs=args.jobs, shard=args.shard, resume=args.resume, filters=args.filter, tier=args.tier,
-                      trigger=args.trigger, logs_dir=Path(args.logs))
+                      trigger=args.trigger, logs_dir=Path(args.logs), repeats=args.repeats)
     planned = plan(args.matrix, opts)  # a bad matrix is refused before anything is written
     cells = planned.cells
     if args.dry_run:

@@ -19,7 +19,8 @@ class RunOptions:
     tier: str | None = None
     trigger: str = "manual"
     logs_dir: Path = Path("pcg-logs")
-    retry: bool = True
+    retry: bool = True  # a failed cell gets a second attempt (pass then: pass_flaky); not with repeats > 1
+    repeats: int = 1  # fresh processes per attempt; any non-pass among them is the cell's status
     progress: bool = True
 
 

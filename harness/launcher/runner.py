@@ -22,7 +22,7 @@ from harness.launcher.environment import provenance
 from harness.launcher.groups import Terminated, WorkerGroups
 from harness.launcher.orphans import reap_orphans, report_reaped
 from harness.launcher.plan import Plan, RunOptions, plan
-from harness.launcher.process import launch, log_name
+from harness.launcher.process import cpu_threads, launch_repeated, log_name
 from harness.launcher.progress import RunProgress
 from harness.matrix import Cell
 from harness.outcome import NOT_RETRIED, PASSING, CellRecord, Status
@@ -104,6 +104,7 @@ def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
     else:
         for _ in range(max(1, opts.jobs)):
             slots.put(None)
+    threads = None if matrix.defaults.device == "cuda" and gpus else cpu_threads(slots.qsize())
     logs = run_logs(opts.logs_dir, store, run_id)
     if prev:  # an earlier runner of this run may have died leaving workers: none may write into it any more
         report_reaped(run_id, reap_orphans(logs / "workers"))
@@ -113,14 +114,16 @@ def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
         try:
             owed = retry_due.get(cell.key)  # a first attempt recorded before the parent died
             if owed is None:
-                first = launch(cell, logs / f"{log_name(cell.key)}.attempt1.log", gpu, groups=groups)
+                first = launch_repeated(cell, logs / f"{log_name(cell.key)}.attempt1.log", gpu, opts.repeats,
+                                        groups=groups, threads=threads)
                 record(first)
                 status, reason = first.status, first.reason
             else:
                 status, reason = owed["status"], owed["reason"]
-            if status in NOT_RETRIED or not opts.retry:
+            if status in NOT_RETRIED or not opts.retry or opts.repeats > 1:  # repeats are the second look already
                 return status
-            second = launch(cell, logs / f"{log_name(cell.key)}.attempt2.log", gpu, attempt=2, groups=groups)
+            second = launch_repeated(cell, logs / f"{log_name(cell.key)}.attempt2.log", gpu, 1, attempt=2, groups=groups,
+                                     threads=threads)
             if second.status in PASSING:
                 second.status = Status.PASS_FLAKY
                 second.reason = f"passed on retry; first attempt: {status}: {reason}"[:2000]

@@ -72,6 +72,7 @@ def spec_for(matrix: Matrix, axes: dict[str, str], overrides: list[Override] | N
         max_new_tokens=max_new,
         top_k=d.top_k,
         logprob_tol=tol,
+        peaked=not d.flat_weights,
     )
     return spec, timeout
 

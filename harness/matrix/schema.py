@@ -52,6 +52,8 @@ class Defaults(_Strict):
     timeout_s: TimeoutS = 900
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     tolerances: Tolerances = Tolerances()
+    flat_weights: bool = Field(default=False, description="synthetic weights as initialized, without the peaked "
+                                                             "output head (the judge then sees flat distributions)")
 
 
 class Axes(_Strict):

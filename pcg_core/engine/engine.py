@@ -7,7 +7,9 @@ logprobs → per-prompt outputs. Data flows one way; the capture backend never s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -19,6 +21,10 @@ from pcg_core.engine.inputs import InputBuffers, PackedBatch
 from pcg_core.forward_context import AttentionObserver, CaptureMode, ForwardContext, set_forward_context
 
 LOGITS_CHUNK = 1024  # rows of lm_head at a time, so prompt logprobs over long prompts stay small
+
+# Told of every forward: (batch, the bucket it was padded to or None, whether it ran the graph path, whether it
+# is a decode step). The judge counts coverage with it; the engine itself keeps no record of batches.
+ForwardListener = Callable[["PackedBatch", "int | None", bool, bool], None]
 
 
 @dataclass
@@ -43,6 +49,21 @@ class _RowStats:
     topk_lp: torch.Tensor  # [R, k]
 
 
+def chunks(batch: PackedBatch, size: int | None) -> list[PackedBatch]:
+    """A packed prefill cut into forwards of at most `size` tokens (chunked prefill); the whole batch if None.
+    A later chunk attends to the KV its earlier ones wrote: the mask is by sequence and slot position."""
+    if size is None or len(batch) <= size:
+        return [batch]
+    return [PackedBatch(batch.token_ids[s : s + size], batch.positions[s : s + size], batch.seq_ids[s : s + size],
+                        batch.slots[s : s + size]) for s in range(0, len(batch), size)]
+
+
+def decode_batch(steps: list[tuple[int, int, int]], bases: list[int]) -> PackedBatch:
+    """One decode step: (sequence, token, position) for each sequence still generating, its KV at base + position."""
+    return PackedBatch([t for _, t, _ in steps], [p for _, _, p in steps], [i for i, _, _ in steps],
+                       [bases[i] + p for i, _, p in steps])
+
+
 class Engine:
     def __init__(self, model: torch.nn.Module, config: EngineConfig):
         self.model = model
@@ -53,6 +74,7 @@ class Engine:
         self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device)
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
+        self.on_forward: ForwardListener | None = None
         # The capture backend (self.attn_backend is attention's); it also checks the backend name.
         self.backend = make_capture_backend(config.capture, self._body, self.device, self._dummy_inputs, self.attn_backend)
         with torch.inference_mode(False), torch.no_grad():
@@ -71,22 +93,31 @@ class Engine:
         input_ids, positions, md = self.inputs.fill(PackedBatch([], [], [], []), num_tokens)
         return input_ids, positions, ForwardContext(md, self.cache, self.attn_backend, bucket=num_tokens)
 
+    def bucket_for(self, num_tokens: int) -> int | None:
+        """The bucket a batch of num_tokens is padded to (None: it runs unpadded, eagerly)."""
+        return self.config.capture.bucket_for(num_tokens) if self.backend.pads else None
+
     @torch.no_grad()
-    def forward(self, batch: PackedBatch, eager: bool = False, observer: AttentionObserver | None = None) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, eager: bool = False, observer: AttentionObserver | None = None,
+                decode: bool = False, pad_to: int | None = None) -> torch.Tensor:
         """Hidden states [len(batch), hidden] of a packed batch whose KV slots are allocated.
 
         eager=True pads exactly as the graph path would but runs the model eagerly: the reference for
         "replay is bitwise equal to eager at the same padded token count". observer(layer, query) sees every
-        attention input that runs outside a graph (eager, holes), for naming the first diverging piece.
+        attention input that runs outside a graph (eager, holes), for naming the first diverging piece. decode
+        only tells the listener what kind of step this is. pad_to (with eager) pads to another engine's bucket: an
+        eager reference at the graph's padding, on this engine's own cache.
         """
         n = len(batch)
-        bucket = self.config.capture.bucket_for(n) if self.backend.pads else None
+        bucket = pad_to if eager and pad_to is not None else self.bucket_for(n)
         replay = bucket is not None and not eager
         if self.backend.pads and not eager:
             if bucket is None:
                 self.stats.eager_fallbacks += 1
             else:
                 self.stats.bucket_hits[bucket] += 1
+        if self.on_forward is not None:
+            self.on_forward(batch, bucket, replay, decode)
         input_ids, positions, md = self.inputs.fill(batch, bucket or n)
         mode = CaptureMode.REPLAY if replay else CaptureMode.EAGER
         ctx = ForwardContext(md, self.cache, self.attn_backend, bucket=bucket, mode=mode, observer=observer)
@@ -96,9 +127,10 @@ class Engine:
 
     def prefill_batch(self, prompts: list[list[int]], extra_slots: int = 0) -> PackedBatch:
         """Reset the cache, allocate slots for `prompts` (+ extra per sequence) and pack them into one batch."""
-        return self._pack_prompts(prompts, extra_slots)[0]
+        return self.pack_prompts(prompts, extra_slots)[0]
 
-    def _pack_prompts(self, prompts: list[list[int]], extra_slots: int) -> tuple[PackedBatch, list[int]]:
+    def pack_prompts(self, prompts: list[list[int]], extra_slots: int) -> tuple[PackedBatch, list[int]]:
+        """prefill_batch, plus each sequence's first slot (its decode tokens go to base + position)."""
         self.cache.reset()
         batch, bases = PackedBatch([], [], [], []), []
         for i, p in enumerate(prompts):
@@ -109,10 +141,20 @@ class Engine:
             batch.slots += [bases[-1] + j for j in range(len(p))]
         return batch, bases
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits of hidden states. A plain linear head runs in float32: in bf16 the logits' own rounding
+        (2^-5 at |logit| ≥ 4, 2^-4 at ≥ 8) is as large as the logprob tolerance and would drown what the
+        judge compares; the hidden states themselves stay as the model made them."""
+        head = self.lm_head
+        if hidden.dtype == torch.float32 or type(head) is not torch.nn.Linear:
+            return head(hidden).float()
+        bias = None if head.bias is None else head.bias.float()
+        return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)  # a transient copy per call
+
     def _row_stats(self, hidden: torch.Tensor, targets: torch.Tensor | None, top_k: int) -> _RowStats:
         parts = []
         for s in range(0, hidden.shape[0], LOGITS_CHUNK):
-            logits = self.lm_head(hidden[s : s + LOGITS_CHUNK]).float()
+            logits = self.logits(hidden[s : s + LOGITS_CHUNK])
             lp = torch.log_softmax(logits, dim=-1)
             argmax = lp.argmax(dim=-1)
             tgt = argmax if targets is None else targets[s : s + LOGITS_CHUNK]
@@ -125,16 +167,25 @@ class Engine:
     # Generation -------------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int = 8, top_k: int = 5, prompt_logprobs: bool = False
+        self, prompts: list[list[int]], max_new_tokens: int | Sequence[int] = 8, top_k: int = 5,
+        prompt_logprobs: bool = False, chunk: int | None = None,
     ) -> list[SequenceOutput]:
-        """Prefill all prompts as one packed batch, then decode greedily, all sequences per step."""
+        """Prefill all prompts as one packed batch, then decode greedily, every unfinished sequence per step.
+
+        max_new_tokens: one count for all, or one per sequence (sequences then leave the decode batch at
+        different steps, as they do in a server). chunk: prefill in forwards of at most that many tokens, each
+        attending to the KV the earlier ones wrote (chunked prefill: positions run past the chunk size).
+        """
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        if max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be ≥ 1")
+        new = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(new) != len(prompts) or any(n < 1 for n in new):
+            raise ValueError("max_new_tokens must be ≥ 1, one count for all prompts or one per prompt")
+        if chunk is not None and chunk < 1:
+            raise ValueError("chunk must be ≥ 1")
         outs = [SequenceOutput(prompt_ids=list(p)) for p in prompts]
-        batch, bases = self._pack_prompts(prompts, extra_slots=max_new_tokens)
-        hidden = self.forward(batch)
+        batch, bases = self.pack_prompts(prompts, extra_slots=max(new))
+        hidden = torch.cat([self.forward(part).clone() for part in chunks(batch, chunk)]) if chunk else self.forward(batch)
         ends = torch.tensor([len(p) for p in prompts]).cumsum(0)
         if prompt_logprobs:
             next_ids = torch.tensor(batch.token_ids[1:] + [0], device=hidden.device)
@@ -150,24 +201,20 @@ class Engine:
             step = _RowStats(rows.topk_lp[last][:, 0], rows.argmax[last], rows.topk_ids[last], rows.topk_lp[last])
         else:
             step = self._row_stats(hidden[(ends - 1).to(hidden.device)], None, top_k)
-        self._append(outs, step)
+        self._append(outs, step, list(range(len(outs))))
 
         # Decode
-        for _ in range(max_new_tokens - 1):
-            batch = PackedBatch([], [], [], [])
-            for i, o in enumerate(outs):
-                pos = len(o.prompt_ids) + len(o.output_ids) - 1
-                batch.token_ids.append(o.output_ids[-1])
-                batch.positions.append(pos)
-                batch.seq_ids.append(i)
-                batch.slots.append(bases[i] + pos)
-            self._append(outs, self._row_stats(self.forward(batch), None, top_k))
+        while active := [i for i, o in enumerate(outs) if len(o.output_ids) < new[i]]:
+            steps = [(i, outs[i].output_ids[-1], len(outs[i].prompt_ids) + len(outs[i].output_ids) - 1) for i in active]
+            self._append(outs, self._row_stats(self.forward(decode_batch(steps, bases), decode=True), None, top_k), active)
         return outs
 
     @staticmethod
-    def _append(outs: list[SequenceOutput], step: _RowStats) -> None:
-        for i, o in enumerate(outs):
-            o.output_ids.append(int(step.argmax[i]))
-            o.output_logprobs.append(float(step.chosen[i]))
-            o.output_topk_ids.append(step.topk_ids[i].tolist())
-            o.output_topk_logprobs.append(step.topk_lp[i].tolist())
+    def _append(outs: list[SequenceOutput], step: _RowStats, rows_of: list[int]) -> None:
+        """Row r of `step` belongs to sequence rows_of[r]."""
+        for r, i in enumerate(rows_of):
+            o = outs[i]
+            o.output_ids.append(int(step.argmax[r]))
+            o.output_logprobs.append(float(step.chosen[r]))
+            o.output_topk_ids.append(step.topk_ids[r].tolist())
+            o.output_topk_logprobs.append(step.topk_lp[r].tolist())

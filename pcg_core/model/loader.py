@@ -31,6 +31,15 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "
 TINY_LAYERS = 2
 TINY_MAX_EXPERTS = 8
 TINY_MAX_VOCAB = 2048
+# Std of the next-token logits over the vocabulary with peaked synthetic weights, per dtype. The variance-
+# preserving init gives ~1: a flat distribution (top token ~1% on a 2k vocab, median top-2 margin ~0.2) where a
+# real bug's token flip looks like a near-tie and its logprob shift is small next to the judge's tolerance. In
+# float32 the graph-vs-eager noise (~1e-6) is far below that tolerance (1e-3), so scaling the logits to 3 (median
+# margin ~0.7, top token 15–30%) scales a fault's signal and leaves the noise negligible. In half precision the
+# noise (bf16 roundings through the stack) is already near the tolerance and scales with the logits like the
+# signal does: measured on the H200, a std of 3 put clean Qwen3-8B×4 prompt logprobs 0.137 from eager against a
+# 0.1 bound, so half precision keeps 1 and leans on the same-padding check (harness/cell/judge.py) instead.
+PEAK_LOGIT_STD = {"float32": 3.0, "float16": 1.0, "bfloat16": 1.0}
 
 
 @dataclass
@@ -189,8 +198,25 @@ def _implementation_kwargs(config: PretrainedConfig) -> dict[str, str]:
     return kw
 
 
-def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str | torch.device, seed: int) -> torch.nn.Module:
-    """transformers' model class for this config, weights drawn from its own initializer under `seed`."""
+def peak_logits(model: torch.nn.Module, hidden_size: int, target_std: float) -> None:
+    """Scale the output head so the logits' std over the vocabulary is ~target_std (the final norm leaves the
+    hidden state at RMS ~1, so that std is the head rows' std times sqrt(hidden)). A head tied to the input
+    embedding gets its own scaled copy: scaling the embedding too would make the residual stream carry mostly
+    the input token, and greedy decoding would just copy it."""
+    head = model.get_output_embeddings()
+    w = head.weight
+    std = float(w.detach().float().std()) * hidden_size**0.5
+    if std > 0:
+        head.weight = torch.nn.Parameter(w.detach().clone() * (target_std / std), requires_grad=False)
+        # Untied for good: a model rebuilt from this config (a reference, a state-dict round trip) keeps the head.
+        model.config.tie_word_embeddings = False
+        model.config.get_text_config().tie_word_embeddings = False
+
+
+def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str | torch.device, seed: int,
+                    peaked: bool = True) -> torch.nn.Module:
+    """transformers' model class for this config, weights drawn from its own initializer under `seed`; with
+    `peaked`, an output head scaled for a peaked next-token distribution (peak_logits)."""
     check_supported(config)
     # Variance-preserving init: at the default 0.02 a tiny model's layers barely move the residual stream and
     # greedy decoding just copies the input token, which would make token comparisons trivially pass.
@@ -198,6 +224,8 @@ def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, **_implementation_kwargs(config))
+    if peaked:
+        peak_logits(model, config.hidden_size, PEAK_LOGIT_STD.get(str(dtype).removeprefix("torch."), 1.0))
     return model.eval().requires_grad_(False)
 
 
@@ -226,10 +254,12 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     seed: int = 0,
+    peaked: bool = True,
 ) -> LoadedModel:
     """`spec`: a config dict, a local directory, a config.json path, or a hub id.
 
     weights: "auto" (real weights where the source has them and `tiny` is off), "real" or "synthetic".
+    peaked: synthetic weights get a peaked next-token distribution (peak_logits); real weights are left alone.
     """
     if weights not in ("auto", "real", "synthetic"):
         raise ConfigError(f"weights must be auto, real or synthetic, got {weights!r}", field="weights")
@@ -257,4 +287,4 @@ def load_model(
             raise ConfigError(f"{where}: has no safetensors weights; use weights 'synthetic'", field="weights")
         return LoadedModel(pretrained_model(real_path, dtype=dtype, device=device, layers=layers), build_config(shrink_config(data, layers=layers)), where, False)
     config = build_config(shrink_config(data, layers=layers, tiny=tiny), where=where)
-    return LoadedModel(synthetic_model(config, dtype=dtype, device=device, seed=seed), config, where, True)
+    return LoadedModel(synthetic_model(config, dtype=dtype, device=device, seed=seed, peaked=peaked), config, where, True)

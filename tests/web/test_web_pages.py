@@ -164,3 +164,26 @@ def test_docs_are_swagger_ui_from_our_own_static_files(sqlite_client: TestClient
         assert sqlite_client.get(ref).status_code == 200
     assert sqlite_client.get("/redoc").status_code == 404
     assert sqlite_client.get("/static/style.css").status_code == 200
+
+
+def test_the_cell_page_shows_what_the_judge_looked_at(tmp_path: Path) -> None:
+    """The suite's coverage, stored with the cell (harness.outcome.SuiteCoverage), on its page; a cell stored before
+    coverage existed has no such section."""
+    from harness.outcome import CellMetrics, CellRecord, SuiteCoverage
+
+    cov = SuiteCoverage(buckets=10, buckets_hit=7, largest_bucket_hit=False, regions=2, regions_hit=2,
+                        layouts={16: 5, 64: 2}, decode_steps=14, decode_layouts=5, beyond_ladder_forwards=8,
+                        eager_forwards=1, repeat_identical=True)
+    axes = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": "full",
+            "compiler": "eager"}
+    with_cov = CellRecord(key="k1", axes=axes, status="pass", metrics=CellMetrics(coverage=cov))
+    without = CellRecord(key="k2", axes={**axes, "graph": "piecewise"}, status="pass", metrics=CellMetrics())
+    url = f"sqlite:///{tmp_path / 'cov.db'}"
+    with Store(url) as store:
+        store.import_run("smoke", "smoke.yaml", {}, [with_cov, without])
+    with TestClient(create_app(url)) as client:
+        page = text(client.get("/cell", params={"key": "k1"}).text)
+        assert "What the judge looked at" in page
+        assert "7/10 buckets (largest NO)" in page and "largest not replayed" in page
+        assert "16: 5, 64: 2" in page and "14 (5 batch memberships)" in page and "bitwise equal to its first run" in page
+        assert "What the judge looked at" not in text(client.get("/cell", params={"key": "k2"}).text)
