@@ -61,6 +61,7 @@ class Judgement:
     max_output_logprob_diff: float = 0.0
     topk_containment_ok: bool = True  # every flip's tokens were in each other's top-k (recorded, never an excuse)
     divergences: list[str] = field(default_factory=list)
+    failed_cases: list[str] = field(default_factory=list)  # the cases with an unexcused flip or a logprob past tol
 
 
 def tie_margin(tol: float, eager_self_diff: float | None = None) -> float:
@@ -114,22 +115,25 @@ def compare(
     contained_all = True
     notes: list[str] = []
     bad: list[str] = []
+    failed: list[str] = []
     for case, refs in ref.items():
         cands = cand.get(case, [])
         if len(cands) != len(refs):
-            return Judgement(Status.FAIL_ACCURACY, f"{case}: {len(cands)} outputs for {len(refs)} prompts", 0.0)
+            return Judgement(Status.FAIL_ACCURACY, f"{case}: {len(cands)} outputs for {len(refs)} prompts", 0.0,
+                             failed_cases=[case])
+        bad_before, case_p, case_o = len(bad), 0.0, 0.0
         for i, (r, c) in enumerate(zip(refs, cands)):
             where = f"{case}[{i}]"
             if r.prompt_logprobs is not None and c.prompt_logprobs is not None:
                 for a, b in zip(r.prompt_logprobs, c.prompt_logprobs):
-                    max_p = max(max_p, _diff(a, b))
+                    case_p = max(case_p, _diff(a, b))
             total += len(r.output_ids)
             if len(c.output_ids) != len(r.output_ids):
                 bad.append(f"{where}: {len(c.output_ids)} output tokens for eager's {len(r.output_ids)}")
             for t, (a, b) in enumerate(zip(r.output_ids, c.output_ids)):
                 if a == b:
                     matched += 1
-                    max_o = max(max_o, _diff(r.output_logprobs[t], c.output_logprobs[t]))
+                    case_o = max(case_o, _diff(r.output_logprobs[t], c.output_logprobs[t]))
                     continue
                 excused, contained, words = _flip(r, c, t, margin)
                 contained_all &= contained
@@ -138,8 +142,11 @@ def compare(
                 if not excused:
                     bad.append(note)
                 break
+        max_p, max_o = max(max_p, case_p), max(max_o, case_o)
+        if len(bad) > bad_before or case_p > tol or case_o > tol:
+            failed.append(case)
     token_match = matched / total if total else 1.0
-    v = Judgement(Status.PASS, "", token_match, max_p, max_o, contained_all, notes)
+    v = Judgement(Status.PASS, "", token_match, max_p, max_o, contained_all, notes, failed)
     problems = []
     if bad:
         problems.append(f"greedy tokens diverge in {len(bad)} sequence(s): " + "; ".join(bad)[:600])

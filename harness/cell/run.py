@@ -170,13 +170,11 @@ def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Output
     m.tie_margin = tie_margin(bound, noise)
     judgement = compare(ref, cand, bound, m.tie_margin)
     for name, value in asdict(judgement).items():
-        if name not in ("status", "reason"):
+        if name not in ("status", "reason", "failed_cases"):
             setattr(m, name, value)
     repeats = [c for c in cell.cases if repeat_of(c)]
     m.coverage = cell.coverage.result(all(cand[c.name] == cand[repeat_of(c)] for c in repeats) if repeats else None)
-    failed = {c.name for c in cell.cases
-              if compare({c.name: ref[c.name]}, {c.name: cand[c.name]}, bound, m.tie_margin).status != Status.PASS}
-    failed |= _lockstep_layers(cell, stats, judgement)
+    failed = set(judgement.failed_cases) | _lockstep_layers(cell, stats, judgement)
     if judgement.status == Status.FAIL_ACCURACY:
         _diagnose(cell, eager, graph, judgement, stats, failed)
     return judgement

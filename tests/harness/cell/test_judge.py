@@ -117,3 +117,9 @@ def test_the_logprob_bound_widens_to_measured_padding_noise_only():
     assert logprob_bound(0.1) == 0.1 and logprob_bound(0.1, 0.05) == 0.1
     assert logprob_bound(0.1, 0.24) == 0.24  # eager padded vs unpadded moved a logprob by 0.24: not the graph's
     assert logprob_bound(0.1, float("nan")) == 0.1
+
+
+def test_the_failing_cases_are_named():
+    good, drift = _seq([5, 6], [-0.1, -0.2]), _seq([5, 6], [-0.1, -0.5])
+    v = compare({"a": [good], "b": [good], "c": [good]}, {"a": [good], "b": [drift], "c": [good]}, 1e-3)
+    assert v.status == "fail_accuracy" and v.failed_cases == ["b"]
