@@ -20,7 +20,7 @@ from pcg_core.model import (
     unsupported_reason,
 )
 from pcg_core.model.experts import EXPERTS_IMPLEMENTATION
-from pcg_core.model.loader import TINY, TINY_MAX_EXPERTS, TINY_MAX_VOCAB
+from pcg_core.model.loader import PEAK_LOGIT_STD, TINY, TINY_MAX_EXPERTS, TINY_MAX_VOCAB
 
 
 def test_config_files_are_present_and_real(configs):
@@ -51,7 +51,13 @@ def test_each_architecture_loads_tiny(arch):
     assert cfg.num_key_value_heads == 2 < cfg.num_attention_heads
     assert cfg.vocab_size == min(real["vocab_size"], TINY_MAX_VOCAB)
     assert model.get_input_embeddings().weight.shape == (cfg.vocab_size, cfg.hidden_size)
-    assert cfg.tie_word_embeddings == real.get("tie_word_embeddings", False)
+    # Peaked (the default for synthetic weights): the head is its own tensor, scaled to a logit std of ~3 in fp32,
+    # and untied for good, so a model rebuilt from the config keeps it; flat keeps the real config's tying.
+    head, emb = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    assert cfg.tie_word_embeddings is False and head.data_ptr() != emb.data_ptr()
+    assert abs(float(head.std()) * cfg.hidden_size**0.5 - PEAK_LOGIT_STD["float32"]) < 0.05
+    flat = load_model(config_path(arch), tiny=True, peaked=False).config
+    assert flat.tie_word_embeddings == real.get("tie_word_embeddings", False)
     # transformers' own module, with our attention op (and, for MoE, our expert path) plugged in.
     assert model.config._attn_implementation == ATTN_IMPLEMENTATION
     n_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
