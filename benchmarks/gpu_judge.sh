@@ -1,21 +1,13 @@
 #!/usr/bin/env bash
 # The judge's H200 evidence (issue 16), in phases so each fits one device call:
 #   tests        — pytest -m gpu tests/pcg_core (the runtime, after the engine's changes)
-#   faults-a/b/c — benchmarks/judge_faults.py faults on CUDA: every planted fault × the nightly's supported models
-#                  at their nightly trims, bf16, piecewise (a: the deep dense ones and the MoE ones, b: the
-#                  other dense ones; c: the MoE ones alone)
+#   faults-a…d   — benchmarks/judge_faults.py faults on CUDA: every planted fault × the nightly's supported models
+#                  at their nightly trims, bf16, piecewise (a: the two deep dense ones and the three MoE ones;
+#                  b: Qwen3-8B and Llama-3.1-8B; c: the three MoE ones; d: Mixtral and Qwen3-235B)
 #   quick        — the nightly's quick tier (every seed model × piecewise, 4096-token ladder), judged clean
 # Usage (on the GPU machine, from the repo root): bash benchmarks/gpu_judge.sh tests faults-a
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PWD:/tmp/site
-fi
-OUT=${OUT:-out}; mkdir -p "$OUT"
+source "$(dirname "$0")/gpu_env.sh"
 phases=${*:-tests faults-a}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/env.txt"
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/env.txt"
 faults() {  # $1: name, $2: models
   timeout ${FAULTS_TIMEOUT:-560} python3 benchmarks/judge_faults.py faults --device cuda --bases piecewise --max-tokens 1024 \
     --max-new-tokens 8 --models "$2" --out "$OUT/faults_$1.jsonl" 2>"$OUT/faults_$1.err" | tee "$OUT/faults_$1.txt" | tail -14

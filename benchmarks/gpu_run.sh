@@ -6,16 +6,8 @@
 # Usage (on the GPU machine, from the repo root): bash benchmarks/gpu_run.sh [tests] [cells] [bench]
 # The cells phase reads the outcome type (pydantic), which the GPU image lacks: carry the wheels in .whl as
 # benchmarks/gpu_nightly.sh says.
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PWD:/tmp/site
-fi
-OUT=${OUT:-out}; mkdir -p "$OUT"
+source "$(dirname "$0")/gpu_env.sh"
 phases=${*:-tests cells bench}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/env.txt"
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/env.txt"
 if [[ " $phases " == *" tests "* ]]; then
   # The GPU tests live with the runtime's; the harness and web suites import pydantic/fastapi, absent on the image.
   timeout 200 python3 -m pytest -q -m gpu tests/pcg_core 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
