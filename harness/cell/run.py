@@ -174,19 +174,21 @@ def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Output
             setattr(m, name, value)
     repeats = [c for c in cell.cases if repeat_of(c)]
     m.coverage = cell.coverage.result(all(cand[c.name] == cand[repeat_of(c)] for c in repeats) if repeats else None)
-    failed = set(judgement.failed_cases) | _lockstep_layers(cell, stats, judgement)
+    pad_rtol = same_padding_rtol(cell.spec.dtype, cell.spec.compiler,
+                                 _nan_max(st.eager_same_padding_rel for st in stats.values()))
+    failed = set(judgement.failed_cases) | _lockstep_layers(cell, stats, judgement, pad_rtol)
     if judgement.status == Status.FAIL_ACCURACY:
-        _diagnose(cell, eager, graph, judgement, stats, failed)
+        _diagnose(cell, eager, graph, judgement, stats, failed, pad_rtol)
     return judgement
 
 
-def _lockstep_layers(cell: _Cell, stats: dict[str, LockstepStats], judgement: Judgement) -> set[str]:
-    """KL and the same-padding check over every case; adds their failures to the judgement, returns those cases."""
+def _lockstep_layers(cell: _Cell, stats: dict[str, LockstepStats], judgement: Judgement, bound: float) -> set[str]:
+    """KL and the same-padding check (against `bound`) over every case; adds their failures to the judgement,
+    returns those cases."""
     m, dtype = cell.metrics, cell.spec.dtype
     m.max_prompt_kl = _nan_max(st.prompt_kl for st in stats.values())
     m.max_decode_kl = _nan_max(st.decode_kl for st in stats.values())
     m.max_same_padding_diff = _nan_max(st.same_padding_rel for st in stats.values())
-    bound = same_padding_rtol(dtype, cell.spec.compiler, _nan_max(st.eager_same_padding_rel for st in stats.values()))
     over_kl = [n for n, st in stats.items() if not max(st.prompt_kl, st.decode_kl) <= KL_TOL[dtype]
                or math.isnan(st.prompt_kl) or math.isnan(st.decode_kl)]
     over_pad = [n for n, st in stats.items() if not st.same_padding_rel <= bound]  # NaN fails too
@@ -206,14 +208,13 @@ def _lockstep_layers(cell: _Cell, stats: dict[str, LockstepStats], judgement: Ju
 
 
 def _diagnose(cell: _Cell, eager: Engine, graph: Engine, judgement: Judgement, stats: dict[str, LockstepStats],
-              failed: set[str]) -> None:
+              failed: set[str], rtol: float) -> None:
     """Layer 5 on the failing case where graph and eager differ most at the same padding (where a fault shows,
     rather than a flip noise allowed elsewhere); its own failure is recorded beside the verdict, never over it."""
     m = cell.metrics
     cases = [c for c in cell.cases if c.name in failed] or cell.cases
     worst = max(cases, key=lambda c: (math.isnan(stats[c.name].same_padding_rel), stats[c.name].same_padding_rel,
                                       _nan_max([stats[c.name].prompt_kl, stats[c.name].decode_kl])))
-    rtol = same_padding_rtol(cell.spec.dtype, cell.spec.compiler, _nan_max(st.eager_same_padding_rel for st in stats.values()))
     try:
         found = first_diverging_piece(eager, graph, worst, rtol)
         m.diverging_piece = found.piece
