@@ -1,15 +1,18 @@
-"""Prefill latency of eager, full, piecewise and breakable, side by side in one run, on one model.
+"""Prefill latency of attention backend × capture backend, side by side in one run, on one model.
 
-    python benchmarks/prefill.py --model harness/models/configs/Qwen__Qwen3-0.6B.json --dtype bfloat16
+    python benchmarks/prefill.py --model harness/models/configs/Qwen__Qwen3-0.6B.json --dtype bfloat16 \
+        --attention sdpa,flex,varlen --backends full,piecewise:inductor --reduce-overhead
 
-Prints per token count the median latency (CUDA events, after warm-up) of each backend, the speedups, the
-capture seconds for the whole ladder and the graph pool bytes, and whether each replay is bitwise equal to an
-eager forward at the same padded token count. --json writes everything to a file.
+Prints per token count the median latency (CUDA events, after warm-up) of each configuration and its ratio to
+torch.compile(mode="reduce-overhead") on the same HF model (compile seconds reported: it compiles per shape),
+the build seconds for the whole ladder, the kernels and GPU time of one forward (profiler), and whether each
+replay is bitwise equal to an eager forward at the same padded token count. --json writes everything to a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import time
@@ -41,6 +44,58 @@ def environment() -> dict:
     return env
 
 
+def profile_forward(fn, device: torch.device) -> dict:
+    """Kernels launched and their summed GPU time in one call of fn (after warm-up): what a forward costs the GPU,
+    apart from the host. Reads the profiler's device-side events."""
+    if device.type != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"kernels": len(kernels), "gpu_ms": sum(e.device_time for e in kernels) / 1e3}
+
+
+def reduce_overhead_row(lm, prompts: dict[int, list[int]], device: torch.device, repeat: int) -> dict:
+    """The peer a user would pick: torch.compile(mode="reduce-overhead") on the HF decoder with its own SDPA
+    attention, one compile per shape (timed), same prompts, hidden states only (as our engine's forward)."""
+    model = lm.model
+    prev = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    decoder = model.get_decoder()
+    torch._dynamo.reset()
+    compiled = torch.compile(decoder, mode="reduce-overhead", dynamic=False)
+    row = {"compile_s": {}, "latency_ms": {}, "profile": {}}
+    try:
+        for n, p in prompts.items():
+            ids = torch.tensor([p], device=device)
+
+            def fwd():
+                return compiled(input_ids=ids, use_cache=False).last_hidden_state
+
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                fwd()
+                fwd()
+                torch.cuda.synchronize() if device.type == "cuda" else None
+                row["compile_s"][n] = time.perf_counter() - t0
+                row["latency_ms"][n] = median_ms(fwd, device, warmup=3, repeat=repeat)
+                print(f"reduce-overhead {n} tokens: compile {row['compile_s'][n]:.1f}s, {row['latency_ms'][n]:.2f} ms", flush=True)
+                if n in PROFILE_AT and device.type == "cuda":
+                    row["profile"][n] = profile_forward(fwd, device)
+    finally:
+        model.set_attn_implementation(prev)
+        torch._dynamo.reset()
+    return row
+
+
+PROFILE_AT = (8, 512)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="config.json, model directory or hub id")
@@ -50,75 +105,101 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tokens", default="8,32,128,512,2048,4096")
     ap.add_argument("--max-tokens", type=int, default=4096)
-    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--attention", default="sdpa", help="attention backends, comma-separated (sdpa,flex,varlen)")
+    ap.add_argument("--backends", default=",".join(BACKENDS),
+                    help="capture backends, comma-separated; BACKEND:inductor compiles the pieces with inductor")
+    ap.add_argument("--configs", default=None,
+                    help="ATTENTION/BACKEND[:inductor] pairs, comma-separated, instead of --attention × --backends")
+    ap.add_argument("--reduce-overhead", action="store_true", help="add torch.compile(mode='reduce-overhead') on the HF model")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args(argv)
 
     tokens = [int(t) for t in args.tokens.split(",")]
-    backends = args.backends.split(",")
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
     device = torch.device(args.device)
     lm = load_model(args.model, layers=args.layers, tiny=args.tiny, weights="synthetic", dtype=dtype, device=device, seed=0)
     vocab = lm.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = {n: torch.randint(0, vocab, (n,), generator=gen).tolist() for n in tokens}
-    kv_slots = max(max(tokens), args.max_tokens) + 64
+    kv_slots = max(max(tokens), args.max_tokens) + 256
 
-    result = {"model": args.model, "layers": lm.config.num_hidden_layers, "dtype": args.dtype, "env": environment(), "backends": {}}
-    reference: dict[int, torch.Tensor] = {}
-    for name in backends:
+    result = {"model": args.model, "layers": lm.config.num_hidden_layers, "dtype": args.dtype, "env": environment(),
+              "max_tokens": args.max_tokens, "configs": {}}
+    configs = [(a, b) for a in args.attention.split(",") for b in args.backends.split(",")]
+    if args.configs:
+        configs = [tuple(c.split("/", 1)) for c in args.configs.split(",")]
+    for attention, spec in configs:
+        name, _, compiler = spec.partition(":")
+        label = f"{attention}/{spec}"
         t0 = time.perf_counter()
-        engine = Engine(lm.model, EngineConfig(device=args.device, dtype=args.dtype, kv_slots=kv_slots,
-                                               capture=CaptureConfig(backend=name, max_tokens=args.max_tokens)))
+        try:
+            engine = Engine(lm.model, EngineConfig(device=args.device, dtype=args.dtype, kv_slots=kv_slots, attention=attention,
+                                                   capture=CaptureConfig(backend=name, compiler=compiler or "eager",
+                                                                         max_tokens=args.max_tokens)))
+        except Exception as e:  # noqa: BLE001 - a config that cannot be built is a row with its error
+            result["configs"][label] = {"error": f"{type(e).__name__}: {e}"[:400]}
+            print(f"{label:28s} failed to build: {result['configs'][label]['error']}", flush=True)
+            continue
         build_s = time.perf_counter() - t0
         st = engine.stats
         row = {"build_s": build_s, "trace_s": st.trace_s, "compile_s": st.compile_s, "capture_s": st.capture_s,
                "graph_pool_bytes": st.graph_pool_bytes, "graphs_captured": st.graphs_captured, "pieces": st.pieces,
-               "buckets": len(st.buckets), "latency_ms": {}, "bitwise_equal_eager": {}, "max_abs_diff": {}}
+               "buckets": len(st.buckets), "latency_ms": {}, "bitwise_equal_eager": {}, "max_abs_diff": {}, "profile": {}}
         for n in tokens:
             batch = engine.prefill_batch([prompts[n]])
             row["latency_ms"][n] = median_ms(lambda: engine.forward(batch), device, warmup=3, repeat=args.repeat)
+            if n in PROFILE_AT and device.type == "cuda":
+                row["profile"][n] = profile_forward(lambda: engine.forward(batch), device)
             out = engine.forward(batch).clone()
-            if name == "disabled":
-                reference[n] = out
-            else:
+            if name != "disabled":
                 eager_same_pad = engine.forward(batch, eager=True)
                 row["bitwise_equal_eager"][n] = bool(torch.equal(out, eager_same_pad))
                 row["max_abs_diff"][n] = float((out.float() - eager_same_pad.float()).abs().max())
-        result["backends"][name] = row
-        print(f"{name:10s} built in {build_s:6.2f}s (trace {st.trace_s:.2f}s, capture {st.capture_s:.2f}s, "
-              f"pool {st.graph_pool_bytes / 2**20:.0f} MiB, graphs {st.graphs_captured})", flush=True)
+        result["configs"][label] = row
+        print(f"{label:28s} built in {build_s:6.2f}s (trace {st.trace_s:.2f}s, compile {st.compile_s:.2f}s, capture "
+              f"{st.capture_s:.2f}s, pool {st.graph_pool_bytes / 2**20:.0f} MiB, graphs {st.graphs_captured}); ms: "
+              + ", ".join(f"{n}: {ms:.2f}" for n, ms in row["latency_ms"].items()), flush=True)
         del engine
+        gc.collect()
         torch.cuda.empty_cache() if device.type == "cuda" else None
-
-    # Table
-    names = [b for b in BACKENDS if b in result["backends"]]
-    print(f"\nmodel {args.model} layers={result['layers']} {args.dtype} on {result['env'].get('gpu', 'cpu')}")
-    head = "tokens | " + " | ".join(f"{n} ms" for n in names)
-    if "full" in names:
-        head += " | " + " | ".join(f"{n}/full" for n in names if n not in ("full", "disabled"))
-    if "disabled" in names:
-        head += " | " + " | ".join(f"eager/{n}" for n in names if n != "disabled")
-    print(head)
-    for n in tokens:
-        lat = {b: result["backends"][b]["latency_ms"][n] for b in names}
-        cells = [f"{lat[b]:.2f}" for b in names]
-        if "full" in names:
-            cells += [f"{lat[b] / lat['full']:.2f}" for b in names if b not in ("full", "disabled")]
-        if "disabled" in names:
-            cells += [f"{lat['disabled'] / lat[b]:.2f}x" for b in names if b != "disabled"]
-        print(f"{n:6d} | " + " | ".join(cells))
-    for b in names:
-        if b != "disabled":
-            r = result["backends"][b]
-            eq = all(r["bitwise_equal_eager"].values())
-            print(f"{b}: capture {r['capture_s']:.2f}s (+trace {r['trace_s']:.2f}s) for {r['buckets']} buckets, "
-                  f"pool {r['graph_pool_bytes'] / 2**20:.0f} MiB, bitwise equal to eager at same padding: {eq} "
-                  f"(max abs diff {max(r['max_abs_diff'].values()):.3g})")
+    if args.reduce_overhead:
+        try:
+            result["configs"]["reduce-overhead"] = reduce_overhead_row(lm, prompts, device, args.repeat)
+            print(f"{'reduce-overhead':28s} compiled {sum(result['configs']['reduce-overhead']['compile_s'].values()):.1f}s "
+                  f"over {len(tokens)} shapes", flush=True)
+        except Exception as e:  # noqa: BLE001
+            result["configs"]["reduce-overhead"] = {"error": f"{type(e).__name__}: {e}"[:400]}
+            print(f"reduce-overhead failed: {result['configs']['reduce-overhead']['error']}")
+    print_table(result, tokens)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def print_table(result: dict, tokens: list[int]) -> None:
+    rows = {k: v for k, v in result["configs"].items() if "error" not in v}
+    ro = rows.get("reduce-overhead")
+    print(f"\nmodel {result['model']} layers={result['layers']} {result['dtype']} on {result['env'].get('gpu', 'cpu')}")
+    print("latency ms (ratio to reduce-overhead)")
+    print("config | build s | " + " | ".join(str(n) for n in tokens))
+    for label, r in rows.items():
+        built = sum(r["compile_s"].values()) if label == "reduce-overhead" else r["build_s"]
+        cells = []
+        for n in tokens:
+            ms = r["latency_ms"][n]
+            cells.append(f"{ms:.2f}" + (f" ({ms / ro['latency_ms'][n]:.2f}×)" if ro and label != "reduce-overhead" else ""))
+        print(f"{label} | {built:.1f} | " + " | ".join(cells))
+    print("\nper forward on the GPU (profiler): kernels / GPU ms")
+    for label, r in rows.items():
+        prof = {n: p for n, p in r.get("profile", {}).items() if p}
+        if prof:
+            print(f"{label} | " + " | ".join(f"{n} tok: {p['kernels']} kernels, {p['gpu_ms']:.2f} ms" for n, p in prof.items()))
+    for label, r in rows.items():
+        if r.get("bitwise_equal_eager"):
+            eq = all(r["bitwise_equal_eager"].values())
+            print(f"{label}: {r['buckets']} buckets, capture {r['capture_s']:.2f}s, pool {r['graph_pool_bytes'] / 2**20:.0f} MiB, "
+                  f"bitwise equal to eager at same padding: {eq} (max abs diff {max(r['max_abs_diff'].values()):.3g})")
 
 
 if __name__ == "__main__":

@@ -34,12 +34,36 @@ def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALL
     return None if parallel in have else f"parallel mode {parallel!r} is not supported by the runtime yet (supported: {', '.join(have)})"
 
 
+def attention_unsupported_reason(attention: str, device: str, features: Iterable[str] = (),
+                                 backends: dict[str, Any] | None = None) -> str | None:
+    """Why attention backend `attention` cannot run a model exercising `features` (model-card words: those that
+    are attention features count) on `device` (cpu, cuda, cuda:N), or None. One wording for the matrix pre-check
+    (which passes its capabilities' table) and a cell asked for directly."""
+    table = backends if backends is not None else capabilities()["attention_backends"]
+    if attention not in table:
+        return f"attention backend {attention!r} is not in the runtime (have: {', '.join(table)})"
+    b = table[attention]
+    if why := b.get("devices", {}).get(device.split(":")[0]):
+        return why
+    for f in features:
+        if why := b.get("features", {}).get(f):
+            return f"attention backend {attention!r} cannot run {f} ({why}); sdpa can"
+    return None
+
+
 def capabilities() -> dict[str, Any]:
     """Plain data (JSON-able). `capture_backends` maps each name, in registry order, to its declared needs."""
     attn = {}
     for name in attention_backend_names():
         cls = get_attention_backend(name)
-        attn[name] = {"capturable": cls.capturable, "why_not_capturable": cls.why_not_capturable}
+        attn[name] = {
+            "capturable": cls.capturable,
+            "why_not_capturable": cls.why_not_capturable,
+            "page_size": cls.page_size,
+            # device type → None (runs there) or why not; feature → None (supported) or why not
+            "devices": {d: cls.device_reason(d) for d in ("cpu", "cuda")},
+            "features": cls.features(),
+        }
     capture = {}
     for name in capture_backend_names():
         cls = get_capture_backend(name)

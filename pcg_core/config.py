@@ -47,6 +47,9 @@ class CaptureConfig:
     compiler: str = "eager"
     max_tokens: int = 4096
     buckets: list[int] | None = None  # explicit list; overrides the default ladder
+    # piecewise: record a capturable attention op in a graph of its own per bucket (between the pieces' graphs)
+    # instead of running it eagerly; False keeps every split op eager, as the breakable backend does.
+    graph_attention: bool = True
 
     def __post_init__(self) -> None:
         CAPTURE_BACKENDS.check(self.backend)  # raises ConfigError naming the known backends
@@ -77,13 +80,14 @@ class CaptureConfig:
 
 @dataclass
 class EngineConfig:
-    """What the engine runs on: device, dtype, attention backend (checked when the Engine is built), KV slots."""
+    """What the engine runs on: device, dtype, attention backend (checked when the Engine is built), KV cache."""
 
     device: str = "cpu"
     dtype: str = "float32"
     attention: str = "sdpa"
     capture: CaptureConfig = field(default_factory=CaptureConfig)
-    kv_slots: int = 8192  # KV-cache capacity in tokens, shared by all sequences of a batch
+    kv_slots: int = 8192  # KV-cache capacity in tokens, shared by all sequences of a batch (whole pages)
+    page_size: int | None = None  # KV slots per page; None: the attention backend's own (flex 128)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -94,6 +98,9 @@ class EngineConfig:
             raise ConfigError(f"device {self.device!r} was asked for but torch sees no CUDA GPU; use device 'cpu'", field="device")
         if self.kv_slots <= 0:
             raise ConfigError(f"kv_slots must be positive, got {self.kv_slots}", field="kv_slots")
+        if self.page_size is not None and (not isinstance(self.page_size, int) or isinstance(self.page_size, bool)
+                                           or self.page_size < 1):
+            raise ConfigError(f"page_size must be a positive integer (or unset), got {self.page_size!r}", field="page_size")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -35,8 +35,6 @@ KNOWN_QUANTIZATION: tuple[str, ...] = (
 
 # Attention backends planned but not registered yet; registered ones (pcg_core.attention) are known as well.
 PLANNED_ATTENTION: tuple[str, ...] = (
-    "flex",  # torch FlexAttention over the paged KV cache: the planned primary
-    "varlen",  # torch.nn.attention.varlen (FA2 inside aten): the planned no-compile fallback
     "triton",  # our own paged extend/decode kernel
     "fa3",  # FlashAttention 3 (no wheel for us yet)
     "flashinfer",

@@ -52,4 +52,4 @@ class Registry(Generic[T]):
 
 
 CAPTURE_BACKENDS: Registry = Registry("capture backend", field="backend", built_in=("disabled", "piecewise", "breakable", "full"))
-ATTENTION_BACKENDS: Registry = Registry("attention backend", field="attention")
+ATTENTION_BACKENDS: Registry = Registry("attention backend", field="attention", built_in=("sdpa", "flex", "varlen"))

@@ -40,7 +40,7 @@ def lockstep(eager: Engine, graph: Engine, case: Case, observe: bool = False, no
     eager unpadded before and at the same padding again after, for the noise the eager path itself shows)."""
     prompts = [list(p) for p in case.prompts]
     new = list(case.new_tokens)
-    batch, bases = eager.pack_prompts(prompts, max(new))
+    batch, seq_slots = eager.pack_prompts(prompts, max(new))
     graph.pack_prompts(prompts, max(new))  # the same slots on the graph's own cache
     pieces = chunks(batch, case.chunk)
 
@@ -74,7 +74,7 @@ def lockstep(eager: Engine, graph: Engine, case: Case, observe: bool = False, no
         active = [i for i in range(len(prompts)) if done[i] < new[i]]
         steps = [(i, tokens[i], len(prompts[i]) + done[i] - 1) for i in active]
         label = f"decode step {t} ({len(active)} sequences, bucket {graph.bucket_for(len(active))})"
-        step = run(decode_batch(steps, bases), label, True)
+        step = run(decode_batch(steps, seq_slots), label, True)
         yield step
         for i, token in zip(active, eager.logits(step.ref).argmax(-1).tolist()):
             tokens[i] = token

@@ -32,10 +32,9 @@ class Case:
     def prefill_tokens(self) -> int:
         return sum(len(p) for p in self.prompts)
 
-    @property
-    def kv_slots(self) -> int:
-        """KV slots the case needs: every prompt plus its room for generated tokens."""
-        return sum(len(p) + max(self.new_tokens) for p in self.prompts)
+    def kv_slots(self, page_size: int = 1) -> int:
+        """KV slots the case needs: every prompt plus its room for generated tokens, in whole pages."""
+        return sum(-(-(len(p) + max(self.new_tokens)) // page_size) * page_size for p in self.prompts)
 
 
 def ladder_regions(ladder: list[int]) -> list[list[int]]:

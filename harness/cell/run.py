@@ -21,7 +21,8 @@ from harness.cell.prompts import Case, latency_token_counts, prompt_suite, repea
 from harness.cell.spec import CellSpec
 from harness.cell.timing import median_ms
 from harness.outcome import CellMetrics, CellOutcome, EagerSelfDiff, Latency, Status
-from pcg_core.capabilities import parallel_unsupported_reason, quant_unsupported_reason
+from pcg_core.attention import get_attention_backend
+from pcg_core.capabilities import attention_unsupported_reason, parallel_unsupported_reason, quant_unsupported_reason
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.errors import ConfigError, UnsupportedModel
@@ -89,9 +90,13 @@ def recorded_settings(spec: CellSpec) -> CellMetrics:
 
 
 def _check_runtime(spec: CellSpec) -> None:
-    """A quantization or parallel mode the runtime lacks ends the cell as the matrix pre-check would have, before
-    the model is loaded; running the unquantized single-GPU cell instead would pass under the wrong name."""
+    """A quantization or parallel mode the runtime lacks, or an attention backend that cannot run here (or cannot
+    run what the model card says it exercises), ends the cell as the matrix pre-check would have, before the model
+    is loaded; running the unquantized single-GPU cell instead would pass under the wrong name."""
     reason = quant_unsupported_reason(spec.quant) or parallel_unsupported_reason(spec.parallel)
+    if not reason:
+        card = find_card(spec.model)
+        reason = attention_unsupported_reason(spec.attention, spec.device, card.features if card else ())
     if reason:
         raise _Stop(Status.UNSUPPORTED, reason)
 
@@ -109,8 +114,9 @@ def _load(cell: _Cell) -> None:
         raise _crash(Status.EAGER_FAIL, e) from e
     cell.metrics.layers = cell.lm.config.num_hidden_layers
     cell.cases = prompt_suite(cell.config.capture.ladder, cell.lm.config.vocab_size, seed=s.seed, max_new_tokens=s.max_new_tokens)
-    need = max(c.kv_slots for c in cell.cases)
-    cell.kv_slots = max(need, max(latency_token_counts(s.max_tokens), default=0)) + 16
+    page = cell.config.page_size or get_attention_backend(cell.config.attention).page_size
+    need = max(c.kv_slots(page) for c in cell.cases)
+    cell.kv_slots = max(need, -(-max(latency_token_counts(s.max_tokens), default=0) // page) * page) + page
 
 
 def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:

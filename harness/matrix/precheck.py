@@ -10,7 +10,7 @@ from typing import Any
 from harness.cards import ModelCard, find_card
 from harness.matrix.expand import Cell
 from harness.outcome import ModelRef
-from pcg_core.capabilities import parallel_unsupported_reason, quant_unsupported_reason
+from pcg_core.capabilities import attention_unsupported_reason, parallel_unsupported_reason, quant_unsupported_reason
 from pcg_core.errors import ConfigError
 
 
@@ -28,8 +28,8 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
         return reason
     if reason := quant_unsupported_reason(a["quant"], caps["quantization"]):
         return reason
-    if a["attention"] not in caps["attention_backends"]:
-        return f"attention backend {a['attention']!r} is not in the runtime (have: {', '.join(caps['attention_backends'])})"
+    if reason := attention_unsupported_reason(a["attention"], cell.spec.device, card.features, caps["attention_backends"]):
+        return reason
     if a["graph"] not in caps["capture_backends"]:
         return f"capture backend {a['graph']!r} is not in the runtime (have: {', '.join(caps['capture_backends'])})"
     attn = caps["attention_backends"][a["attention"]]

@@ -57,10 +57,10 @@ def quant_verdict(wanted: list[str], checkpoint: dict[str, Any] | None, caps: di
 
 def attention_verdict(features: list[str], heads: int | None, kv_heads: int | None, caps: dict[str, Any]) -> dict[str, Any]:
     backends = caps["attention_backends"]
-    names = ", ".join(f"{n} ({'capturable' if b['capturable'] else 'not capturable'})" for n, b in backends.items())
     if not backends:
         return _v(False, "the runtime has no attention backend")
     needed = [f for f in features if f in ATTENTION_FEATURES]
+    names = ", ".join(_backend_words(n, b, needed) for n, b in backends.items())
     handled = table_features(caps)
     missing = [f for f in needed if f not in handled]
     if missing:
@@ -70,6 +70,16 @@ def attention_verdict(features: list[str], heads: int | None, kv_heads: int | No
     shape = f"{heads} query / {kv_heads} KV heads" if heads else "attention"
     kind = ", ".join(needed) if needed else ("GQA" if heads and kv_heads and kv_heads < heads else "multi-head")
     return _v(True, f"{kind} attention, {shape}; backends: {names}")
+
+
+def _backend_words(name: str, b: dict[str, Any], needed: list[str]) -> str:
+    """A backend as the verdict lists it: capturable or not, where it cannot run, which of the model's needs it lacks."""
+    words = ["capturable" if b["capturable"] else "not capturable"]
+    words += [f"not on {d}" for d, why in b.get("devices", {}).items() if why]
+    lacks = [f for f in needed if b.get("features", {}).get(f)]
+    if lacks:
+        words.append(f"lacks {', '.join(lacks)}")
+    return f"{name} ({'; '.join(words)})"
 
 
 def parallel_verdict(wanted: list[int] | None, tp_ok: list[int], divides: list[int], ep_ok: list[int], h200s: int | None,

@@ -1,6 +1,15 @@
 """Attention backends: a registry, so that new kernels plug in without touching the op or the capture code.
 
 Registered like capture backends (`@register_attention_backend` reads `cls.name`, the getter returns the class).
+Each backend declares what it can do — features, devices, whether its op can be recorded in a CUDA graph — and
+`capabilities()` publishes those declarations, so the matrix pre-check and `pcgh request` never keep a list.
+
+A backend is built per engine, over that engine's KV cache, and owns the static buffers its metadata needs
+(a mask, a block mask, cu_seqlens) sized for the largest bucket. Two calls per forward:
+- `begin_forward(md)`: after the engine wrote the batch into its input buffers, before any graph runs; on the
+  host's side of the graph, so it may copy host data in (varlen's cu_seqlens) or run device ops (sdpa's mask).
+- `forward(q, k, v, out, params, md)`: per layer, inside the split op (between graphs, or recorded in a
+  `full` graph), writes this layer's KV and the attention output.
 """
 
 from __future__ import annotations
@@ -10,11 +19,15 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from pcg_core.errors import ConfigError
 from pcg_core.registry import ATTENTION_BACKENDS
 
 if TYPE_CHECKING:
     from pcg_core.attention.kv_cache import KVCache
-    from pcg_core.attention.metadata import AttentionMetadata
+    from pcg_core.attention.metadata import AttentionMetadata, LayerParams
+
+# Score modifiers and shapes a backend may support; `LayerParams.features` names what a call needs.
+FEATURES = ("causal", "gqa", "sliding_window", "softcap", "sinks")
 
 
 class AttentionBackend(ABC):
@@ -23,20 +36,62 @@ class AttentionBackend(ABC):
     # declares requires_capturable_attention (full) needs it.
     capturable: ClassVar[bool] = False
     why_not_capturable: ClassVar[str] = ""
+    page_size: ClassVar[int] = 16  # the KV page size it prefers (the engine's default)
+    # Device types it runs on, and why not on the others (device type → reason).
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    why_not_device: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, cache: KVCache, max_tokens: int):
+        device = cache.slot_seq.device
+        if reason := self.device_reason(device.type):
+            raise ConfigError(reason, field="attention")
+        self.cache = cache
+        self.max_tokens = max(1, max_tokens)
+        self.device = device
+        self.checked_layers: set[int] = set()  # layers whose score modifiers check_call accepted
+
+    # Declarations ------------------------------------------------------------------------------------------
+    @classmethod
+    def features(cls) -> dict[str, str | None]:
+        """Each of FEATURES → None (supported) or why not. A classmethod: it may depend on the installed torch."""
+        return {f: None for f in FEATURES}
+
+    @classmethod
+    def device_reason(cls, device_type: str) -> str | None:
+        if device_type in cls.devices:
+            return None
+        why = cls.why_not_device.get(device_type, f"it runs on {', '.join(cls.devices)} only")
+        return f"attention backend {cls.name!r} cannot run on {device_type}: {why}"
+
+    def check_call(self, params: LayerParams, gqa: bool) -> None:
+        """Refuse, naming the feature, a call this backend would compute wrongly (rather than silently)."""
+        feats = self.features()
+        for f in sorted(params.features(gqa)):
+            if feats.get(f, "not declared") is not None:
+                raise ConfigError(f"attention backend {self.name!r} does not support {f} ({feats.get(f) or 'not declared'}); "
+                                  f"use one that does (sdpa supports all of them)", field="attention")
+
+    # Per forward ---------------------------------------------------------------------------------------------
+    def begin_forward(self, md: AttentionMetadata) -> None:
+        """Fill this backend's metadata buffers for the batch in `md` (outside any graph)."""
 
     @abstractmethod
-    def forward(
-        self,
-        q: torch.Tensor,  # [T, H, D]
-        k: torch.Tensor,  # [T, Hkv, D]
-        v: torch.Tensor,  # [T, Hkv, D]
-        out: torch.Tensor,  # [T, H, D], written in place
-        layer: int,
-        scale: float,
-        sliding_window: int,
-        md: AttentionMetadata,
-        cache: KVCache,
-    ) -> None: ...
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, params: LayerParams,
+                md: AttentionMetadata) -> None:
+        """q [T, H, D], k and v [T, Hkv, D]: write k, v to the cache at md.slot_mapping, attention into out [T, H, D]
+        (padding rows exactly zero)."""
+
+
+def write_kv(cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store this forward's K and V rows in their slots (padding rows land in the pad slot)."""
+    k_cache, v_cache = cache.k[layer], cache.v[layer]
+    k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def zero_padding(out: torch.Tensor, attn: torch.Tensor, valid: torch.Tensor) -> None:
+    """out = attn on real rows, exactly 0 on padding rows (whatever the kernel left there: NaN, garbage)."""
+    out.copy_(torch.where(valid[:, None, None], attn, torch.zeros((), dtype=attn.dtype, device=attn.device)))
 
 
 def register_attention_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:

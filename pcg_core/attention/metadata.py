@@ -1,7 +1,10 @@
-"""Per-batch attention metadata, as tensors the attention op reads from the forward context.
+"""Per-batch attention metadata, and the per-layer parameters of one attention call.
 
-Every field is a view of a buffer the engine allocates once, so a graph captured for a bucket reads the same
-addresses on every replay (`full` capture needs that; piecewise and breakable do not, but share the code).
+Every tensor field is a view of a buffer the engine allocates once, so a graph captured for a bucket reads the
+same addresses on every replay (`full` capture needs that; piecewise and breakable do not, but share the code).
+`host_seq_ids` and `host_positions` are the real rows as the engine had them on the host: backends that need
+per-sequence counts (varlen's cu_seqlens, its KV gather) build their buffers from them before the forward,
+never by reading device tensors back.
 """
 
 from __future__ import annotations
@@ -19,4 +22,30 @@ class AttentionMetadata:
     positions: torch.Tensor  # [T] int64: position of each token in its sequence
     seq_ids: torch.Tensor  # [T] int32: sequence of each token (padding → -2, matches no slot)
     valid: torch.Tensor  # [T] bool: False on padding rows
-    mask: torch.Tensor  # [T, S] bool: token t may attend to cache slot s (same sequence, causal)
+    host_seq_ids: torch.Tensor | None = None  # [num_actual] int64 on the CPU
+    host_positions: torch.Tensor | None = None  # [num_actual] int64 on the CPU
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """What one attention call adds to the batch's metadata: its layer and the model's score modifiers."""
+
+    layer: int
+    scale: float
+    sliding_window: int = 0  # 0: none; else a key at distance ≥ window is masked (transformers: the window
+    #                          includes the current token, so window 1 sees only itself)
+    softcap: float = 0.0  # 0: none; else scores → softcap·tanh(scores / softcap) before the mask
+    sinks: torch.Tensor | None = None  # [heads] logits of a per-head sink (gpt-oss): in the softmax, no value
+
+    def features(self, gqa: bool) -> set[str]:
+        """The features this call needs from a backend (the names `AttentionBackend.features` declares)."""
+        need = {"causal"}
+        if gqa:
+            need.add("gqa")
+        if self.sliding_window > 0:
+            need.add("sliding_window")
+        if self.softcap:
+            need.add("softcap")
+        if self.sinks is not None:
+            need.add("sinks")
+        return need

@@ -2,7 +2,8 @@
 
 The op writes into `out`, a buffer the caller allocates *before* the call: under piecewise capture that
 allocation belongs to the preceding captured piece, so the next piece reads the address it saw at capture.
-The op's other inputs are tensors and constants; the batch's metadata comes from the forward context.
+The op's other inputs are tensors and constants (the score modifiers: sliding window, soft-cap, sinks); the
+batch's metadata comes from the forward context.
 """
 
 from __future__ import annotations
@@ -10,34 +11,44 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 
+from pcg_core.attention.metadata import LayerParams
 from pcg_core.forward_context import get_forward_context
 from pcg_core.split_ops import register_split_op, run_split_op
 
 ATTN_IMPLEMENTATION = "pcg"
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer: int, scale: float, sliding_window: int) -> None:
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer: int, scale: float,
+               sliding_window: int, softcap: float, sinks: torch.Tensor | None) -> None:
     ctx = get_forward_context()
     if ctx.observer is not None:
         ctx.observer(layer, q)
-    ctx.attn_backend.forward(q, k, v, out, layer, scale, sliding_window, ctx.attn_metadata, ctx.kv_cache)
+    params = LayerParams(layer, scale, sliding_window, softcap, sinks)
+    backend = ctx.attn_backend
+    if layer not in backend.checked_layers:  # once per layer: refuse a modifier the backend would get wrong
+        backend.check_call(params, gqa=q.shape[1] != k.shape[1])
+        backend.checked_layers.add(layer)
+    backend.forward(q, k, v, out, params, ctx.attn_metadata)
 
 
 @torch.library.custom_op("pcg::attention", mutates_args=("out",))
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer: int, scale: float, sliding_window: int) -> None:
-    run_split_op(_attention, q, k, v, out, layer, scale, sliding_window)
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer: int, scale: float,
+              sliding_window: int, softcap: float, sinks: torch.Tensor | None) -> None:
+    run_split_op(_attention, q, k, v, out, layer, scale, sliding_window, softcap, sinks)
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, out, layer, scale, sliding_window) -> None:
+def _attention_fake(q, k, v, out, layer, scale, sliding_window, softcap, sinks) -> None:
     return None
 
 
 register_split_op(torch.ops.pcg.attention)
 
 
-def pcg_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, **kwargs):
-    """transformers attention function: [1, H, T, D] in, [1, T, H, D] out, packed batch of one row."""
+def pcg_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                          softcap=None, s_aux=None, **kwargs):
+    """transformers attention function: [1, H, T, D] in, [1, T, H, D] out, packed batch of one row. `softcap`
+    (Gemma 2) and `s_aux` (gpt-oss's sinks) are the names transformers' modules pass them by."""
     if query.shape[0] != 1:
         raise ValueError(f"pcg runs packed batches of one row; got batch size {query.shape[0]}")
     q = query[0].transpose(0, 1)
@@ -45,7 +56,7 @@ def pcg_attention_forward(module, query, key, value, attention_mask, scaling=Non
     v = value[0].transpose(0, 1)
     out = torch.empty_like(q)  # allocated here, in the piece before the split op
     scale = float(scaling) if scaling is not None else q.shape[-1] ** -0.5
-    torch.ops.pcg.attention(q, k, v, out, int(module.layer_idx), scale, int(sliding_window or 0))
+    torch.ops.pcg.attention(q, k, v, out, int(module.layer_idx), scale, int(sliding_window or 0), float(softcap or 0.0), s_aux)
     return out.unsqueeze(0), None
 
 

@@ -1,8 +1,10 @@
-"""`sdpa` attention backend: torch's scaled_dot_product_attention over the whole KV cache with a mask.
+"""`sdpa` attention backend, the reference: torch's scaled_dot_product_attention over the whole KV cache with a mask.
 
 Why over the whole cache: the key set then has a static size (the cache capacity), so the op has the same
 shapes for every batch of a bucket and can be captured whole (`full` backend). The mask (same sequence and
-key position ≤ query position, optionally inside a sliding window) makes it causal, ragged and GQA-correct.
+key position ≤ query position, optionally inside a sliding window) makes it causal, ragged and paged alike;
+it is built once per forward into a static buffer the backend owns. Soft-cap and sinks, which the
+fused kernels lack, take the plain-math path.
 Padding rows write KV only into the cache's pad slot (never attended) and get an output of exactly zero.
 """
 
@@ -11,31 +13,50 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pcg_core.attention.backend import AttentionBackend, register_attention_backend
+from pcg_core.attention.backend import AttentionBackend, register_attention_backend, write_kv, zero_padding
+from pcg_core.attention.reference import attention_math
 
 
 @register_attention_backend
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
     capturable = True
+    page_size = 16
 
-    def forward(self, q, k, v, out, layer, scale, sliding_window, md, cache) -> None:
-        k_cache, v_cache = cache.k[layer], cache.v[layer]  # [Hkv, S+1, D]
-        k_cache.index_copy_(1, md.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
-        v_cache.index_copy_(1, md.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
-        num_slots = cache.num_slots
-        keys, values = k_cache[:, :num_slots], v_cache[:, :num_slots]
-        n_heads, n_kv = q.shape[1], keys.shape[0]
-        if n_heads != n_kv:  # GQA: expand KV heads to query heads
-            rep = n_heads // n_kv
-            keys = keys.repeat_interleave(rep, dim=0)
-            values = values.repeat_interleave(rep, dim=0)
-        mask = md.mask
-        if sliding_window > 0:
-            in_window = (md.positions[:, None] - cache.slot_pos[None, :num_slots]) < sliding_window
-            mask = mask & in_window
-        attn = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask[None, None], scale=scale
-        )[0].transpose(0, 1)  # [T, H, D]
-        # Rows with no visible key (padding) come out NaN from softmax; force exact zeros.
-        out.copy_(torch.where(md.valid[:, None, None], attn, torch.zeros((), dtype=attn.dtype, device=attn.device)))
+    def __init__(self, cache, max_tokens):
+        super().__init__(cache, max_tokens)
+        self._mask = torch.zeros(self.max_tokens, cache.num_slots, dtype=torch.bool, device=self.device)
+        self.mask = self._mask[:0]
+
+    def begin_forward(self, md) -> None:
+        """mask[t, s]: slot s belongs to t's sequence and holds a position ≤ t's position."""
+        c, n = self.cache, md.num_tokens
+        buf = self._mask if n <= self.max_tokens else torch.empty(n, c.num_slots, dtype=torch.bool, device=self.device)
+        self.mask = buf[:n]
+        torch.eq(md.seq_ids[:, None], c.slot_seq[None, : c.num_slots], out=self.mask)
+        self.mask.logical_and_(c.slot_pos[None, : c.num_slots] <= md.positions[:, None])
+
+    def forward(self, q, k, v, out, params, md) -> None:
+        c = self.cache
+        write_kv(c, params.layer, k, v, md.slot_mapping)
+        keys, values = c.k[params.layer][: c.num_slots], c.v[params.layer][: c.num_slots]  # [S, Hkv, D]
+        mask = self.mask
+        if params.sliding_window > 0:
+            mask = mask & ((md.positions[:, None] - c.slot_pos[None, : c.num_slots]) < params.sliding_window)
+        if params.softcap or params.sinks is not None:
+            attn = attention_math(q, keys, values, mask, params.scale, params.softcap, params.sinks)
+        else:
+            attn = _sdpa_gqa(q, keys, values, mask, params.scale)
+        zero_padding(out, attn, md.valid)
+
+
+def _sdpa_gqa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """SDPA with KV heads expanded to the query heads. The reference keeps the formulation it was verified with on
+    the H200 (KV copied per query head, one mask for all heads), not the faster fold of query heads into rows:
+    a reference must be the last place a kernel's corner case hides (see the 2026-12-01 attention results)."""
+    t, h, d = q.shape
+    k, v = keys.transpose(0, 1), values.transpose(0, 1)  # [Hkv, S, D]
+    if h != k.shape[0]:
+        k, v = k.repeat_interleave(h // k.shape[0], dim=0), v.repeat_interleave(h // k.shape[0], dim=0)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], attn_mask=mask[None, None], scale=scale)
+    return o[0].transpose(0, 1)  # [T, H, D]

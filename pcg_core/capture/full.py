@@ -2,28 +2,48 @@
 
 It declares that it needs a capturable attention backend (static shapes, no host sync); building it with any
 other raises a ConfigError that says why, and `capabilities()` exports the same declaration for pre-checks.
+
+With compiler "inductor" the forward is traced and cut at the split ops once, the pieces compiled by inductor
+with the token dimension symbolic (as `piecewise` does), and the whole split module recorded as one graph per
+bucket: fused kernels, and a single launch per forward. With "eager" the decoder runs as transformers wrote it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from pcg_core.capture.base import GraphBackend
 from pcg_core.capture.graphs import weak_ref
+from pcg_core.capture.piecewise import PiecewiseBackend
 from pcg_core.capture.registry import register_capture_backend
+from pcg_core.forward_context import CaptureMode
 
 
 @register_capture_backend
-class FullBackend(GraphBackend):
+class FullBackend(PiecewiseBackend):
     name = "full"
     requires_capturable_attention = True  # the base class refuses other attention backends with a ConfigError
 
+    def _traced(self) -> bool:
+        return self.config.compiler == "inductor"
+
+    def _graph_attention(self) -> bool:
+        return False  # the split ops are inside the one graph already
+
     def setup(self) -> None:
+        if self._traced():
+            super().setup()
         self.stats.pieces = 1
-        self.stats.submodules = 1
+        self.stats.submodules = self.stats.submodules or 1
+
+    def run_padded(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return super().run_padded(input_ids, positions) if self._traced() else self.body(input_ids, positions)
 
     def capture(self, bucket, input_ids, positions, ctx) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        graph, out = self.pool.capture(self.body, input_ids, positions)
+        ctx.mode = CaptureMode.EAGER  # the pieces run their code into this one graph, not graphs of their own
+        try:
+            graph, out = self.pool.capture(self.run_padded, input_ids, positions)
+        finally:
+            ctx.mode = CaptureMode.CAPTURE
         return graph, weak_ref(out)
 
     def replay(self, entry: tuple[torch.cuda.CUDAGraph, torch.Tensor]) -> torch.Tensor:

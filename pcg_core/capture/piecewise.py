@@ -1,5 +1,7 @@
 """`piecewise`: trace the forward once with dynamo (token dimension dynamic), split the FX graph at the split
-ops, compile each piece, capture one CUDA graph per piece per bucket.
+ops, compile each piece, capture one CUDA graph per piece per bucket. Where the attention backend's op is
+capturable (its metadata lives in static buffers the engine refreshes before each forward) each split op gets
+graphs of its own too, so nothing between the graphs runs Python; `graph_attention=False` keeps them eager.
 
 At serve time the split graph module is called directly with the arguments dynamo recorded (the user inputs
 and the symbolic token count swapped in), so no dynamo guard is evaluated per forward and nothing recompiles.
@@ -54,17 +56,21 @@ def compile_piece_inductor(piece: torch.fx.GraphModule) -> Any:
 
 class PieceRunner(torch.nn.Module):
     """One captured piece: a CUDA graph per bucket, output held by weak reference. What it does on a call is
-    the forward context's mode, set by the forward's owner."""
+    the forward context's mode, set by the forward's owner. A split op's runner (`split=True`) runs eagerly
+    while an observer watches the attention inputs (a diagnosis wants to see every layer)."""
 
-    def __init__(self, fn: Any, index: int, pool: GraphPool):
+    def __init__(self, fn: Any, index: int, pool: GraphPool, split: bool = False):
         super().__init__()
         self.fn = fn
         self.index = index
         self.pool = pool
+        self.split = split
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
 
     def forward(self, *args: Any) -> Any:
         ctx = get_forward_context()
+        if self.split and ctx.observer is not None:
+            return self.fn(*args)
         if ctx.mode is CaptureMode.REPLAY:
             entry = self.graphs.get(ctx.bucket)
             if entry is not None:
@@ -99,12 +105,21 @@ class PiecewiseBackend(GraphBackend):
             if self.config.compiler == "inductor":
                 piece = compile_piece_inductor(piece)
             setattr(split_gm, name, PieceRunner(piece, i, self.pool))
+        if self._graph_attention():
+            for j, name in enumerate(splits):
+                setattr(split_gm, name, PieceRunner(getattr(split_gm, name), len(pieces) + j, self.pool, split=True))
+            self.stats.graphed_split_ops = len(splits)
         self.stats.compile_s = time.perf_counter() - t0
         self.stats.pieces, self.stats.split_ops = len(pieces), len(splits)
         self.stats.submodules = len(pieces) + len(splits)
         self.split_gm = split_gm
         self._example_inputs = list(example_inputs)
         return split_gm
+
+    def _graph_attention(self) -> bool:
+        """Record the split ops too: asked for, and the attention backend declares its op capturable."""
+        return bool(self.config.graph_attention and self.pool.enabled and self.attn_backend is not None
+                    and self.attn_backend.capturable)
 
     def setup(self) -> None:
         bucket = self.config.ladder[-1]

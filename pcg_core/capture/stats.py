@@ -12,6 +12,7 @@ class CaptureStats:
     pieces: int = 0  # captured pieces (piecewise) or segments (breakable) per bucket; 1 for full
     submodules: int = 0  # FX submodules after the split (piecewise: 2L+1)
     split_ops: int = 0  # split-op calls per forward
+    graphed_split_ops: int = 0  # of those, recorded in graphs of their own (piecewise, capturable attention)
     graphs_captured: int = 0
     buckets: list[int] = field(default_factory=list)
     trace_s: float = 0.0  # dynamo trace + FX split

@@ -18,6 +18,7 @@ from pcg_core.capture import make_capture_backend
 from pcg_core.capture.stats import CaptureStats
 from pcg_core.config import EngineConfig
 from pcg_core.engine.inputs import InputBuffers, PackedBatch
+from pcg_core.errors import ConfigError
 from pcg_core.forward_context import AttentionObserver, CaptureMode, ForwardContext, set_forward_context
 
 LOGITS_CHUNK = 1024  # rows of lm_head at a time, so prompt logprobs over long prompts stay small
@@ -58,10 +59,11 @@ def chunks(batch: PackedBatch, size: int | None) -> list[PackedBatch]:
                         batch.slots[s : s + size]) for s in range(0, len(batch), size)]
 
 
-def decode_batch(steps: list[tuple[int, int, int]], bases: list[int]) -> PackedBatch:
-    """One decode step: (sequence, token, position) for each sequence still generating, its KV at base + position."""
+def decode_batch(steps: list[tuple[int, int, int]], seq_slots: list[list[int]]) -> PackedBatch:
+    """One decode step: (sequence, token, position) for each sequence still generating; seq_slots[i][p] is the
+    KV slot of position p of sequence i (what KVCache.allocate returned)."""
     return PackedBatch([t for _, t, _ in steps], [p for _, _, p in steps], [i for i, _, _ in steps],
-                       [bases[i] + p for i, _, p in steps])
+                       [seq_slots[i][p] for i, _, p in steps])
 
 
 class Engine:
@@ -69,8 +71,12 @@ class Engine:
         self.model = model
         self.config = config
         self.device = config.torch_device
-        self.attn_backend = get_attention_backend(config.attention)()
-        self.cache = KVCache(model.config, config.kv_slots, config.torch_dtype, self.device)
+        attn_cls = get_attention_backend(config.attention)
+        if reason := attn_cls.device_reason(self.device.type):
+            raise ConfigError(reason, field="attention")
+        self.cache = KVCache(model.config, config.kv_slots, config.torch_dtype, self.device,
+                             page_size=config.page_size or attn_cls.page_size)
+        self.attn_backend = attn_cls(self.cache, config.capture.max_tokens)
         self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device)
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
@@ -91,6 +97,7 @@ class Engine:
 
     def _dummy_inputs(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         input_ids, positions, md = self.inputs.fill(PackedBatch([], [], [], []), num_tokens)
+        self.attn_backend.begin_forward(md)
         return input_ids, positions, ForwardContext(md, self.cache, self.attn_backend, bucket=num_tokens)
 
     def bucket_for(self, num_tokens: int) -> int | None:
@@ -119,6 +126,7 @@ class Engine:
         if self.on_forward is not None:
             self.on_forward(batch, bucket, replay, decode)
         input_ids, positions, md = self.inputs.fill(batch, bucket or n)
+        self.attn_backend.begin_forward(md)
         mode = CaptureMode.REPLAY if replay else CaptureMode.EAGER
         ctx = ForwardContext(md, self.cache, self.attn_backend, bucket=bucket, mode=mode, observer=observer)
         with set_forward_context(ctx):
@@ -129,17 +137,17 @@ class Engine:
         """Reset the cache, allocate slots for `prompts` (+ extra per sequence) and pack them into one batch."""
         return self.pack_prompts(prompts, extra_slots)[0]
 
-    def pack_prompts(self, prompts: list[list[int]], extra_slots: int) -> tuple[PackedBatch, list[int]]:
-        """prefill_batch, plus each sequence's first slot (its decode tokens go to base + position)."""
+    def pack_prompts(self, prompts: list[list[int]], extra_slots: int) -> tuple[PackedBatch, list[list[int]]]:
+        """prefill_batch, plus each sequence's slots by position (its decode tokens go to seq_slots[i][position])."""
         self.cache.reset()
-        batch, bases = PackedBatch([], [], [], []), []
+        batch, seq_slots = PackedBatch([], [], [], []), []
         for i, p in enumerate(prompts):
-            bases.append(self.cache.allocate(i, len(p) + extra_slots))
+            seq_slots.append(self.cache.allocate(i, len(p) + extra_slots))
             batch.token_ids += p
             batch.positions += list(range(len(p)))
             batch.seq_ids += [i] * len(p)
-            batch.slots += [bases[-1] + j for j in range(len(p))]
-        return batch, bases
+            batch.slots += seq_slots[-1][: len(p)]
+        return batch, seq_slots
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of hidden states. A plain linear head runs in float32: in bf16 the logits' own rounding
@@ -184,7 +192,7 @@ class Engine:
         if chunk is not None and chunk < 1:
             raise ValueError("chunk must be ≥ 1")
         outs = [SequenceOutput(prompt_ids=list(p)) for p in prompts]
-        batch, bases = self.pack_prompts(prompts, extra_slots=max(new))
+        batch, seq_slots = self.pack_prompts(prompts, extra_slots=max(new))
         hidden = torch.cat([self.forward(part).clone() for part in chunks(batch, chunk)]) if chunk else self.forward(batch)
         ends = torch.tensor([len(p) for p in prompts]).cumsum(0)
         if prompt_logprobs:
@@ -206,7 +214,7 @@ class Engine:
         # Decode
         while active := [i for i, o in enumerate(outs) if len(o.output_ids) < new[i]]:
             steps = [(i, outs[i].output_ids[-1], len(outs[i].prompt_ids) + len(outs[i].output_ids) - 1) for i in active]
-            self._append(outs, self._row_stats(self.forward(decode_batch(steps, bases), decode=True), None, top_k), active)
+            self._append(outs, self._row_stats(self.forward(decode_batch(steps, seq_slots), decode=True), None, top_k), active)
         return outs
 
     @staticmethod

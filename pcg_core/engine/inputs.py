@@ -1,5 +1,8 @@
 """Static input buffers: token ids, positions and attention metadata, allocated once at the largest bucket.
 
+The attention backend's own metadata (a mask, a block mask, cu_seqlens) is its business: the engine calls its
+`begin_forward` after `fill`.
+
 A forward padded to bucket b uses the first b rows of each buffer, so a graph captured for b finds its inputs
 at the same addresses on every replay. A batch above the largest bucket gets fresh tensors (it runs eagerly).
 """
@@ -44,7 +47,6 @@ class InputBuffers:
             "slot_mapping": torch.zeros(n, dtype=torch.int64, device=d),
             "seq_ids": torch.zeros(n, dtype=torch.int32, device=d),
             "valid": torch.zeros(n, dtype=torch.bool, device=d),
-            "mask": torch.zeros(n, self.cache.num_slots, dtype=torch.bool, device=d),
         }
 
     def fill(self, batch: PackedBatch, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -70,10 +72,6 @@ class InputBuffers:
         v["slot_mapping"].copy_(staged[2])
         v["seq_ids"].copy_(staged[3])
         torch.ge(v["seq_ids"], 0, out=v["valid"])
-        # mask[t, s] = slot s belongs to t's sequence and holds a position ≤ t's position
-        num_slots = self.cache.num_slots
-        torch.eq(v["seq_ids"][:, None], self.cache.slot_seq[None, :num_slots], out=v["mask"])
-        v["mask"].logical_and_(self.cache.slot_pos[None, :num_slots] <= v["positions"][:, None])
         md = AttentionMetadata(
             num_tokens=num_tokens,
             num_actual=n,
@@ -81,6 +79,7 @@ class InputBuffers:
             positions=v["positions"],
             seq_ids=v["seq_ids"],
             valid=v["valid"],
-            mask=v["mask"],
+            host_seq_ids=host[3, :n],
+            host_positions=host[1, :n],
         )
         return v["input_ids"], v["positions"], md

@@ -20,11 +20,16 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
         first = store.run("latest")
         rows = store.results(first["id"])
         attempts_before = store.results(first["id"], all_attempts=True)
-    assert len(rows) == 42
+    assert len(rows) == 126  # 14 models × 3 attention backends × 3 graph backends
     assert all(r.status in STATUSES for r in rows)
     launched = [r for r in rows if r.status != "unsupported"]
-    assert len(launched) == 21 and all(r.passed for r in launched), \
+    # 7 runnable models × {sdpa, flex} × 3 graphs; varlen is marked unsupported on the CPU, with the reason
+    assert len(launched) == 42 and all(r.passed for r in launched), \
         [(r.key, r.status, r.reason) for r in launched if not r.passed]
+    assert {r.axes["attention"] for r in launched} == {"sdpa", "flex"}
+    runnable = {r.axes["model"] for r in launched}
+    varlen = [r for r in rows if r.axes["attention"] == "varlen" and r.axes["model"] in runnable]
+    assert len(varlen) == 21 and all(r.status == "unsupported" and "CUDA" in r.reason for r in varlen)
     assert first["status"] == "finished" and first["torch_version"]
     assert "smoke" in report and "pass" in report.lower()
 

@@ -140,7 +140,7 @@ def changed_slots(before: list[torch.Tensor], cache) -> set[int]:
     """Slots whose K or V changed in any layer since `before`."""
     changed: set[int] = set()
     for old, new in zip(before, cache.k + cache.v):
-        diff = (old != new).any(dim=0).any(dim=-1)  # [kv_heads, slots+1, head_dim] → [slots+1]
+        diff = (old != new).flatten(1).any(dim=1)  # [slots+1, kv_heads, head_dim] → [slots+1]
         changed |= set(torch.nonzero(diff).flatten().tolist())
     return changed
 

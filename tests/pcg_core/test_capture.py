@@ -244,8 +244,8 @@ def test_garbage_in_padding_rows_does_not_leak_into_real_rows(fault_setup, monke
     original = engine.attn_backend.forward
     padded = []
 
-    def garbage(q, k, v, out, layer, scale, sliding_window, md, cache):
-        original(q, k, v, out, layer, scale, sliding_window, md, cache)
+    def garbage(q, k, v, out, params, md):
+        original(q, k, v, out, params, md)
         out[md.num_actual :] = 1e3
         padded.append(md.num_tokens - md.num_actual)
 

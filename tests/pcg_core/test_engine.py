@@ -12,6 +12,7 @@ from pcg_helpers import (
     ARCH_NAMES,
     ARCHS,
     KV_SLOTS,
+    MAX_TOKENS,
     changed_slots,
     compare_outputs,
     make_engine,
@@ -22,6 +23,7 @@ from pcg_helpers import (
 )
 
 from pcg_core import CaptureConfig, ConfigError, EngineConfig
+from pcg_core.attention.metadata import LayerParams
 from pcg_core.attention.sdpa import SdpaBackend
 from pcg_core.capture.full import FullBackend
 from pcg_core.engine import Engine
@@ -42,13 +44,13 @@ def qwen3():
     return tiny_model("qwen3")
 
 
-def _batch(prompts: list[list[int]], bases: list[int]) -> PackedBatch:
+def _batch(prompts: list[list[int]], seq_slots: list[list[int]]) -> PackedBatch:
     b = PackedBatch([], [], [], [])
-    for i, (p, base) in enumerate(zip(prompts, bases)):
+    for i, (p, slots) in enumerate(zip(prompts, seq_slots)):
         b.token_ids += p
         b.positions += list(range(len(p)))
         b.seq_ids += [i] * len(p)
-        b.slots += [base + j for j in range(len(p))]
+        b.slots += slots[: len(p)]
     return b
 
 
@@ -59,51 +61,77 @@ def test_kv_cache_layout_and_allocation(qwen3):
     cfg = qwen3.config
     cache = KVCache(cfg, 16, torch.float32, CPU)
     assert len(cache.k) == len(cache.v) == cfg.num_hidden_layers
-    assert cache.k[0].shape == (cfg.num_key_value_heads, 17, cfg.head_dim)  # + the pad slot
+    assert cache.k[0].shape == (17, cfg.num_key_value_heads, cfg.head_dim)  # slot-major, + the pad slot
     assert cache.pad_slot == 16 == cache.num_slots
     assert cache.nbytes == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 17 * cfg.head_dim * 4
-    assert cache.allocate(0, 5) == 0
-    assert cache.allocate(7, 3) == 5
+    assert cache.allocate(0, 5) == [0, 1, 2, 3, 4]
+    assert cache.allocate(7, 3) == [5, 6, 7]
     assert cache.slot_seq[:9].tolist() == [0] * 5 + [7] * 3 + [-1]
     assert cache.slot_pos[:8].tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
     assert int(cache.slot_seq[cache.pad_slot]) == -1
     with pytest.raises(KVCacheFull, match="kv_slots"):
         cache.allocate(8, 9)  # 8 + 9 > 16
-    assert cache.allocate(8, 8) == 8  # exactly full is fine
+    assert cache.allocate(8, 8) == list(range(8, 16))  # exactly full is fine
     k_ptr = cache.k[0].data_ptr()
     cache.reset()
     assert cache.k[0].data_ptr() == k_ptr  # captured graphs keep valid addresses
-    assert (cache.slot_seq == -1).all() and cache.allocate(3, 16) == 0
+    assert (cache.slot_seq == -1).all() and cache.allocate(3, 16) == list(range(16))
+
+
+def test_paged_kv_cache_block_tables(qwen3):
+    """Pages of 4: a sequence owns whole pages, anywhere in the pool, in block-table order."""
+    cache = KVCache(qwen3.config, 30, torch.float32, CPU, page_size=4)
+    assert (cache.num_pages, cache.num_slots, cache.pad_slot) == (8, 32, 32)  # rounded up to whole pages
+    cache.reset(page_order=[5, 2, 7, 0, 1, 3, 4, 6])
+    assert cache.allocate(0, 6) == [20, 21, 22, 23, 8, 9]  # pages 5 then 2
+    assert cache.allocate(1, 4) == [28, 29, 30, 31]
+    assert cache.block_tables == {0: [5, 2], 1: [7]}
+    assert cache.page_seq.tolist() == [-1, -1, 0, -1, -1, 0, -1, 1]
+    assert cache.page_pos[[5, 2, 7]].tolist() == [0, 4, 0]
+    assert cache.slot_seq[8:12].tolist() == [0] * 4 and cache.slot_pos[8:12].tolist() == [4, 5, 6, 7]  # the page's tail too
+    with pytest.raises(KVCacheFull, match="pages of 4 slots.*kv_slots"):
+        cache.allocate(2, 21)  # 6 pages, 5 left
+    with pytest.raises(ValueError, match="already holds"):
+        cache.allocate(1, 1)
+    with pytest.raises(ValueError, match="permutation"):
+        cache.reset(page_order=[0, 0, 1, 2, 3, 4, 5, 6])
+    with pytest.raises(ConfigError, match="page_size"):
+        KVCache(qwen3.config, 30, torch.float32, CPU, page_size=0)
 
 
 def test_input_buffers_pad_rows_and_mask(qwen3):
-    engine = make_engine(qwen3.model, "disabled", kv_slots=32)
+    engine = make_engine(qwen3.model, "disabled", kv_slots=64)
     cache = engine.cache
     cache.reset()
-    bases = [cache.allocate(0, 6), cache.allocate(1, 4), cache.allocate(2, 5)]  # seq 2: allocated, not in batch
-    batch = _batch([[11, 12, 13], [21, 22]], bases[:2])
+    seq_slots = [cache.allocate(0, 6), cache.allocate(1, 4), cache.allocate(2, 5)]  # seq 2: allocated, not in batch
+    batch = _batch([[11, 12, 13], [21, 22]], seq_slots[:2])
     ids, pos, md = engine.inputs.fill(batch, 8)
+    sdpa = SdpaBackend(cache, 8)
+    sdpa.begin_forward(md)
     n = len(batch)
     assert ids.tolist() == [11, 12, 13, 21, 22, 0, 0, 0]
     assert pos.tolist() == [0, 1, 2, 0, 1, 0, 0, 0]
-    assert md.slot_mapping.tolist() == [0, 1, 2, 6, 7] + [cache.pad_slot] * 3
+    assert md.slot_mapping.tolist() == [*seq_slots[0][:3], *seq_slots[1][:2]] + [cache.pad_slot] * 3
     assert md.seq_ids.tolist() == [0, 0, 0, 1, 1] + [PAD_SEQ] * 3
     assert md.valid.tolist() == [True] * 5 + [False] * 3
     assert (md.num_tokens, md.num_actual) == (8, 5)
-    assert md.mask.shape == (8, cache.num_slots)
-    assert not md.mask[n:].any()  # padding sees nothing
+    assert md.host_seq_ids.tolist() == batch.seq_ids and md.host_positions.tolist() == batch.positions
+    mask = sdpa.mask
+    assert mask.shape == (8, cache.num_slots)
+    assert not mask[n:].any()  # padding sees nothing
     expected = torch.zeros(n, cache.num_slots, dtype=torch.bool)
     for t, (s, p) in enumerate(zip(batch.seq_ids, batch.positions)):
         for slot in range(cache.num_slots):
             expected[t, slot] = int(cache.slot_seq[slot]) == s and int(cache.slot_pos[slot]) <= p
-    assert torch.equal(md.mask[:n], expected)
-    assert md.mask[2].tolist()[:3] == [True, True, True] and not md.mask[2, 3:].any()  # causal, own sequence only
+    assert torch.equal(mask[:n], expected)
+    assert mask[2].nonzero().flatten().tolist() == seq_slots[0][:3]  # causal, own sequence only
     with pytest.raises(ValueError):
         engine.inputs.fill(batch, 4)
     # Above the buffers' capacity: fresh tensors, the static buffers are not overrun.
     big = engine.inputs.capacity + 3
     ids2, _, md2 = engine.inputs.fill(batch, big)
-    assert ids2.shape == (big,) and md2.mask.shape == (big, cache.num_slots)
+    sdpa.begin_forward(md2)
+    assert ids2.shape == (big,) and sdpa.mask.shape == (big, cache.num_slots)
 
 
 # sdpa attention backend: padding rows and KV writes ------------------------------------------------------
@@ -136,13 +164,14 @@ def _sdpa_setup(engine, fault_pad_slot: int | None = None):
     g = torch.Generator().manual_seed(0)
     for t in cache.k + cache.v:  # history in every slot, so an unexpected write is visible
         t.copy_(torch.randn(t.shape, generator=g))
-    bases = [cache.allocate(0, 9), cache.allocate(1, 6), cache.allocate(2, 5)]  # seq 2 is not in the batch
-    batch = _batch([[5] * 5, [6] * 4], bases[:2])  # 9 tokens
+    seq_slots = [cache.allocate(0, 9), cache.allocate(1, 6), cache.allocate(2, 5)]  # seq 2 is not in the batch
+    batch = _batch([[5] * 5, [6] * 4], seq_slots[:2])  # 9 tokens
     bucket = engine.config.capture.bucket_for(len(batch))
     assert bucket == 12
     if fault_pad_slot is not None:
         cache.pad_slot = fault_pad_slot
     _, _, md = engine.inputs.fill(batch, bucket)
+    engine.attn_backend.begin_forward(md)
     cfg = engine.model.config
     q = torch.randn(bucket, cfg.num_attention_heads, cfg.head_dim, generator=g)
     k = torch.randn(bucket, cfg.num_key_value_heads, cfg.head_dim, generator=g)
@@ -158,7 +187,7 @@ def test_sdpa_padding_rows_are_zero_and_padding_writes_only_the_pad_slot(qwen3, 
     cache, n, layer = engine.cache, len(batch), 1
     before = snapshot_cache(cache)
     scale = q.shape[-1] ** -0.5
-    SdpaBackend().forward(q, k, v, out, layer, scale, window, md, cache)
+    engine.attn_backend.forward(q, k, v, out, LayerParams(layer, scale, window), md)
 
     assert padding_violations(out, n) == []
     assert torch.equal(out[n:], torch.zeros_like(out[n:]))  # exactly zero, not merely small
@@ -173,8 +202,8 @@ def test_sdpa_padding_rows_are_zero_and_padding_writes_only_the_pad_slot(qwen3, 
             assert torch.equal(old, new), f"layer {i % num_layers} cache changed"
     # The written values are the batch's K and V.
     slots = torch.tensor(batch.slots)
-    assert torch.equal(cache.k[layer][:, slots], k[:n].transpose(0, 1))
-    assert torch.equal(cache.v[layer][:, slots], v[:n].transpose(0, 1))
+    assert torch.equal(cache.k[layer][slots], k[:n])
+    assert torch.equal(cache.v[layer][slots], v[:n])
 
 
 def test_planted_padding_faults_are_caught_by_the_padding_checks(qwen3):
@@ -182,12 +211,14 @@ def test_planted_padding_faults_are_caught_by_the_padding_checks(qwen3):
 
     # Fault 1: padding rows of the output are not zeroed (garbage 1e3 instead).
     class GarbagePadding(SdpaBackend):
-        def forward(self, q, k, v, out, layer, scale, sliding_window, md, cache):
-            super().forward(q, k, v, out, layer, scale, sliding_window, md, cache)
+        def forward(self, q, k, v, out, params, md):
+            super().forward(q, k, v, out, params, md)
             out[md.num_actual :] = 1e3
 
     batch, md, q, k, v, out = _sdpa_setup(engine)
-    GarbagePadding().forward(q, k, v, out, 0, 0.25, 0, md, engine.cache)
+    garbage = GarbagePadding(engine.cache, MAX_TOKENS)
+    garbage.begin_forward(md)
+    garbage.forward(q, k, v, out, LayerParams(0, 0.25), md)
     assert padding_violations(out, len(batch)) == ["3 of 3 padding rows are not exactly zero"]
 
     # Fault 2: padding writes its KV into a real slot (the first slot of sequence 2, allocated but not in
@@ -196,7 +227,7 @@ def test_planted_padding_faults_are_caught_by_the_padding_checks(qwen3):
     stray = int(torch.nonzero(engine.cache.slot_seq == 2)[0])
     batch, md, q, k, v, out = _sdpa_setup(engine, fault_pad_slot=stray)
     before = snapshot_cache(engine.cache)
-    SdpaBackend().forward(q, k, v, out, 0, 0.25, 0, md, engine.cache)
+    engine.attn_backend.forward(q, k, v, out, LayerParams(0, 0.25), md)
     touched = changed_slots(before, engine.cache)
     assert touched - (set(batch.slots) | {real_pad}) == {stray}
 
@@ -208,9 +239,9 @@ def test_engine_forward_padding_rows_zero_and_kv_writes_confined(qwen3, monkeypa
     problems, calls = [], []
     original = engine.attn_backend.forward
 
-    def checked(q, k, v, out, layer, scale, sliding_window, md, cache):
-        original(q, k, v, out, layer, scale, sliding_window, md, cache)
-        calls.append((layer, md.num_tokens, md.num_actual))
+    def checked(q, k, v, out, params, md):
+        original(q, k, v, out, params, md)
+        calls.append((params.layer, md.num_tokens, md.num_actual))
         problems.extend(padding_violations(out, md.num_actual))
 
     monkeypatch.setattr(engine.attn_backend, "forward", checked)
@@ -299,14 +330,15 @@ def test_bad_attention_backend_is_a_config_error(qwen3):
     assert e.value.field == "attention"
 
 
-def test_full_capture_refuses_an_uncapturable_attention_backend():
+def test_full_capture_refuses_an_uncapturable_attention_backend(qwen3):
     class Uncapturable(SdpaBackend):
         name = "host-sync"
         capturable = False
         why_not_capturable = "it reads sequence lengths on the host"
 
     with pytest.raises(ConfigError) as e:
-        FullBackend(lambda i, p: i, CaptureConfig(backend="full", max_tokens=8), CPU, None, attn_backend=Uncapturable())
+        FullBackend(lambda i, p: i, CaptureConfig(backend="full", max_tokens=8), CPU, None,
+                    attn_backend=Uncapturable(KVCache(qwen3.config, 16, torch.float32, CPU), 8))
     msg = str(e.value)
     assert e.value.field == "backend"
     assert "capture backend 'full'" in msg and "'host-sync'" in msg and "reads sequence lengths on the host" in msg

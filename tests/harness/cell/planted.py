@@ -33,8 +33,10 @@ from pcg_core.capture.registry import register_capture_backend
 FAULTS = ("top_region", "layout_keyed", "rope_shift", "flaky_lag", "kv_drop_decode")
 CONTROLS = ("benign_pad",)
 BASES = {"piecewise": PiecewiseBackend, "breakable": BreakableBackend, "full": FullBackend}
-# Faults that act through attention in the holes between graphs cannot fire inside a `full` graph on a GPU.
+# Faults that act through attention in the holes between graphs cannot fire where attention is recorded in
+# graphs on a GPU: `full`, and `piecewise` over a capturable attention backend (all built-in ones).
 NEEDS_HOLES = ("kv_drop_decode",)
+NO_HOLES_ON_GPU = ("full", "piecewise")
 
 
 def _is_decode(md) -> bool:
@@ -44,11 +46,9 @@ def _is_decode(md) -> bool:
     return bool(n > 0 and torch.unique(seq).numel() == n and int(pos.min()) > 0)
 
 
-def _remask(md, cache) -> None:
-    """Recompute the attention mask from the (possibly stale) seq ids, in place."""
-    s = cache.num_slots
-    torch.eq(md.seq_ids[:, None], cache.slot_seq[None, :s], out=md.mask)
-    md.mask.logical_and_(cache.slot_pos[None, :s] <= md.positions[:, None])
+def _remask(md, attn_backend) -> None:
+    """Rebuild the attention backend's metadata from the (possibly stale) seq ids, in place."""
+    attn_backend.begin_forward(md)
 
 
 class _DropWrite:
@@ -57,10 +57,10 @@ class _DropWrite:
     def __init__(self, inner, layer: int):
         self.inner, self.layer = inner, layer
 
-    def forward(self, q, k, v, out, layer, scale, sliding_window, md, cache) -> None:
-        if layer == self.layer:
-            md = dataclasses.replace(md, slot_mapping=torch.full_like(md.slot_mapping, cache.pad_slot))
-        self.inner.forward(q, k, v, out, layer, scale, sliding_window, md, cache)
+    def forward(self, q, k, v, out, params, md) -> None:
+        if params.layer == self.layer:
+            md = dataclasses.replace(md, slot_mapping=torch.full_like(md.slot_mapping, self.inner.cache.pad_slot))
+        self.inner.forward(q, k, v, out, params, md)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -95,7 +95,7 @@ class _Planted:
             key = (ctx.bucket, nseq)
             if key in self._layouts:
                 md.seq_ids.copy_(self._layouts[key])
-                _remask(md, ctx.kv_cache)
+                _remask(md, ctx.attn_backend)
             else:
                 self._layouts[key] = md.seq_ids.clone()
         elif f == "rope_shift" and int(positions[:n].max()) >= largest:

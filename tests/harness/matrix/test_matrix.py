@@ -96,9 +96,9 @@ tiers:
         expand(m, tier="slow")
 
 
-def _cell(tmp_path, model="qwen3-0.6b:tiny", graph="piecewise", quant="none", parallel="tp1", device="cpu"):
+def _cell(tmp_path, model="qwen3-0.6b:tiny", graph="piecewise", quant="none", parallel="tp1", device="cpu", attention="sdpa"):
     path = _write(tmp_path, f"name: p\ndefaults: {{device: {device}}}\naxes:\n  model: ['{model}']\n  graph: [{graph}]\n"
-                            f"  quant: [{quant}]\n  parallel: [{parallel}]\n")
+                            f"  quant: [{quant}]\n  parallel: [{parallel}]\n  attention: [{attention}]\n")
     return expand(load_matrix(path))[0]
 
 
@@ -116,6 +116,21 @@ def test_precheck_reads_the_runtime_table(tmp_path, monkeypatch):
     # the rule is the backend's own declaration, not a name the pre-check knows
     caps["capture_backends"]["piecewise"] = {"requires_capturable_attention": True}
     assert "needs a capturable attention backend" in precheck(_cell(tmp_path, graph="piecewise"), caps, {})
+
+
+def test_precheck_marks_attention_backends_a_device_or_a_model_rules_out(tmp_path):
+    caps = capabilities()
+    assert precheck(_cell(tmp_path, attention="flex"), caps, {}) is None
+    reason = precheck(_cell(tmp_path, attention="varlen"), caps, {})
+    assert reason and "'varlen' cannot run on cpu" in reason and "CUDA" in reason
+    # a feature the model card exercises and the backend declares it lacks (read from the table, not named here)
+    from pcg_core.capabilities import attention_unsupported_reason
+
+    caps["attention_backends"]["flex"]["features"]["sliding_window"] = "no windows in this build"
+    reason = attention_unsupported_reason("flex", "cuda", ["moe", "sliding_window"], caps["attention_backends"])
+    assert reason == "attention backend 'flex' cannot run sliding_window (no windows in this build); sdpa can"
+    assert attention_unsupported_reason("flex", "cuda", ["moe"], caps["attention_backends"]) is None
+    assert "not in the runtime" in attention_unsupported_reason("triton", "cpu", [], caps["attention_backends"])
 
 
 def test_matrix_grows_with_the_runtime(tmp_path, monkeypatch):

@@ -1,0 +1,256 @@
+"""`flex` attention backend: FlexAttention over the paged KV cache, with a block mask built from the pages.
+
+Flex skips every (query block, KV block) pair its block mask leaves out, so with a KV block of one page (128
+slots) and each page owned by one sequence, a query block reads exactly the pages of its own sequences: ragged,
+paged and causal at the cost of what is visible, where sdpa reads the whole cache. The block mask is rebuilt
+for every forward by `begin_forward`, on the device, into static buffers (no host sync), before any graph
+replays: a `full` graph reads the buffers it captured, refreshed. `mask_mod` refines the partial blocks slot
+by slot. One block mask per sliding window the model uses (learned on the first forward, the warm-up).
+
+On CUDA the kernel is `torch.compile(flex_attention)` with static shapes, one compiled callable per token count
+and score-modifier set (a bucket, in practice), each on its own code object: dynamo keeps one cache entry per
+code object, so a call checks one entry's guards instead of walking the entries of every bucket, and no code
+object ever nears dynamo's recompile limit (past which it would silently run the unfused, uncapturable eager
+flex; to be sure, these calls raise instead). On a CPU (tests, the smoke matrix) the same attention is computed
+in plain math: mask_mod's rule, restricted to the pages the block mask lists — read back from the very indices
+the kernel would get, so a wrong block mask shows on the CPU as it would in the kernel. (torch's eager flex is
+no substitute: it ignores block sparsity, and its vmapped mask costs 7× the whole sdpa cell on the CPU.)
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+try:
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:  # older torch: return_lse
+    AuxRequest = None
+
+from pcg_core.attention.backend import AttentionBackend, register_attention_backend, write_kv, zero_padding
+from pcg_core.attention.reference import apply_sinks, attention_math, visible
+from pcg_core.errors import ConfigError
+
+Q_BLOCK = 128  # flex's query block: the block mask has one row per 128 query tokens
+RECOMPILE_LIMIT = 8  # compiles per code object (one per shape and modifier set): 1 unless a guard fails
+
+
+@dataclass
+class _Blocks:
+    """One window's block mask, as flex wants it: per query block, the KV blocks (pages) to visit."""
+
+    kv_num: torch.Tensor  # [1, 1, nqb] int32: partial blocks (mask_mod decides per slot)
+    kv_idx: torch.Tensor  # [1, 1, nqb, pages] int32
+    full_num: torch.Tensor  # [1, 1, nqb] int32: blocks visible whole (mask_mod skipped)
+    full_idx: torch.Tensor  # [1, 1, nqb, pages] int32
+    dense: torch.Tensor  # [nqb, pages] bool: partial | full, read back from the indices (the CPU path)
+
+
+class _Buffers:
+    """Static per-forward buffers for up to `rows` query tokens (a multiple of Q_BLOCK)."""
+
+    def __init__(self, rows: int, pages: int, device: torch.device):
+        self.rows, self.pages, self.device = rows, pages, device
+        self.q_seq = torch.full((rows,), -2, dtype=torch.int32, device=device)
+        self.q_pos = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.blocks: dict[int, _Blocks] = {}  # window → its block mask
+        self.mask_mods: dict[int, object] = {}
+
+    def blocks_for(self, window: int) -> _Blocks:
+        if window not in self.blocks:
+            nqb, p, d = self.rows // Q_BLOCK, self.pages, self.device
+            self.blocks[window] = _Blocks(
+                torch.zeros(1, 1, nqb, dtype=torch.int32, device=d), torch.zeros(1, 1, nqb, p, dtype=torch.int32, device=d),
+                torch.zeros(1, 1, nqb, dtype=torch.int32, device=d), torch.zeros(1, 1, nqb, p, dtype=torch.int32, device=d),
+                torch.zeros(nqb, p, dtype=torch.bool, device=d))
+        return self.blocks[window]
+
+
+@register_attention_backend
+class FlexBackend(AttentionBackend):
+    name = "flex"
+    capturable = True
+    page_size = 128
+
+    def __init__(self, cache, max_tokens):
+        super().__init__(cache, max_tokens)
+        rows = -(-self.max_tokens // Q_BLOCK) * Q_BLOCK
+        self._static = _Buffers(rows, cache.num_pages, self.device)
+        self._bufs = self._static
+        self._md = None  # the forward the block masks below were built for
+        self._masks: dict[int, BlockMask] = {}  # window → this forward's block mask
+        self._windows: list[int] = []  # the sliding windows (0: none) the model's layers use
+        self._score_mods: dict[float, object] = {}
+        self._compiled = self.device.type == "cuda"
+        self._kernels: dict[tuple, object] = {}  # (tokens, window, softcap, sinks, gqa) → compiled flex call
+        if self._compiled and cache.page_size % 16:
+            raise ConfigError(f"attention backend 'flex' on CUDA needs page_size a multiple of 16 (its KV block is a page, "
+                              f"and Triton's tiles are ≥ 16), got {cache.page_size}; use 128", field="page_size")
+
+    # Block mask ----------------------------------------------------------------------------------------------
+    def begin_forward(self, md) -> None:
+        n = md.num_tokens
+        rows = -(-n // Q_BLOCK) * Q_BLOCK
+        self._bufs = self._static if rows <= self._static.rows else _Buffers(rows, self.cache.num_pages, self.device)
+        b = self._bufs
+        b.q_seq[:n].copy_(md.seq_ids)
+        b.q_seq[n:rows].fill_(-2)
+        b.q_pos[:n].copy_(md.positions)
+        self._md, self._masks = md, {}
+        for window in self._windows:
+            self._masks[window] = self._build(n, window)
+
+    def block_mask(self, md, window: int) -> BlockMask:
+        """This forward's block mask for `window`. Built by begin_forward, except on the first forward that meets
+        the window, which is never recorded: graph capture warms every bucket up first, with the same batch."""
+        if self._md is not md:  # a forward whose owner did not call begin_forward (a direct op call)
+            self.begin_forward(md)
+        bm = self._masks.get(window)
+        if bm is None:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"flex: sliding window {window} first met while a CUDA graph is recorded; "
+                                   "run a warm-up forward before capturing")
+            self._windows.append(window)
+            bm = self._masks[window] = self._build(md.num_tokens, window)
+        return bm
+
+    def _build(self, n: int, window: int) -> BlockMask:
+        c, b = self.cache, self._bufs
+        nqb = -(-n // Q_BLOCK)
+        ps = c.page_size
+        seq = b.q_seq[: nqb * Q_BLOCK].view(nqb, Q_BLOCK, 1)
+        pos = b.q_pos[: nqb * Q_BLOCK].view(nqb, Q_BLOCK, 1)
+        first = c.page_pos.view(1, 1, -1)
+        last = first + (ps - 1)
+        same = seq == c.page_seq.view(1, 1, -1)
+        some = same & (first <= pos)  # the page holds a key some query of the block sees
+        whole = same & (last <= pos)  # every key of the page is visible to every query of the block
+        if window > 0:
+            some &= last > pos - window
+            whole &= first > pos - window
+        full = whole.all(dim=1)  # [nqb, pages]
+        partial = some.any(dim=1) & ~full
+        blk = b.blocks_for(window)
+        _to_indices(partial, blk.kv_num[0, 0, :nqb], blk.kv_idx[0, 0, :nqb])
+        _to_indices(full, blk.full_num[0, 0, :nqb], blk.full_idx[0, 0, :nqb])
+        return BlockMask.from_kv_blocks(
+            blk.kv_num[:, :, :nqb], blk.kv_idx[:, :, :nqb], blk.full_num[:, :, :nqb], blk.full_idx[:, :, :nqb],
+            BLOCK_SIZE=(Q_BLOCK, ps), mask_mod=self._mask_mod(window), seq_lengths=(flex_rows(n), c.num_slots),
+            compute_q_blocks=False)
+
+    def _mask_mod(self, window: int):
+        b = self._bufs
+        if window not in b.mask_mods:
+            q_seq, q_pos, k_seq, k_pos = b.q_seq, b.q_pos, self.cache.slot_seq, self.cache.slot_pos
+
+            def mask_mod(bi, h, q, kv):
+                ok = (q_seq[q] == k_seq[kv]) & (k_pos[kv] <= q_pos[q])
+                if window > 0:
+                    ok = ok & (q_pos[q] - k_pos[kv] < window)
+                return ok
+
+            b.mask_mods[window] = mask_mod
+        return b.mask_mods[window]
+
+    def _score_mod(self, softcap: float):
+        if not softcap:
+            return None
+        if softcap not in self._score_mods:
+            def score_mod(score, bi, h, q, kv):
+                return softcap * torch.tanh(score / softcap)
+
+            self._score_mods[softcap] = score_mod
+        return self._score_mods[softcap]
+
+    # Attention -----------------------------------------------------------------------------------------------
+    def forward(self, q, k, v, out, params, md) -> None:
+        c = self.cache
+        write_kv(c, params.layer, k, v, md.slot_mapping)
+        bm = self.block_mask(md, params.sliding_window)
+        if not self._compiled:
+            zero_padding(out, self._cpu_math(q, params, md, bm), md.valid)
+            return
+        keys = c.k[params.layer][: c.num_slots].permute(1, 0, 2).unsqueeze(0)  # [1, Hkv, S, D], a view
+        values = c.v[params.layer][: c.num_slots].permute(1, 0, 2).unsqueeze(0)
+        n = md.num_tokens
+        rows = flex_rows(n)
+        query = q.transpose(0, 1).unsqueeze(0)
+        if rows != n:  # rows past n carry sequence -2: they see nothing and are cut off below
+            query = torch.nn.functional.pad(query, (0, 0, 0, rows - n))
+        lse = None
+        kw = {}
+        if params.sinks is not None:
+            kw = {"return_aux": AuxRequest(lse=True)} if AuxRequest is not None else {"return_lse": True}
+        gqa = q.shape[1] != k.shape[1]
+        fn = self._kernel((rows, params.sliding_window, params.softcap, params.sinks is not None, gqa))
+        with _flex_limits():
+            res = fn(query, keys, values, score_mod=self._score_mod(params.softcap), block_mask=bm, scale=params.scale,
+                     enable_gqa=gqa, **kw)
+        if params.sinks is not None:
+            res, lse = res
+            lse = getattr(lse, "lse", lse)[..., :n]  # return_aux gives an AuxOutput
+        attn = res[0, :, :n].transpose(0, 1)  # [T, H, D]
+        if lse is not None:
+            attn = apply_sinks(attn, lse[0].transpose(0, 1), params.sinks)
+        zero_padding(out, attn, md.valid)
+
+
+    def _cpu_math(self, q, params, md, bm: BlockMask) -> torch.Tensor:
+        """What the kernel computes, in plain math: mask_mod's rule on the pages the block mask lists."""
+        c, b, n = self.cache, self._bufs, md.num_tokens
+        nqb = bm.kv_num_blocks.shape[-1]
+        dense = b.blocks_for(params.sliding_window).dense[:nqb]
+        _to_dense(bm.kv_num_blocks[0, 0], bm.kv_indices[0, 0], bm.full_kv_num_blocks[0, 0], bm.full_kv_indices[0, 0], dense)
+        listed = dense.repeat_interleave(Q_BLOCK, 0)[:n].repeat_interleave(c.page_size, 1)  # [n, slots]
+        mask = visible(b.q_seq[:n], b.q_pos[:n], c.slot_seq[: c.num_slots], c.slot_pos[: c.num_slots], params.sliding_window)
+        keys, values = c.k[params.layer][: c.num_slots], c.v[params.layer][: c.num_slots]
+        return attention_math(q, keys, values, mask & listed, params.scale, params.softcap, params.sinks)
+
+    def _kernel(self, key: tuple):
+        fn = self._kernels.get(key)
+        if fn is None:
+            fn = self._kernels[key] = torch.compile(_own_code(_flex_call, f"pcg_flex_{len(self._kernels)}"), fullgraph=True,
+                                                    dynamic=False)
+        return fn
+
+
+def flex_rows(n: int) -> int:
+    """The query rows flex is handed for n tokens: a power of two up to one query block, whole blocks above. Fewer
+    shapes to compile (37 for the 4096-token ladder instead of 50, and few for eager runs of any size), and no
+    more work: flex computes whole tiles of a block anyway. A function of n alone, so a graph and an eager run
+    at the same padding hand flex the same shape, hence the same kernel."""
+    if n <= Q_BLOCK:
+        return 1 << max(0, n - 1).bit_length()
+    return -(-n // Q_BLOCK) * Q_BLOCK
+
+
+def _flex_call(q, k, v, score_mod=None, block_mask=None, scale=None, enable_gqa=False, **kw):
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa, **kw)
+
+
+def _own_code(fn, name: str):
+    """`fn` on a code object of its own: dynamo caches compiled frames per code object."""
+    code = fn.__code__.replace(co_name=name, co_qualname=name) if hasattr(fn.__code__, "co_qualname") else fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def _to_indices(m: torch.Tensor, num: torch.Tensor, idx: torch.Tensor) -> None:
+    """Rows of bool `m` [nqb, pages] as flex's (count, indices): the set pages first, in page order."""
+    num.copy_(m.sum(dim=-1))
+    idx.copy_(torch.argsort(m.to(torch.uint8), dim=-1, descending=True, stable=True))
+
+
+def _to_dense(num, idx, full_num, full_idx, dense: torch.Tensor) -> None:
+    """The pages each query block visits, read back from the indices (so the CPU path checks what the kernel reads)."""
+    dense.zero_()
+    ar = torch.arange(idx.shape[-1], device=idx.device)
+    for n, i in ((num, idx), (full_num, full_idx)):
+        dense.scatter_(1, i.long(), (ar[None, :] < n[:, None]) | dense.gather(1, i.long()))
+
+
+def _flex_limits():
+    """Around a compiled flex call: a recompile past the limit raises instead of falling back to eager flex."""
+    return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True)

@@ -1,0 +1,115 @@
+"""`varlen` attention backend: torch's `varlen_attn` (FlashAttention-2 inside aten) over KV gathered per sequence.
+
+No compile step. torch 2.11's varlen_attn takes contiguous per-sequence K/V only (no block table), so each layer
+gathers every sequence's KV, in position order, from its pages into one packed tensor; the gather index and the
+cu_seqlens are built on the host from the batch (which the engine already has there) and copied into static
+buffers before the forward. Inside a `full` graph the shapes must be fixed, so the gather covers the whole cache
+(the index past the batch's keys points at the pad slot) and every bucket uses cu_seqlens of bucket + 1 entries
+(the unused sequences are empty); between graphs (eager, piecewise, breakable) the gather is exact. Either way
+the kernel sees the same cu_seqlens and max lengths, so graph and eager agree bit for bit.
+
+Causal is bottom-right aligned per sequence: a sequence's query rows are its last positions, as the engine
+packs them (prefill, chunked prefill and decode alike). Sinks via the LSE correction; no soft-cap (FA2 in aten
+has none). CUDA only.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from pcg_core.attention.backend import AttentionBackend, register_attention_backend, write_kv, zero_padding
+from pcg_core.attention.reference import apply_sinks
+
+try:
+    from torch.nn.attention import varlen as _varlen
+
+    _PARAMS = set(inspect.signature(_varlen.varlen_attn).parameters)
+except ImportError:  # a torch without it: the backend stays registered and says why it cannot run
+    _varlen, _PARAMS = None, set()
+
+
+@register_attention_backend
+class VarlenBackend(AttentionBackend):
+    name = "varlen"
+    capturable = True
+    page_size = 16
+    devices = ("cuda",) if _varlen is not None else ()
+    why_not_device = {"cpu": "torch's varlen_attn runs FlashAttention-2 kernels, which exist for CUDA only"}
+    if _varlen is None:
+        why_not_device = {"cpu": "this torch has no torch.nn.attention.varlen", "cuda": "this torch has no torch.nn.attention.varlen"}
+
+    @classmethod
+    def features(cls) -> dict[str, str | None]:
+        return {
+            "causal": None,
+            "gqa": None,  # enable_gqa where torch has it, else KV heads expanded after the gather
+            "sliding_window": None if "window_size" in _PARAMS else "this torch's varlen_attn has no window_size",
+            "softcap": "FlashAttention-2 in aten has no soft-cap",
+            "sinks": None if "return_aux" in _PARAMS else "this torch's varlen_attn cannot return the LSE sinks need",
+        }
+
+    def __init__(self, cache, max_tokens):
+        super().__init__(cache, max_tokens)
+        # The static buffers graphs read; a batch above the largest bucket (eager) gets its own for its forward.
+        self._static = self._alloc(self.max_tokens)
+        self.cu_q, self.cu_k, self.gather = self._static
+        self.total_k = 0
+
+    def _alloc(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        d = self.device
+        return (torch.zeros(tokens + 1, dtype=torch.int32, device=d), torch.zeros(tokens + 1, dtype=torch.int32, device=d),
+                torch.full((self.cache.num_slots,), self.cache.pad_slot, dtype=torch.int64, device=d))
+
+    def begin_forward(self, md) -> None:
+        n, c = md.num_tokens, self.cache
+        self.cu_q, self.cu_k, self.gather = self._static if n <= self.max_tokens else self._alloc(n)
+        seqs, counts = torch.unique_consecutive(md.host_seq_ids, return_counts=True)
+        ends = counts.cumsum(0)
+        context = md.host_positions[ends - 1] + 1 if len(ends) else ends
+        ps = c.page_size
+        parts = []
+        for s, ctx in zip(seqs.tolist(), context.tolist()):
+            pages = torch.tensor(c.block_tables[s], dtype=torch.int64)
+            parts.append((pages[:, None] * ps + torch.arange(ps)).flatten()[:ctx])
+        self.total_k = int(context.sum()) if len(ends) else 0
+        cu = torch.zeros(2, n + 1, dtype=torch.int32)
+        cu[0, 1 : len(ends) + 1] = ends
+        cu[1, 1 : len(ends) + 1] = context.cumsum(0)
+        cu[:, len(ends) + 1 :] = cu[:, len(ends) : len(ends) + 1]  # empty sequences up to the bucket's count
+        self.cu_q[: n + 1].copy_(cu[0], non_blocking=False)
+        self.cu_k[: n + 1].copy_(cu[1], non_blocking=False)
+        if parts:
+            self.gather[: self.total_k].copy_(torch.cat(parts))
+        self.gather[self.total_k :].fill_(c.pad_slot)
+
+    def forward(self, q, k, v, out, params, md) -> None:
+        c, n = self.cache, md.num_tokens
+        write_kv(c, params.layer, k, v, md.slot_mapping)
+        whole = torch.cuda.is_current_stream_capturing() or self.total_k == 0  # static shapes (or a dummy batch)
+        idx = self.gather if whole else self.gather[: self.total_k]
+        keys, values = c.k[params.layer].index_select(0, idx), c.v[params.layer].index_select(0, idx)
+        kw: dict = {"scale": params.scale}
+        w = params.sliding_window
+        if "window_size" in _PARAMS:
+            kw["window_size"] = (w - 1 if w > 0 else -1, 0)
+        else:
+            kw["is_causal"] = True
+        if q.shape[1] != keys.shape[1]:
+            if "enable_gqa" in _PARAMS:
+                kw["enable_gqa"] = True
+            else:
+                rep = q.shape[1] // keys.shape[1]
+                keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
+        if params.sinks is not None:
+            kw["return_aux"] = _varlen.AuxRequest(lse=True)
+        res = _varlen.varlen_attn(q, keys, values, self.cu_q[: n + 1], self.cu_k[: n + 1], n, c.num_slots, **kw)
+        if params.sinks is not None:
+            attn, lse = res
+            if tuple(lse.shape) != tuple(attn.shape[:2]):  # [H, T] in some torch versions
+                lse = lse.transpose(0, 1)
+            attn = apply_sinks(attn, lse, params.sinks)
+        else:
+            attn = res
+        zero_padding(out, attn, md.valid)

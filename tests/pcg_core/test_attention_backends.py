@@ -1,0 +1,312 @@
+"""Every attention backend against plain math, feature by feature, on a paged cache whose pages are scattered.
+
+One batch mixes what the engine sends: a chunked prefill over KV already in the cache, a fresh prefill, a decode
+row, and padding. Each backend (sdpa and flex on the CPU; all three on CUDA) must give the reference's output
+on real rows, exactly zero on padding rows, and write KV only into the batch's slots and the pad slot. The
+block-mask builder gets its own planted faults (a stale block mask, a lost page), which these checks must catch.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from pcg_helpers import compare_outputs, make_engine, prompts_of, tiny_model
+
+from pcg_core import CaptureConfig, ConfigError, Engine, EngineConfig
+from pcg_core.attention import FEATURES, KVCache, LayerParams, get_attention_backend
+from pcg_core.attention.flex import FlexBackend
+from pcg_core.attention.reference import attention_math, visible
+from pcg_core.capabilities import capabilities
+from pcg_core.engine.inputs import InputBuffers, PackedBatch
+from torch.nn.attention.flex_attention import BlockMask
+
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+DEVICES = ["cpu", pytest.param("cuda", marks=GPU)]
+BACKENDS = ["sdpa", "flex", "varlen"]
+PAGE = 16
+# (sequence, first position in the batch, last position + 1): a chunk after 13 cached tokens, a fresh prompt,
+# a decode step at position 20, a 2-token chunk crossing a page edge.
+RUNS = [(0, 13, 18), (1, 0, 7), (2, 20, 21), (3, 7, 9)]
+BUCKET = 24  # 16 real rows + 8 padding
+
+
+def _config(heads: int, kv_heads: int, dim: int = 16):
+    return SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=dim,
+                           hidden_size=heads * dim, num_hidden_layers=2)
+
+
+def _setup(device: str, heads: int, kv_heads: int, dtype=torch.float32, page: int = PAGE, seed: int = 0):
+    """A cache of 12 pages handed out in a scattered order, history in every slot, and one batch of RUNS."""
+    g = torch.Generator().manual_seed(seed)
+    cache = KVCache(_config(heads, kv_heads), 12 * page, dtype, torch.device(device), page_size=page)
+    cache.reset(page_order=torch.randperm(cache.num_pages, generator=g).tolist())
+    for t in cache.k + cache.v:
+        t.copy_(torch.randn(t.shape, generator=g).to(dtype))
+    batch = PackedBatch([], [], [], [])
+    for s, start, end in RUNS:
+        slots = cache.allocate(s, end + 3)
+        batch.token_ids += [1] * (end - start)
+        batch.positions += list(range(start, end))
+        batch.seq_ids += [s] * (end - start)
+        batch.slots += slots[start:end]
+    inputs = InputBuffers(BUCKET, cache, torch.device(device))
+    _, _, md = inputs.fill(batch, BUCKET)
+    q = torch.randn(BUCKET, heads, 16, generator=g).to(device, dtype)
+    k = torch.randn(BUCKET, kv_heads, 16, generator=g).to(device, dtype)
+    v = torch.randn(BUCKET, kv_heads, 16, generator=g).to(device, dtype)
+    return cache, batch, md, q, k, v
+
+
+def _reference(cache, batch, md, q, k, v, params: LayerParams) -> torch.Tensor:
+    n, s = len(batch), cache.num_slots
+    keys, values = cache.k[params.layer][:s].clone(), cache.v[params.layer][:s].clone()
+    slots = torch.tensor(batch.slots, device=keys.device)
+    keys[slots], values[slots] = k[:n], v[:n]
+    mask = visible(md.seq_ids[:n], md.positions[:n], cache.slot_seq[:s], cache.slot_pos[:s], params.sliding_window)
+    return attention_math(q[:n].float(), keys.float(), values.float(), mask, params.scale, params.softcap, params.sinks)
+
+
+def _supported(name: str, device: str) -> bool:
+    return get_attention_backend(name).device_reason(device) is None
+
+
+CASES = {
+    "plain": dict(),
+    "window": dict(sliding_window=4),
+    "window1": dict(sliding_window=1),
+    "softcap": dict(softcap=2.0),
+    "sinks": dict(sinks=True),
+    "all": dict(sliding_window=5, softcap=3.0, sinks=True),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_backend_matches_plain_math(device, name, gqa, case):
+    if not _supported(name, device):
+        pytest.skip(get_attention_backend(name).device_reason(device))
+    cls = get_attention_backend(name)
+    heads, kv_heads = (4, 2) if gqa else (4, 4)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    cache, batch, md, q, k, v = _setup(device, heads, kv_heads, dtype)
+    opts = dict(CASES[case])
+    if opts.pop("sinks", False):
+        opts["sinks"] = torch.tensor([0.5, -1.0, 2.0, 0.0], device=device)
+    params = LayerParams(1, 0.3, **opts)
+    backend = cls(cache, BUCKET)
+    unsupported = [f for f in params.features(gqa) if cls.features()[f] is not None]
+    if unsupported:
+        with pytest.raises(ConfigError, match=unsupported[0]):
+            backend.check_call(params, gqa)
+        return
+    backend.check_call(params, gqa)
+    before = [t.clone() for t in cache.k + cache.v]
+    out = torch.full_like(q, float("nan"))
+    backend.begin_forward(md)
+    backend.forward(q, k, v, out, params, md)
+    n = len(batch)
+    want = _reference(cache, batch, md, q, k, v, params)
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out[:n].float(), want.float(), **tol)
+    assert torch.equal(out[n:], torch.zeros_like(out[n:]))  # padding rows: exactly zero
+    # KV: this layer's batch slots hold k, v; nothing else changed but the pad slot.
+    written = set(batch.slots) | {cache.pad_slot}
+    for i, (old, new) in enumerate(zip(before, cache.k + cache.v)):
+        changed = set((old != new).flatten(1).any(1).nonzero().flatten().tolist())
+        assert changed <= (written if i % 2 == 1 else set()), (i, sorted(changed - written))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_declared_features_and_devices_are_published(device):
+    caps = capabilities()["attention_backends"]
+    assert list(caps)[:3] == BACKENDS
+    for name, c in caps.items():
+        assert set(c["features"]) == set(FEATURES)
+        assert set(c["devices"]) == {"cpu", "cuda"}
+    assert caps["varlen"]["devices"]["cpu"] and "CUDA" in caps["varlen"]["devices"]["cpu"]
+    assert caps["varlen"]["features"]["softcap"]  # declared unsupported, with the reason
+    assert caps["flex"]["devices"]["cpu"] is None and caps["flex"]["page_size"] == 128
+
+
+def test_varlen_on_cpu_is_refused_with_the_reason():
+    lm = tiny_model("qwen3")
+    with pytest.raises(ConfigError, match="varlen.*cannot run on cpu.*CUDA") as e:
+        Engine(lm.model, EngineConfig(attention="varlen", kv_slots=256))
+    assert e.value.field == "attention"
+
+
+# The block-mask builder: a flex graph replayed for a second layout must not use the first one's block mask ----
+
+
+def _layouts(vocab: int):
+    """Two prefills that pad to one bucket (32) with other sequences on other pages, then a third."""
+    return [prompts_of(lengths, vocab, seed=i) for i, lengths in enumerate([[30], [3, 9, 17], [20, 10]])]
+
+
+def _run_layouts(engine, layouts):
+    return [engine.generate(p, max_new_tokens=3, prompt_logprobs=True) for p in layouts]
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def flex_setup(request):
+    device = request.param
+    lm = tiny_model("qwen3", device=device)
+    layouts = _layouts(lm.config.vocab_size)
+    ref = _run_layouts(Engine(lm.model, EngineConfig(device=device, attention="flex", kv_slots=1024, page_size=16)), layouts)
+    return SimpleNamespace(lm=lm, layouts=layouts, ref=ref, device=device)
+
+
+def _flex_engine(setup, backend="piecewise", attention="flex"):
+    cap = CaptureConfig(backend=backend, max_tokens=64)
+    return Engine(setup.lm.model, EngineConfig(device=setup.device, attention=attention, capture=cap, kv_slots=1024,
+                                               page_size=16))
+
+
+@pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
+def test_flex_graph_paths_match_eager_flex(flex_setup, backend):
+    out = _run_layouts(_flex_engine(flex_setup, backend), flex_setup.layouts)
+    for got, want in zip(out, flex_setup.ref):
+        assert compare_outputs(want, got, 1e-4) == []
+
+
+def test_flex_matches_sdpa(flex_setup):
+    sdpa = _flex_engine(flex_setup, "disabled", attention="sdpa")
+    for got, want in zip(_run_layouts(sdpa, flex_setup.layouts), flex_setup.ref):
+        assert compare_outputs(want, got, 1e-4) == []
+
+
+class _StaleOnReplay(FlexBackend):
+    """Planted: the block mask is built once per bucket and reused, as if the builder keyed on the bucket."""
+
+    def _build(self, n, window):
+        seen = self.__dict__.setdefault("_seen", set())
+        if (n, window) in seen:
+            return BlockMask.from_kv_blocks(*[getattr(self._bufs.blocks_for(window), f)[:, :, : -(-n // 128)]
+                                              for f in ("kv_num", "kv_idx", "full_num", "full_idx")],
+                                            BLOCK_SIZE=(128, self.cache.page_size), mask_mod=self._mask_mod(window),
+                                            seq_lengths=(n, self.cache.num_slots), compute_q_blocks=False)
+        seen.add((n, window))
+        return super()._build(n, window)
+
+
+class _LostPage(FlexBackend):
+    """Planted: each query block's last listed page is dropped from the block mask."""
+
+    def _build(self, n, window):
+        bm = super()._build(n, window)
+        bm.kv_num_blocks.sub_(1).clamp_(min=0)
+        return bm
+
+
+@pytest.mark.parametrize("backend", ["piecewise", "full"])
+@pytest.mark.parametrize("fault", [_StaleOnReplay, _LostPage])
+def test_planted_block_mask_faults_are_caught(flex_setup, fault, backend, monkeypatch):
+    engine = _flex_engine(flex_setup, backend)
+    monkeypatch.setattr(engine.attn_backend, "__class__", fault)
+    out = _run_layouts(engine, flex_setup.layouts)
+    problems = [m for got, want in zip(out, flex_setup.ref) for m in compare_outputs(want, got, 1e-4)]
+    assert problems, f"planted {fault.__name__} went unnoticed"
+
+
+def test_flex_block_mask_lists_exactly_the_visible_pages():
+    cache, batch, md, q, k, v = _setup("cpu", 4, 2)
+    flex = FlexBackend(cache, BUCKET)
+    flex.begin_forward(md)
+    for window in (0, 4):
+        bm = flex.block_mask(md, window)
+        dense = bm.to_dense()[0, 0]  # [query blocks, pages]: partial or full
+        n = len(batch)
+        vis = visible(md.seq_ids[:n], md.positions[:n], cache.slot_seq[: cache.num_slots],
+                      cache.slot_pos[: cache.num_slots], window)
+        want = vis.view(n, cache.num_pages, PAGE).any(-1).any(0)  # one query block: the pages any row sees
+        assert torch.equal(dense[0].bool(), want), (window, dense[0], want)
+
+
+# On the GPU, at real widths: every backend × graph mode replays bitwise equal to eager at the same padding --------
+
+GPU_BF16_TOL = 2e-2  # as test_gpu.py: bf16 roundings compounding over the layers, on O(1-10) logits
+
+
+@pytest.fixture(scope="module")
+def trimmed():
+    from pcg_core import load_model
+    from pcg_helpers import config_path
+
+    lm = load_model(config_path("qwen3"), tiny=False, layers=4, dtype=torch.bfloat16, device="cuda")
+    return SimpleNamespace(lm=lm, vocab=lm.config.vocab_size, eager={})
+
+
+def _gpu_engine(lm, attention: str, graph: str) -> Engine:
+    cap = CaptureConfig(backend=graph, max_tokens=256)
+    return Engine(lm.model, EngineConfig(device="cuda", dtype="bfloat16", attention=attention, capture=cap, kv_slots=8192))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graph", ["piecewise", "breakable", "full"])
+@pytest.mark.parametrize("attention", BACKENDS)
+def test_gpu_replay_bitwise_equal_to_eager_at_the_same_padding(trimmed, attention, graph):
+    engine = _gpu_engine(trimmed.lm, attention, graph)
+    # [300]: above the largest bucket, eager with buffers of its own; the replays after it must not read those.
+    for i, lengths in enumerate([[5, 17, 30], [200], [300], [3] * 40, [1, 2, 250], [7]]):
+        prompts = prompts_of(lengths, trimmed.vocab, seed=i)
+        batch, seq_slots = engine.pack_prompts(prompts, 4)
+        got, want = engine.forward(batch).clone(), engine.forward(batch, eager=True)
+        assert torch.equal(got, want), (attention, graph, lengths, float((got.float() - want.float()).abs().max()))
+        steps = [(s, 1, len(p)) for s, p in enumerate(prompts)]  # one decode step for every sequence
+        from pcg_core.engine.engine import decode_batch
+
+        dec = decode_batch(steps, seq_slots)
+        got, want = engine.forward(dec, decode=True).clone(), engine.forward(dec, eager=True)
+        assert torch.equal(got, want), (attention, graph, "decode", lengths)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("attention", ["flex", "varlen"])
+def test_gpu_eager_backends_agree_with_sdpa(trimmed, attention):
+    prompts = prompts_of([5, 17, 30, 120], trimmed.vocab, seed=3)
+    if "sdpa" not in trimmed.eager:
+        trimmed.eager["sdpa"] = _gpu_engine(trimmed.lm, "sdpa", "disabled").generate(prompts, 6, prompt_logprobs=True)
+    got = _gpu_engine(trimmed.lm, attention, "disabled").generate(prompts, 6, prompt_logprobs=True)
+    assert compare_outputs(trimmed.eager["sdpa"], got, GPU_BF16_TOL) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("runs", [[(2048, 2048)], [(1536, 512), (700, 300)], [(512, 1)] * 8], ids=["prefill2048", "extend", "decode8x512"])
+def test_gpu_long_batches_match_plain_math(name, runs):
+    """Real head shapes (16 query / 8 KV heads × 128) at long contexts, bf16, each backend against float32 math:
+    the small batches above cannot show a kernel that goes wrong only past some length."""
+    cfg = SimpleNamespace(num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_size=2048, num_hidden_layers=1)
+    cls = get_attention_backend(name)
+    cache = KVCache(cfg, 8192, torch.bfloat16, torch.device("cuda"), page_size=cls.page_size)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for t in cache.k + cache.v:
+        t.copy_(torch.randn(t.shape, generator=g, device="cuda").to(t.dtype))
+    batch = PackedBatch([], [], [], [])
+    for s, (ctx, new) in enumerate(runs):
+        slots = cache.allocate(s, ctx)
+        batch.token_ids += [0] * new
+        batch.positions += list(range(ctx - new, ctx))
+        batch.seq_ids += [s] * new
+        batch.slots += slots[ctx - new :]
+    n = len(batch)
+    _, _, md = InputBuffers(n, cache, torch.device("cuda")).fill(batch, n)
+    q = torch.randn(n, 16, 128, generator=g, device="cuda").bfloat16()
+    k = torch.randn(n, 8, 128, generator=g, device="cuda").bfloat16()
+    v = torch.randn(n, 8, 128, generator=g, device="cuda").bfloat16()
+    out = torch.empty_like(q)
+    backend = cls(cache, n)
+    backend.begin_forward(md)
+    params = LayerParams(0, 128 ** -0.5)
+    backend.forward(q, k, v, out, params, md)
+    want = _reference(cache, batch, md, q, k, v, params)
+    err = (out.float() - want.float()).abs()
+    worst_row = int(err.amax(dim=(1, 2)).argmax())
+    assert float(err.max()) < 3e-2, f"{name}: max |Δ| {float(err.max()):.3g} at row {worst_row} (position {batch.positions[worst_row]})"
