@@ -1,8 +1,9 @@
 """The forward context: the one piece of global state the design needs.
 
 Split ops (attention today) run between captured graphs and take only tensors and constants as arguments, so
-the per-batch metadata they need (slot mapping, mask, KV cache, capture hooks) is read from here. The owner of
-a forward sets it: the engine around every serving forward, the capture backend around warm-up and capture.
+the per-batch metadata they need (slot mapping, positions, the attention backend with its KV cache, capture
+hooks) is read from here. The owner of a forward sets it: the engine around every serving forward, the capture
+backend around warm-up and capture.
 Nothing else is global. This module sits below attention and capture, so it names their types only for checking.
 """
 
@@ -17,7 +18,6 @@ if TYPE_CHECKING:
     import torch
 
     from pcg_core.attention.backend import AttentionBackend
-    from pcg_core.attention.kv_cache import KVCache
     from pcg_core.attention.metadata import AttentionMetadata
 
 
@@ -45,8 +45,7 @@ class AttentionObserver(Protocol):
 @dataclass
 class ForwardContext:
     attn_metadata: AttentionMetadata
-    kv_cache: KVCache
-    attn_backend: AttentionBackend
+    attn_backend: AttentionBackend  # it holds the KV cache it addresses
     # Token bucket this forward is padded to (None: unpadded eager run).
     bucket: int | None = None
     mode: CaptureMode = CaptureMode.EAGER

@@ -82,6 +82,7 @@ class FlexBackend(AttentionBackend):
         self._bufs = self._static
         self._md = None  # the forward the block masks below were built for
         self._masks: dict[int, BlockMask] = {}  # window → this forward's block mask
+        self._cpu_masks: dict[int, torch.Tensor] = {}  # window → this forward's [T, slots] mask (CPU path)
         self._windows: list[int] = []  # the sliding windows (0: none) the model's layers use
         self._score_mods: dict[float, object] = {}
         self._compiled = self.device.type == "cuda"
@@ -99,7 +100,7 @@ class FlexBackend(AttentionBackend):
         b.q_seq[:n].copy_(md.seq_ids)
         b.q_seq[n:rows].fill_(-2)
         b.q_pos[:n].copy_(md.positions)
-        self._md, self._masks = md, {}
+        self._md, self._masks, self._cpu_masks = md, {}, {}
         for window in self._windows:
             self._masks[window] = self._build(n, window)
 
@@ -200,14 +201,17 @@ class FlexBackend(AttentionBackend):
 
     def _cpu_math(self, q, params, md, bm: BlockMask) -> torch.Tensor:
         """What the kernel computes, in plain math: mask_mod's rule on the pages the block mask lists."""
-        c, b, n = self.cache, self._bufs, md.num_tokens
-        nqb = bm.kv_num_blocks.shape[-1]
-        dense = b.blocks_for(params.sliding_window).dense[:nqb]
-        _to_dense(bm.kv_num_blocks[0, 0], bm.kv_indices[0, 0], bm.full_kv_num_blocks[0, 0], bm.full_kv_indices[0, 0], dense)
-        listed = dense.repeat_interleave(Q_BLOCK, 0)[:n].repeat_interleave(c.page_size, 1)  # [n, slots]
-        mask = visible(b.q_seq[:n], b.q_pos[:n], c.slot_seq[: c.num_slots], c.slot_pos[: c.num_slots], params.sliding_window)
+        c, b, n, window = self.cache, self._bufs, md.num_tokens, params.sliding_window
+        mask = self._cpu_masks.get(window)
+        if mask is None:  # once per forward and window, not per layer
+            nqb = bm.kv_num_blocks.shape[-1]
+            dense = b.blocks_for(window).dense[:nqb]
+            _to_dense(bm.kv_num_blocks[0, 0], bm.kv_indices[0, 0], bm.full_kv_num_blocks[0, 0], bm.full_kv_indices[0, 0], dense)
+            listed = dense.repeat_interleave(Q_BLOCK, 0)[:n].repeat_interleave(c.page_size, 1)  # [n, slots]
+            rule = visible(b.q_seq[:n], b.q_pos[:n], c.slot_seq[: c.num_slots], c.slot_pos[: c.num_slots], window)
+            mask = self._cpu_masks[window] = rule & listed
         keys, values = c.k[params.layer][: c.num_slots], c.v[params.layer][: c.num_slots]
-        return attention_math(q, keys, values, mask & listed, params.scale, params.softcap, params.sinks)
+        return attention_math(q, keys, values, mask, params.scale, params.softcap, params.sinks)
 
     def _kernel(self, key: tuple):
         fn = self._kernels.get(key)

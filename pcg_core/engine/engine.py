@@ -98,7 +98,7 @@ class Engine:
     def _dummy_inputs(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         input_ids, positions, md = self.inputs.fill(PackedBatch([], [], [], []), num_tokens)
         self.attn_backend.begin_forward(md)
-        return input_ids, positions, ForwardContext(md, self.cache, self.attn_backend, bucket=num_tokens)
+        return input_ids, positions, ForwardContext(md, self.attn_backend, bucket=num_tokens)
 
     def bucket_for(self, num_tokens: int) -> int | None:
         """The bucket a batch of num_tokens is padded to (None: it runs unpadded, eagerly)."""
@@ -128,7 +128,7 @@ class Engine:
         input_ids, positions, md = self.inputs.fill(batch, bucket or n)
         self.attn_backend.begin_forward(md)
         mode = CaptureMode.REPLAY if replay else CaptureMode.EAGER
-        ctx = ForwardContext(md, self.cache, self.attn_backend, bucket=bucket, mode=mode, observer=observer)
+        ctx = ForwardContext(md, self.attn_backend, bucket=bucket, mode=mode, observer=observer)
         with set_forward_context(ctx):
             hidden = self.backend.run(input_ids, positions, ctx) if replay else self._body(input_ids, positions)
         return hidden[:n]
