@@ -19,6 +19,7 @@ from pcg_core.attention import FEATURES, KVCache, LayerParams, get_attention_bac
 from pcg_core.attention.flex import FlexBackend
 from pcg_core.attention.reference import attention_math, visible
 from pcg_core.capabilities import capabilities
+from pcg_core.engine.engine import decode_batch
 from pcg_core.engine.inputs import InputBuffers, PackedBatch
 from torch.nn.attention.flex_attention import BlockMask
 
@@ -120,8 +121,7 @@ def test_backend_matches_plain_math(device, name, gqa, case):
         assert changed <= (written if i % 2 == 1 else set()), (i, sorted(changed - written))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_declared_features_and_devices_are_published(device):
+def test_declared_features_and_devices_are_published():
     caps = capabilities()["attention_backends"]
     assert list(caps)[:3] == BACKENDS
     for name, c in caps.items():
@@ -130,6 +130,8 @@ def test_declared_features_and_devices_are_published(device):
     assert caps["varlen"]["devices"]["cpu"] and "CUDA" in caps["varlen"]["devices"]["cpu"]
     assert caps["varlen"]["features"]["softcap"]  # declared unsupported, with the reason
     assert caps["flex"]["devices"]["cpu"] is None and caps["flex"]["page_size"] == 128
+    assert caps["varlen"]["devices"]["cuda"] is None  # this torch has varlen_attn
+    assert all(why is None for why in caps["sdpa"]["features"].values())  # the reference runs every modifier
 
 
 def test_varlen_on_cpu_is_refused_with_the_reason():
@@ -258,8 +260,6 @@ def test_gpu_replay_bitwise_equal_to_eager_at_the_same_padding(trimmed, attentio
         got, want = engine.forward(batch).clone(), engine.forward(batch, eager=True)
         assert torch.equal(got, want), (attention, graph, lengths, float((got.float() - want.float()).abs().max()))
         steps = [(s, 1, len(p)) for s, p in enumerate(prompts)]  # one decode step for every sequence
-        from pcg_core.engine.engine import decode_batch
-
         dec = decode_batch(steps, seq_slots)
         got, want = engine.forward(dec, decode=True).clone(), engine.forward(dec, eager=True)
         assert torch.equal(got, want), (attention, graph, "decode", lengths)
