@@ -57,7 +57,17 @@ def profile_forward(fn, device: torch.device) -> dict:
         fn()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return {"kernels": len(kernels), "gpu_ms": sum(e.device_time for e in kernels) / 1e3}
+    groups: dict[str, list[float]] = {}
+    for e in kernels:
+        g = groups.setdefault(e.name[:70], [0, 0.0])
+        g[0] += 1
+        g[1] += e.device_time
+    top = sorted(groups.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
+    return {"kernels": len(kernels), "gpu_ms": sum(e.device_time for e in kernels) / 1e3,
+            "top": [{"name": k, "count": c, "us": us} for k, (c, us) in top]}
+
+
+TOP_KERNELS = 12
 
 
 def reduce_overhead_row(lm, prompts: dict[int, list[int]], device: torch.device, repeat: int) -> dict:
@@ -149,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in tokens:
             batch = engine.prefill_batch([prompts[n]])
             row["latency_ms"][n] = median_ms(lambda: engine.forward(batch), device, warmup=3, repeat=args.repeat)
+            row.setdefault("prep_ms", {})[n] = median_ms(lambda: _prepare(engine, batch), device, warmup=3, repeat=args.repeat)
             if n in PROFILE_AT and device.type == "cuda":
                 row["profile"][n] = profile_forward(lambda: engine.forward(batch), device)
             out = engine.forward(batch).clone()
@@ -177,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _prepare(engine: Engine, batch) -> None:
+    """What a forward does before its graphs: the inputs written, the attention metadata built (eager kernels)."""
+    n = len(batch)
+    _, _, md = engine.inputs.fill(batch, engine.bucket_for(n) or n)
+    engine.attn_backend.begin_forward(md)
+
+
 def print_table(result: dict, tokens: list[int]) -> None:
     rows = {k: v for k, v in result["configs"].items() if "error" not in v}
     ro = rows.get("reduce-overhead")
@@ -195,6 +213,15 @@ def print_table(result: dict, tokens: list[int]) -> None:
         prof = {n: p for n, p in r.get("profile", {}).items() if p}
         if prof:
             print(f"{label} | " + " | ".join(f"{n} tok: {p['kernels']} kernels, {p['gpu_ms']:.2f} ms" for n, p in prof.items()))
+    for label, r in rows.items():
+        if r.get("prep_ms"):
+            print(f"{label} | inputs + attention metadata per forward (eager, before the graphs): "
+                  + ", ".join(f"{n}: {ms:.2f} ms" for n, ms in r["prep_ms"].items()))
+    print("\nheaviest kernels per forward (count, GPU µs)")
+    for label, r in rows.items():
+        for n, p in r.get("profile", {}).items():
+            if p and p.get("top"):
+                print(f"{label} @{n}: " + "; ".join(f"{t['name'][:48]} ×{t['count']} {t['us']:.0f}" for t in p["top"]))
     for label, r in rows.items():
         if r.get("bitwise_equal_eager"):
             eq = all(r["bitwise_equal_eager"].values())

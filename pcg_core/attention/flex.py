@@ -77,7 +77,7 @@ class FlexBackend(AttentionBackend):
 
     def __init__(self, cache, max_tokens):
         super().__init__(cache, max_tokens)
-        rows = -(-self.max_tokens // Q_BLOCK) * Q_BLOCK
+        rows = _mask_rows(self.max_tokens)
         self._static = _Buffers(rows, cache.num_pages, self.device)
         self._bufs = self._static
         self._md = None  # the forward the block masks below were built for
@@ -94,7 +94,7 @@ class FlexBackend(AttentionBackend):
     # Block mask ----------------------------------------------------------------------------------------------
     def begin_forward(self, md) -> None:
         n = md.num_tokens
-        rows = -(-n // Q_BLOCK) * Q_BLOCK
+        rows = _mask_rows(n)
         self._bufs = self._static if rows <= self._static.rows else _Buffers(rows, self.cache.num_pages, self.device)
         b = self._bufs
         b.q_seq[:n].copy_(md.seq_ids)
@@ -120,7 +120,7 @@ class FlexBackend(AttentionBackend):
 
     def _build(self, n: int, window: int) -> BlockMask:
         c, b = self.cache, self._bufs
-        nqb = -(-n // Q_BLOCK)
+        nqb = _mask_rows(n) // Q_BLOCK
         ps = c.page_size
         seq = b.q_seq[: nqb * Q_BLOCK].view(nqb, Q_BLOCK, 1)
         pos = b.q_pos[: nqb * Q_BLOCK].view(nqb, Q_BLOCK, 1)
@@ -222,13 +222,17 @@ class FlexBackend(AttentionBackend):
 
 
 def flex_rows(n: int) -> int:
-    """The query rows flex is handed for n tokens: a power of two up to one query block, whole blocks above. Fewer
-    shapes to compile (37 for the 4096-token ladder instead of 50, and few for eager runs of any size), and no
-    more work: flex computes whole tiles of a block anyway. A function of n alone, so a graph and an eager run
-    at the same padding hand flex the same shape, hence the same kernel."""
-    if n <= Q_BLOCK:
-        return 1 << max(0, n - 1).bit_length()
-    return -(-n // Q_BLOCK) * Q_BLOCK
+    """The query rows flex is handed for n tokens: the next power of two. One compiled kernel per shape costs
+    ~2.5 s cold, so the 50-bucket default ladder compiles 13 shapes instead of 50 (≤ 60 s for the whole
+    ladder). The rows past n belong to no sequence: the block mask lists no page for their query blocks, so
+    flex's programs for them exit at once. A function of n alone, so a graph and an eager run at the same
+    padding hand flex the same shape, hence the same kernel."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _mask_rows(n: int) -> int:
+    """Rows the block mask and its buffers cover for n tokens: flex_rows(n) in whole query blocks."""
+    return -(-flex_rows(n) // Q_BLOCK) * Q_BLOCK
 
 
 def _flex_call(q, k, v, score_mod=None, block_mask=None, scale=None, enable_gqa=False, **kw):

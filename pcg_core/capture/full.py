@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from pcg_core.capture.graphs import weak_ref
-from pcg_core.capture.piecewise import PiecewiseBackend
+from pcg_core.capture.piecewise import PiecewiseBackend, ReplayPlan
 from pcg_core.capture.registry import register_capture_backend
 from pcg_core.forward_context import CaptureMode
 
@@ -38,15 +38,10 @@ class FullBackend(PiecewiseBackend):
     def run_padded(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return super().run_padded(input_ids, positions) if self._traced() else self.body(input_ids, positions)
 
-    def capture(self, bucket, input_ids, positions, ctx) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def capture(self, bucket, input_ids, positions, ctx) -> ReplayPlan:
         ctx.mode = CaptureMode.EAGER  # the pieces run their code into this one graph, not graphs of their own
         try:
             graph, out = self.pool.capture(self.run_padded, input_ids, positions)
         finally:
             ctx.mode = CaptureMode.CAPTURE
-        return graph, weak_ref(out)
-
-    def replay(self, entry: tuple[torch.cuda.CUDAGraph, torch.Tensor]) -> torch.Tensor:
-        graph, out = entry
-        graph.replay()
-        return out
+        return ReplayPlan((graph,), weak_ref(out))

@@ -79,9 +79,14 @@ class GraphPool:
         """End a capture that an exception interrupted, so the stream leaves capture mode and later CUDA
         work in this process (another engine, an eager fallback) is not refused; the graph is discarded."""
         g, self.open = self.open, None
-        if g is not None:
+        if g is None:
+            return
+        with torch.cuda.stream(self.stream):  # a capture must end on the stream it began on
             try:
-                with torch.cuda.stream(self.stream):  # a capture must end on the stream it began on
-                    g.capture_end()
-            except Exception:  # noqa: BLE001, S110 - an invalidated capture ends with an error; it ends all the same
-                pass
+                g.capture_end()
+            except Exception:  # noqa: BLE001 - an invalidated capture ends with an error; it ends all the same
+                # ...but before torch takes the CUDA generator out of capture mode, so every later random op
+                # would fail ("Offset increment outside graph capture"). An empty capture's end does it.
+                empty = torch.cuda.CUDAGraph()
+                empty.capture_begin()  # a pool of its own: the failed one may still be marked as recording
+                empty.capture_end()

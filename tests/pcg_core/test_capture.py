@@ -73,6 +73,26 @@ def test_split_structure(arch, layers):
     full = make_engine(lm.model, "full")
     assert (full.stats.pieces, full.stats.submodules, full.stats.split_ops) == (1, 1, 0)
 
+
+def test_replay_plan_lists_every_graph_in_call_order_or_none():
+    """The plan replays a bucket's graphs back to back, so it must hold each submodule's graph in the order the
+    split module calls them, and exist only where every submodule has one (an eager split op needs Python)."""
+    lm = tiny_model(ARCH_NAMES[0], layers=2)
+    backend = make_engine(lm.model, "piecewise").backend
+    names = [n.target for n in backend.split_gm.graph.nodes if n.op == "call_module"]
+    runners = [getattr(backend.split_gm, n) for n in names]
+    assert backend._graphs_in_call_order(8) is None  # no graphs on a CPU
+    for i, r in enumerate(runners):
+        if isinstance(r, PieceRunner):
+            r.graphs[8] = (f"graph{i}", None)
+    assert backend._graphs_in_call_order(8) is None  # the split ops have no graphs: they run between them
+    for i, name in enumerate(names):
+        if not isinstance(runners[i], PieceRunner):
+            setattr(backend.split_gm, name, PieceRunner(runners[i], i, backend.pool, split=True))
+            getattr(backend.split_gm, name).graphs[8] = (f"graph{i}", None)
+    assert backend._graphs_in_call_order(8) == tuple(f"graph{i}" for i in range(len(names)))
+    assert backend._graphs_in_call_order(16) is None
+
     off = make_engine(lm.model, "disabled")
     assert (off.stats.pieces, off.stats.submodules, off.stats.buckets) == (0, 0, [])
 

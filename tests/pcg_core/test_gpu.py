@@ -89,8 +89,9 @@ def test_capture_covers_the_whole_ladder(gpu_model, backend):
         for mod in engine.backend.split_gm.children():
             if hasattr(mod, "graphs"):
                 assert sorted(mod.graphs) == ladder
-    else:
-        assert sorted(engine.backend.entries) == ladder
+        # every submodule graphed, so each bucket replays its graphs back to back without the split module
+        assert all(len(engine.backend.entries[b].graphs) == per_bucket for b in ladder)
+    assert sorted(engine.backend.entries) == ladder
 
 
 @pytest.mark.parametrize("backend", GRAPH_BACKENDS)
@@ -130,6 +131,26 @@ def test_generation_matches_eager_bf16(gpu_model, backend):
     assert problems == [], f"{gpu_model.name}/{backend}: " + "; ".join(problems)
 
 
+def test_a_replay_plan_missing_a_graph_is_caught(gpu_model):
+    """Planted fault in the back-to-back replay: one attention graph dropped from a bucket's plan, so that layer's
+    output is whatever the previous forward left there. The bitwise check must see it."""
+    if gpu_model.name != "qwen3-tiny":
+        pytest.skip("one model is enough")
+    engine = _engine(gpu_model, "piecewise")
+    batch = _batch(engine, [5, 11])  # 16 tokens: an exact bucket
+    plan = engine.backend.entries[16]
+    good = engine.forward(batch).clone()
+    _assert_bitwise(good, engine.forward(batch, eager=True).clone(), "intact plan")
+    graphs = plan.graphs
+    try:
+        plan.graphs = graphs[:1] + graphs[2:]  # graphs[1] is layer 0's attention
+        engine.forward(_batch(engine, [9, 7]))  # other tokens leave other values behind in graph memory
+        bad = engine.forward(batch).clone()
+    finally:
+        plan.graphs = graphs
+    assert not torch.equal(bad, good), "a plan without layer 0's attention graph gave the right answer"
+
+
 def test_stale_static_input_is_caught_on_replay(gpu_model, monkeypatch):
     """Planted fault on real graphs: the positions buffer the graphs read keeps the previous batch's values."""
     if gpu_model.name != "qwen3-tiny":
@@ -154,12 +175,13 @@ def tiny_lm():
 
 
 def _in_capture(monkeypatch, action) -> None:
-    """Call action() inside the attention op whenever it runs in capture mode (within the graph for `full`,
-    between pieces/segments otherwise)."""
+    """Call action() inside the attention op whenever it runs while a bucket is captured: recorded into a graph
+    (full, and piecewise's attention graphs: the stream is capturing) or between segments (breakable's
+    CAPTURE mode)."""
     original = SdpaBackend.forward
 
     def forward(self, *args, **kwargs):
-        if get_forward_context().mode is CaptureMode.CAPTURE:
+        if get_forward_context().mode is CaptureMode.CAPTURE or torch.cuda.is_current_stream_capturing():
             action()
         return original(self, *args, **kwargs)
 
@@ -223,3 +245,4 @@ def test_an_exception_during_capture_ends_the_capture(tiny_lm, planted, monkeypa
         for pool in pools:
             real_abort(pool)  # clean up after the planted leak, for the tests that follow
     assert usable is not planted
+    torch.randn(8, device="cuda")  # after an abort the CUDA generator is out of capture mode too
