@@ -16,17 +16,18 @@ def _fmt(v: float | None) -> str:
 
 def main(path: str) -> int:
     lines = [json.loads(line) for line in open(path) if line.strip().startswith("{")]
-    print("| model | layers | attention | graph | status | token match | max Δlogprob prompt | max Δlogprob output | "
-          "capture s | trace s | pool MiB | speedup @8 | @128 | @512 | @2048 | reason |")
-    print("|---" * 16 + "|")
+    print("| model | layers | quant | attention | graph | status | token match | max Δlogprob prompt | max Δlogprob output | "
+          "capture s | trace s | pool MiB | speedup @8 | @128 | @512 | @2048 | quant Δlogprob vs float | reason |")
+    print("|---" * 18 + "|")
     for obj in lines:
         spec, o = obj["spec"], CellOutcome.model_validate(obj)
         m = o.metrics
         pool = None if m.graph_pool_bytes is None else m.graph_pool_bytes / 2**20
-        print(f"| {spec['model']} | {m.layers} | {spec.get('attention', 'sdpa')} | {spec['graph']} | {o.status} | {_fmt(m.token_match)} | "
+        print(f"| {spec['model']} | {m.layers} | {spec.get('quant', 'none')} | {spec.get('attention', 'sdpa')} | {spec['graph']} | "
+              f"{o.status} | {_fmt(m.token_match)} | "
               f"{_fmt(m.max_prompt_logprob_diff)} | {_fmt(m.max_output_logprob_diff)} | {_fmt(m.capture_s)} | "
               f"{_fmt(m.trace_s)} | {_fmt(pool)} | " + " | ".join(_fmt(m.speedup.get(n)) for n in TOKENS)
-              + f" | {o.reason[:120]} |")
+              + f" | {_fmt(m.quant_logprob_diff)} | {o.reason[:120]} |")
     return 0
 
 

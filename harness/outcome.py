@@ -166,6 +166,10 @@ class CellMetrics(_Model):
     logprob_tol: float | None = None  # None here and in the spec alike: the judge's per-dtype default
     peaked: bool | None = None  # synthetic weights get a peaked output head (loader.peak_logits); None: older row
     repeats: int | None = None  # fresh processes the cell ran in (--repeats); None: one
+    # Quantization (cells with a scheme): linears quantized, and max |Δ prompt logprob| of quantized eager vs the
+    # float model on the first case — what the scheme costs, recorded, never judged.
+    quant_layers: int | None = None
+    quant_logprob_diff: float | None = None
     # Capture.
     pieces: int | None = None
     graphs_captured: int | None = None

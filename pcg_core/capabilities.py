@@ -16,16 +16,32 @@ from pcg_core.attention import attention_backend_names, get_attention_backend
 from pcg_core.capture import capture_backend_names, get_capture_backend
 from pcg_core.config import COMPILERS, DTYPES
 from pcg_core.model import architectures
+from pcg_core.quant import SCHEMES
 
-QUANTIZATION = ("none",)  # schemes the runtime can execute; FP8/INT8/AWQ/GPTQ… come later
+QUANTIZATION = ("none", *SCHEMES)  # schemes the runtime can execute (4-bit ones come later)
+# Checkpoint formats the loader reads (quant_method values, and ModelOpt's hf_quant_config.json), onto those schemes.
+QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8")
+# What the loader cannot read yet in a real checkpoint of each scheme, by model-card feature (synthetic weights
+# are quantized in memory, MoE experts included).
+QUANT_CHECKPOINT_LIMITS = {"moe": "quantized per-expert MoE checkpoints are not read yet (synthetic MoE weights are "
+                                  "quantized in memory)"}
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
 
 
-def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION) -> str | None:
-    """Why the runtime cannot run quantization `quant`, or None: one wording for the matrix pre-check (which
-    passes its capabilities' list) and for a cell asked for it directly."""
+def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION, features: Iterable[str] = (),
+                             real_weights: bool = False, limits: dict[str, str] | None = None) -> str | None:
+    """Why the runtime cannot run quantization `quant` on a model exercising `features` (model-card words), from
+    a real checkpoint or synthetic weights, or None: one wording for the matrix pre-check (which passes its
+    capabilities' table) and a cell asked for it directly."""
     have = list(supported)
-    return None if quant in have else f"quantization {quant!r} is not supported by the runtime yet (supported: {', '.join(have)})"
+    if quant not in have:
+        return f"quantization {quant!r} is not supported by the runtime yet (supported: {', '.join(have)})"
+    if quant != "none" and real_weights:
+        reasons = QUANT_CHECKPOINT_LIMITS if limits is None else limits
+        for f in features:
+            if why := reasons.get(f):
+                return f"quantization {quant}: {why}"
+    return None
 
 
 def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL) -> str | None:
@@ -75,6 +91,9 @@ def capabilities() -> dict[str, Any]:
         "compilers": list(COMPILERS),
         "dtypes": list(DTYPES),
         "quantization": list(QUANTIZATION),
+        "quant_schemes": {n: {"description": sc.description, "capturable": True,
+                              "checkpoint_limits": dict(QUANT_CHECKPOINT_LIMITS)} for n, sc in SCHEMES.items()},
+        "quant_formats": list(QUANT_FORMATS),
         "parallel": dict(PARALLEL),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
     }

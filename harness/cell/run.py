@@ -27,6 +27,7 @@ from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.model import LoadedModel, load_model
+from pcg_core.quant import QuantLinear, get_scheme, quantize_model, record_input_absmax
 
 Outputs = dict[str, list[SequenceOutput]]
 
@@ -63,16 +64,17 @@ class _Cell:
     cases: list[Case] | None = None
     kv_slots: int = 0
     coverage: CoverageCounter | None = None
+    float_ref: list[SequenceOutput] | None = None  # the unquantized model's first case, for the quantization error
 
     def engine(self, backend: str) -> Engine:
         capture = replace(self.config.capture, backend=backend)
         return Engine(self.lm.model, replace(self.config, capture=capture, kv_slots=self.kv_slots))
 
-    def run_suite(self, e: Engine, listener: CoverageCounter | None = None) -> Outputs:
+    def run_suite(self, e: Engine, listener: CoverageCounter | None = None, cases: list[Case] | None = None) -> Outputs:
         e.on_forward = listener
         try:
             return {c.name: e.generate([list(p) for p in c.prompts], c.new_tokens, self.spec.top_k, prompt_logprobs=True,
-                                       chunk=c.chunk) for c in self.cases}
+                                       chunk=c.chunk) for c in (self.cases if cases is None else cases)}
         finally:
             e.on_forward = None
 
@@ -93,10 +95,12 @@ def _check_runtime(spec: CellSpec) -> None:
     """A quantization or parallel mode the runtime lacks, or an attention backend that cannot run here (or cannot
     run what the model card says it exercises), ends the cell as the matrix pre-check would have, before the model
     is loaded; running the unquantized single-GPU cell instead would pass under the wrong name."""
-    reason = quant_unsupported_reason(spec.quant) or parallel_unsupported_reason(spec.parallel)
+    card = find_card(spec.model)
+    features = card.features if card else ()
+    reason = (quant_unsupported_reason(spec.quant, features=features, real_weights=spec.weights == "real")
+              or parallel_unsupported_reason(spec.parallel))
     if not reason:
-        card = find_card(spec.model)
-        reason = attention_unsupported_reason(spec.attention, spec.device, card.features if card else ())
+        reason = attention_unsupported_reason(spec.attention, spec.device, features)
     if reason:
         raise _Stop(Status.UNSUPPORTED, reason)
 
@@ -117,6 +121,42 @@ def _load(cell: _Cell) -> None:
     page = cell.config.page_size or get_attention_backend(cell.config.attention).page_size
     need = max(c.kv_slots(page) for c in cell.cases)
     cell.kv_slots = max(need, -(-max(latency_token_counts(s.max_tokens), default=0) // page) * page) + page
+    if s.quant != "none":
+        _quantize(cell)
+
+
+def _quantize(cell: _Cell) -> None:
+    """The cell's scheme applied: a real checkpoint must already be in it (the loader read its declaration); a
+    synthetic model is quantized here (its linears and fused MoE experts), static activation scales calibrated on
+    the first case's prompts, as a producer would. The float model's prompt logprobs on that case are kept, to record the quantization error."""
+    s, m = cell.spec, cell.metrics
+    model = cell.lm.model
+    if not cell.lm.synthetic:
+        got = sorted({mod.scheme.name for mod in model.modules() if isinstance(mod, QuantLinear)})
+        if got != [s.quant]:
+            raise _Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got) or 'not quantized'}; the cell asks "
+                                            f"for {s.quant}")
+        m.quant_layers = sum(isinstance(mod, QuantLinear) for mod in model.modules())
+        return
+    case = cell.cases[0]
+    try:
+        with record_input_absmax(model) as absmax:
+            cell.float_ref = cell.run_suite(cell.engine("disabled"), cases=[case])[case.name]
+        m.quant_layers = len(quantize_model(model, get_scheme(s.quant), input_absmax=absmax))
+    except Exception as e:  # noqa: BLE001 - the float reference or the quantization itself failed: eager cannot run
+        raise _crash(Status.EAGER_FAIL, e) from e
+
+
+def _quant_error(cell: _Cell, ref: Outputs) -> None:
+    """Max |Δ prompt logprob| of the quantized eager run against the float model's, on the first case: what the
+    scheme costs, recorded beside the verdict, never judged (the judge compares quantized graph with quantized
+    eager)."""
+    if cell.float_ref is None:
+        return
+    worst = 0.0
+    for a, b in zip(cell.float_ref, ref[cell.cases[0].name]):
+        worst = max([worst, *(abs(x - y) for x, y in zip(a.prompt_logprobs or [], b.prompt_logprobs or []))])
+    cell.metrics.quant_logprob_diff = round(worst, 6)
 
 
 def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
@@ -128,6 +168,7 @@ def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
         ref, ref2 = cell.run_suite(eager), cell.run_suite(eager)
     except Exception as e:  # noqa: BLE001
         raise _crash(Status.EAGER_FAIL, e) from e
+    _quant_error(cell, ref)
     cell.metrics.eager_bitwise_deterministic = list(ref.values()) == list(ref2.values())
     if not cell.metrics.eager_bitwise_deterministic:
         self_check = compare(ref, ref2, cell.tol)
@@ -168,8 +209,10 @@ def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Output
     unpadded eager; on failure, the first diverging piece in the worst case."""
     m = cell.metrics
     # In float32 the eager path's own noise (run twice, padded vs unpadded) is ~1e-6, three orders under every
-    # bound: measured only in half precision, where it is near them.
-    stats = {c.name: lockstep_stats(eager, graph, c, noise=cell.spec.dtype != "float32") for c in cell.cases}
+    # bound: measured only in half precision, where it is near them — and under quantization, which turns a 1e-7
+    # change of a GEMM's summation order into a whole FP8/INT8 rounding step of the next layer's activation.
+    noise = cell.spec.dtype != "float32" or cell.spec.quant != "none"
+    stats = {c.name: lockstep_stats(eager, graph, c, noise=noise) for c in cell.cases}
     m.padding_noise = _nan_max(st.padding_noise for st in stats.values())
     bound = logprob_bound(cell.tol, m.padding_noise)
     noise = m.eager_self_diff.max_output_logprob_diff if m.eager_self_diff else None

@@ -26,7 +26,9 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
         raise ConfigError(f"no model card {card_id!r} in harness/models/ (load_matrix refuses such a matrix)")
     if reason := card.runtime_reason:
         return reason
-    if reason := quant_unsupported_reason(a["quant"], caps["quantization"]):
+    limits = caps.get("quant_schemes", {}).get(a["quant"], {}).get("checkpoint_limits", {})
+    if reason := quant_unsupported_reason(a["quant"], caps["quantization"], card.features, cell.spec.weights == "real",
+                                          limits):
         return reason
     if reason := attention_unsupported_reason(a["attention"], cell.spec.device, card.features, caps["attention_backends"]):
         return reason

@@ -20,7 +20,18 @@ from harness.request.quantization import quant_word, quantization_of
 from harness.request.schema import RequestReport
 from harness.request.source import config_hash
 from harness.request.structure import read_structure
-from pcg_core.errors import ConfigError
+from pcg_core.errors import ConfigError, UnsupportedModel
+from pcg_core.quant import detect as detect_quantization
+
+
+def _loader_reading(config: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(scheme, None) for a quantized checkpoint the runtime's loader reads, (None, why) for one it refuses,
+    (None, None) for none. ModelOpt's legacy hf_quant_config.json is not in a config.json, so not seen here."""
+    try:
+        spec = detect_quantization(config)
+    except UnsupportedModel as e:
+        return None, str(e).split(". Supported quantized formats")[0].removeprefix("config.json quantization_config: ")
+    return (spec.scheme.name if spec else None), None
 
 
 @contextlib.contextmanager
@@ -118,7 +129,7 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
     wanted_quant = quants or [quant_word(quant)]
     verdicts = {
         "model": model_verdict(architecture, reason, features, caps),
-        "quant": quant_verdict(wanted_quant, quant, caps),
+        "quant": quant_verdict(wanted_quant, quant, caps, features, *_loader_reading(config)),
         "attention": attention_verdict(features, s.heads, s.kv_heads, caps),
         "parallel": parallel_verdict(tps or None, tp_ok, divides, ep_ok, h200s, memory.get("bfloat16"),
                                        s.moe.experts if s.moe else None, caps),

@@ -42,17 +42,35 @@ def model_verdict(architecture: str, reason: str | None, features: list[str], ca
     return _v(True, f"{architecture} is in the runtime's architecture table" + (f" (exercises {', '.join(feats)})" if feats else ""))
 
 
-def quant_verdict(wanted: list[str], checkpoint: dict[str, Any] | None, caps: dict[str, Any]) -> dict[str, Any]:
-    have = caps["quantization"]
-    missing = [q for q in wanted if q not in have]
+def quant_verdict(wanted: list[str], checkpoint: dict[str, Any] | None, caps: dict[str, Any], features: list[str] = (),
+                  detected: str | None = None, refused: str | None = None) -> dict[str, Any]:
+    """Whether the runtime runs each wanted quantization on this model. A word is a scheme of the runtime's
+    table, or the checkpoint's own format (then what the loader makes of its declaration decides: `detected`,
+    the scheme it maps onto, or `refused`, why not; the loader's per-feature limits then apply)."""
+    have, formats, schemes = caps["quantization"], caps.get("quant_formats", []), caps.get("quant_schemes", {})
     ckpt = f"checkpoint: {describe(checkpoint)}"
-    if missing:
-        return _v(False, f"{', '.join(missing)} is not supported by the runtime yet (supported: {', '.join(have)}); {ckpt}; "
-                         "the trim and tiny variants still run on synthetic unquantized weights")
+    problems, runs = [], []
+    for w in wanted:
+        scheme = w
+        if checkpoint is not None and w == checkpoint["method"] and w in formats:
+            if refused:
+                problems.append(f"{w}: {refused}")
+                continue
+            scheme = detected or w
+            limits = schemes.get(scheme, {}).get("checkpoint_limits", {})
+            if lacks := [f"{f}: {limits[f]}" for f in features if limits.get(f)]:
+                problems.append(f"{w} ({scheme}) checkpoint of this model: {'; '.join(lacks)}")
+                continue
+        elif w not in have:
+            problems.append(f"{w} is not supported by the runtime yet (supported: {', '.join(have)})")
+            continue
+        runs.append(w if scheme == w else f"{w} (as {scheme})")
+    if problems:
+        return _v(False, f"{'; '.join(problems)}; {ckpt}; the trim and tiny variants still run on synthetic unquantized weights")
     note = ""
     if checkpoint is not None and checkpoint["method"] not in wanted:
         note = f"; the published weights are {checkpoint['method']}, so {', '.join(wanted)} means synthetic or dequantized weights"
-    return _v(True, f"{', '.join(wanted)} supported by the runtime; {ckpt}{note}")
+    return _v(True, f"{', '.join(runs)} supported by the runtime; {ckpt}{note}")
 
 
 def attention_verdict(features: list[str], heads: int | None, kv_heads: int | None, caps: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from pcg_core.attention import ATTN_IMPLEMENTATION
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.model.architectures import check_supported, is_moe
 from pcg_core.model.experts import EXPERTS_IMPLEMENTATION
+from pcg_core.quant import detect as detect_quantization
+from pcg_core.quant import load_quantized
 
 # Widths of the `tiny` variant: small enough for a CPU test, shaped like the real thing (GQA kept, MoE kept).
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16, "moe_intermediate_size": 48}
@@ -180,8 +182,8 @@ def build_config(data: dict[str, Any], where: str = "config") -> PretrainedConfi
             f"{where}: model_type {model_type!r} (architectures {archs}) is not a transformers model type; "
             "pcg runs transformers' own implementations and never remote code"
         )
-    # Synthetic weights are plain (unquantized) tensors, so a checkpoint's quantization_config does not apply;
-    # real quantized checkpoints are refused in pretrained_model().
+    # The model definition is transformers' unquantized one: quantized checkpoints are loaded by pcg_core.quant into
+    # it (pretrained_model), synthetic weights are plain tensors (quantized afterwards where a cell asks).
     # Deep copy: transformers rewrites nested dicts (rope_scaling …) in place, which would alter the caller's data.
     d = copy.deepcopy({k: v for k, v in data.items() if k not in ("auto_map", "quantization_config")})
     d.pop("model_type")
@@ -231,13 +233,16 @@ def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str
 
 def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.device, layers: int | None) -> torch.nn.Module:
     config_data = shrink_config(read_config_file(path), layers=layers)
-    quant = config_data.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-        raise UnsupportedModel(f"{path}: quantized checkpoint ({method}) is not supported yet")
+    # Before transformers sees it: a format it does not know (ModelOpt, w8a8_int8) it would load as unquantized.
+    spec = detect_quantization(config_data, path)
     config = build_config(config_data, where=str(path))
     check_supported(config)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, **_implementation_kwargs(config))
+    if spec is not None:
+        torch.manual_seed(0)  # the initial values are all overwritten; seeded so nothing depends on the global RNG
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **_implementation_kwargs(config))
+        load_quantized(model, path, spec, layers=config.num_hidden_layers)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, **_implementation_kwargs(config))
     return model.to(device).eval().requires_grad_(False)  # .to(): device_map would need accelerate
 
 

@@ -20,12 +20,19 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
         first = store.run("latest")
         rows = store.results(first["id"])
         attempts_before = store.results(first["id"], all_attempts=True)
-    assert len(rows) == 126  # 14 models × 3 attention backends × 3 graph backends
+    # unquantized: 14 models × 3 attention backends × 3 graph backends; 8-bit: 4 schemes × 3 models × sdpa × 3 graphs
+    assert len(rows) == 126 + 36
     assert all(r.status in STATUSES for r in rows)
     launched = [r for r in rows if r.status != "unsupported"]
-    # 7 runnable models × {sdpa, flex} × 3 graphs; varlen is marked unsupported on the CPU, with the reason
-    assert len(launched) == 42 and all(r.passed for r in launched), \
+    # 7 runnable models × {sdpa, flex} × 3 graphs; varlen is marked unsupported on the CPU, with the reason;
+    # each scheme on Llama, Qwen3 and Qwen3-MoE × 3 graphs
+    assert len(launched) == 42 + 36 and all(r.passed for r in launched), \
         [(r.key, r.status, r.reason) for r in launched if not r.passed]
+    quantized = [r for r in rows if r.axes["quant"] != "none"]
+    assert len(quantized) == 36 and all(r.passed for r in quantized)
+    # 7 linears per dense layer; 4 + the fused experts per MoE layer; 2 layers
+    layers = {"llama-3.1-8b:tiny": 14, "qwen3-0.6b:tiny": 14, "qwen3-30b-a3b:tiny": 10}
+    assert all(r.metrics.quant_layers == layers[r.axes["model"]] and r.metrics.quant_logprob_diff > 0 for r in quantized)
     assert {r.axes["attention"] for r in launched} == {"sdpa", "flex"}
     runnable = {r.axes["model"] for r in launched}
     varlen = [r for r in rows if r.axes["attention"] == "varlen" and r.axes["model"] in runnable]

@@ -41,6 +41,12 @@ def test_attention_and_the_forward_context_do_not_reach_up(name):
     assert _reaches(name, ("pcg_core.engine", "pcg_core.capture", "pcg_core.model")) == []
 
 
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("pcg_core.quant")))
+def test_quantization_is_below_the_model_it_is_loaded_into(name):
+    """model/loader imports quant (checkpoints), capabilities reads its schemes: quant itself knows only torch."""
+    assert _reaches(name, ("pcg_core.engine", "pcg_core.capture", "pcg_core.model", "pcg_core.attention")) == []
+
+
 def test_config_is_below_capture():
     assert _reaches("pcg_core.config", ("pcg_core.capture", "pcg_core.engine", "pcg_core.model")) == []
 

@@ -305,12 +305,12 @@ def test_real_weights_load_from_a_local_checkpoint(tmp_path):
     )
 
 
-def test_quantized_real_checkpoint_is_unsupported(tmp_path):
-    # unsupported_reason() says quantized checkpoints are not supported; a real checkpoint whose config
-    # carries a quantization_config must be refused, not loaded as if its weights were unquantized.
+def test_declared_quantization_over_16_bit_files_is_refused(tmp_path):
+    # A config that declares a quantization its files do not hold is refused, not loaded either way
+    # (tests/pcg_core/test_quant.py covers the quantized checkpoints themselves).
     _save_tiny_checkpoint(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModel, match="quantized"):
+    with pytest.raises(UnsupportedModel, match="no linear layer's weight is stored in 8 bits"):
         load_model(str(tmp_path), weights="real")

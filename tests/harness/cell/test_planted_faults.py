@@ -55,6 +55,22 @@ def test_faults_are_caught_under_the_other_backends(base, fault):
     assert _cell("qwen3-30b-a3b", fault, base).status == "fail_accuracy"
 
 
+@pytest.mark.parametrize("quant", ["fp8_block"])  # the scheme whose padding noise failed the fp32 bound
+@pytest.mark.parametrize("fault", [f for f in planted.FAULTS if f != "flaky_lag"])
+def test_faults_are_caught_under_quantization(quant, fault):
+    """A quantized cell's logprob bound widens to eager's own padding noise, which quantization makes large (a
+    summation-order change flips FP8/INT8 roundings); the same-padding check must still catch every fault."""
+    r = _cell("qwen3-0.6b", fault, quant=quant)
+    assert r.status == "fail_accuracy", (r.status, r.reason)
+    assert r.metrics.quant_layers == 14
+
+
+@pytest.mark.parametrize("quant", ["fp8_per_tensor", "int8_w8a8"])
+def test_the_benign_control_passes_under_quantization(quant):
+    r = _cell("llama-3.1-8b", "benign_pad", quant=quant)
+    assert r.status == "pass", r.reason
+
+
 def test_the_diagnosis_sees_a_skipped_kv_write_in_decode():
     """Each side on its own KV cache: the graph's missing KV is not papered over by eager's write, and the
     decode step where it first shows is named."""

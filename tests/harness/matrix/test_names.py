@@ -118,11 +118,11 @@ def test_an_axis_product_too_large_to_expand_is_an_error(tmp_path):
 
 def test_known_but_unimplemented_names_load_and_are_unsupported_cells(tmp_path):
     """The nightly's planned schemes and backends are cells, unsupported with the pre-check's reason."""
-    path = _matrix(tmp_path, "  quant: [fp8_block, nvfp4]\n  attention: [flex]\n  parallel: [tp2-ep8]\n")
+    path = _matrix(tmp_path, "  quant: [w4a8, nvfp4]\n  attention: [fa3]\n  parallel: [tp2-ep8]\n")
     caps = capabilities()
     for cell in expand(load_matrix(path)):
         reason = precheck(cell, caps, {})
-        assert reason and ("quantization" in reason or "attention backend 'flex'" in reason), reason
+        assert reason and ("quantization" in reason or "attention backend 'fa3'" in reason), reason
 
 
 def test_backends_a_plugin_registers_are_known_when_the_matrix_loads(tmp_path, monkeypatch):

@@ -1,0 +1,11 @@
+"""8-bit quantization: schemes (the math), formats (what checkpoints declare), QuantLinear (the layer) and the
+checkpoint loader/writer. pcg owns these; transformers stays the model definition."""
+
+from pcg_core.quant.calibrate import record_input_absmax
+from pcg_core.quant.checkpoint import LoadReport, load_quantized, write_checkpoint
+from pcg_core.quant.formats import SUPPORTED_FORMATS, QuantSpec, detect
+from pcg_core.quant.linear import QuantLinear, quantize_model
+from pcg_core.quant.schemes import SCHEMES, Scheme, get_scheme
+
+__all__ = ["SCHEMES", "SUPPORTED_FORMATS", "LoadReport", "QuantLinear", "QuantSpec", "Scheme", "detect", "get_scheme",
+           "load_quantized", "quantize_model", "record_input_absmax", "write_checkpoint"]

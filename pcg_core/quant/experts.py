@@ -1,0 +1,85 @@
+"""Quantized MoE experts: transformers' fused expert tensors ([E, 2I, H] gate_up, [E, H, I] down) held quantized,
+and the reference forward over them.
+
+The weights are quantized per expert with the scheme's granularity (a per-tensor scale per expert and
+projection, per channel, or 128×128 blocks). The forward is the capturable dense one of pcg_core.model.experts
+(every expert on every token, weighted by its routing weight, zero where not routed), with the activations
+quantized as the scheme does before each projection and the weights dequantized: plain math, static shapes,
+no host sync. A fused grouped FP8/INT8 kernel for CUDA is the next step; until then this is the path on every
+device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pcg_core.quant.schemes import Scheme, dequantize_weight, expand_activation_scale, quantize_activation, quantize_weight
+
+PROJECTIONS = ("gate_up_proj", "up_proj", "down_proj")
+
+
+def is_experts(module: torch.nn.Module) -> bool:
+    """transformers' fused experts module: 3-D expert weights, one row block per expert."""
+    w = getattr(module, "down_proj", None)
+    return isinstance(w, torch.Tensor) and w.dim() == 3 and hasattr(module, "num_experts")
+
+
+def quantize_experts(module: torch.nn.Module, scheme: Scheme, input_absmax: dict[str, float] | None = None) -> None:
+    """Replace the module's expert weights by quantized buffers (same names) and `<name>_scale` beside them; a
+    static scheme also gets `<name>_input_scale` from the calibrated absmax (keys "gate_up"/"down", the inputs
+    of the first and the second projection, over all experts)."""
+    if getattr(module, "is_transposed", False) or getattr(module, "has_bias", False):
+        raise NotImplementedError(f"{type(module).__name__}: transposed or biased expert weights are not quantized yet")
+    for name in PROJECTIONS:
+        w = getattr(module, name, None)
+        if not isinstance(w, torch.Tensor):
+            continue
+        qs = [quantize_weight(w[e], scheme) for e in range(w.shape[0])]
+        del module._parameters[name]
+        module.register_buffer(name, torch.stack([q for q, _ in qs]))
+        module.register_buffer(f"{name}_scale", torch.stack([s for _, s in qs]))
+        if not scheme.act_dynamic:
+            key = "down" if name == "down_proj" else "gate_up"
+            if input_absmax is None or key not in input_absmax:
+                raise ValueError(f"{scheme.name} has static activation scales: calibrate the experts' {key} input first")
+            module.register_buffer(f"{name}_input_scale", torch.tensor(max(input_absmax[key], 1e-6) / scheme.qmax))
+    module.quant_scheme = scheme
+
+
+def _project(x: torch.Tensor, module: torch.nn.Module, name: str, e: int) -> torch.Tensor:
+    """x [T, K] through expert e's projection `name`, activations quantized as the scheme does (float32 out)."""
+    s: Scheme = module.quant_scheme
+    xq, sx = quantize_activation(x, s, getattr(module, f"{name}_input_scale", None))
+    w = dequantize_weight(getattr(module, name)[e], getattr(module, f"{name}_scale")[e], s)
+    return (xq.float() * expand_activation_scale(sx, x.shape[-1])) @ w.t()
+
+
+def quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                              top_k_weights: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(hidden_states, dtype=torch.float32)
+    gated = getattr(module, "has_gate", True) and hasattr(module, "gate_up_proj")
+    for e in range(module.num_experts):
+        weight = (top_k_weights * (top_k_index == e)).sum(dim=-1, keepdim=True)  # [T, 1], 0 if not routed
+        if gated:
+            proj = module._apply_gate(_project(hidden_states, module, "gate_up_proj", e).to(hidden_states.dtype))
+        else:
+            proj = module.act_fn(_project(hidden_states, module, "up_proj", e).to(hidden_states.dtype))
+        out += _project(proj, module, "down_proj", e) * weight.float()
+    return out.to(hidden_states.dtype)
+
+
+def intermediate_absmax(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor) -> float:
+    """Largest |input| of the down projection over the tokens each float expert is routed: its calibration."""
+    gated = getattr(module, "has_gate", True) and hasattr(module, "gate_up_proj")
+    worst = 0.0
+    for e in range(module.num_experts):
+        rows = (top_k_index == e).any(dim=-1)
+        if not bool(rows.any()):
+            continue
+        x = hidden_states[rows]
+        if gated:
+            proj = module._apply_gate(torch.nn.functional.linear(x, module.gate_up_proj[e]))
+        else:
+            proj = module.act_fn(torch.nn.functional.linear(x, module.up_proj[e]))
+        worst = max(worst, float(proj.abs().max()))
+    return worst

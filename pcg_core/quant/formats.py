@@ -1,0 +1,194 @@
+"""Checkpoint formats: which quantization a checkpoint declares, read from its config, mapped onto a scheme.
+
+A format is how a producer writes a scheme to disk: where the declaration lives (config.json's
+`quantization_config`, or ModelOpt's `hf_quant_config.json`), which layers it leaves alone, and what the weight
+scale is called. `detect()` is the one place that reads those declarations; anything it cannot map exactly
+is refused with the format's name and what is supported, so a quantized checkpoint never loads as if it were
+not (transformers 5.17 does that with ModelOpt and w8a8_int8 checkpoints).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pcg_core.errors import UnsupportedModel
+from pcg_core.quant.schemes import INT8_STATIC, SCHEMES, Scheme
+
+HF_QUANT_CONFIG = "hf_quant_config.json"  # ModelOpt's legacy declaration, beside config.json
+MODELOPT_ALGOS = {"FP8": "fp8_per_tensor", "FP8_PER_CHANNEL_PER_TOKEN": "fp8_per_token"}
+SUPPORTED_FORMATS = (
+    "fp8 (HF/DeepSeek 128×128 blocks)",
+    "compressed-tensors (float-quantized / int-quantized: FP8, FP8_DYNAMIC, FP8_BLOCK, INT8_W8A8 static or dynamic)",
+    "modelopt (FP8, FP8_PER_CHANNEL_PER_TOKEN; config.json or hf_quant_config.json)",
+    "w8a8_int8 (SGLang)",
+)
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """What a checkpoint declares: its format, the scheme its quantized linears use, the layers it leaves in
+    16 bits (names or patterns, the format's own syntax), and the weight scale's tensor name."""
+
+    format: str
+    scheme: Scheme
+    ignore: tuple[str, ...] = ()
+    weight_scale_name: str = "weight_scale"
+    where: str = "config.json"
+
+    def ignored(self, module: str) -> bool:
+        for pat in self.ignore:
+            if pat.startswith("re:"):
+                if re.match(pat[3:], module):  # compressed-tensors' rule: a match at the start
+                    return True
+            elif module == pat or fnmatch.fnmatchcase(module, pat) or module.endswith("." + pat):
+                return True
+        return False
+
+
+def _refuse(where: str, what: str) -> UnsupportedModel:
+    return UnsupportedModel(f"{where}: {what}. Supported quantized formats: {'; '.join(SUPPORTED_FORMATS)}")
+
+
+def detect(config_data: dict[str, Any], model_dir: str | Path | None = None) -> QuantSpec | None:
+    """The checkpoint's quantization, or None when it declares none. `model_dir` is where hf_quant_config.json
+    would be. Raises UnsupportedModel for a declaration it cannot map exactly."""
+    legacy = Path(model_dir) / HF_QUANT_CONFIG if model_dir is not None else None
+    qc = config_data.get("quantization_config")
+    if legacy is not None and legacy.is_file():
+        if qc:
+            raise _refuse(str(legacy), "declares a quantization and so does config.json's quantization_config; "
+                                       "remove the stale one")
+        try:
+            data = json.loads(legacy.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UnsupportedModel(f"{legacy}: unreadable ({e}); it declares the checkpoint's quantization, so the "
+                                   "weights cannot be loaded without it") from e
+        return _modelopt(data.get("quantization") or {}, str(legacy), data.get("producer", {}).get("name", "modelopt"))
+    if not qc:
+        return None
+    where = "config.json quantization_config"
+    if not isinstance(qc, dict):
+        raise _refuse(where, f"is a {type(qc).__name__}, not a mapping")
+    method = str(qc.get("quant_method", "")).lower()
+    if method == "fp8":
+        return _hf_fp8(qc, where)
+    if method == "compressed-tensors":
+        return _compressed_tensors(qc, where)
+    if method == "modelopt":
+        return _modelopt(qc, where, "modelopt")
+    if method == "w8a8_int8":
+        return QuantSpec("w8a8_int8", SCHEMES["int8_w8a8"], tuple(qc.get("ignore") or ()), where=where)
+    raise _refuse(where, f"quant_method {method or '(none)'!r} is not supported yet")
+
+
+def _kv_cache_unsupported(where: str, value: Any) -> None:
+    if value not in (None, "", "none", "NONE"):
+        raise _refuse(where, f"declares a quantized KV cache ({value}); FP8 KV-cache scales (k_scale/v_scale) are not "
+                             "applied by this runtime yet, and running without them would be wrong")
+
+
+def _hf_fp8(qc: dict[str, Any], where: str) -> QuantSpec:
+    block = qc.get("weight_block_size")
+    if list(block or []) != [128, 128]:
+        raise _refuse(where, f"fp8 with weight_block_size {block!r}: only [128, 128] blocks are supported yet")
+    if qc.get("activation_scheme", "dynamic") != "dynamic":
+        raise _refuse(where, f"fp8 blocks with activation_scheme {qc.get('activation_scheme')!r}: only dynamic")
+    if qc.get("fmt", "e4m3") != "e4m3":
+        raise _refuse(where, f"fp8 fmt {qc.get('fmt')!r}: only e4m3")
+    if qc.get("dequantize"):
+        raise _refuse(where, "fp8 with dequantize=true asks for 16-bit weights; load the checkpoint's quantized weights "
+                             "instead or a 16-bit checkpoint")
+    ignore = tuple(qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ())
+    return QuantSpec("fp8", SCHEMES["fp8_block"], ignore, weight_scale_name="weight_scale_inv", where=where)
+
+
+def _modelopt(q: dict[str, Any], where: str, producer: str) -> QuantSpec:
+    if producer != "modelopt":
+        raise _refuse(where, f"producer {producer!r} is not ModelOpt")
+    algo = str(q.get("quant_algo", ""))
+    if algo not in MODELOPT_ALGOS:
+        raise _refuse(where, f"ModelOpt quant_algo {algo or '(none)'!r} is not supported yet")
+    _kv_cache_unsupported(where, q.get("kv_cache_quant_algo") or q.get("kv_cache_scheme"))
+    ignore = tuple(q.get("exclude_modules") or q.get("ignore") or ())
+    return QuantSpec("modelopt", SCHEMES[MODELOPT_ALGOS[algo]], ignore, where=where)
+
+
+def _compressed_tensors(qc: dict[str, Any], where: str) -> QuantSpec:
+    fmt = qc.get("format")
+    if fmt not in ("float-quantized", "int-quantized", "naive-quantized"):
+        raise _refuse(where, f"compressed-tensors format {fmt!r} is not supported yet")
+    if qc.get("quantization_status", "compressed") != "compressed":
+        raise _refuse(where, f"compressed-tensors quantization_status {qc.get('quantization_status')!r}: only compressed "
+                             "checkpoints (quantized weights on disk)")
+    _kv_cache_unsupported(where, qc.get("kv_cache_scheme"))
+    groups = qc.get("config_groups") or {}
+    schemes = {_ct_group(name, g, where) for name, g in groups.items()}
+    if len(schemes) != 1:
+        raise _refuse(where, f"{len(schemes)} different schemes in config_groups; one per checkpoint is supported")
+    return QuantSpec("compressed-tensors", schemes.pop(), tuple(qc.get("ignore") or ()), where=where)
+
+
+def _ct_group(name: str, g: dict[str, Any], where: str) -> Scheme:
+    w, a = g.get("weights") or {}, g.get("input_activations")
+    here = f"{where} config_groups.{name}"
+    targets = g.get("targets") or []
+    if targets != ["Linear"]:
+        raise _refuse(here, f"targets {targets}: only ['Linear']")
+    if a is None:
+        raise _refuse(here, "weight-only quantization (no input_activations) is not supported yet")
+    if w.get("num_bits") != 8 or a.get("num_bits") != 8:
+        raise _refuse(here, f"{w.get('num_bits')}-bit weights × {a.get('num_bits')}-bit activations: this loader reads 8-bit "
+                            "schemes (4-bit ones come later)")
+    if not (w.get("symmetric", True) and a.get("symmetric", True)):
+        raise _refuse(here, "asymmetric (zero-point) 8-bit quantization is not supported yet")
+    key = (w.get("type"), w.get("strategy"), a.get("strategy"), bool(a.get("dynamic")))
+    table = {
+        ("float", "tensor", "tensor", False): SCHEMES["fp8_per_tensor"],
+        ("float", "channel", "token", True): SCHEMES["fp8_per_token"],
+        ("float", "block", "group", True): SCHEMES["fp8_block"],
+        ("int", "channel", "token", True): SCHEMES["int8_w8a8"],
+        ("int", "channel", "tensor", False): INT8_STATIC,
+    }
+    if key not in table:
+        raise _refuse(here, f"weights {key[0]}/{key[1]} × activations {key[2]} ({'dynamic' if key[3] else 'static'}) is not "
+                            "a supported combination")
+    if key[1] == "block" and (list(w.get("block_structure") or []) != [128, 128] or a.get("group_size") != 128):
+        raise _refuse(here, f"block_structure {w.get('block_structure')} / group_size {a.get('group_size')}: only 128×128 / 128")
+    return table[key]
+
+
+# Writing (synthetic checkpoints in the real formats) -----------------------------------------------------------
+def declaration(fmt: str, scheme: Scheme, ignore: tuple[str, ...] = ("lm_head",), legacy: bool = False) -> tuple[dict | None, dict | None]:
+    """(config.json quantization_config, hf_quant_config.json) as `fmt`'s producer writes them for `scheme`."""
+    if fmt == "fp8":
+        if scheme.name != "fp8_block":
+            raise ValueError("HF fp8 checkpoints are written here with 128×128 blocks only")
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+                "modules_to_not_convert": list(ignore)}, None
+    if fmt == "modelopt":
+        algo = {v: k for k, v in MODELOPT_ALGOS.items()}.get(scheme.name)
+        if algo is None:
+            raise ValueError(f"ModelOpt has no algo for {scheme.name} here")
+        if legacy:
+            return None, {"producer": {"name": "modelopt", "version": "0.29.0"},
+                          "quantization": {"quant_algo": algo, "kv_cache_quant_algo": None, "exclude_modules": list(ignore)}}
+        return {"quant_method": "modelopt", "quant_algo": algo, "ignore": list(ignore)}, None
+    if fmt == "w8a8_int8":
+        return {"quant_method": "w8a8_int8"}, None
+    if fmt == "compressed-tensors":
+        weights = {"num_bits": 8, "type": "float" if scheme.kind == "fp8" else "int", "strategy": scheme.weights,
+                   "symmetric": True, "dynamic": False}
+        acts = {"num_bits": 8, "type": weights["type"], "strategy": scheme.acts, "symmetric": True,
+                "dynamic": scheme.act_dynamic}
+        if scheme.weights == "block":
+            weights["block_structure"] = [128, 128]
+            acts["group_size"] = 128
+        return {"quant_method": "compressed-tensors", "format": "float-quantized" if scheme.kind == "fp8" else "int-quantized",
+                "quantization_status": "compressed", "ignore": list(ignore), "kv_cache_scheme": None,
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}}}, None
+    raise ValueError(f"no writer for format {fmt!r}")

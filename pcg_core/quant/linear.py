@@ -1,0 +1,130 @@
+"""`QuantLinear`: an nn.Linear whose weight is stored quantized, swapped into transformers' model in its place.
+
+Two paths, one module. On CUDA in bf16 the scheme's kernel runs (`torch._scaled_mm` for FP8 at every granularity,
+`torch._int_mm` for INT8), the activation quantization written in plain torch ops so that inductor fuses it into
+the piece around it. Everywhere else (CPU, other dtypes, shapes a kernel refuses) the reference runs:
+schemes.reference_linear, the plain math the kernels are held to. Both paths are static-shape and sync-free,
+so a QuantLinear is captured like any other op.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pcg_core.quant.experts import is_experts, quantize_experts
+from pcg_core.quant.schemes import BLOCK, Scheme, quantize_activation, quantize_weight, reference_linear
+
+
+class QuantLinear(torch.nn.Module):
+    """y = x Wᵀ + b with W = dequantize(weight, weight_scale). Buffers keep the checkpoint's names (weight,
+    weight_scale, input_scale) so a state dict reads like the file it came from."""
+
+    def __init__(self, in_features: int, out_features: int, scheme: Scheme, bias: bool = False,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.in_features, self.out_features, self.scheme, self.dtype = in_features, out_features, scheme, dtype
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=scheme.qdtype, device=device))
+        self.register_buffer("weight_scale", torch.ones(_scale_shape(scheme, out_features, in_features), device=device))
+        self.register_buffer("input_scale", None if scheme.act_dynamic else torch.ones((), device=device))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, scheme: Scheme, input_scale: torch.Tensor | None = None) -> QuantLinear:
+        """Quantize a float linear layer (a synthetic model's). A static scheme needs its calibrated input_scale."""
+        w = linear.weight
+        mod = cls(linear.in_features, linear.out_features, scheme, linear.bias is not None, w.device, w.dtype)
+        q, s = quantize_weight(w, scheme)
+        mod.weight.copy_(q)
+        mod.weight_scale.copy_(s.reshape(mod.weight_scale.shape))
+        if mod.input_scale is not None:
+            if input_scale is None:
+                raise ValueError(f"{scheme.name} quantizes activations with a static scale: pass input_scale")
+            mod.input_scale.copy_(input_scale.reshape(()))
+        if mod.bias is not None:
+            mod.bias.copy_(linear.bias)
+        return mod
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme.name}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if _kernel_ok(x2, self):
+            out = _cuda_linear(x2, self)
+        else:
+            out = reference_linear(x2, self.weight, self.weight_scale, self.scheme, self.input_scale, self.bias)
+        return out.reshape(*lead, self.out_features)
+
+
+def _scale_shape(scheme: Scheme, n: int, k: int) -> tuple[int, ...]:
+    if scheme.weights == "tensor":
+        return ()
+    if scheme.weights == "channel":
+        return (n, 1)
+    return (-(-n // BLOCK), -(-k // BLOCK))
+
+
+def _kernel_ok(x: torch.Tensor, mod: QuantLinear) -> bool:
+    """Whether the CUDA kernel runs: bf16 on CUDA, and the dimensions the kernels accept (block FP8: whole
+    128-blocks; _int_mm: K and N multiples of 8). Decided by the layer's static widths, never by the token
+    count, so a traced graph holds one branch for every bucket."""
+    if not (x.is_cuda and x.dtype == torch.bfloat16):
+        return False
+    n, k = mod.out_features, mod.in_features
+    if mod.scheme.weights == "block":
+        return n % BLOCK == 0 and k % BLOCK == 0
+    return n % 16 == 0 and k % 16 == 0
+
+
+def _pad_rows(x: torch.Tensor, multiple: int, extra: int = 0) -> torch.Tensor:
+    """x with zero rows appended up to a multiple of `multiple` (plus `extra`): token counts the kernels refuse
+    (block FP8 wants M % 4 == 0, _int_mm M > 16) padded, not branched on."""
+    pad = (-x.shape[0]) % multiple + extra
+    return torch.nn.functional.pad(x, (0, 0, 0, pad))
+
+
+def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
+    s, m = mod.scheme, x.shape[0]
+    if s.kind == "int8":
+        xq, sx = quantize_activation(_pad_rows(x, 8, 24), s, mod.input_scale)  # ≥ 24 rows: _int_mm needs M > 16
+        acc = torch._int_mm(xq, mod.weight.t())[:m]
+        sx = sx[:m] if sx.dim() else sx
+        out = acc.float() * sx * mod.weight_scale.view(1, -1)
+    elif s.weights == "block":
+        xq, sx = quantize_activation(_pad_rows(x, 4), s)
+        sx = sx.t().contiguous().t()  # column-major, as cuBLASLt's 1×128 block scaling wants
+        out = torch._scaled_mm(xq, mod.weight.t(), scale_a=sx, scale_b=mod.weight_scale.t(), out_dtype=torch.bfloat16)[:m]
+    elif s.weights == "channel":  # FP8 channel weights come with per-token activations (fp8_per_token)
+        xq, sx = quantize_activation(x, s)
+        out = torch._scaled_mm(xq, mod.weight.t(), scale_a=sx, scale_b=mod.weight_scale.view(1, -1), out_dtype=torch.bfloat16)
+    else:
+        xq, sx = quantize_activation(x, s, mod.input_scale)
+        out = torch._scaled_mm(xq, mod.weight.t(), scale_a=sx.reshape(()), scale_b=mod.weight_scale.reshape(()),
+                               out_dtype=torch.bfloat16)
+    if mod.bias is not None:
+        out = out + mod.bias
+    return out.to(torch.bfloat16)
+
+
+def quantize_model(model: torch.nn.Module, scheme: Scheme, skip: tuple[str, ...] = ("lm_head",),
+                   input_absmax: dict[str, float] | None = None) -> list[str]:
+    """Swap every nn.Linear of `model` (but those whose name ends with one of `skip`) for a QuantLinear holding
+    its weight quantized, and quantize fused MoE experts in place (experts.py): what a synthetic cell runs.
+    Returns the names quantized. A static scheme needs the calibrated input absmax (calibrate.record_input_absmax)."""
+    if not scheme.act_dynamic and input_absmax is None:
+        raise ValueError(f"{scheme.name} has static activation scales: pass input_absmax from a calibration run")
+    swapped = []
+    for name, mod in list(model.named_modules()):
+        if is_experts(mod):
+            absmax = None if input_absmax is None else {k: input_absmax[f"{name}.{k}"] for k in ("gate_up", "down")}
+            quantize_experts(mod, scheme, absmax)
+            swapped.append(name)
+            continue
+        if type(mod) is not torch.nn.Linear or name.endswith(skip):
+            continue
+        parent, _, attr = name.rpartition(".")
+        static = None if scheme.act_dynamic else torch.tensor(max(input_absmax[name], 1e-6) / scheme.qmax)
+        setattr(model.get_submodule(parent) if parent else model, attr, QuantLinear.from_linear(mod, scheme, static))
+        swapped.append(name)
+    return swapped

@@ -1,0 +1,160 @@
+"""The 8-bit quantization schemes: how weights and activations are quantized, and the plain math they stand for.
+
+A scheme is granularity, not file format: ModelOpt `FP8`, compressed-tensors `FP8` and a per-tensor HF `fp8`
+checkpoint all load into `fp8_per_tensor` (formats.py maps each format onto a scheme). Everything here is
+plain torch and runs on a CPU: the quantizers write synthetic checkpoints and quantize synthetic models, the
+dequantizers are the reference every kernel path is held to.
+
+Conventions (those of the checkpoints, see ../shared/research/quant-and-attention-on-h200.md §4): a weight is
+(N out, K in) as in nn.Linear; a scale is a *multiplier* (W ≈ q · scale), also where a format calls it
+`weight_scale_inv`; block scales are (⌈N/128⌉, ⌈K/128⌉); activation groups run along K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448
+INT8_MAX = 127.0
+BLOCK = 128  # DeepSeek-style blocks: weights 128×128, activations 1×128
+_TINY = 1e-12  # a scale is never 0: an all-zero row quantizes to zeros, not NaN
+
+WeightGranularity = Literal["tensor", "channel", "block"]
+ActGranularity = Literal["tensor", "token", "group"]
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One way to run a linear layer in 8 bits. `act_dynamic`: activation scales computed per forward (else a
+    static `input_scale` from the checkpoint, per tensor)."""
+
+    name: str
+    kind: Literal["fp8", "int8"]
+    weights: WeightGranularity
+    acts: ActGranularity
+    act_dynamic: bool
+    description: str
+
+    @property
+    def qdtype(self) -> torch.dtype:
+        return FP8 if self.kind == "fp8" else torch.int8
+
+    @property
+    def qmax(self) -> float:
+        return FP8_MAX if self.kind == "fp8" else INT8_MAX
+
+
+SCHEMES: dict[str, Scheme] = {s.name: s for s in (
+    Scheme("fp8_per_tensor", "fp8", "tensor", "tensor", False,
+           "FP8 e4m3, one scale per weight and a static one per activation (ModelOpt FP8, compressed-tensors FP8)"),
+    Scheme("fp8_per_token", "fp8", "channel", "token", True,
+           "FP8 e4m3, per-channel weights × per-token dynamic activations (compressed-tensors FP8_DYNAMIC, "
+           "ModelOpt FP8_PER_CHANNEL_PER_TOKEN, fbgemm_fp8)"),
+    Scheme("fp8_block", "fp8", "block", "group", True,
+           "FP8 e4m3, 128×128 weight blocks × 1×128 dynamic activation groups (HF fp8 as DeepSeek-V3 and Qwen3-FP8 "
+           "ship it, compressed-tensors FP8_BLOCK)"),
+    Scheme("int8_w8a8", "int8", "channel", "token", True,
+           "INT8, per-channel weights × per-token dynamic activations, symmetric (compressed-tensors INT8_W8A8, "
+           "SGLang w8a8_int8)"),
+)}
+# Variants a checkpoint can declare that no matrix value names: same granularity family, static activations.
+INT8_STATIC = Scheme("int8_w8a8_static", "int8", "channel", "tensor", False,
+                     "INT8, per-channel weights × one static activation scale (compressed-tensors int-quantized, static)")
+
+
+def get_scheme(name: str) -> Scheme:
+    if name == INT8_STATIC.name:
+        return INT8_STATIC
+    if name not in SCHEMES:
+        raise KeyError(f"quantization scheme {name!r} is not one of {', '.join(SCHEMES)}")
+    return SCHEMES[name]
+
+
+# Weights ------------------------------------------------------------------------------------------------------
+def _to_q(x: torch.Tensor, scheme: Scheme) -> torch.Tensor:
+    if scheme.kind == "fp8":
+        return x.clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return x.round().clamp(-128, 127).to(torch.int8)
+
+
+def _blocks(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """t [N, K] zero-padded to whole blocks and viewed [N/rows, rows, K/cols, cols]."""
+    n, k = t.shape
+    pn, pk = -(-n // rows) * rows, -(-k // cols) * cols
+    if (pn, pk) != (n, k):
+        t = torch.nn.functional.pad(t, (0, pk - k, 0, pn - n))
+    return t.view(pn // rows, rows, pk // cols, cols)
+
+
+def expand_block_scale(scale: torch.Tensor, n: int, k: int, rows: int = BLOCK, cols: int = BLOCK) -> torch.Tensor:
+    """A (⌈n/rows⌉, ⌈k/cols⌉) block scale as one multiplier per element [n, k]."""
+    return scale.repeat_interleave(rows, 0).repeat_interleave(cols, 1)[:n, :k]
+
+
+def quantize_weight(w: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [N, K] in the scheme's dtype, scale) with w ≈ dequantize_weight(q, scale, scheme). Scales are float32:
+    per tensor a 0-d tensor, per channel [N, 1], per block [⌈N/128⌉, ⌈K/128⌉]."""
+    w = w.detach().float()
+    if scheme.weights == "tensor":
+        scale = (w.abs().amax() / scheme.qmax).clamp(min=_TINY)
+        return _to_q(w / scale, scheme), scale
+    if scheme.weights == "channel":
+        scale = (w.abs().amax(dim=1, keepdim=True) / scheme.qmax).clamp(min=_TINY)
+        return _to_q(w / scale, scheme), scale
+    n, k = w.shape
+    scale = (_blocks(w, BLOCK, BLOCK).abs().amax(dim=(1, 3)) / scheme.qmax).clamp(min=_TINY)
+    return _to_q(w / expand_block_scale(scale, n, k), scheme), scale
+
+
+def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, scheme: Scheme) -> torch.Tensor:
+    """The float32 weight a quantized one stands for: the reference every kernel path is held to."""
+    if scheme.weights == "block":
+        return q.float() * expand_block_scale(scale.float(), *q.shape)
+    return q.float() * scale.float()  # 0-d or [N, 1]: broadcasts
+
+
+# Activations --------------------------------------------------------------------------------------------------
+def activation_scale(x: torch.Tensor, scheme: Scheme, input_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The activation scale for x [M, K]: the static input_scale (0-d), per token [M, 1], or per 128-group
+    [M, ⌈K/128⌉]; float32."""
+    if not scheme.act_dynamic:
+        if input_scale is None:
+            raise ValueError(f"scheme {scheme.name} has static activation scales, and none was given")
+        return input_scale.float().reshape(())
+    a = x.float().abs()
+    if scheme.acts == "token":
+        amax = a.amax(dim=-1, keepdim=True)
+    elif scheme.acts == "group":
+        m, k = a.shape
+        pk = -(-k // BLOCK) * BLOCK
+        amax = torch.nn.functional.pad(a, (0, pk - k)).view(m, pk // BLOCK, BLOCK).amax(dim=-1)
+    else:
+        amax = a.amax()
+    return (amax / scheme.qmax).clamp(min=_TINY)
+
+
+def expand_activation_scale(scale: torch.Tensor, k: int) -> torch.Tensor:
+    """An activation scale that broadcasts over x [M, k]: per-group scales repeated over their 128 columns."""
+    return scale.repeat_interleave(BLOCK, dim=-1)[..., :k] if scale.dim() == 2 and scale.shape[-1] > 1 else scale
+
+
+def quantize_activation(x: torch.Tensor, scheme: Scheme, input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(xq in the scheme's dtype, its scale) for x [M, K]."""
+    scale = activation_scale(x, scheme, input_scale)
+    return _to_q(x.float() / expand_activation_scale(scale, x.shape[-1]), scheme), scale
+
+
+def reference_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, scheme: Scheme,
+                     input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What a quantized linear computes, in float32 math: activations quantized and dequantized as the kernel
+    would see them, times the dequantized weight; in x's dtype."""
+    xq, sx = quantize_activation(x, scheme, input_scale)
+    xd = xq.float() * expand_activation_scale(sx, x.shape[-1])
+    out = xd @ dequantize_weight(q, scale, scheme).t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)

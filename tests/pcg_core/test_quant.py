@@ -1,0 +1,389 @@
+"""8-bit quantization: schemes against plain math, formats detected or refused, synthetic checkpoints in the real
+formats loaded through the normal loader and held to the float model they were made from, planted faults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from pcg_helpers import config_path, make_engine, prompts_of, tiny_model
+
+from pcg_core import load_model
+from pcg_core.errors import UnsupportedModel
+from pcg_core.model.experts import pcg_experts_forward
+from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
+from pcg_core.quant import SCHEMES, QuantLinear, detect, quantize_model, record_input_absmax, write_checkpoint
+from pcg_core.quant.experts import is_experts, quantize_experts
+from pcg_core.quant.schemes import (
+    FP8_MAX,
+    dequantize_weight,
+    expand_block_scale,
+    get_scheme,
+    quantize_activation,
+    quantize_weight,
+    reference_linear,
+)
+
+# (format, scheme, legacy ModelOpt declaration): every pairing a real producer writes
+FORMATS = [
+    ("fp8", "fp8_block", False),
+    ("compressed-tensors", "fp8_per_tensor", False),
+    ("compressed-tensors", "fp8_per_token", False),
+    ("compressed-tensors", "fp8_block", False),
+    ("compressed-tensors", "int8_w8a8", False),
+    ("compressed-tensors", "int8_w8a8_static", False),
+    ("modelopt", "fp8_per_tensor", False),
+    ("modelopt", "fp8_per_tensor", True),
+    ("modelopt", "fp8_per_token", False),
+    ("w8a8_int8", "int8_w8a8", False),
+]
+# Max relative error of the quantized model's logits against the float model's (tiny Qwen3, float32): FP8 keeps
+# 3 mantissa bits (2^-4 relative per element), INT8 7 per channel/token; a static per-tensor INT8 activation scale
+# spends them on the largest activation of the whole tensor. Measured: FP8 0.03–0.06, INT8 dynamic ~0.01,
+# INT8 static ~0.06. A planted scale fault moves them past 0.15 (test_planted_scale_faults_...).
+LOGIT_RTOL = {"fp8": 0.15, "int8": 0.05, "int8_static": 0.1}
+
+
+def _float_model(arch="qwen3", width=None, seed=0):
+    data = shrink_config(read_config_file(config_path(arch)), tiny=True, layers=2)
+    if width:  # whole 128-blocks
+        data.update(hidden_size=width, intermediate_size=2 * width, head_dim=width // data["num_attention_heads"])
+    return synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=seed, peaked=True), data
+
+
+def _logits(model, n=24, seed=0):
+    """float32 logits of one prompt, through the engine (our attention op runs inside its forward only)."""
+    engine = make_engine(model, "disabled")
+    prompt = torch.randint(0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return engine.logits(engine.forward(engine.prefill_batch([prompt])))
+
+
+def _calibrated(model, scheme):
+    """Input absmax per linear for a static scheme (None for a dynamic one), from one calibration prompt."""
+    if scheme.act_dynamic:
+        return None
+    with record_input_absmax(model) as absmax:
+        _logits(model, seed=7)
+    return absmax
+
+
+def _write(model, data, path, fmt, scheme, **kw):
+    s = get_scheme(scheme)
+    return write_checkpoint(model, data, path, fmt, s, input_absmax=_calibrated(model, s), **kw)
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+# Schemes --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_weight_round_trip_is_within_the_format_precision(name):
+    s = SCHEMES[name]
+    w = torch.randn(256, 384) * torch.rand(256, 1)  # rows of different magnitudes
+    q, scale = quantize_weight(w, s)
+    assert q.dtype == s.qdtype
+    expected_scale = {"tensor": (), "channel": (256, 1), "block": (2, 3)}[s.weights]
+    assert tuple(scale.shape) == expected_scale
+    err = (dequantize_weight(q, scale, s) - w).abs()
+    # one rounding: ≤ half a step of the largest magnitude in the scale's group; fp8 e4m3 has a 2^-3 relative step
+    step = expand_block_scale(scale, 256, 384) if s.weights == "block" else scale
+    bound = step * (FP8_MAX * 2**-4 if s.kind == "fp8" else 0.5)
+    assert bool((err <= bound * 1.001 + 1e-12).all()), f"{name}: max err {float(err.max()):.3g}"
+
+
+def test_block_scales_cover_partial_blocks():
+    s = SCHEMES["fp8_block"]
+    w = torch.randn(200, 130)
+    q, scale = quantize_weight(w, s)
+    assert tuple(scale.shape) == (2, 2)
+    assert _rel(dequantize_weight(q, scale, s), w) < 0.05
+
+
+@pytest.mark.parametrize("name", list(SCHEMES) + ["int8_w8a8_static"])
+def test_reference_linear_is_dequantized_math(name):
+    s = get_scheme(name)
+    x, w, b = torch.randn(12, 256), torch.randn(64, 256) / 16, torch.randn(64)
+    q, scale = quantize_weight(w, s)
+    static = None if s.act_dynamic else torch.tensor(float(x.abs().max()) / s.qmax)
+    got = reference_linear(x, q, scale, s, static, b)
+    xq, sx = quantize_activation(x, s, static)
+    sx_full = sx.repeat_interleave(128, dim=-1) if s.acts == "group" else sx  # spelled out, not the helper
+    want = (xq.float() * sx_full) @ dequantize_weight(q, scale, s).t() + b
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert _rel(got, x @ w.t() + b) < (0.08 if s.kind == "fp8" else 0.03)  # and near the float layer
+
+
+def test_activation_groups_are_per_token_and_per_128_columns():
+    s = SCHEMES["fp8_block"]
+    x = torch.ones(3, 256)
+    x[1, 130] = 100.0
+    _, sx = quantize_activation(x, s)
+    assert tuple(sx.shape) == (3, 2)
+    assert torch.allclose(sx[1], torch.tensor([1 / FP8_MAX, 100 / FP8_MAX]))
+    assert torch.allclose(sx[0], torch.full((2,), 1 / FP8_MAX))
+
+
+# Formats --------------------------------------------------------------------------------------------------------
+def _declared(tmp_path, qc=None, legacy=None):
+    data = {"model_type": "qwen3"}
+    if qc is not None:
+        data["quantization_config"] = qc
+    if legacy is not None:
+        (tmp_path / "hf_quant_config.json").write_text(json.dumps(legacy))
+    return detect(data, tmp_path)
+
+
+def test_each_declaration_maps_onto_its_scheme(tmp_path):
+    from pcg_core.quant.formats import declaration
+
+    for fmt, scheme, legacy in FORMATS:
+        d = tmp_path / f"{fmt}-{scheme}-{legacy}"
+        d.mkdir()
+        qc, lc = declaration(fmt, get_scheme(scheme), ("lm_head",), legacy)
+        spec = _declared(d, qc, lc)
+        assert (spec.format, spec.scheme.name) == (fmt, scheme)
+        assert not spec.ignored("model.layers.0.self_attn.q_proj")
+        assert spec.ignored("lm_head") or fmt == "w8a8_int8"  # SGLang's declaration has no ignore list
+    assert detect({"model_type": "qwen3"}, None) is None
+
+
+@pytest.mark.parametrize("qc, words", [
+    ({"quant_method": "awq", "bits": 4}, "'awq' is not supported yet"),
+    ({"quant_method": "gptq", "bits": 4}, "'gptq'"),
+    ({"quant_method": "bitsandbytes"}, "'bitsandbytes'"),
+    ({"quant_method": "fp8", "weight_block_size": None}, "weight_block_size None"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"}, "only dynamic"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "'NVFP4'"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}, "KV cache"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "'pack-quantized'"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "kv_cache_scheme": {"num_bits": 8}}, "KV cache"),
+    ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {"targets": ["Linear"],
+      "weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": False},
+      "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}}}}, "asymmetric"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {"targets": ["Linear"],
+      "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}, "weight-only"),
+    ("fp8", "not a mapping"),
+])
+def test_unsupported_declarations_are_refused_naming_the_format(tmp_path, qc, words):
+    with pytest.raises(UnsupportedModel) as e:
+        _declared(tmp_path, qc)
+    assert words in str(e.value)
+    assert "Supported quantized formats" in str(e.value)
+
+
+def test_legacy_modelopt_declaration_beside_config_is_read(tmp_path):
+    """The checkpoint transformers loads as unquantized: quantization only in hf_quant_config.json."""
+    spec = _declared(tmp_path, None, {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8",
+                                                                                          "exclude_modules": ["lm_head"]}})
+    assert (spec.format, spec.scheme.name, spec.ignore) == ("modelopt", "fp8_per_tensor", ("lm_head",))
+    (tmp_path / "hf_quant_config.json").write_text("{not json")
+    with pytest.raises(UnsupportedModel, match="unreadable"):
+        detect({"model_type": "qwen3"}, tmp_path)
+
+
+# Checkpoints ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def float_qwen3():
+    return _float_model()
+
+
+@pytest.fixture(scope="module")
+def float_qwen3_256():
+    return _float_model(width=256)
+
+
+@pytest.mark.parametrize("fmt, scheme, legacy", FORMATS, ids=[f"{f}-{s}{'-legacy' if lg else ''}" for f, s, lg in FORMATS])
+def test_synthetic_checkpoint_loads_and_tracks_the_float_model(tmp_path, float_qwen3, fmt, scheme, legacy):
+    model, data = float_qwen3
+    _write(model, data, tmp_path, fmt, scheme, legacy=legacy, shards=2)
+    lm = load_model(str(tmp_path), weights="real")
+    quantized = {n: m for n, m in lm.model.named_modules() if isinstance(m, QuantLinear)}
+    assert len(quantized) == 7 * 2  # q k v o gate up down × 2 layers; lm_head left in float
+    assert all(m.scheme.name == scheme for m in quantized.values())
+    name, mod = next(iter(quantized.items()))
+    src = model.get_submodule(name).weight
+    q, s = quantize_weight(src, get_scheme(scheme))
+    assert torch.equal(mod.weight.view(torch.uint8), q.view(torch.uint8)), "stored bytes changed on the way"
+    assert torch.equal(dequantize_weight(mod.weight, mod.weight_scale, mod.scheme), dequantize_weight(q, s, mod.scheme))
+    rel = _rel(_logits(lm.model), _logits(model))
+    s = get_scheme(scheme)
+    bound = LOGIT_RTOL["int8_static" if s.kind == "int8" and not s.act_dynamic else s.kind]
+    assert rel < bound, f"{fmt}/{scheme}: logits {rel:.3f} from the float model"
+
+
+def test_transformers_dequantizing_fp8_loader_agrees_with_ours(tmp_path):
+    """An oracle we did not write: on a CPU transformers loads an HF fp8 checkpoint dequantized. Every linear's
+    weight must equal our dequantization of the same files, element for element."""
+    pytest.importorskip("accelerate")  # transformers' fp8 loader needs it (a dev dependency)
+    from transformers import AutoModelForCausalLM
+
+    model, data = _float_model(width=256)
+    _write(model, data, tmp_path, "fp8", "fp8_block")
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    ours = load_model(str(tmp_path), weights="real").model
+    checked = 0
+    for name, mod in ours.named_modules():
+        if isinstance(mod, QuantLinear):
+            want = theirs.get_submodule(name).weight.detach().float()
+            got = dequantize_weight(mod.weight, mod.weight_scale, mod.scheme)
+            assert torch.equal(got, want), name
+            checked += 1
+    assert checked == 14
+
+
+def test_block_checkpoint_at_whole_block_widths(tmp_path):
+    model, data = _float_model(width=256)
+    _write(model, data, tmp_path, "fp8", "fp8_block")
+    lm = load_model(str(tmp_path), weights="real")
+    mod = lm.model.model.layers[0].mlp.down_proj
+    assert tuple(mod.weight_scale.shape) == (2, 4)  # N 256 × K 512
+    assert _rel(_logits(lm.model), _logits(model)) < LOGIT_RTOL["fp8"]
+
+
+def test_trimmed_load_skips_the_layers_past_the_kept_ones(tmp_path, float_qwen3):
+    model, data = float_qwen3
+    _write(model, data, tmp_path, "compressed-tensors", "fp8_per_token")
+    lm = load_model(str(tmp_path), weights="real", layers=1)
+    assert len(lm.model.model.layers) == 1
+    assert isinstance(lm.model.model.layers[0].self_attn.q_proj, QuantLinear)
+
+
+def _edit(tmp_path, fn):
+    """Rewrite the single-file checkpoint's tensors with fn(dict) (a planted fault in the files)."""
+    from safetensors.torch import load_file, save_file
+
+    f = tmp_path / "model.safetensors"
+    t = load_file(f)
+    fn(t)
+    save_file(t, f)
+
+
+L0 = "model.layers.0."
+
+
+@pytest.mark.parametrize("fault, words", [
+    (lambda t: t.pop(L0 + "self_attn.q_proj.weight_scale_inv"), "weight_scale_inv is missing"),
+    (lambda t: t.update({L0 + "mlp.down_proj.weight_scale_inv": t[L0 + "mlp.down_proj.weight_scale_inv"].t().contiguous()}), "expected (2, 4)"),
+    (lambda t: t.update({L0 + "self_attn.k_proj.k_scale": torch.tensor(1.0)}), "KV-cache scales"),
+    (lambda t: t.update({"model.layers.0.mlp.experts.0.up_proj.weight": torch.zeros(4, 4, dtype=torch.float8_e4m3fn)}), "per-expert"),
+    (lambda t: t.update({L0 + "self_attn.q_proj.weight": t[L0 + "self_attn.q_proj.weight"].view(torch.int8)}), "needs torch.float8_e4m3fn"),
+    (lambda t: t.update({L0 + "self_attn.q_proj.input_scale": torch.tensor(1.0)}), "declares dynamic activations"),
+    (lambda t: t.update({"lm_head.weight": t["lm_head.weight"].to(torch.float8_e4m3fn)}), "lists lm_head as not quantized"),
+])
+def test_inconsistent_checkpoint_files_are_refused(tmp_path, float_qwen3_256, fault, words):
+    model, data = float_qwen3_256
+    _write(model, data, tmp_path, "fp8", "fp8_block")
+    _edit(tmp_path, fault)
+    with pytest.raises(UnsupportedModel) as e:
+        load_model(str(tmp_path), weights="real")
+    assert words in str(e.value)
+
+
+def test_static_scheme_without_input_scale_is_refused(tmp_path, float_qwen3):
+    model, data = float_qwen3
+    _write(model, data, tmp_path, "modelopt", "fp8_per_tensor")
+    _edit(tmp_path, lambda t: t.pop(L0 + "mlp.up_proj.input_scale"))
+    with pytest.raises(UnsupportedModel, match="input_scale is missing"):
+        load_model(str(tmp_path), weights="real")
+
+
+@pytest.mark.parametrize("fault", ["scale_as_divisor", "transposed_square_block_scale", "wrong_shard_scale"])
+def test_planted_scale_faults_are_caught_by_the_float_comparison(tmp_path, fault):
+    """Faults that leave every shape right: only the numbers are wrong, and the comparison with the float model
+    the checkpoint was made from must see it."""
+    model, data = _float_model(width=256, seed=3)
+    with torch.no_grad():  # magnitudes that differ where a fault would mix them up: across o_proj's blocks, q vs k
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[:128, 128:] *= 8
+            layer.mlp.gate_proj.weight *= 8  # (not k_proj: Qwen3's k_norm would undo a wrong scale there)
+    fmt, scheme = ("compressed-tensors", "fp8_per_tensor") if fault == "wrong_shard_scale" else ("fp8", "fp8_block")
+    _write(model, data, tmp_path, fmt, scheme)
+    sname = "weight_scale_inv" if fmt == "fp8" else "weight_scale"
+    clean = load_model(str(tmp_path), weights="real")
+    assert _rel(_logits(clean.model), _logits(model)) < LOGIT_RTOL["fp8"]
+
+    def plant(t):
+        for layer in range(2):
+            p = f"model.layers.{layer}."
+            if fault == "scale_as_divisor":
+                for k in [k for k in t if k.startswith(p) and k.endswith(sname)]:
+                    t[k] = 1.0 / t[k]
+            elif fault == "transposed_square_block_scale":
+                k = p + "self_attn.o_proj." + sname  # 256 × 256: a square block grid
+                t[k] = t[k].t().contiguous()
+            else:  # up_proj given gate_proj's scale, as a loader fusing the two shards might
+                t[p + "mlp.up_proj." + sname] = t[p + "mlp.gate_proj." + sname].clone()
+
+    _edit(tmp_path, plant)
+    bad = load_model(str(tmp_path), weights="real")
+    assert _rel(_logits(bad.model), _logits(model)) > LOGIT_RTOL["fp8"], f"{fault} went unnoticed"
+
+
+def test_declared_but_unquantized_files_are_refused(tmp_path, float_qwen3):
+    model, data = float_qwen3
+    d = dict(data)
+    d["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    model.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**json.loads((tmp_path / "config.json").read_text()),
+                                                      "quantization_config": d["quantization_config"]}))
+    with pytest.raises(UnsupportedModel, match="no linear layer's weight is stored in 8 bits"):
+        load_model(str(tmp_path), weights="real")
+
+
+# The engine -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+@pytest.mark.parametrize("backend", ["piecewise", "breakable"])
+def test_quantized_model_graph_path_matches_eager_bitwise_on_cpu(scheme, backend):
+    model, _ = _float_model(width=256)
+    swapped = quantize_model(model, SCHEMES[scheme], input_absmax=_calibrated(model, SCHEMES[scheme]))
+    assert len(swapped) == 14 and "lm_head" not in swapped
+    engine = make_engine(model, backend)
+    prompts = prompts_of([5, 11, 3], model.config.vocab_size, seed=2)
+    batch = engine.prefill_batch(prompts)
+    got = engine.forward(batch).clone()
+    want = engine.forward(batch, eager=True)
+    assert torch.equal(got, want)
+
+
+# MoE experts ----------------------------------------------------------------------------------------------------
+def _experts(arch):
+    lm = tiny_model(arch)
+    mod = next(m for m in lm.model.modules() if is_experts(m))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, lm.config.hidden_size, generator=g)
+    idx = torch.stack([torch.randperm(mod.num_experts, generator=g)[:2] for _ in range(16)])
+    w = torch.rand(16, 2, generator=g)
+    return mod, x, idx, w
+
+
+@pytest.mark.parametrize("arch", ["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_quantized_experts_track_the_float_experts(arch, name):
+    mod, x, idx, w = _experts(arch)
+    want = pcg_experts_forward(mod, x, idx, w)
+    with record_input_absmax(mod) as absmax:
+        mod(x, idx, w)
+    quantize_experts(mod, SCHEMES[name], {k: absmax[f".{k}"] for k in ("gate_up", "down")} if absmax else None)
+    assert mod.down_proj.dtype == SCHEMES[name].qdtype and not any(p.dim() == 3 for p in mod.parameters())
+    got = pcg_experts_forward(mod, x, idx, w)  # the registered path dispatches to the quantized forward
+    rel = _rel(got.float(), want.float())
+    assert rel < (0.08 if SCHEMES[name].kind == "fp8" else 0.03), f"{arch}/{name}: {rel:.3f} from the float experts"
+    # planted: each expert's scales given to the next expert (a per-expert mix-up in a loader or a stack)
+    for buf in ("gate_up_proj_scale", "up_proj_scale", "down_proj_scale"):
+        if hasattr(mod, buf):
+            t = getattr(mod, buf)
+            t.copy_(t.roll(1, dims=0) * torch.linspace(0.5, 2, mod.num_experts).view(-1, *[1] * (t.dim() - 1)))
+    assert _rel(pcg_experts_forward(mod, x, idx, w).float(), want.float()) > 0.1, "swapped expert scales went unnoticed"
+
+
+@pytest.mark.parametrize("scheme", ["fp8_per_tensor", "fp8_block"])
+def test_quantized_moe_graph_path_matches_eager_bitwise_on_cpu(scheme):
+    lm = tiny_model("qwen3-moe")
+    s = SCHEMES[scheme]
+    swapped = quantize_model(lm.model, s, input_absmax=_calibrated(lm.model, s))
+    assert sum(".experts" in n for n in swapped) == 2  # the fused experts of both layers
+    engine = make_engine(lm.model, "piecewise")
+    batch = engine.prefill_batch(prompts_of([5, 11, 3], lm.config.vocab_size, seed=2))
+    assert torch.equal(engine.forward(batch).clone(), engine.forward(batch, eager=True))

@@ -1,0 +1,65 @@
+"""8-bit kernels on CUDA against the plain math they stand for, and under graph capture (device runs only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pcg_core.quant import SCHEMES, QuantLinear
+from pcg_core.quant.linear import _kernel_ok
+from pcg_core.quant.schemes import get_scheme, reference_linear
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# Kernel vs reference, relative (Frobenius): both quantize the activations the same way, so what differs is
+# accumulation order and the bf16 output rounding (2^-9).
+KERNEL_RTOL = 1e-2
+
+
+def _layer(name: str, n: int, k: int, seed: int = 0) -> QuantLinear:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lin = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, generator=g, device="cuda") * k**-0.5)
+    s = get_scheme(name)
+    return QuantLinear.from_linear(lin, s, None if s.act_dynamic else torch.tensor(4.0 / s.qmax, device="cuda"))
+
+
+@pytest.mark.parametrize("m", [1, 8, 17, 64, 512, 4096])
+@pytest.mark.parametrize("name", [*SCHEMES, "int8_w8a8_static"])
+def test_kernel_matches_the_reference(name, m):
+    layer = _layer(name, 1024, 2048)
+    x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+    assert _kernel_ok(x, layer)
+    got = layer(x)
+    want = reference_linear(x, layer.weight, layer.weight_scale, layer.scheme, layer.input_scale)
+    rel = float((got.float() - want.float()).norm() / want.float().norm())
+    assert got.dtype == torch.bfloat16 and rel < KERNEL_RTOL, f"{name} M={m}: {rel:.3g}"
+
+
+@pytest.mark.parametrize("name", [*SCHEMES])
+def test_planted_wrong_scale_is_caught_by_the_kernel_check(name):
+    layer = _layer(name, 1024, 2048)
+    x = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
+    want = reference_linear(x, layer.weight, layer.weight_scale, layer.scheme, layer.input_scale)
+    layer.weight_scale.mul_(torch.linspace(0.5, 1.5, layer.weight_scale.numel(), device="cuda").view_as(layer.weight_scale))
+    rel = float((layer(x).float() - want.float()).norm() / want.float().norm())
+    assert rel > KERNEL_RTOL
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_replay_is_bitwise_equal_to_eager(name):
+    layer = _layer(name, 1024, 2048)
+    x = torch.randn(48, 2048, device="cuda", dtype=torch.bfloat16)
+    eager = layer(x).clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        layer(x)  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = layer(x)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
