@@ -66,7 +66,6 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     """Fill `model` (transformers' class, built for the config) from the quantized checkpoint at `path`."""
     path = Path(path)
     tensors, report = _Tensors(path), LoadReport()
-    dtype = next(model.parameters()).dtype
     for name, mod in list(model.named_modules()):
         if type(mod) is not torch.nn.Linear or f"{name}.weight" not in tensors:
             continue
@@ -79,7 +78,7 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, _quant_linear(mod, w, tensors, name, spec, path))
         report.quantized.append(name)
-    _load_rest(model, tensors, path, dtype, report)
+    _load_rest(model, tensors, path, report)
     _check_all_used(tensors, path, layers, report)
     if not report.quantized:
         raise UnsupportedModel(f"{path}: {spec.where} declares {spec.format} ({spec.scheme.name}) but no linear layer's weight "
@@ -126,7 +125,7 @@ def _shaped(t: torch.Tensor, shape: tuple[int, ...], key: str, path: Path) -> to
     return t.float().reshape(shape)
 
 
-def _load_rest(model: torch.nn.Module, tensors: _Tensors, path: Path, dtype: torch.dtype, report: LoadReport) -> None:
+def _load_rest(model: torch.nn.Module, tensors: _Tensors, path: Path, report: LoadReport) -> None:
     """Every other tensor of the model's state dict, from the file of the same name (tied weights follow)."""
     quant = set(report.quantized)
     tied = set(getattr(model, "_tied_weights_keys", None) or {}) if getattr(model.config, "tie_word_embeddings", False) else set()
