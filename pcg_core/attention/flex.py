@@ -186,7 +186,9 @@ class FlexBackend(AttentionBackend):
         if params.sinks is not None:
             kw = {"return_aux": AuxRequest(lse=True)} if AuxRequest is not None else {"return_lse": True}
         gqa = q.shape[1] != k.shape[1]
-        fn = self._kernel((rows, params.sliding_window, params.softcap, params.sinks is not None, gqa))
+        if not _decode_kernel_fits(rows, q.shape[1] // k.shape[1]):
+            kw["kernel_options"] = {"FORCE_USE_FLEX_ATTENTION": True}
+        fn = self._kernel((rows, params.sliding_window, params.softcap, params.sinks is not None, gqa, "kernel_options" in kw))
         with _flex_limits():
             res = fn(query, keys, values, score_mod=self._score_mod(params.softcap), block_mask=bm, scale=params.scale,
                      enable_gqa=gqa, **kw)
@@ -228,6 +230,15 @@ def flex_rows(n: int) -> int:
     flex's programs for them exit at once. A function of n alone, so a graph and an eager run at the same
     padding hand flex the same shape, hence the same kernel."""
     return 1 << max(0, n - 1).bit_length()
+
+
+def _decode_kernel_fits(rows: int, group: int) -> bool:
+    """Whether inductor's flex *decoding* kernel, which it picks by itself for fewer than 128 query rows, can run
+    them: it stacks the `group` query heads sharing a KV head into one tile of rows × group (rounded up to a
+    power of two) rows, which must fit in one query block of the block mask. Past that (64 rows of Llama-3's
+    4-head groups: 256) inductor finds no kernel configuration at all (NoValidChoicesError), so the main flex
+    kernel is asked for instead."""
+    return rows >= Q_BLOCK or flex_rows(rows * group) <= Q_BLOCK
 
 
 def _mask_rows(n: int) -> int:

@@ -51,12 +51,27 @@ def split_at_split_ops(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, 
     return split_gm, pieces, splits
 
 
+_QUANTIZED = (torch.float8_e4m3fn, torch.int8)
+
+
+def quantizes(piece: torch.fx.GraphModule) -> bool:
+    """Whether the piece casts activations to FP8 or INT8 (a quantized linear's input)."""
+    return any(getattr(n.meta.get("example_value"), "dtype", None) in _QUANTIZED for n in piece.graph.nodes)
+
+
 def compile_piece_inductor(piece: torch.fx.GraphModule) -> Any:
-    """Inductor codegen for one piece, token dimension kept symbolic (the fake inputs dynamo left in the graph)."""
-    from torch._inductor import standalone_compile
+    """Inductor codegen for one piece, token dimension kept symbolic (the fake inputs dynamo left in the graph).
+
+    A piece that quantizes activations is compiled rounding its intermediates to their dtype as eager does
+    (emulate_precision_casts): a fused RMSNorm otherwise hands the quantizer float32 values eager would have
+    rounded to bf16 first, and FP8's rounding turns those 2^-9 differences into whole steps. Measured on the H200
+    (Llama-3.1-8B, 4 layers, fp8_per_tensor): graph vs eager at the same padding 0.056 apart without it, no piece
+    apart with it."""
+    from torch._inductor import config, standalone_compile
 
     fakes = [n.meta["example_value"] for n in piece.graph.nodes if n.op == "placeholder"]
-    return standalone_compile(piece, fakes, dynamic_shapes="from_graph")
+    with config.patch(emulate_precision_casts=quantizes(piece)):
+        return standalone_compile(piece, fakes, dynamic_shapes="from_graph")
 
 
 class PieceRunner(torch.nn.Module):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, grouped_mm_experts_forward
 
-from pcg_core.quant.experts import quantized_experts_forward
+from pcg_core.quant.experts import grouped_quantized_experts_forward, quantized_experts_forward
 
 EXPERTS_IMPLEMENTATION = "pcg"
 
@@ -31,6 +31,8 @@ def _dense_masked_experts(self, hidden_states: torch.Tensor, top_k_index: torch.
 
 def pcg_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
     if getattr(self, "quant_scheme", None) is not None:  # quantized in place (pcg_core.quant.experts)
+        if hidden_states.device.type == "cuda" and hidden_states.dtype == torch.bfloat16:
+            return grouped_quantized_experts_forward(self, hidden_states, top_k_index, top_k_weights)
         return quantized_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     weights = self.gate_up_proj if self.has_gate else self.up_proj
     if getattr(self, "is_transposed", False) or getattr(self, "has_bias", False) or not getattr(self, "is_concatenated", True):

@@ -1,19 +1,23 @@
 """Quantized MoE experts: transformers' fused expert tensors ([E, 2I, H] gate_up, [E, H, I] down) held quantized,
-and the reference forward over them.
+and two forwards over them.
 
 The weights are quantized per expert with the scheme's granularity (a per-tensor scale per expert and
-projection, per channel, or 128×128 blocks). The forward is the capturable dense one of pcg_core.model.experts
-(every expert on every token, weighted by its routing weight, zero where not routed), with the activations
-quantized as the scheme does before each projection and the weights dequantized: plain math, static shapes,
-no host sync. A fused grouped FP8/INT8 kernel for CUDA is the next step; until then this is the path on every
-device.
+projection, per channel, or 128×128 blocks). Both forwards quantize the activations as the scheme does before
+each projection (per token and per 128-group scales are per row, so routing rows apart changes nothing) and are
+static-shape and sync-free, hence capturable:
+- `quantized_experts_forward`, the reference (every device): the dense path of pcg_core.model.experts, every
+  expert on every token weighted by its routing weight, weights dequantized in float32;
+- `grouped_quantized_experts_forward` (CUDA): rows sorted by expert and two grouped GEMMs over the weights
+  dequantized to the activations' dtype, as transformers' grouped_mm path runs a 16-bit model. Each token
+  only meets its own experts; the weight dequantization is one elementwise pass inductor fuses. A grouped
+  kernel reading FP8/INT8 weights directly is the next step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from pcg_core.quant.schemes import Scheme, dequantize_weight, expand_activation_scale, quantize_activation, quantize_weight
+from pcg_core.quant.schemes import BLOCK, Scheme, dequantize_weight, expand_activation_scale, quantize_activation, quantize_weight
 
 PROJECTIONS = ("gate_up_proj", "up_proj", "down_proj")
 
@@ -28,8 +32,9 @@ def quantize_experts(module: torch.nn.Module, scheme: Scheme, input_absmax: dict
     """Replace the module's expert weights by quantized buffers (same names) and `<name>_scale` beside them; a
     static scheme also gets `<name>_input_scale` from the calibrated absmax (keys "gate_up"/"down", the inputs
     of the first and the second projection, over all experts)."""
-    if getattr(module, "is_transposed", False) or getattr(module, "has_bias", False):
-        raise NotImplementedError(f"{type(module).__name__}: transposed or biased expert weights are not quantized yet")
+    if any(getattr(module, flag, False) for flag in ("is_transposed", "has_bias", "has_post_expert_norm")):
+        raise NotImplementedError(f"{type(module).__name__}: transposed or biased expert weights, or a norm after the "
+                                  f"experts, are not quantized yet")
     for name in PROJECTIONS:
         w = getattr(module, name, None)
         if not isinstance(w, torch.Tensor):
@@ -66,6 +71,44 @@ def quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tens
             proj = module.act_fn(_project(hidden_states, module, "up_proj", e).to(hidden_states.dtype))
         out += _project(proj, module, "down_proj", e) * weight.float()
     return out.to(hidden_states.dtype)
+
+
+def _fake_quant(x: torch.Tensor, module: torch.nn.Module, name: str) -> torch.Tensor:
+    """x [S, K] quantized as the scheme does before projection `name` and dequantized again, in x's dtype."""
+    xq, sx = quantize_activation(x, module.quant_scheme, getattr(module, f"{name}_input_scale", None))
+    return (xq.float() * expand_activation_scale(sx, x.shape[-1])).to(x.dtype)
+
+
+def _all_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """Every expert's weight of projection `name` dequantized: [E, N, K] in `dtype`."""
+    s: Scheme = module.quant_scheme
+    q, scale = getattr(module, name), getattr(module, f"{name}_scale").float()
+    if s.weights == "block":
+        e, n, k = q.shape
+        scale = scale.repeat_interleave(BLOCK, 1).repeat_interleave(BLOCK, 2)[:, :n, :k]
+    elif s.weights == "tensor":
+        scale = scale.view(-1, 1, 1)
+    return (q.float() * scale).to(dtype)  # channel scales are [E, N, 1] already
+
+
+def grouped_quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                                      top_k_weights: torch.Tensor) -> torch.Tensor:
+    top_k = top_k_index.shape[-1]
+    expert_ids, order = torch.sort(top_k_index.reshape(-1), stable=True)  # stable: one row order on every run
+    rows = hidden_states[order // top_k]  # [S, H], S = tokens × top_k, grouped by expert
+    counts = torch.histc(expert_ids.float() if rows.device.type == "cpu" else expert_ids.int(), bins=module.num_experts,
+                         min=0, max=module.num_experts - 1)
+    offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    gated = getattr(module, "has_gate", True) and hasattr(module, "gate_up_proj")
+    first = "gate_up_proj" if gated else "up_proj"
+    proj = torch._grouped_mm(_fake_quant(rows, module, first),
+                             _all_dequantized(module, first, rows.dtype).transpose(1, 2), offs=offsets)
+    proj = module._apply_gate(proj) if gated else module.act_fn(proj)
+    out = torch._grouped_mm(_fake_quant(proj, module, "down_proj"),
+                            _all_dequantized(module, "down_proj", rows.dtype).transpose(1, 2), offs=offsets)
+    out = out.float() * top_k_weights.reshape(-1)[order, None].float()
+    unsorted = torch.empty_like(out).index_copy_(0, order, out)  # a permutation: every row written once
+    return unsorted.view(-1, top_k, out.shape[-1]).sum(dim=1).to(hidden_states.dtype)
 
 
 def intermediate_absmax(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor) -> float:

@@ -1,7 +1,7 @@
 """`QuantLinear`: an nn.Linear whose weight is stored quantized, swapped into transformers' model in its place.
 
 Two paths, one module. On CUDA in bf16 the scheme's kernel runs (`torch._scaled_mm` for FP8 at every granularity,
-`torch._int_mm` for INT8), the activation quantization written in plain torch ops so that inductor fuses it into
+our Triton `pcg::int8_scaled_mm` for INT8, int8_mm.py), the activation quantization written in plain torch ops so that inductor fuses it into
 the piece around it. Everywhere else (CPU, other dtypes, shapes a kernel refuses) the reference runs:
 schemes.reference_linear, the plain math the kernels are held to. Both paths are static-shape and sync-free,
 so a QuantLinear is captured like any other op.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from pcg_core.quant.int8_mm import available as int8_kernel_available
 from pcg_core.quant.experts import is_experts, quantize_experts
 from pcg_core.quant.schemes import BLOCK, Scheme, quantize_activation, quantize_weight, reference_linear
 
@@ -87,21 +88,25 @@ def _pad_rows(x: torch.Tensor, multiple: int, extra: int = 0) -> torch.Tensor:
 def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
     s, m = mod.scheme, x.shape[0]
     if s.kind == "int8":
-        xq, sx = quantize_activation(_pad_rows(x, 8, 24), s, mod.input_scale)  # ≥ 24 rows: _int_mm needs M > 16
+        xq, sx = quantize_activation(x, s, mod.input_scale)
+        if int8_kernel_available():  # scales applied in the GEMM's epilogue, bf16 written once
+            return torch.ops.pcg.int8_scaled_mm(xq, mod.weight, sx, mod.weight_scale, mod.bias)
+        xq = _pad_rows(xq, 8, 24)  # ≥ 24 rows: _int_mm needs M > 16
         acc = torch._int_mm(xq, mod.weight.t())[:m]
-        sx = sx[:m] if sx.dim() else sx
         out = acc.float() * sx * mod.weight_scale.view(1, -1)
-    elif s.weights == "block":
+    elif s.weights == "block":  # cuBLASLt refuses fast accumulation with block scales
         xq, sx = quantize_activation(_pad_rows(x, 4), s)
         sx = sx.t().contiguous().t()  # column-major, as cuBLASLt's 1×128 block scaling wants
         out = torch._scaled_mm(xq, mod.weight.t(), scale_a=sx, scale_b=mod.weight_scale.t(), out_dtype=torch.bfloat16)[:m]
-    elif s.weights == "channel":  # FP8 channel weights come with per-token activations (fp8_per_token)
-        xq, sx = quantize_activation(x, s)
-        out = torch._scaled_mm(xq, mod.weight.t(), scale_a=sx, scale_b=mod.weight_scale.view(1, -1), out_dtype=torch.bfloat16)
     else:
+        # Per-tensor and row-wise scales: fast accumulation (as the serving engines' FP8 GEMMs run on Hopper),
+        # held to the reference by the kernel tests like every other path.
         xq, sx = quantize_activation(x, s, mod.input_scale)
-        out = torch._scaled_mm(xq, mod.weight.t(), scale_a=sx.reshape(()), scale_b=mod.weight_scale.reshape(()),
-                               out_dtype=torch.bfloat16)
+        if s.weights == "channel":  # FP8 channel weights come with per-token activations (fp8_per_token)
+            sa, sb = sx, mod.weight_scale.view(1, -1)
+        else:
+            sa, sb = sx.reshape(()), mod.weight_scale.reshape(())
+        out = torch._scaled_mm(xq, mod.weight.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=True)
     if mod.bias is not None:
         out = out + mod.bias
     return out.to(torch.bfloat16)

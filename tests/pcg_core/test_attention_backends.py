@@ -281,11 +281,15 @@ def test_gpu_eager_backends_agree_with_sdpa(trimmed, attention):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", BACKENDS)
-@pytest.mark.parametrize("runs", [[(2048, 2048)], [(1536, 512), (700, 300)], [(512, 1)] * 8], ids=["prefill2048", "extend", "decode8x512"])
-def test_gpu_long_batches_match_plain_math(name, runs):
-    """Real head shapes (16 query / 8 KV heads × 128) at long contexts, bf16, each backend against float32 math:
-    the small batches above cannot show a kernel that goes wrong only past some length."""
-    cfg = SimpleNamespace(num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_size=2048, num_hidden_layers=1)
+@pytest.mark.parametrize("heads", [16, 32, 64], ids=["group2", "group4", "group8"])  # Qwen3-0.6B, Llama-3-8B, Qwen3-30B-A3B
+@pytest.mark.parametrize("runs", [[(2048, 2048)], [(1536, 512), (700, 300)], [(512, 1)] * 8, [(600, 64)]],
+                         ids=["prefill2048", "extend", "decode8x512", "chunk64"])
+def test_gpu_long_batches_match_plain_math(name, heads, runs):
+    """Real head shapes (16 to 64 query heads over 8 KV heads × 128) at long contexts, bf16, each backend against
+    float32 math: the small batches above cannot show a kernel that goes wrong only past some length, or one
+    that flex picks only for short queries of wide head groups (its decoding kernel)."""
+    cfg = SimpleNamespace(num_attention_heads=heads, num_key_value_heads=8, head_dim=128, hidden_size=heads * 128,
+                          num_hidden_layers=1)
     cls = get_attention_backend(name)
     cache = KVCache(cfg, 8192, torch.bfloat16, torch.device("cuda"), page_size=cls.page_size)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -300,7 +304,7 @@ def test_gpu_long_batches_match_plain_math(name, runs):
         batch.slots += slots[ctx - new :]
     n = len(batch)
     _, _, md = InputBuffers(n, cache, torch.device("cuda")).fill(batch, n)
-    q = torch.randn(n, 16, 128, generator=g, device="cuda").bfloat16()
+    q = torch.randn(n, heads, 128, generator=g, device="cuda").bfloat16()
     k = torch.randn(n, 8, 128, generator=g, device="cuda").bfloat16()
     v = torch.randn(n, 8, 128, generator=g, device="cuda").bfloat16()
     out = torch.empty_like(q)
@@ -312,3 +316,13 @@ def test_gpu_long_batches_match_plain_math(name, runs):
     err = (out.float() - want.float()).abs()
     worst_row = int(err.amax(dim=(1, 2)).argmax())
     assert float(err.max()) < 3e-2, f"{name}: max |Δ| {float(err.max()):.3g} at row {worst_row} (position {batch.positions[worst_row]})"
+
+
+@pytest.mark.parametrize("rows,group,fits", [(64, 2, True), (64, 4, False), (32, 4, True), (32, 8, False), (8, 8, True),
+                                             (1, 16, True), (128, 8, True), (256, 4, True), (16, 16, False)])
+def test_flex_asks_for_its_main_kernel_where_the_decoding_kernel_has_no_configuration(rows, group, fits):
+    """Inductor's flex decoding kernel (chosen for < 128 query rows) tiles rows × group query rows per KV head, at
+    most one 128-row query block; measured on the H200: 64 rows of 4-head groups lower to no kernel at all."""
+    from pcg_core.attention.flex import _decode_kernel_fits
+
+    assert _decode_kernel_fits(rows, group) is fits

@@ -292,3 +292,19 @@ def test_more_piecewise_engines_than_dynamo_recompile_limit():
             assert engine.stats.pieces == 2, i
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("qdtype", [torch.float8_e4m3fn, torch.int8])
+def test_pieces_that_quantize_activations_are_told_apart(qdtype):
+    """Such pieces are compiled with eager's roundings (compile_piece_inductor); the rest as inductor likes."""
+    from pcg_core.capture.piecewise import quantizes
+
+    seen = []
+
+    def backend(gm, inputs):
+        seen.append(gm)
+        return gm
+
+    torch.compile(lambda x: (x / 3).to(qdtype).float() * 3, backend=backend)(torch.randn(4, 8))
+    torch.compile(lambda x: torch.nn.functional.silu(x) * 2, backend=backend)(torch.randn(4, 8))
+    assert [quantizes(gm) for gm in seen] == [True, False]

@@ -14,7 +14,12 @@ from pcg_core.errors import UnsupportedModel
 from pcg_core.model.experts import pcg_experts_forward
 from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
 from pcg_core.quant import SCHEMES, QuantLinear, detect, quantize_model, record_input_absmax, write_checkpoint
-from pcg_core.quant.experts import is_experts, quantize_experts
+from pcg_core.quant.experts import (
+    grouped_quantized_experts_forward,
+    is_experts,
+    quantize_experts,
+    quantized_experts_forward,
+)
 from pcg_core.quant.schemes import (
     FP8_MAX,
     dequantize_weight,
@@ -233,6 +238,33 @@ def test_transformers_dequantizing_fp8_loader_agrees_with_ours(tmp_path):
     assert checked == 14
 
 
+@pytest.mark.parametrize("scheme", ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "int8_w8a8_static"])
+def test_compressed_tensors_package_reads_our_files_as_we_do(tmp_path, scheme):
+    """The second oracle we did not write: the compressed-tensors package (what vLLM and llm-compressor read these
+    files with) dequantizes our synthetic checkpoint. Each linear's weight must equal our loader's dequantization
+    of the same files, element for element, and the package must find every module's quantization parameters."""
+    pytest.importorskip("compressed_tensors")  # a dev dependency
+    from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import CompressedTensorsDequantizer
+    from safetensors.torch import load_file
+
+    model, data = _float_model(width=256)
+    _write(model, data, tmp_path, "compressed-tensors", scheme)
+    files = {}
+    for f in sorted(tmp_path.glob("*.safetensors")):
+        files.update(load_file(f))
+    # Matching by tensor name alone, the package takes every "*.weight" for a Linear's: the embedding is named.
+    theirs = CompressedTensorsDequantizer(tmp_path, ignore=["model.embed_tokens"], dtype=torch.float32).process(files)
+    ours = load_model(str(tmp_path), weights="real").model
+    checked = 0
+    for name, mod in ours.named_modules():
+        if isinstance(mod, QuantLinear):
+            want = theirs[f"{name}.weight"]
+            got = dequantize_weight(mod.weight, mod.weight_scale, mod.scheme)
+            assert torch.equal(got, want), name
+            checked += 1
+    assert checked == 14
+
+
 def test_block_checkpoint_at_whole_block_widths(tmp_path):
     model, data = _float_model(width=256)
     _write(model, data, tmp_path, "fp8", "fp8_block")
@@ -376,6 +408,22 @@ def test_quantized_experts_track_the_float_experts(arch, name):
             t = getattr(mod, buf)
             t.copy_(t.roll(1, dims=0) * torch.linspace(0.5, 2, mod.num_experts).view(-1, *[1] * (t.dim() - 1)))
     assert _rel(pcg_experts_forward(mod, x, idx, w).float(), want.float()) > 0.1, "swapped expert scales went unnoticed"
+
+
+@pytest.mark.parametrize("arch", ["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_grouped_quantized_experts_equal_the_dense_reference(arch, name):
+    """The grouped path CUDA runs (rows sorted by expert, two grouped GEMMs) against the dense reference, both in
+    float32 here: the same math in another order. A planted routing fault (rows given back to the wrong
+    tokens) must show."""
+    mod, x, idx, w = _experts(arch)
+    with record_input_absmax(mod) as absmax:
+        mod(x, idx, w)
+    quantize_experts(mod, SCHEMES[name], {k: absmax[f".{k}"] for k in ("gate_up", "down")} if absmax else None)
+    want = quantized_experts_forward(mod, x, idx, w)
+    got = grouped_quantized_experts_forward(mod, x, idx, w)
+    assert _rel(got, want) < 1e-5, f"{arch}/{name}: {_rel(got, want):.3g}"
+    assert _rel(grouped_quantized_experts_forward(mod, x, idx.roll(1, dims=0), w), want) > 0.1
 
 
 @pytest.mark.parametrize("scheme", ["fp8_per_tensor", "fp8_block"])

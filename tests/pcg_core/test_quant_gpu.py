@@ -7,7 +7,7 @@ import torch
 
 from pcg_core.quant import SCHEMES, QuantLinear
 from pcg_core.quant.linear import _kernel_ok
-from pcg_core.quant.schemes import get_scheme, reference_linear
+from pcg_core.quant.schemes import get_scheme, quantize_activation, reference_linear
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -63,3 +63,23 @@ def test_replay_is_bitwise_equal_to_eager(name):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("m", [1, 16, 17, 64, 300, 4096])
+@pytest.mark.parametrize("n,k", [(1024, 2048), (1040, 2064)])  # the second: partial N tiles and a partial K step
+def test_int8_kernel_equals_int_mm_with_the_same_epilogue(m, n, k):
+    """INT8 products accumulate exactly in int32, so our kernel must equal torch._int_mm followed by the same
+    float32 scaling, bit for bit, whatever its tiles and tile edges."""
+    from pcg_core.quant import int8_mm
+
+    if not int8_mm.available():
+        pytest.skip("needs Triton")
+    layer = _layer("int8_w8a8", n, k, seed=m)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    xq, sx = quantize_activation(x, layer.scheme)
+    got = torch.ops.pcg.int8_scaled_mm(xq, layer.weight, sx, layer.weight_scale, bias)
+    pad = torch.nn.functional.pad(xq, (0, 0, 0, max(0, 32 - m)))
+    acc = torch._int_mm(pad, layer.weight.t())[:m]
+    want = (acc.float() * sx * layer.weight_scale.view(1, -1) + bias.float()).to(torch.bfloat16)
+    assert torch.equal(got, want), float((got.float() - want.float()).abs().max())
