@@ -1,7 +1,10 @@
-"""Model cards (harness/models/*.yaml): which model, which real config, which features it exercises."""
+"""Model cards (harness/models/*.yaml): which model, which real config, which features it exercises, and which
+quantized checkpoints of it exist (`quantized: {scheme: hub id}`), so a real-weights cell of a scheme loads the
+checkpoint published in it rather than quantizing anything itself."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -9,11 +12,13 @@ from typing import Any
 
 from harness.safe_yaml import compose_and_load
 from pcg_core.errors import ConfigError
+from pcg_core.known import KNOWN_QUANTIZATION
 from pcg_core.model.loader import read_config_file
 
 CARDS_DIR = Path(__file__).parent / "models"
 # full: real weights from the hub; trim: real widths, N layers (trim:N), synthetic weights; tiny: CPU-sized.
 DEFAULT_VARIANTS = ("full", "trim", "tiny")
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
 @dataclass
@@ -25,6 +30,18 @@ class ModelCard:
     features: list[str] = field(default_factory=list)
     variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
     path: Path | None = None
+    quantized: dict[str, str] = field(default_factory=dict)  # scheme → hub id of a checkpoint published in it
+
+    def checkpoint_for(self, quant: str) -> str | None:
+        """The hub id real weights of `quant` load from: the card's own for "none", else the declared one."""
+        return self.hub_id if quant == "none" else self.quantized.get(quant)
+
+    def no_checkpoint_reason(self, quant: str) -> str | None:
+        if self.checkpoint_for(quant) is not None:
+            return None
+        have = ", ".join(f"{k} ({v})" for k, v in self.quantized.items()) or "none"
+        return (f"card {self.id} declares no {quant} checkpoint for real weights (it declares: {have}); add one under "
+                f"`quantized:` in {self.path.name if self.path else 'its card'}")
 
     @cached_property
     def runtime_reason(self) -> str | None:
@@ -58,7 +75,22 @@ def _load(path: Path) -> ModelCard:
     bad = [v for v in variants if v not in DEFAULT_VARIANTS]
     if bad:
         raise ConfigError(f"{path}: unknown variant(s) {bad}; allowed: {', '.join(DEFAULT_VARIANTS)}")
-    return ModelCard(data["id"], data["hub_id"], data["architecture"], config, list(data.get("features") or []), variants, path)
+    return ModelCard(data["id"], data["hub_id"], data["architecture"], config, list(data.get("features") or []), variants, path,
+                     _quantized(path, data.get("quantized")))
+
+
+def _quantized(path: Path, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: field quantized maps a scheme to a hub id, e.g. {{fp8_block: Qwen/Qwen3-8B-FP8}}")
+    schemes = [q for q in KNOWN_QUANTIZATION if q != "none"]
+    for scheme, hub_id in value.items():
+        if scheme not in schemes:
+            raise ConfigError(f"{path}: quantized: unknown scheme {scheme!r}; known: {', '.join(schemes)}")
+        if not isinstance(hub_id, str) or not _HUB_ID.match(hub_id):
+            raise ConfigError(f"{path}: quantized.{scheme}: {hub_id!r} is not a hub id of the form org/name")
+    return dict(value)
 
 
 def load_cards(directory: Path = CARDS_DIR) -> dict[str, ModelCard]:

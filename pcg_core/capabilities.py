@@ -22,9 +22,8 @@ QUANTIZATION = ("none", *SCHEMES)  # schemes the runtime can execute (4-bit ones
 # Checkpoint formats the loader reads (quant_method values, and ModelOpt's hf_quant_config.json), onto those schemes.
 QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8")
 # What the loader cannot read yet in a real checkpoint of each scheme, by model-card feature (synthetic weights
-# are quantized in memory, MoE experts included).
-QUANT_CHECKPOINT_LIMITS = {"moe": "quantized per-expert MoE checkpoints are not read yet (synthetic MoE weights are "
-                                  "quantized in memory)"}
+# are quantized in memory). Empty since per-expert MoE checkpoints are read (quant/expert_checkpoint.py).
+QUANT_CHECKPOINT_LIMITS: dict[str, str] = {}
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
 
 

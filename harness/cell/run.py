@@ -46,11 +46,12 @@ def _crash(status: Status, e: BaseException) -> _Stop:
 
 
 def resolve_model(spec: CellSpec) -> str | dict:
-    """A card id becomes its real config (synthetic weights, or its hub id with weights="real")."""
+    """A card id becomes its real config (synthetic weights), or with weights="real" the hub id of its checkpoint
+    in the cell's quantization (the card's `quantized:`; _check_runtime stopped a cell that has none)."""
     card = find_card(spec.model)
     if card is None:
         return spec.model
-    return card.hub_id if spec.weights == "real" else card.config
+    return (card.checkpoint_for(spec.quant) or card.hub_id) if spec.weights == "real" else card.config
 
 
 @dataclass
@@ -98,6 +99,7 @@ def _check_runtime(spec: CellSpec) -> None:
     card = find_card(spec.model)
     features = card.features if card else ()
     reason = (quant_unsupported_reason(spec.quant, features=features, real_weights=spec.weights == "real")
+              or (card.no_checkpoint_reason(spec.quant) if card and spec.weights == "real" else None)
               or parallel_unsupported_reason(spec.parallel))
     if not reason:
         reason = attention_unsupported_reason(spec.attention, spec.device, features)
@@ -123,6 +125,9 @@ def _load(cell: _Cell) -> None:
     cell.kv_slots = max(need, -(-max(latency_token_counts(s.max_tokens), default=0) // page) * page) + page
     if s.quant != "none":
         _quantize(cell)
+    elif not cell.lm.synthetic and (got := _checkpoint_schemes(cell.lm.model)):
+        raise _Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got)}; the cell asks for none (a 16-bit "
+                                        "model): run it as quant " + got[0])
 
 
 def _quantize(cell: _Cell) -> None:
@@ -132,7 +137,7 @@ def _quantize(cell: _Cell) -> None:
     s, m = cell.spec, cell.metrics
     model = cell.lm.model
     if not cell.lm.synthetic:
-        got = sorted({mod.scheme.name for mod in model.modules() if isinstance(mod, QuantLinear)})
+        got = _checkpoint_schemes(model)
         if got != [s.quant]:
             raise _Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got) or 'not quantized'}; the cell asks "
                                             f"for {s.quant}")
@@ -143,8 +148,16 @@ def _quantize(cell: _Cell) -> None:
         with record_input_absmax(model) as absmax:
             cell.float_ref = cell.run_suite(cell.engine("disabled"), cases=[case])[case.name]
         m.quant_layers = len(quantize_model(model, get_scheme(s.quant), input_absmax=absmax))
+    except NotImplementedError as e:  # a layout the quantizer declines (gpt-oss's biased, transposed experts)
+        raise _Stop(Status.UNSUPPORTED, f"quantization {s.quant}: {e}") from e
     except Exception as e:  # noqa: BLE001 - the float reference or the quantization itself failed: eager cannot run
         raise _crash(Status.EAGER_FAIL, e) from e
+
+
+def _checkpoint_schemes(model: torch.nn.Module) -> list[str]:
+    """The schemes a loaded checkpoint's weights are in (linears and MoE experts)."""
+    return sorted({mod.scheme.name for mod in model.modules() if isinstance(mod, QuantLinear)}
+                  | {mod.quant_scheme.name for mod in model.modules() if getattr(mod, "quant_scheme", None) is not None})
 
 
 def _quant_error(cell: _Cell, ref: Outputs) -> None:

@@ -17,6 +17,9 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "Qwen3ForCausalLM": (),
     "Qwen3MoeForCausalLM": ("moe",),
     "MixtralForCausalLM": ("moe",),
+    # attention sinks (per-head s_aux) and every other layer a 128-token sliding window; clamped SwiGLU experts
+    # with biases (transformers' grouped path); MXFP4 expert checkpoints wait for the 4-bit schemes
+    "GptOssForCausalLM": ("moe", "sliding_window", "sinks"),
 }
 
 

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
-from pcg_core.quant.experts import intermediate_absmax, is_experts
+from pcg_core.quant.experts import intermediate_absmax, is_experts, quantizable
 
 
 @contextmanager
@@ -26,7 +26,7 @@ def record_input_absmax(model: torch.nn.Module) -> Iterator[dict[str, float]]:
             def hook(_mod, args, _out, name=name):
                 keep(name, float(args[0].detach().abs().max()))
             handles.append(mod.register_forward_hook(hook))
-        elif is_experts(mod):
+        elif is_experts(mod) and quantizable(mod):  # the others are refused by quantize_experts
             def experts_hook(mod, args, kwargs, _out, name=name):
                 names = ("hidden_states", "top_k_index", "top_k_weights")
                 x, idx = (args[i] if len(args) > i else kwargs[names[i]] for i in range(2))

@@ -16,17 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pcg_core.errors import UnsupportedModel
+from pcg_core.quant.expert_checkpoint import ExpertLayout, layout_for, read_experts, write_experts
+from pcg_core.quant.experts import is_experts
+from pcg_core.quant.files import CheckpointTensors, shaped
 from pcg_core.quant.formats import HF_QUANT_CONFIG, QuantSpec, declaration
 from pcg_core.quant.linear import QuantLinear
 from pcg_core.quant.schemes import Scheme, quantize_weight
 
 _EIGHT_BIT = (torch.float8_e4m3fn, torch.int8)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
-_EXPERT = re.compile(r"\.experts\.\d+\.")
 
 
 @dataclass
@@ -36,58 +37,38 @@ class LoadReport:
     skipped_layers: int = 0  # tensors of layers past the ones kept
 
 
-class _Tensors:
-    """Every tensor of a checkpoint's safetensors files, read on demand; remembers which were used."""
-
-    def __init__(self, path: Path):
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise UnsupportedModel(f"{path}: no .safetensors files")
-        self._where: dict[str, Path] = {}
-        for f in files:
-            with safe_open(f, framework="pt") as h:
-                for k in h.keys():
-                    self._where[k] = f
-        self.used: set[str] = set()
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._where
-
-    def keys(self) -> list[str]:
-        return list(self._where)
-
-    def get(self, key: str) -> torch.Tensor:
-        self.used.add(key)
-        with safe_open(self._where[key], framework="pt") as h:
-            return h.get_tensor(key)
-
-
 def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, layers: int | None = None) -> LoadReport:
     """Fill `model` (transformers' class, built for the config) from the quantized checkpoint at `path`."""
     path = Path(path)
-    tensors, report = _Tensors(path), LoadReport()
+    tensors, report, layout = CheckpointTensors(path), LoadReport(), layout_for(model)
     for name, mod in list(model.named_modules()):
-        if type(mod) is not torch.nn.Linear or f"{name}.weight" not in tensors:
+        if is_experts(mod):
+            (report.quantized if read_experts(mod, name, tensors, spec, layout) else report.unquantized).append(name)
             continue
-        w = tensors.get(f"{name}.weight")
+        key = layout.file_key(f"{name}.weight")
+        if type(mod) is not torch.nn.Linear or key not in tensors:
+            continue
+        w = tensors.get(key)
         if w.dtype not in _EIGHT_BIT:
             report.unquantized.append(name)
             continue
-        if spec.ignored(name):
-            raise UnsupportedModel(f"{path}: {name}.weight is stored in {w.dtype} but {spec.where} lists {name} as not quantized")
+        if spec.ignored(layout.file_key(name)):
+            raise UnsupportedModel(f"{path}: {key} is stored in {w.dtype} but {spec.where} lists {name} as not quantized")
         parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr, _quant_linear(mod, w, tensors, name, spec, path))
+        setattr(model.get_submodule(parent) if parent else model, attr, _quant_linear(mod, w, tensors, layout.file_key(name), spec))
         report.quantized.append(name)
-    _load_rest(model, tensors, path, report)
-    _check_all_used(tensors, path, layers, report)
+    _load_rest(model, tensors, layout, report)
+    _check_all_used(tensors, layers, report)
     if not report.quantized:
         raise UnsupportedModel(f"{path}: {spec.where} declares {spec.format} ({spec.scheme.name}) but no linear layer's weight "
                                "is stored in 8 bits; the declaration or the files are wrong")
     return report
 
 
-def _quant_linear(mod: torch.nn.Linear, w: torch.Tensor, tensors: _Tensors, name: str, spec: QuantSpec, path: Path) -> QuantLinear:
+def _quant_linear(mod: torch.nn.Linear, w: torch.Tensor, tensors: CheckpointTensors, name: str, spec: QuantSpec) -> QuantLinear:
+    """The linear `name` (as the files spell it) quantized from its stored tensors."""
     s: Scheme = spec.scheme
+    path = tensors.path
     dev = mod.weight.device
     q = QuantLinear(mod.in_features, mod.out_features, s, mod.bias is not None, dev, mod.weight.dtype)
     if w.dtype != s.qdtype or tuple(w.shape) != tuple(q.weight.shape):
@@ -97,12 +78,12 @@ def _quant_linear(mod: torch.nn.Linear, w: torch.Tensor, tensors: _Tensors, name
     key = f"{name}.{spec.weight_scale_name}"
     if key not in tensors:
         raise UnsupportedModel(f"{path}: {name}.weight is quantized but {key} is missing")
-    q.weight_scale.copy_(_shaped(tensors.get(key), q.weight_scale.shape, key, path))
+    q.weight_scale.copy_(shaped(tensors.get(key), q.weight_scale.shape, key, path))
     key = f"{name}.input_scale"
     if q.input_scale is not None:
         if key not in tensors:
             raise UnsupportedModel(f"{path}: {s.name} has static activation scales but {key} is missing")
-        q.input_scale.copy_(_shaped(tensors.get(key), (), key, path))
+        q.input_scale.copy_(shaped(tensors.get(key), (), key, path))
     elif key in tensors:
         raise UnsupportedModel(f"{path}: {key} is a static activation scale, but {spec.where} declares dynamic activations")
     if mod.bias is not None:
@@ -110,51 +91,30 @@ def _quant_linear(mod: torch.nn.Linear, w: torch.Tensor, tensors: _Tensors, name
     return q
 
 
-def _shaped(t: torch.Tensor, shape: tuple[int, ...], key: str, path: Path) -> torch.Tensor:
-    """A scale in the shape the scheme uses: same elements in another layout ([N] for [N, 1], [1] for a scalar)
-    is accepted; anything else (a transposed block scale included) is an error."""
-    numel = 1
-    for d in shape:
-        numel *= d
-    squeezed = [d for d in t.shape if d != 1]
-    want = [d for d in shape if d != 1]
-    if t.numel() != numel or squeezed != want:
-        raise UnsupportedModel(f"{path}: {key} has shape {tuple(t.shape)}; expected {tuple(shape)}")
-    if not t.dtype.is_floating_point:
-        raise UnsupportedModel(f"{path}: {key} is {t.dtype}; scales are floating point")
-    return t.float().reshape(shape)
-
-
-def _load_rest(model: torch.nn.Module, tensors: _Tensors, path: Path, report: LoadReport) -> None:
+def _load_rest(model: torch.nn.Module, tensors: CheckpointTensors, layout: ExpertLayout, report: LoadReport) -> None:
     """Every other tensor of the model's state dict, from the file of the same name (tied weights follow)."""
-    quant = set(report.quantized)
+    done = set(report.quantized) | {n for n in report.unquantized if is_experts(model.get_submodule(n))}
     tied = set(getattr(model, "_tied_weights_keys", None) or {}) if getattr(model.config, "tie_word_embeddings", False) else set()
-    state = model.state_dict()
-    for key, param in state.items():
-        if key.rpartition(".")[0] in quant:
+    path = tensors.path
+    for key, param in model.state_dict().items():
+        if key.rpartition(".")[0] in done:
             continue
-        if key not in tensors:
+        file_key = layout.file_key(key)
+        if file_key not in tensors:
             if key in tied:
                 continue
-            raise UnsupportedModel(f"{path}: the model needs {key}, which the checkpoint does not have"
-                                   + _experts_hint(tensors))
-        t = tensors.get(key)
+            raise UnsupportedModel(f"{path}: the model needs {file_key}, which the checkpoint does not have")
+        t = tensors.get(file_key)
         if tuple(t.shape) != tuple(param.shape):
-            raise UnsupportedModel(f"{path}: {key} is {tuple(t.shape)} on disk, the model's is {tuple(param.shape)}")
+            raise UnsupportedModel(f"{path}: {file_key} is {tuple(t.shape)} on disk, the model's is {tuple(param.shape)}")
         if t.dtype in _EIGHT_BIT:
-            raise UnsupportedModel(f"{path}: {key} is stored in {t.dtype} but is not a linear layer's weight this loader "
-                                   "quantizes" + _experts_hint(tensors))
+            raise UnsupportedModel(f"{path}: {file_key} is stored in {t.dtype} but is not a linear layer's weight this loader "
+                                   "quantizes")
         with torch.no_grad():
             param.copy_(t.to(param.dtype))
 
 
-def _experts_hint(tensors: _Tensors) -> str:
-    if any(_EXPERT.search(k) for k in tensors.keys()):
-        return " (quantized per-expert MoE weights are not supported by this loader yet)"
-    return ""
-
-
-def _check_all_used(tensors: _Tensors, path: Path, layers: int | None, report: LoadReport) -> None:
+def _check_all_used(tensors: CheckpointTensors, layers: int | None, report: LoadReport) -> None:
     left = []
     for k in tensors.keys():
         if k in tensors.used:
@@ -165,10 +125,11 @@ def _check_all_used(tensors: _Tensors, path: Path, layers: int | None, report: L
             continue
         left.append(k)
     if any(k.endswith(("k_scale", "v_scale")) for k in left):
-        raise UnsupportedModel(f"{path}: holds FP8 KV-cache scales (k_scale/v_scale); this runtime does not apply them yet")
+        raise UnsupportedModel(f"{tensors.path}: holds FP8 KV-cache scales (k_scale/v_scale); this runtime does not apply "
+                               "them yet")
     if left:
-        raise UnsupportedModel(f"{path}: {len(left)} tensors the model does not use, e.g. {', '.join(sorted(left)[:4])}: a "
-                               "different architecture or an unsupported quantization layout" + _experts_hint(tensors))
+        raise UnsupportedModel(f"{tensors.path}: {len(left)} tensors the model does not use, e.g. {', '.join(sorted(left)[:4])}: "
+                               "a different architecture or an unsupported quantization layout")
 
 
 # Writing ----------------------------------------------------------------------------------------------------
@@ -185,20 +146,31 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     out.mkdir(parents=True, exist_ok=True)
     qc, legacy_cfg = declaration(fmt, scheme, ignore, legacy)
     scale_name = "weight_scale_inv" if fmt == "fp8" else "weight_scale"
+    layout = layout_for(model)
+
+    def as_stored(s: torch.Tensor) -> torch.Tensor:
+        if fmt == "modelopt" and scheme.weights == "channel":
+            return s.reshape(-1)  # ModelOpt writes per-channel scales flat
+        return s.reshape(s.shape or (1,)) if fmt == "compressed-tensors" else s.contiguous()
+
     tensors: dict[str, torch.Tensor] = {}
     linears = {n for n, m in model.named_modules() if type(m) is torch.nn.Linear and not n.endswith(ignore)}
+    experts = {n: m for n, m in model.named_modules() if is_experts(m)}
+    for name, mod in experts.items():
+        tensors.update(write_experts(mod, name, scheme, scale_name, layout, input_absmax, as_stored))
     for key, t in model.state_dict().items():
         mod = key.rpartition(".")[0]
+        if mod in experts:
+            continue
+        file_key = layout.file_key(key)
         if mod in linears and key.endswith(".weight"):
             q, s = quantize_weight(t, scheme)
-            tensors[key] = q.contiguous()
-            if fmt == "modelopt" and scheme.weights == "channel":
-                s = s.reshape(-1)  # ModelOpt writes per-channel scales flat
-            tensors[f"{mod}.{scale_name}"] = s.reshape(s.shape or (1,)) if fmt == "compressed-tensors" else s.contiguous()
+            tensors[file_key] = q.contiguous()
+            tensors[f"{layout.file_key(mod)}.{scale_name}"] = as_stored(s)
             if not scheme.act_dynamic:
-                tensors[f"{mod}.input_scale"] = torch.tensor(max(input_absmax[mod], 1e-6) / scheme.qmax)
+                tensors[f"{layout.file_key(mod)}.input_scale"] = torch.tensor(max(input_absmax[mod], 1e-6) / scheme.qmax)
         else:
-            tensors[key] = t.detach().clone().contiguous()
+            tensors[file_key] = t.detach().clone().contiguous()
     if getattr(model.config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)
     keys = sorted(tensors)

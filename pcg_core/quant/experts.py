@@ -32,22 +32,42 @@ def quantize_experts(module: torch.nn.Module, scheme: Scheme, input_absmax: dict
     """Replace the module's expert weights by quantized buffers (same names) and `<name>_scale` beside them; a
     static scheme also gets `<name>_input_scale` from the calibrated absmax (keys "gate_up"/"down", the inputs
     of the first and the second projection, over all experts)."""
-    if any(getattr(module, flag, False) for flag in ("is_transposed", "has_bias", "has_post_expert_norm")):
-        raise NotImplementedError(f"{type(module).__name__}: transposed or biased expert weights, or a norm after the "
-                                  f"experts, are not quantized yet")
+    check_quantizable(module)
     for name in PROJECTIONS:
         w = getattr(module, name, None)
         if not isinstance(w, torch.Tensor):
             continue
         qs = [quantize_weight(w[e], scheme) for e in range(w.shape[0])]
-        del module._parameters[name]
-        module.register_buffer(name, torch.stack([q for q, _ in qs]))
-        module.register_buffer(f"{name}_scale", torch.stack([s for _, s in qs]))
+        input_scale = None
         if not scheme.act_dynamic:
             key = "down" if name == "down_proj" else "gate_up"
             if input_absmax is None or key not in input_absmax:
                 raise ValueError(f"{scheme.name} has static activation scales: calibrate the experts' {key} input first")
-            module.register_buffer(f"{name}_input_scale", torch.tensor(max(input_absmax[key], 1e-6) / scheme.qmax))
+            input_scale = torch.tensor(max(input_absmax[key], 1e-6) / scheme.qmax)
+        install(module, scheme, name, torch.stack([q for q, _ in qs]), torch.stack([s for _, s in qs]), input_scale)
+
+
+def quantizable(module: torch.nn.Module) -> bool:
+    """Whether the experts' layout is one this module quantizes: [E, N, K] weights, no biases, no norm after."""
+    return not any(getattr(module, flag, False) for flag in ("is_transposed", "has_bias", "has_post_expert_norm"))
+
+
+def check_quantizable(module: torch.nn.Module) -> None:
+    if not quantizable(module):
+        raise NotImplementedError(f"{type(module).__name__}: transposed or biased expert weights, or a norm after the "
+                                  f"experts, are not quantized yet")
+
+
+def install(module: torch.nn.Module, scheme: Scheme, name: str, q: torch.Tensor, scale: torch.Tensor,
+            input_scale: torch.Tensor | None) -> None:
+    """Projection `name`'s weights become quantized buffers: q [E, N, K] under the parameter's name, its scales
+    as `<name>_scale`, a static scheme's activation scale as `<name>_input_scale` (one for all experts)."""
+    dev = getattr(module, name).device
+    module._parameters.pop(name, None)
+    module.register_buffer(name, q.to(dev))
+    module.register_buffer(f"{name}_scale", scale.float().to(dev))
+    if not scheme.act_dynamic:
+        module.register_buffer(f"{name}_input_scale", input_scale.float().reshape(()).to(dev))
     module.quant_scheme = scheme
 
 

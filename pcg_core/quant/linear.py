@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from pcg_core.quant.int8_mm import available as int8_kernel_available
-from pcg_core.quant.experts import is_experts, quantize_experts
-from pcg_core.quant.schemes import BLOCK, Scheme, quantize_activation, quantize_weight, reference_linear
+from pcg_core.quant.experts import check_quantizable, is_experts, quantize_experts
+from pcg_core.quant.schemes import BLOCK, Scheme, quantize_activation, quantize_weight, reference_linear, weight_scale_shape
 
 
 class QuantLinear(torch.nn.Module):
@@ -25,7 +25,7 @@ class QuantLinear(torch.nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.scheme, self.dtype = in_features, out_features, scheme, dtype
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=scheme.qdtype, device=device))
-        self.register_buffer("weight_scale", torch.ones(_scale_shape(scheme, out_features, in_features), device=device))
+        self.register_buffer("weight_scale", torch.ones(weight_scale_shape(scheme, out_features, in_features), device=device))
         self.register_buffer("input_scale", None if scheme.act_dynamic else torch.ones((), device=device))
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
 
@@ -56,14 +56,6 @@ class QuantLinear(torch.nn.Module):
         else:
             out = reference_linear(x2, self.weight, self.weight_scale, self.scheme, self.input_scale, self.bias)
         return out.reshape(*lead, self.out_features)
-
-
-def _scale_shape(scheme: Scheme, n: int, k: int) -> tuple[int, ...]:
-    if scheme.weights == "tensor":
-        return ()
-    if scheme.weights == "channel":
-        return (n, 1)
-    return (-(-n // BLOCK), -(-k // BLOCK))
 
 
 def _kernel_ok(x: torch.Tensor, mod: QuantLinear) -> bool:
@@ -122,7 +114,8 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme, skip: tuple[str, ...]
     swapped = []
     for name, mod in list(model.named_modules()):
         if is_experts(mod):
-            absmax = None if input_absmax is None else {k: input_absmax[f"{name}.{k}"] for k in ("gate_up", "down")}
+            check_quantizable(mod)
+            absmax = None if input_absmax is None or scheme.act_dynamic else {k: input_absmax[f"{name}.{k}"] for k in ("gate_up", "down")}
             quantize_experts(mod, scheme, absmax)
             swapped.append(name)
             continue

@@ -110,6 +110,15 @@ def quantize_weight(w: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor, torc
     return _to_q(w / expand_block_scale(scale, n, k), scheme), scale
 
 
+def weight_scale_shape(scheme: Scheme, n: int, k: int) -> tuple[int, ...]:
+    """The shape of an [n, k] weight's scale: () per tensor, [n, 1] per channel, [⌈n/128⌉, ⌈k/128⌉] per block."""
+    if scheme.weights == "tensor":
+        return ()
+    if scheme.weights == "channel":
+        return (n, 1)
+    return (-(-n // BLOCK), -(-k // BLOCK))
+
+
 def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, scheme: Scheme) -> torch.Tensor:
     """The float32 weight a quantized one stands for: the reference every kernel path is held to."""
     if scheme.weights == "block":

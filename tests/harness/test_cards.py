@@ -33,3 +33,28 @@ def test_non_utf8_config_beside_a_card_names_the_file(tmp_path):
     card.write_text("id: m\nhub_id: org/m\narchitecture: X\nconfig: latin1.json\n")
     with pytest.raises(ConfigError, match=r"latin1\.json: not UTF-8 text: byte 0xe9 at offset 36"):
         _load(card)
+
+
+def test_cards_declare_their_quantized_checkpoints(tmp_path):
+    card = tmp_path / "m.yaml"
+    card.write_text("id: m\nhub_id: org/m\narchitecture: X\nconfig: {model_type: qwen3}\nquantized: {fp8_block: org/m-FP8}\n")
+    c = _load(card)
+    assert c.checkpoint_for("none") == "org/m" and c.checkpoint_for("fp8_block") == "org/m-FP8"
+    assert c.no_checkpoint_reason("fp8_block") is None
+    why = c.no_checkpoint_reason("int8_w8a8")
+    assert "declares no int8_w8a8 checkpoint" in why and "fp8_block (org/m-FP8)" in why and "m.yaml" in why
+    shipped = load_cards()
+    assert shipped["qwen3-8b"].checkpoint_for("fp8_block") == "Qwen/Qwen3-8B-FP8"
+
+
+@pytest.mark.parametrize("value, words", [
+    ("{fp9: org/x}", "unknown scheme 'fp9'"),
+    ("{fp8_block: not-a-hub-id}", "not a hub id"),
+    ("[fp8_block]", "maps a scheme to a hub id"),
+])
+def test_bad_quantized_declarations_name_the_card_and_the_fix(tmp_path, value, words):
+    card = tmp_path / "m.yaml"
+    card.write_text(f"id: m\nhub_id: org/m\narchitecture: X\nconfig: {{model_type: qwen3}}\nquantized: {value}\n")
+    with pytest.raises(ConfigError, match="m.yaml") as e:
+        _load(card)
+    assert words in str(e.value)

@@ -20,6 +20,7 @@ ARCHS: dict[str, tuple[str, str, bool]] = {
     "qwen3-8b": ("Qwen__Qwen3-8B.json", "Qwen3ForCausalLM", False),
     "qwen3-moe": ("Qwen__Qwen3-30B-A3B.json", "Qwen3MoeForCausalLM", True),
     "mixtral": ("mistralai__Mixtral-8x7B-v0.1.json", "MixtralForCausalLM", True),
+    "gpt-oss": ("openai__gpt-oss-120b.json", "GptOssForCausalLM", True),
 }
 ARCH_NAMES = list(ARCHS)
 GRAPH_BACKENDS = ["piecewise", "breakable", "full"]

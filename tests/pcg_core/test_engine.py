@@ -355,7 +355,8 @@ ARCHS_BY_CLASS = {cls: moe for _, cls, moe in ARCHS.values()}
 def _reference_model(lm):
     # A deep copy of the config: from_config(attn_implementation=...) writes into the config it is given, and
     # lm.config *is* lm.model.config, so passing it directly would switch the engine's model to sdpa too.
-    kw = {"attn_implementation": "sdpa"}
+    cls = getattr(transformers, type(lm.model).__name__)
+    kw = {"attn_implementation": "sdpa" if cls._supports_sdpa else "eager"}  # gpt-oss: eager only (its sinks)
     if ARCHS_BY_CLASS[type(lm.model).__name__]:
         kw["experts_implementation"] = "eager"  # transformers' own expert loop, not our dense-masked path
     ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(lm.config), **kw)

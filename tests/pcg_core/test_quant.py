@@ -3,10 +3,12 @@ formats loaded through the normal loader and held to the float model they were m
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from pcg_helpers import config_path, make_engine, prompts_of, tiny_model
 
 from pcg_core import load_model
@@ -299,7 +301,7 @@ L0 = "model.layers.0."
     (lambda t: t.pop(L0 + "self_attn.q_proj.weight_scale_inv"), "weight_scale_inv is missing"),
     (lambda t: t.update({L0 + "mlp.down_proj.weight_scale_inv": t[L0 + "mlp.down_proj.weight_scale_inv"].t().contiguous()}), "expected (2, 4)"),
     (lambda t: t.update({L0 + "self_attn.k_proj.k_scale": torch.tensor(1.0)}), "KV-cache scales"),
-    (lambda t: t.update({"model.layers.0.mlp.experts.0.up_proj.weight": torch.zeros(4, 4, dtype=torch.float8_e4m3fn)}), "per-expert"),
+    (lambda t: t.update({"model.layers.0.mlp.experts.0.up_proj.weight": torch.zeros(4, 4, dtype=torch.float8_e4m3fn)}), "does not use"),
     (lambda t: t.update({L0 + "self_attn.q_proj.weight": t[L0 + "self_attn.q_proj.weight"].view(torch.int8)}), "needs torch.float8_e4m3fn"),
     (lambda t: t.update({L0 + "self_attn.q_proj.input_scale": torch.tensor(1.0)}), "declares dynamic activations"),
     (lambda t: t.update({"lm_head.weight": t["lm_head.weight"].to(torch.float8_e4m3fn)}), "lists lm_head as not quantized"),
@@ -311,6 +313,94 @@ def test_inconsistent_checkpoint_files_are_refused(tmp_path, float_qwen3_256, fa
     with pytest.raises(UnsupportedModel) as e:
         load_model(str(tmp_path), weights="real")
     assert words in str(e.value)
+
+
+# Per-expert MoE checkpoints -------------------------------------------------------------------------------------
+MOE_FORMATS = [("fp8", "fp8_block"), ("compressed-tensors", "fp8_per_tensor"), ("compressed-tensors", "int8_w8a8"),
+               ("modelopt", "fp8_per_token"), ("compressed-tensors", "int8_w8a8_static")]
+
+
+def _float_moe(arch: str, width: int = 256):
+    """A tiny MoE whose expert widths are whole 128-blocks (the real ones are: 768, 14336)."""
+    data = shrink_config(read_config_file(config_path(arch)), tiny=True, layers=2)
+    data.update(hidden_size=width, head_dim=width // data["num_attention_heads"], intermediate_size=width)
+    if "moe_intermediate_size" in data:
+        data["moe_intermediate_size"] = 128
+    return synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0, peaked=True), data
+
+
+@pytest.fixture(scope="module", params=["qwen3-moe", "mixtral"])
+def float_moe(request):
+    return request.param, *_float_moe(request.param)
+
+
+@pytest.mark.parametrize("fmt, scheme", MOE_FORMATS, ids=[f"{f}-{s}" for f, s in MOE_FORMATS])
+def test_per_expert_checkpoint_loads_into_the_fused_experts(tmp_path, float_moe, fmt, scheme):
+    """Producers write one linear per expert (Mixtral under block_sparse_moe.experts.<e>.w1/w3/w2); the loader
+    fuses them into transformers' [E, 2I, H] gate_up and [E, H, I] down with every scale kept: each expert's
+    dequantized weights are its own shards', and the model tracks the float one."""
+    arch, model, data = float_moe
+    _write(model, data, tmp_path, fmt, scheme)
+    on_disk = load_file(next(tmp_path.glob("*.safetensors")))
+    segment = "block_sparse_moe.experts.3.w3" if arch == "mixtral" else "mlp.experts.3.up_proj"
+    assert f"model.layers.1.{segment}.weight" in on_disk and not any(k.endswith("gate_up_proj") for k in on_disk)
+    lm = load_model(str(tmp_path), weights="real")
+    s = get_scheme(scheme)
+    ours = next(m for m in lm.model.modules() if is_experts(m))
+    theirs = next(m for m in model.modules() if is_experts(m))
+    assert ours.quant_scheme == s and ours.gate_up_proj.dtype == s.qdtype
+    i = theirs.gate_up_proj.shape[1] // 2
+    for e in (0, 5):
+        got = dequantize_weight(ours.gate_up_proj[e], ours.gate_up_proj_scale[e], s)
+        want = torch.cat([dequantize_weight(*quantize_weight(w, s), s) for w in (theirs.gate_up_proj[e, :i], theirs.gate_up_proj[e, i:])])
+        if s.weights == "tensor":  # one shard re-expressed on the larger scale: within one FP8 step of it
+            assert _rel(got, want) < 0.07
+        else:
+            assert torch.equal(got, want)
+        assert torch.equal(dequantize_weight(ours.down_proj[e], ours.down_proj_scale[e], s),
+                           dequantize_weight(*quantize_weight(theirs.down_proj[e], s), s))
+    # The whole model against the same float model quantized in memory (how synthetic cells run): the same
+    # weights, so the same logits, but where per-tensor shards were put on one scale (then two FP8 roundings of
+    # the same model: within the FP8 bound of each other).
+    ref = copy.deepcopy(model)
+    quantize_model(ref, s, input_absmax=_calibrated(ref, s))
+    rel = _rel(_logits(lm.model), _logits(ref))
+    assert rel < LOGIT_RTOL["fp8"] if s.weights == "tensor" else rel == 0, f"{arch} {fmt}/{scheme}: {rel:.3g} from the in-memory quantization"
+
+
+@pytest.mark.parametrize("fault, words", [
+    (lambda t: t.pop(L0 + "mlp.experts.2.down_proj.weight_scale_inv"), "weight_scale_inv is missing"),
+    (lambda t: t.pop(L0 + "mlp.experts.7.gate_proj.weight"), "experts.7.gate_proj.weight"),
+    (lambda t: t.update({L0 + "mlp.experts.1.up_proj.weight": t[L0 + "mlp.experts.1.up_proj.weight"].float()}), "mix 8-bit and 16-bit"),
+    (lambda t: t.update({L0 + "mlp.experts.0.down_proj.weight_scale_inv": t[L0 + "mlp.experts.0.down_proj.weight_scale_inv"].t().contiguous()}), "expected (2, 1)"),
+    (lambda t: t.update({L0 + "mlp.experts.9.down_proj.weight": t[L0 + "mlp.experts.0.down_proj.weight"].clone()}), "does not use"),
+])
+def test_inconsistent_expert_tensors_are_refused(tmp_path, fault, words):
+    model, data = _float_moe("qwen3-moe")
+    _write(model, data, tmp_path, "fp8", "fp8_block")
+    _edit(tmp_path, fault)
+    with pytest.raises(UnsupportedModel) as e:
+        load_model(str(tmp_path), weights="real")
+    assert words in str(e.value)
+
+
+def test_swapped_expert_scales_are_caught_by_the_float_comparison(tmp_path):
+    """A planted fault, each expert given its neighbour's scales, must show in the logits; held to the same model
+    quantized in memory, which the intact checkpoint matches exactly."""
+    model, data = _float_moe("qwen3-moe")
+    _write(model, data, tmp_path, "compressed-tensors", "fp8_per_token")
+    quantize_model(model := copy.deepcopy(model), SCHEMES["fp8_per_token"])
+    good = _rel(_logits(load_model(str(tmp_path), weights="real").model), _logits(model))
+
+    def swap(t):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            keys = [f"{L0}mlp.experts.{e}.{proj}.weight_scale" for e in range(8)]
+            vals = [t[k] for k in keys]
+            t.update(dict(zip(keys, vals[1:] + vals[:1])))
+
+    _edit(tmp_path, swap)
+    bad = _rel(_logits(load_model(str(tmp_path), weights="real").model), _logits(model))
+    assert good == 0 and bad > LOGIT_RTOL["fp8"], (good, bad)
 
 
 def test_static_scheme_without_input_scale_is_refused(tmp_path, float_qwen3):

@@ -9,7 +9,7 @@ from harness.cards import CARDS_DIR
 from harness.cell import CellSpec, run_cell
 from harness.cli import main
 from harness.matrix import Matrix, expand, precheck
-from harness.outcome import CellOutcome
+from harness.outcome import CellOutcome, Status
 from pcg_core.capabilities import capabilities
 from pcg_core.engine.inputs import InputBuffers
 
@@ -205,3 +205,13 @@ def test_first_diverging_piece_is_named():
     assert r.status == "fail_accuracy", r
     assert "first diverging piece 1 (up to attention 1)" in r.reason, r.reason
     assert r.metrics.diverging_piece == "piece 1 (up to attention 1)"
+
+
+def test_real_weights_load_the_checkpoint_published_in_the_scheme():
+    from harness.cell.run import resolve_model, run_cell
+
+    assert resolve_model(CellSpec("llama-3.1-8b", weights="real", quant="int8_w8a8")) == "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w8a8"
+    assert resolve_model(CellSpec("llama-3.1-8b", weights="real")) == "meta-llama/Llama-3.1-8B-Instruct"
+    assert isinstance(resolve_model(CellSpec("llama-3.1-8b", tiny=True, quant="int8_w8a8")), dict)  # synthetic: the config
+    out = run_cell(CellSpec("qwen3-8b", weights="real", quant="int8_w8a8"))  # stops before anything is loaded
+    assert out.status == Status.UNSUPPORTED and "declares no int8_w8a8 checkpoint" in out.reason

@@ -118,6 +118,17 @@ def test_precheck_reads_the_runtime_table(tmp_path, monkeypatch):
     assert "needs a capturable attention backend" in precheck(_cell(tmp_path, graph="piecewise"), caps, {})
 
 
+def test_precheck_of_real_weights_needs_a_checkpoint_in_the_scheme(tmp_path):
+    """A real-weights cell loads the checkpoint its card declares for the scheme (harness/models/*.yaml
+    `quantized:`); without one it is unsupported, naming the card and what it declares."""
+    caps = capabilities()
+    caps["cuda_devices"] = 1
+    assert precheck(_cell(tmp_path, model="qwen3-8b:full", quant="fp8_block", device="cuda"), caps, {}) is None
+    why = precheck(_cell(tmp_path, model="qwen3-8b:full", quant="int8_w8a8", device="cuda"), caps, {})
+    assert "card qwen3-8b declares no int8_w8a8 checkpoint" in why and "Qwen/Qwen3-8B-FP8" in why
+    assert precheck(_cell(tmp_path, model="qwen3-8b:trim:2", quant="int8_w8a8", device="cuda"), caps, {}) is None
+
+
 def test_precheck_marks_attention_backends_a_device_or_a_model_rules_out(tmp_path):
     caps = capabilities()
     assert precheck(_cell(tmp_path, attention="flex"), caps, {}) is None

@@ -30,7 +30,7 @@ EXPECTED = {
     "deepseek-ai__DeepSeek-V3.json": ("DeepseekV3ForCausalLM", False, ["moe", "mla", "rope_scaling"], FP8_BLOCK),
     "moonshotai__Kimi-K2-Instruct.json": ("DeepseekV3ForCausalLM", False, ["moe", "mla", "rope_scaling"], FP8_BLOCK),
     # gpt-oss's rope_scaling is yarn (factor 32), so rope_scaling is exercised too.
-    "openai__gpt-oss-120b.json": ("GptOssForCausalLM", False, ["moe", "sliding_window", "sinks", "rope_scaling"], MXFP4),
+    "openai__gpt-oss-120b.json": ("GptOssForCausalLM", True, ["moe", "sliding_window", "sinks", "rope_scaling"], MXFP4),
     "Qwen__Qwen3-Next-80B-A3B-Instruct.json": ("Qwen3NextForCausalLM", False, ["moe", "linear_attention"], None),
     # mrope with rope_type default is not scaling.
     "Qwen__Qwen3-VL-30B-A3B-Instruct.json": ("Qwen3VLMoeForConditionalGeneration", False, ["moe", "vlm"], None),
@@ -123,8 +123,8 @@ def test_verdicts_of_a_supported_dense_model():
 
 def test_verdicts_of_unsupported_models_name_the_missing_capability():
     ds = _analyze("deepseek-ai__DeepSeek-V3.json")["verdicts"]
-    # the loader reads DeepSeek's fp8 blocks (fp8_block), but not its quantized per-expert tensors yet
-    assert not ds["quant"]["ok"] and "fp8 (fp8_block)" in ds["quant"]["reason"] and "MoE checkpoints" in ds["quant"]["reason"]
+    # the loader reads DeepSeek's fp8 blocks, per-expert MoE tensors included: the quantization is not what is missing
+    assert ds["quant"]["ok"] and "fp8 (as fp8_block)" in ds["quant"]["reason"], ds["quant"]
     assert not ds["attention"]["ok"] and "mla" in ds["attention"]["reason"]
     assert not ds["parallel"]["ok"] and "11 H200s" in ds["parallel"]["reason"]
     assert not ds["graph"]["ok"]
@@ -136,9 +136,12 @@ def test_verdicts_of_unsupported_models_name_the_missing_capability():
 
 
 def test_verdicts_follow_the_capability_table():
-    """A runtime that grows quantized MoE experts, tp2 and an MLA architecture turns those verdicts ok with no
-    change here."""
+    """A runtime that grows tp2 and an MLA architecture turns those verdicts ok with no change here; one whose
+    loader cannot read some feature's checkpoints turns the quantization verdict down."""
     caps = capabilities()
+    caps["quant_schemes"]["fp8_block"]["checkpoint_limits"] = {"moe": "per-expert tensors are not read"}
+    r = analyze(json.loads((REPO_CONFIGS / "deepseek-ai__DeepSeek-V3.json").read_text()), model="ds", caps=caps)
+    assert not r["verdicts"]["quant"]["ok"] and "per-expert tensors are not read" in r["verdicts"]["quant"]["reason"]
     caps["quant_schemes"]["fp8_block"]["checkpoint_limits"] = {}
     caps["parallel"] = {**caps["parallel"], "tp2": 2}
     caps["architectures"] = {**caps["architectures"], "Phantom": ["moe", "mla"]}
