@@ -21,12 +21,11 @@ from safetensors.torch import save_file
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.expert_checkpoint import ExpertLayout, layout_for, read_experts, write_experts
 from pcg_core.quant.experts import is_experts
-from pcg_core.quant.files import CheckpointTensors, shaped
+from pcg_core.quant.files import EIGHT_BIT, CheckpointTensors, shaped
 from pcg_core.quant.formats import HF_QUANT_CONFIG, QuantSpec, declaration
 from pcg_core.quant.linear import QuantLinear
 from pcg_core.quant.schemes import Scheme, quantize_weight
 
-_EIGHT_BIT = (torch.float8_e4m3fn, torch.int8)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
@@ -49,7 +48,7 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
         if type(mod) is not torch.nn.Linear or key not in tensors:
             continue
         w = tensors.get(key)
-        if w.dtype not in _EIGHT_BIT:
+        if w.dtype not in EIGHT_BIT:
             report.unquantized.append(name)
             continue
         if spec.ignored(layout.file_key(name)):
@@ -107,7 +106,7 @@ def _load_rest(model: torch.nn.Module, tensors: CheckpointTensors, layout: Exper
         t = tensors.get(file_key)
         if tuple(t.shape) != tuple(param.shape):
             raise UnsupportedModel(f"{path}: {file_key} is {tuple(t.shape)} on disk, the model's is {tuple(param.shape)}")
-        if t.dtype in _EIGHT_BIT:
+        if t.dtype in EIGHT_BIT:
             raise UnsupportedModel(f"{path}: {file_key} is stored in {t.dtype} but is not a linear layer's weight this loader "
                                    "quantizes")
         with torch.no_grad():

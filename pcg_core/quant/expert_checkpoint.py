@@ -18,12 +18,10 @@ from pathlib import Path
 import torch
 
 from pcg_core.errors import UnsupportedModel
-from pcg_core.quant.experts import check_quantizable, install
-from pcg_core.quant.files import CheckpointTensors, shaped
+from pcg_core.quant.experts import install, quantizable
+from pcg_core.quant.files import EIGHT_BIT, CheckpointTensors, shaped
 from pcg_core.quant.formats import QuantSpec
 from pcg_core.quant.schemes import BLOCK, FP8, Scheme, quantize_weight, weight_scale_shape
-
-_EIGHT_BIT = (torch.float8_e4m3fn, torch.int8)
 
 
 @dataclass(frozen=True)
@@ -53,6 +51,9 @@ def read_experts(module: torch.nn.Module, name: str, tensors: CheckpointTensors,
     """Fill the experts module `name` from its per-expert tensors. Returns True if they are quantized (the module
     then holds quantized buffers), False if stored in 16 bits (copied into its parameters as they are)."""
     path, s = tensors.path, spec.scheme
+    if not quantizable(module):  # the [E, N, K] layout the per-expert files are fused into
+        raise UnsupportedModel(f"{path}: {name} ({type(module).__name__}) holds transposed or biased experts; its quantized "
+                               "checkpoint layout is not read yet")
     gated = hasattr(module, "gate_up_proj")
     first = "gate_up_proj" if gated else "up_proj"
     e_n, n2, h = getattr(module, first).shape
@@ -66,7 +67,7 @@ def read_experts(module: torch.nn.Module, name: str, tensors: CheckpointTensors,
         raise UnsupportedModel(f"{path}: the experts of {name} need {missing[0]} (and {len(missing) - 1} more), which the "
                                "checkpoint does not have")
     loaded = {p: [tensors.get(k) for k in keys] for p, keys in weights.items()}
-    kinds = {t.dtype in _EIGHT_BIT for ts in loaded.values() for t in ts}
+    kinds = {t.dtype in EIGHT_BIT for ts in loaded.values() for t in ts}
     if kinds == {False}:
         _copy_float(module, loaded, gated)
         return False
@@ -74,7 +75,6 @@ def read_experts(module: torch.nn.Module, name: str, tensors: CheckpointTensors,
         raise UnsupportedModel(f"{path}: {name}'s experts mix 8-bit and 16-bit weights; one experts module is one scheme")
     if spec.ignored(f"{base}.0.{parts['down']}"):
         raise UnsupportedModel(f"{path}: {name}'s experts are stored in 8 bits but {spec.where} lists them as not quantized")
-    check_quantizable(module)
     shards = {p: [_shard(loaded[p][e], tensors, weights[p][e], s, spec, shapes[p]) for e in range(e_n)] for p in parts}
     if gated:
         fused = [_fuse(g, u, s, path, name) for g, u in zip(shards["gate"], shards["up"])]

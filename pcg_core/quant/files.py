@@ -10,6 +10,8 @@ from safetensors import safe_open
 
 from pcg_core.errors import UnsupportedModel
 
+EIGHT_BIT = (torch.float8_e4m3fn, torch.int8)  # stored dtypes that mean "quantized"
+
 
 class CheckpointTensors:
     """Every tensor of a checkpoint's safetensors files, read on demand (each file opened once); remembers which

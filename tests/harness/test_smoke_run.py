@@ -24,9 +24,10 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
     assert len(rows) == 126 + 36
     assert all(r.status in STATUSES for r in rows)
     launched = [r for r in rows if r.status != "unsupported"]
-    # 7 runnable models × {sdpa, flex} × 3 graphs; varlen is marked unsupported on the CPU, with the reason;
+    # 8 runnable models (gpt-oss the newest) × {sdpa, flex} × 3 graphs; varlen is marked unsupported on the CPU,
+    # with the reason;
     # each scheme on Llama, Qwen3 and Qwen3-MoE × 3 graphs
-    assert len(launched) == 42 + 36 and all(r.passed for r in launched), \
+    assert len(launched) == 48 + 36 and all(r.passed for r in launched), \
         [(r.key, r.status, r.reason) for r in launched if not r.passed]
     quantized = [r for r in rows if r.axes["quant"] != "none"]
     assert len(quantized) == 36 and all(r.passed for r in quantized)
@@ -36,7 +37,7 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
     assert {r.axes["attention"] for r in launched} == {"sdpa", "flex"}
     runnable = {r.axes["model"] for r in launched}
     varlen = [r for r in rows if r.axes["attention"] == "varlen" and r.axes["model"] in runnable]
-    assert len(varlen) == 21 and all(r.status == "unsupported" and "CUDA" in r.reason for r in varlen)
+    assert len(varlen) == 24 and all(r.status == "unsupported" and "CUDA" in r.reason for r in varlen)
     assert first["status"] == "finished" and first["torch_version"]
     assert "smoke" in report and "pass" in report.lower()
 
