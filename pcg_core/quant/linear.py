@@ -1,8 +1,8 @@
 """`QuantLinear`: an nn.Linear whose weight is stored quantized, swapped into transformers' model in its place.
 
 Two paths, one module. On CUDA in bf16 the scheme's kernel runs (`torch._scaled_mm` for FP8 at every granularity,
-our Triton `pcg::int8_scaled_mm` for INT8, int8_mm.py), the activation quantization written in plain torch ops so that inductor fuses it into
-the piece around it. Everywhere else (CPU, other dtypes, shapes a kernel refuses) the reference runs:
+our Triton `pcg::int8_scaled_mm` for INT8, int8_mm.py), the activation quantization written in plain torch ops
+so that inductor fuses it into the piece around it. Everywhere else (CPU, other dtypes, shapes a kernel refuses) the reference runs:
 schemes.reference_linear, the plain math the kernels are held to. Both paths are static-shape and sync-free,
 so a QuantLinear is captured like any other op.
 """
@@ -60,7 +60,7 @@ class QuantLinear(torch.nn.Module):
 
 def _kernel_ok(x: torch.Tensor, mod: QuantLinear) -> bool:
     """Whether the CUDA kernel runs: bf16 on CUDA, and the dimensions the kernels accept (block FP8: whole
-    128-blocks; _int_mm: K and N multiples of 8). Decided by the layer's static widths, never by the token
+    128-blocks; otherwise K and N multiples of 16). Decided by the layer's static widths, never by the token
     count, so a traced graph holds one branch for every bucket."""
     if not (x.is_cuda and x.dtype == torch.bfloat16):
         return False
@@ -72,7 +72,7 @@ def _kernel_ok(x: torch.Tensor, mod: QuantLinear) -> bool:
 
 def _pad_rows(x: torch.Tensor, multiple: int, extra: int = 0) -> torch.Tensor:
     """x with zero rows appended up to a multiple of `multiple` (plus `extra`): token counts the kernels refuse
-    (block FP8 wants M % 4 == 0, _int_mm M > 16) padded, not branched on."""
+    (block FP8 wants M % 4 == 0; _int_mm, the INT8 fallback without Triton, M > 16) padded, not branched on."""
     pad = (-x.shape[0]) % multiple + extra
     return torch.nn.functional.pad(x, (0, 0, 0, pad))
 
