@@ -125,7 +125,7 @@ def _load(cell: _Cell) -> None:
     cell.kv_slots = max(need, -(-max(latency_token_counts(s.max_tokens), default=0) // page) * page) + page
     if s.quant != "none":
         _quantize(cell)
-    elif not cell.lm.synthetic and (got := _checkpoint_schemes(cell.lm.model)):
+    elif not cell.lm.synthetic and (got := sorted(set(_quantized_modules(cell.lm.model).values()))):
         raise _Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got)}; the cell asks for none (a 16-bit "
                                         "model): run it as quant " + got[0])
 
@@ -133,15 +133,17 @@ def _load(cell: _Cell) -> None:
 def _quantize(cell: _Cell) -> None:
     """The cell's scheme applied: a real checkpoint must already be in it (the loader read its declaration); a
     synthetic model is quantized here (its linears and fused MoE experts), static activation scales calibrated on
-    the first case's prompts, as a producer would. The float model's prompt logprobs on that case are kept, to record the quantization error."""
+    the first case's prompts, as a producer would. The float model's prompt logprobs on that case are kept, to
+    record the quantization error."""
     s, m = cell.spec, cell.metrics
     model = cell.lm.model
     if not cell.lm.synthetic:
-        got = _checkpoint_schemes(model)
+        quantized = _quantized_modules(model)
+        got = sorted(set(quantized.values()))
         if got != [s.quant]:
             raise _Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got) or 'not quantized'}; the cell asks "
                                             f"for {s.quant}")
-        m.quant_layers = sum(isinstance(mod, QuantLinear) for mod in model.modules())
+        m.quant_layers = len(quantized)  # linears and experts modules, as quantize_model counts them
         return
     case = cell.cases[0]
     try:
@@ -154,10 +156,14 @@ def _quantize(cell: _Cell) -> None:
         raise _crash(Status.EAGER_FAIL, e) from e
 
 
-def _checkpoint_schemes(model: torch.nn.Module) -> list[str]:
-    """The schemes a loaded checkpoint's weights are in (linears and MoE experts)."""
-    return sorted({mod.scheme.name for mod in model.modules() if isinstance(mod, QuantLinear)}
-                  | {mod.quant_scheme.name for mod in model.modules() if getattr(mod, "quant_scheme", None) is not None})
+def _quantized_modules(model: torch.nn.Module) -> dict[str, str]:
+    """Module name → scheme for every quantized linear and MoE experts module of a loaded model."""
+    out = {}
+    for name, mod in model.named_modules():
+        scheme = mod.scheme if isinstance(mod, QuantLinear) else getattr(mod, "quant_scheme", None)
+        if scheme is not None:
+            out[name] = scheme.name
+    return out
 
 
 def _quant_error(cell: _Cell, ref: Outputs) -> None:

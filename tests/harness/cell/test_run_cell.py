@@ -4,6 +4,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from harness.cards import CARDS_DIR
 from harness.cell import CellSpec, run_cell
@@ -215,3 +216,19 @@ def test_real_weights_load_the_checkpoint_published_in_the_scheme():
     assert isinstance(resolve_model(CellSpec("llama-3.1-8b", tiny=True, quant="int8_w8a8")), dict)  # synthetic: the config
     out = run_cell(CellSpec("qwen3-8b", weights="real", quant="int8_w8a8"))  # stops before anything is loaded
     assert out.status == Status.UNSUPPORTED and "declares no int8_w8a8 checkpoint" in out.reason
+
+
+def test_a_real_quantized_moe_checkpoint_counts_its_experts_as_quantized_layers(tmp_path):
+    """Real weights of a scheme: the loader's reading is the cell's, and its layer count matches what quantizing a
+    synthetic model in memory counts (4 attention linears and 1 experts module per layer, 2 layers)."""
+    from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
+    from pcg_core.quant import SCHEMES, write_checkpoint
+
+    data = shrink_config(read_config_file(CARDS_DIR / "configs" / "Qwen__Qwen3-30B-A3B.json"), tiny=True, layers=2)
+    model = synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0, peaked=True)
+    write_checkpoint(model, data, tmp_path, "compressed-tensors", SCHEMES["fp8_per_token"])
+    out = run_cell(CellSpec(str(tmp_path), weights="real", quant="fp8_per_token", max_tokens=64, max_new_tokens=2))
+    assert out.status == Status.PASS, out.reason
+    assert out.metrics.quant_layers == 10
+    none = run_cell(CellSpec(str(tmp_path), weights="real", max_tokens=64, max_new_tokens=2))
+    assert none.status == Status.UNSUPPORTED and "fp8_per_token" in none.reason
