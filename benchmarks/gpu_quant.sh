@@ -20,7 +20,7 @@ cells() {
     done
   done | xargs -P ${CELL_JOBS:-6} -L 1 bash -c '
     model=${0%%:*}; layers=${0##*:}
-    out=$(timeout ${CELL_TIMEOUT:-400} python3 -m harness.cli cell --model "$model" --layers "$layers" --quant "$1" --graph "$2" \
+    out=$(timeout ${CELL_TIMEOUT:-400} python3 -m harness.cli cell --model "$model" --layers "$layers" --quant "$1" --graph "$2" --compiler ${COMPILER:-eager} \
       --attention ${ATTENTION:-flex} --device cuda --max-tokens ${CELL_MAX_TOKENS:-512} --json 2>> "$OUT/quant_cells.err")
     [[ -n $out ]] && echo "$out" >> "$OUT/quant_cells.jsonl"; true'
   python3 benchmarks/cells_table.py "$OUT/quant_cells.jsonl" | tee "$OUT/quant_cells.md"
