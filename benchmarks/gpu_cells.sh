@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Any list of `pcgh cell` runs on CUDA, ${CELL_JOBS:-8} at a time, one result file per cell (concurrent appends to
+# one file have come back unreadable), gathered into $OUT/${NAME:-cells}.jsonl and its table at the end.
+# Each line of the list file: model:layers (or model:tiny) attention graph [compiler [quant [max_tokens]]]
+# Usage on the GPU machine, from the repo root: bash benchmarks/gpu_cells.sh LIST_FILE
+source "$(dirname "$0")/gpu_env.sh"
+name=${NAME:-cells}
+mkdir -p "$OUT/$name"
+grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' | xargs -P ${CELL_JOBS:-8} -L 1 bash -c '
+  i=$0 spec=$1 attention=$2 graph=$3 compiler=${4:-eager} quant=${5:-none} tokens=${6:-256}
+  model=${spec%%:*}; layers=${spec##*:}
+  if [[ $layers == tiny ]]; then size=(--tiny); else size=(--layers "$layers"); fi
+  timeout ${CELL_TIMEOUT:-500} python3 -m harness.cli cell --model "$model" "${size[@]}" --attention "$attention" \
+    --graph "$graph" --compiler "$compiler" --quant "$quant" --device ${DEVICE:-cuda} --max-tokens "$tokens" --json \
+    > "$OUT/'"$name"'/$i.json" 2> "$OUT/'"$name"'/$i.err"
+  echo "cell $i ($spec $attention $graph $compiler $quant): rc $?"' 
+cat "$OUT/$name"/*.json > "$OUT/$name.jsonl" 2>/dev/null
+python3 benchmarks/cells_table.py "$OUT/$name.jsonl" | tee "$OUT/$name.md"
