@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Any list of `pcgh cell` runs on CUDA, ${CELL_JOBS:-8} at a time, one result file per cell (concurrent appends to
-# one file have come back unreadable), gathered into $OUT/${NAME:-cells}.jsonl and its table at the end.
+# one file have come back unreadable), gathered into $OUT/${NAME:-cells}.jsonl, .err and .md at the end.
 # Each line of the list file: model:layers (or model:tiny) attention graph [compiler [quant [max_tokens]]]
 # Usage on the GPU machine, from the repo root: bash benchmarks/gpu_cells.sh LIST_FILE
 source "$(dirname "$0")/gpu_env.sh"
@@ -15,4 +15,6 @@ grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' | xargs -P ${CELL_JOBS:-8} -L 1 bash 
     > "$OUT/'"$name"'/$i.json" 2> "$OUT/'"$name"'/$i.err"
   echo "cell $i ($spec $attention $graph $compiler $quant): rc $?"' 
 cat "$OUT/$name"/*.json > "$OUT/$name.jsonl" 2>/dev/null
+for f in "$OUT/$name"/*.err; do echo "== cell $(basename "$f" .err)"; tail -30 "$f"; done > "$OUT/$name.err"
+rm -rf "$OUT/$name"  # the device returns a few files per call: the gathered ones only
 python3 benchmarks/cells_table.py "$OUT/$name.jsonl" | tee "$OUT/$name.md"

@@ -7,11 +7,11 @@ for every forward by `begin_forward`, on the device, into static buffers (no hos
 replays: a `full` graph reads the buffers it captured, refreshed. `mask_mod` refines the partial blocks slot
 by slot. One block mask per sliding window the model uses (learned on the first forward, the warm-up).
 
-On CUDA the kernel is `torch.compile(flex_attention)` with static shapes, one compiled callable per token count
-and score-modifier set (a bucket, in practice), each on its own code object: dynamo keeps one cache entry per
-code object, so a call checks one entry's guards instead of walking the entries of every bucket, and no code
-object ever nears dynamo's recompile limit (past which it would silently run the unfused, uncapturable eager
-flex; to be sure, these calls raise instead). On a CPU (tests, the smoke matrix) the same attention is computed
+On CUDA the kernel is `torch.compile(flex_attention)` with static shapes and inductor's deterministic choices
+(`compile_options`), one compiled callable per token count and score-modifier set (a bucket, in practice), each
+on its own code object: dynamo keeps one cache entry per code object, so a call checks one entry's guards
+instead of walking the entries of every bucket, and no code object ever nears dynamo's recompile limit (past
+which it would silently run the unfused, uncapturable eager flex; to be sure, these calls raise instead). On a CPU (tests, the smoke matrix) the same attention is computed
 in plain math: mask_mod's rule, restricted to the pages the block mask lists — read back from the very indices
 the kernel would get, so a wrong block mask shows on the CPU as it would in the kernel. (torch's eager flex is
 no substitute: it ignores block sparsity, and its vmapped mask costs 7× the whole sdpa cell on the CPU.)
@@ -219,8 +219,19 @@ class FlexBackend(AttentionBackend):
         fn = self._kernels.get(key)
         if fn is None:
             fn = self._kernels[key] = torch.compile(_own_code(_flex_call, f"pcg_flex_{len(self._kernels)}"), fullgraph=True,
-                                                    dynamic=False)
+                                                    dynamic=False, options=compile_options())
         return fn
+
+
+def compile_options() -> dict[str, bool]:
+    """Inductor options for the flex kernels: deterministic. The decoding kernel's split-KV partials are combined
+    by reduction kernels whose configuration inductor otherwise picks by timing them on the GPU; each engine
+    compiles its own kernels, so two engines in one process (a cell's eager reference and its graph) could pick
+    differently and round differently. Seen on the H200 with ten cells sharing the GPU: Llama-3.1-8B flex decode
+    at bucket 4, graph vs eager at the same padding 0.00999 apart in some processes and 0 in others."""
+    from torch._inductor import config
+
+    return {"deterministic": True} if hasattr(config, "deterministic") else {}
 
 
 def flex_rows(n: int) -> int:

@@ -326,3 +326,47 @@ def test_flex_asks_for_its_main_kernel_where_the_decoding_kernel_has_no_configur
     from pcg_core.attention.flex import _decode_kernel_fits
 
     assert _decode_kernel_fits(rows, group) is fits
+
+
+def test_flex_kernels_compile_with_inductors_deterministic_choices():
+    """Each engine compiles its own flex kernels; inductor would otherwise pick the decoding kernel's reduction
+    configurations by timing them, so a cell's eager reference and its graph could round differently."""
+    from torch._inductor import config
+
+    from pcg_core.attention.flex import compile_options
+
+    assert compile_options() == ({"deterministic": True} if hasattr(config, "deterministic") else {})
+    assert hasattr(config, "deterministic"), "this torch has no deterministic inductor mode: flex kernels may differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("heads", [32, 64])
+def test_gpu_two_flex_backends_decode_bitwise_alike(heads):
+    """Two flex backends (two engines' worth of compiled kernels) on equal caches give the same decode output
+    bitwise: what lets a cell compare its graph with an eager engine at the same padding."""
+    cfg = SimpleNamespace(num_attention_heads=heads, num_key_value_heads=8, head_dim=128, hidden_size=heads * 128,
+                          num_hidden_layers=1)
+    outs = []
+    for _ in range(2):
+        cache = KVCache(cfg, 4096, torch.bfloat16, torch.device("cuda"), page_size=128)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        for t in cache.k + cache.v:
+            t.copy_(torch.randn(t.shape, generator=g, device="cuda").to(t.dtype))
+        batch = PackedBatch([], [], [], [])
+        for s, ctx in enumerate([258, 1500]):
+            slots = cache.allocate(s, ctx)
+            batch.token_ids.append(0)
+            batch.positions.append(ctx - 1)
+            batch.seq_ids.append(s)
+            batch.slots.append(slots[-1])
+        _, _, md = InputBuffers(4, cache, torch.device("cuda")).fill(batch, 4)  # padded to a bucket of 4
+        q = torch.randn(4, heads, 128, generator=g, device="cuda").bfloat16()
+        k = torch.randn(4, 8, 128, generator=g, device="cuda").bfloat16()
+        v = torch.randn(4, 8, 128, generator=g, device="cuda").bfloat16()
+        out = torch.empty_like(q)
+        backend = get_attention_backend("flex")(cache, 4)
+        backend.begin_forward(md)
+        backend.forward(q, k, v, out, LayerParams(0, 128 ** -0.5), md)
+        outs.append(out[:2].clone())
+    assert torch.equal(outs[0], outs[1])
