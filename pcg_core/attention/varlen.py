@@ -15,6 +15,7 @@ has none). CUDA only.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -56,6 +57,8 @@ class VarlenBackend(AttentionBackend):
         self._static = self._alloc(self.max_tokens)
         self.cu_q, self.cu_k, self.gather = self._static
         self.total_k = 0
+        if "return_aux" in _PARAMS and self.device.type == "cuda":
+            lse_heads_first(self.device)
 
     def _alloc(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.device
@@ -107,9 +110,21 @@ class VarlenBackend(AttentionBackend):
         res = _varlen.varlen_attn(q, keys, values, self.cu_q[: n + 1], self.cu_k[: n + 1], n, c.num_slots, **kw)
         if params.sinks is not None:
             attn, lse = res
-            if tuple(lse.shape) != tuple(attn.shape[:2]):  # [H, T] in some torch versions
+            if lse_heads_first(self.device):  # asked in __init__, never first during a capture
                 lse = lse.transpose(0, 1)
             attn = apply_sinks(attn, lse, params.sinks)
         else:
             attn = res
         zero_padding(out, attn, md.valid)
+
+
+@functools.cache
+def lse_heads_first(device: torch.device) -> bool:
+    """Whether varlen_attn returns the LSE as [H, T] (FlashAttention's own layout) rather than the [T, H] torch's
+    docstring names. Asked once, of a call whose T ≠ H: a batch's own shapes cannot tell when its token count
+    equals its head count (gpt-oss's 64 heads at a 64-token bucket, where guessing from shapes applied every
+    row's sink correction with another row's LSE)."""
+    q = torch.zeros(3, 2, 64, device=device, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 3], dtype=torch.int32, device=device)
+    _, lse = _varlen.varlen_attn(q, q, q, cu, cu, 3, 3, return_aux=_varlen.AuxRequest(lse=True))
+    return tuple(lse.shape) == (2, 3)

@@ -370,3 +370,24 @@ def test_gpu_two_flex_backends_decode_bitwise_alike(heads):
         backend.forward(q, k, v, out, LayerParams(0, 128 ** -0.5), md)
         outs.append(out[:2].clone())
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("kv_heads", [8, BUCKET], ids=["gqa", "mha"])
+def test_gpu_sinks_where_the_bucket_equals_the_head_count(name, kv_heads):
+    """As many query heads as tokens: an LSE of [H, T] and one of [T, H] have the same shape there, so a backend
+    that tells its layout from shapes applies each row's sink correction with another row's LSE (gpt-oss-120b:
+    64 heads at the 64-token bucket)."""
+    if not _supported(name, "cuda"):
+        pytest.skip(get_attention_backend(name).device_reason("cuda"))
+    heads = BUCKET
+    cache, batch, md, q, k, v = _setup("cuda", heads, kv_heads, torch.bfloat16)
+    params = LayerParams(1, 0.3, sinks=torch.linspace(-1.0, 2.0, heads, device="cuda"))
+    backend = get_attention_backend(name)(cache, BUCKET)
+    out = torch.full_like(q, float("nan"))
+    backend.begin_forward(md)
+    backend.forward(q, k, v, out, params, md)
+    want = _reference(cache, batch, md, q, k, v, params)
+    torch.testing.assert_close(out[: len(batch)].float(), want.float(), atol=2e-2, rtol=2e-2)
