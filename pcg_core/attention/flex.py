@@ -35,6 +35,7 @@ from pcg_core.attention.reference import apply_sinks, attention_math, visible
 from pcg_core.errors import ConfigError
 
 Q_BLOCK = 128  # flex's query block: the block mask has one row per 128 query tokens
+KV_TILE = 128  # the widest key tile (BLOCK_N) of inductor's flex kernel configurations (bf16, head dim 64, sm90)
 RECOMPILE_LIMIT = 8  # compiles per code object (one per shape and modifier set): 1 unless a guard fails
 
 
@@ -87,9 +88,11 @@ class FlexBackend(AttentionBackend):
         self._score_mods: dict[float, object] = {}
         self._compiled = self.device.type == "cuda"
         self._kernels: dict[tuple, object] = {}  # (tokens, window, softcap, sinks, gqa) → compiled flex call
-        if self._compiled and cache.page_size % 16:
-            raise ConfigError(f"attention backend 'flex' on CUDA needs page_size a multiple of 16 (its KV block is a page, "
-                              f"and Triton's tiles are ≥ 16), got {cache.page_size}; use 128", field="page_size")
+        if self._compiled and cache.page_size % KV_TILE:
+            raise ConfigError(
+                f"attention backend 'flex' on CUDA needs page_size a multiple of {KV_TILE} (its KV block is a page, and "
+                f"inductor's main flex kernel, which every prefill of {Q_BLOCK}+ tokens runs, tiles it by up to {KV_TILE} "
+                f"keys: a smaller page fails to compile there), got {cache.page_size}; use 128", field="page_size")
 
     # Block mask ----------------------------------------------------------------------------------------------
     def begin_forward(self, md) -> None:

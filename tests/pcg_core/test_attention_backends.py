@@ -60,6 +60,12 @@ def _setup(device: str, heads: int, kv_heads: int, dtype=torch.float32, page: in
     return cache, batch, md, q, k, v
 
 
+def _page(name: str, device: str) -> int:
+    """PAGE (pages end inside the batch's runs), except for flex on CUDA: its main kernel (prefills of 128+ rows, and
+    head groups of 3 at any row count) tiles a page by up to 128 keys."""
+    return 128 if name == "flex" and device == "cuda" else PAGE
+
+
 def _reference(cache, batch, md, q, k, v, params: LayerParams) -> torch.Tensor:
     n, s = len(batch), cache.num_slots
     keys, values = cache.k[params.layer][:s].clone(), cache.v[params.layer][:s].clone()
@@ -93,7 +99,7 @@ def test_backend_matches_plain_math(device, name, gqa, case):
     cls = get_attention_backend(name)
     heads, kv_heads = (4, 2) if gqa else (4, 4)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    cache, batch, md, q, k, v = _setup(device, heads, kv_heads, dtype)
+    cache, batch, md, q, k, v = _setup(device, heads, kv_heads, dtype, page=_page(name, device))
     opts = dict(CASES[case])
     if opts.pop("sinks", False):
         opts["sinks"] = torch.tensor([0.5, -1.0, 2.0, 0.0], device=device)
@@ -158,14 +164,16 @@ def flex_setup(request):
     device = request.param
     lm = tiny_model("qwen3", device=device)
     layouts = _layouts(lm.config.vocab_size)
-    ref = _run_layouts(Engine(lm.model, EngineConfig(device=device, attention="flex", kv_slots=1024, page_size=16)), layouts)
+    ref = _run_layouts(Engine(lm.model, EngineConfig(device=device, attention="flex", kv_slots=1024,
+                                                     page_size=_page("flex", device))), layouts)
     return SimpleNamespace(lm=lm, layouts=layouts, ref=ref, device=device)
 
 
 def _flex_engine(setup, backend="piecewise", attention="flex"):
     cap = CaptureConfig(backend=backend, max_tokens=64)
     return Engine(setup.lm.model, EngineConfig(device=setup.device, attention=attention, capture=cap, kv_slots=1024,
-                                               page_size=16))
+                                               page_size=_page("flex", setup.device)))
+
 
 
 @pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
@@ -383,7 +391,7 @@ def test_gpu_sinks_where_the_bucket_equals_the_head_count(name, kv_heads):
     if not _supported(name, "cuda"):
         pytest.skip(get_attention_backend(name).device_reason("cuda"))
     heads = BUCKET
-    cache, batch, md, q, k, v = _setup("cuda", heads, kv_heads, torch.bfloat16)
+    cache, batch, md, q, k, v = _setup("cuda", heads, kv_heads, torch.bfloat16, page=_page(name, "cuda"))
     params = LayerParams(1, 0.3, sinks=torch.linspace(-1.0, 2.0, heads, device="cuda"))
     backend = get_attention_backend(name)(cache, BUCKET)
     out = torch.full_like(q, float("nan"))
@@ -391,3 +399,13 @@ def test_gpu_sinks_where_the_bucket_equals_the_head_count(name, kv_heads):
     backend.forward(q, k, v, out, params, md)
     want = _reference(cache, batch, md, q, k, v, params)
     torch.testing.assert_close(out[: len(batch)].float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_flex_refuses_a_page_its_main_kernel_cannot_tile():
+    """Seen on the H200: 16-slot pages compile for flex's decoding kernel but not its main one (KV block 16 is no
+    multiple of BLOCK_N 64), so a prefill of 128+ tokens would crash; refused up front instead."""
+    cache = KVCache(_config(4, 2), 12 * PAGE, torch.bfloat16, torch.device("cuda"), page_size=PAGE)
+    with pytest.raises(ConfigError, match="page_size a multiple of 128"):
+        get_attention_backend("flex")(cache, BUCKET)
