@@ -177,6 +177,7 @@ class CellMetrics(_Model):
     capture_s: float | None = None
     compile_s: float | None = None
     graph_pool_bytes: int | None = None
+    kv_bytes_per_token: int | None = None  # KV cache memory per token over all layers (MLA: the latent's)
     eager_fallbacks: int | None = None
     bucket_hits: dict[int, int] = Field(default_factory=dict)
     # Judge.
@@ -224,7 +225,7 @@ class CellMetrics(_Model):
 
 SCALAR_METRICS = ("token_match", "max_prompt_logprob_diff", "max_output_logprob_diff", "max_prompt_kl", "max_decode_kl",
                   "max_same_padding_diff", "capture_s", "compile_s", "trace_s", "graph_pool_bytes", "pieces",
-                  "graphs_captured", "eager_fallbacks")
+                  "graphs_captured", "eager_fallbacks", "kv_bytes_per_token")
 
 
 class CellOutcome(_Model):

@@ -212,6 +212,7 @@ def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Ou
     st = graph.stats
     m.pieces, m.graphs_captured, m.trace_s, m.capture_s = st.pieces, st.graphs_captured, st.trace_s, st.capture_s
     m.compile_s, m.graph_pool_bytes = st.compile_s, st.graph_pool_bytes
+    m.kv_bytes_per_token = graph.cache.bytes_per_token
     on_phase("run")
     cell.coverage = CoverageCounter(cell.config.capture.ladder)
     try:

@@ -76,6 +76,13 @@ class FlexBackend(AttentionBackend):
     capturable = True
     page_size = 128
 
+    @classmethod
+    def features(cls) -> dict[str, str | None]:
+        feats = super().features()
+        feats["mla"] = ("not yet: absorbed MLA's 576/512-dim heads need flex tile options not validated on the GPU; "
+                        "the CPU path would claim what the kernel has not shown")
+        return feats
+
     def __init__(self, cache, max_tokens):
         super().__init__(cache, max_tokens)
         rows = _mask_rows(self.max_tokens)

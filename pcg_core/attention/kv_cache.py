@@ -1,4 +1,5 @@
-"""The paged KV cache: per layer a [slots + 1, kv_heads, head_dim] tensor for K and one for V, cut into pages.
+"""The paged KV cache: per layer a [slots + 1, kv_heads, head_dim] tensor for K and one for V, cut into pages (MLA
+models: one latent tensor per layer, V a view of it).
 
 A sequence owns whole pages (`page_size` slots each), not necessarily adjacent: its block table lists them in
 order, and position p lives in slot `pages[p // page_size] * page_size + p % page_size`. Every slot also carries
@@ -28,15 +29,25 @@ class KVCache:
                  page_size: int = 1):
         if not isinstance(page_size, int) or page_size < 1:
             raise ConfigError(f"page_size must be a positive integer, got {page_size!r}", field="page_size")
-        n_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.page_size = page_size
         self.num_pages = -(-num_slots // page_size)
         self.num_slots = self.num_pages * page_size  # whole pages
         self.pad_slot = self.num_slots
-        shape = (self.num_slots + 1, n_kv, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        layers = config.num_hidden_layers
+        # MLA (DeepSeek-V3, Kimi-K2): one latent row per token, the normed compressed KV then the rotated shared
+        # key part; keys are the whole row (one KV head), values its first kv_lora_rank columns — a view, no copy.
+        self.latent = bool(getattr(config, "kv_lora_rank", None))
+        if self.latent:
+            rank = config.kv_lora_rank
+            self.k = [torch.zeros(self.num_slots + 1, 1, rank + config.qk_rope_head_dim, dtype=dtype, device=device)
+                      for _ in range(layers)]
+            self.v = [k[..., :rank] for k in self.k]
+        else:
+            n_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            shape = (self.num_slots + 1, n_kv, head_dim)
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.slot_seq = torch.full((self.num_slots + 1,), -1, dtype=torch.int32, device=device)
         self.slot_pos = torch.zeros(self.num_slots + 1, dtype=torch.int64, device=device)
         self.page_seq = torch.full((self.num_pages,), -1, dtype=torch.int32, device=device)
@@ -82,4 +93,10 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        tensors = self.k if self.latent else self.k + self.v  # a latent cache's values are views of its keys
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV memory one token takes over all layers (MLA: (kv_lora_rank + qk_rope_head_dim) × layers × dtype)."""
+        return self.nbytes // (self.num_slots + 1)

@@ -36,6 +36,8 @@ class LayerParams:
     #                          includes the current token, so window 1 sees only itself)
     softcap: float = 0.0  # 0: none; else scores → softcap·tanh(scores / softcap) before the mask
     sinks: torch.Tensor | None = None  # [heads] logits of a per-head sink (gpt-oss): in the softmax, no value
+    latent: bool = False  # MLA, absorbed: queries in the latent space, keys the latent cache rows, values their
+    #                       first kv_lora_rank columns (one KV head; qk 576 / v 512 dims at DeepSeek-V3's widths)
 
     def features(self, gqa: bool) -> set[str]:
         """The features this call needs from a backend (the names `AttentionBackend.features` declares)."""
@@ -48,4 +50,6 @@ class LayerParams:
             need.add("softcap")
         if self.sinks is not None:
             need.add("sinks")
+        if self.latent:
+            need.add("mla")
         return need

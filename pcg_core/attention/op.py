@@ -23,8 +23,8 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     ctx = get_forward_context()
     if ctx.observer is not None:
         ctx.observer(layer, q)
-    params = LayerParams(layer, scale, sliding_window, softcap, sinks)
     backend = ctx.attn_backend
+    params = LayerParams(layer, scale, sliding_window, softcap, sinks, latent=backend.cache.latent)
     if layer not in backend.checked_layers:  # once per layer: refuse a modifier the backend would get wrong
         backend.check_call(params, gqa=q.shape[1] != k.shape[1])
         backend.checked_layers.add(layer)

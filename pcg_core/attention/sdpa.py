@@ -4,7 +4,8 @@ Why over the whole cache: the key set then has a static size (the cache capacity
 shapes for every batch of a bucket and can be captured whole (`full` backend). The mask (same sequence and
 key position ≤ query position, optionally inside a sliding window) makes it causal, ragged and paged alike;
 it is built once per forward into a static buffer the backend owns. Soft-cap and sinks, which the
-fused kernels lack, take the plain-math path.
+fused kernels lack, take the plain-math path. Absorbed MLA is one KV head of the latent cache, keys 576 wide and
+values 512 (their first columns): SDPA takes the two widths as they are.
 Padding rows write KV only into the cache's pad slot (never attended) and get an output of exactly zero.
 """
 

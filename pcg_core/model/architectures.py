@@ -7,7 +7,8 @@ from transformers import PretrainedConfig
 
 from pcg_core.errors import UnsupportedModel
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "architecture_of", "check_supported", "is_moe", "unsupported_reason"]
+__all__ = ["MODEL_TYPE_ALIASES", "SUPPORTED_ARCHITECTURES", "architecture_of", "check_supported", "is_moe",
+           "unsupported_reason"]
 
 # architecture → features it exercises. Adding an architecture here is the whole of "supporting" it only
 # when transformers' module runs unchanged with our attention op and expert path.
@@ -20,7 +21,15 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     # attention sinks (per-head s_aux) and every other layer a 128-token sliding window; clamped SwiGLU experts
     # with biases (transformers' grouped path); MXFP4 expert checkpoints wait for the 4-bit schemes
     "GptOssForCausalLM": ("moe", "sliding_window", "sinks"),
+    # MLA (absorbed, over a latent cache: pcg_core/model/mla.py), dense first layers, routed + shared experts
+    # behind the sigmoid, group-limited router; YaRN rotary scaling as transformers implements it
+    "DeepseekV3ForCausalLM": ("moe", "mla"),
 }
+
+# model_type → the transformers one that implements it, for configs published with remote code only: Kimi-K2's
+# `kimi_k2` is DeepSeek-V3's architecture (its config names DeepseekV3ForCausalLM; transformers maps Kimi-K2.5
+# the same way), so it loads as deepseek_v3 and no remote code runs.
+MODEL_TYPE_ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3"}
 
 
 def architecture_of(config: PretrainedConfig) -> str:
@@ -33,7 +42,8 @@ def architecture_of(config: PretrainedConfig) -> str:
 
 
 def is_moe(config: PretrainedConfig) -> bool:
-    return bool(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None))
+    return bool(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+                or getattr(config, "n_routed_experts", None))
 
 
 def unsupported_reason(config: PretrainedConfig) -> str | None:

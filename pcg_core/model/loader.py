@@ -1,7 +1,8 @@
 """Load a model: from a local HF directory, from the hub, or from a config with synthetic weights.
 
 Whatever the source, the model is transformers' own implementation with our attention op (and, for MoE, our
-capturable expert path) swapped in through transformers' interfaces — no model code is re-implemented.
+capturable expert path) swapped in through transformers' interfaces; MLA attention modules get the absorbed
+forward over the latent cache (pcg_core/model/mla.py), the one place a module's forward is replaced.
 Synthetic weights let any architecture run at real widths (trimmed to N layers) or tiny widths on a CPU,
 without downloading weights.
 """
@@ -23,8 +24,9 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from pcg_core.attention import ATTN_IMPLEMENTATION
 from pcg_core.errors import ConfigError, UnsupportedModel
-from pcg_core.model.architectures import check_supported, is_moe
+from pcg_core.model.architectures import MODEL_TYPE_ALIASES, check_supported, is_moe
 from pcg_core.model.experts import EXPERTS_IMPLEMENTATION
+from pcg_core.model.mla import install_mla
 from pcg_core.quant import detect as detect_quantization
 from pcg_core.quant import load_quantized
 
@@ -33,6 +35,9 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "
 TINY_LAYERS = 2
 TINY_MAX_EXPERTS = 8
 TINY_MAX_VOCAB = 2048
+# MLA at tiny widths: latent 32 + rope 8, q rank 48, per-head nope/v 16; the rotary embedding's dim is the rope part.
+TINY_MLA = {"kv_lora_rank": 32, "q_lora_rank": 48, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+            "head_dim": 8}
 # Std of the next-token logits over the vocabulary with peaked synthetic weights, per dtype. The variance-
 # preserving init gives ~1: a flat distribution (top token ~1% on a 2k vocab, median top-2 margin ~0.2) where a
 # real bug's token flip looks like a near-tie and its logprob shift is small next to the judge's tolerance. In
@@ -140,12 +145,14 @@ def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool
             if key in d or key in ("hidden_size", "num_attention_heads", "head_dim"):
                 d[key] = value
         d["num_key_value_heads"] = 2 if kv < heads else TINY["num_attention_heads"]
-        for key in ("num_experts", "num_local_experts"):
+        for key in ("num_experts", "num_local_experts", "n_routed_experts"):
             if d.get(key):
                 d[key] = min(d[key], TINY_MAX_EXPERTS)
         if d.get("num_experts_per_tok"):
-            n_exp = d.get("num_experts") or d.get("num_local_experts") or 2
+            n_exp = d.get("num_experts") or d.get("num_local_experts") or d.get("n_routed_experts") or 2
             d["num_experts_per_tok"] = min(d["num_experts_per_tok"], 2, n_exp)
+        if d.get("kv_lora_rank"):
+            _tiny_mla(d)
         if d.get("vocab_size", 0) > TINY_MAX_VOCAB:
             d["vocab_size"] = TINY_MAX_VOCAB
             for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -172,8 +179,27 @@ def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool
     return d
 
 
+def _tiny_mla(d: dict[str, Any]) -> None:
+    """DeepSeek-V3's MLA and router at tiny widths, its shape kept: a dense first layer then MoE ones (the real
+    config's first_k_dense_replace would leave two tiny layers all dense), and router groups of two experts (its
+    group score is a top-2 within each group) of which the real share is kept."""
+    for key, value in TINY_MLA.items():
+        if key != "q_lora_rank" or d.get(key):
+            d[key] = value
+    if d.get("first_k_dense_replace"):
+        d["first_k_dense_replace"] = 1
+    experts, groups = d.get("n_routed_experts") or 0, d.get("n_group") or 1
+    if groups > 1 and experts:
+        share = (d.get("topk_group") or groups) / groups
+        d["n_group"] = max(1, experts // 2)
+        d["topk_group"] = max(1, round(d["n_group"] * share))
+
+
 def build_config(data: dict[str, Any], where: str = "config") -> PretrainedConfig:
     model_type = data.get("model_type")
+    if model_type in MODEL_TYPE_ALIASES:
+        data = {**data, "model_type": MODEL_TYPE_ALIASES[model_type]}
+        model_type = data["model_type"]
     if not model_type:
         raise ConfigError(f"{where}: has no model_type; is this a transformers config.json?")
     if model_type not in CONFIG_MAPPING:
@@ -228,6 +254,7 @@ def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, **_implementation_kwargs(config))
     if peaked:
         peak_logits(model, config.hidden_size, PEAK_LOGIT_STD.get(str(dtype).removeprefix("torch."), 1.0))
+    install_mla(model)
     return model.eval().requires_grad_(False)
 
 
@@ -243,6 +270,7 @@ def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.devic
         load_quantized(model, path, spec, layers=config.num_hidden_layers)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, **_implementation_kwargs(config))
+    install_mla(model)
     return model.to(device).eval().requires_grad_(False)  # .to(): device_map would need accelerate
 
 

@@ -118,30 +118,11 @@ def test_load_model_accepts_a_dict_and_a_directory(tmp_path):
 
 
 # Unsupported architectures: real transformers model types whose architecture pcg does not run yet.
-DEEPSEEK_V3 = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "deepseek_v3",
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_attention_heads": 128,
-    "num_key_value_heads": 128,
-    "num_hidden_layers": 61,
-    "n_routed_experts": 256,
-    "num_experts_per_tok": 8,
-    "kv_lora_rank": 512,
-    "q_lora_rank": 1536,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "vocab_size": 129280,
-    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]},
-}
 # Hybrid linear attention (Gated DeltaNet): in transformers, not in the runtime yet.
 QWEN3_NEXT = json.loads((CONFIGS / "Qwen__Qwen3-Next-80B-A3B-Instruct.json").read_text())
 
 
-@pytest.mark.parametrize("data, arch", [(DEEPSEEK_V3, "DeepseekV3ForCausalLM"), (QWEN3_NEXT, "Qwen3NextForCausalLM")])
+@pytest.mark.parametrize("data, arch", [(QWEN3_NEXT, "Qwen3NextForCausalLM")])
 @pytest.mark.parametrize("as_file", [False, True])
 def test_unsupported_architecture_raises_unsupported_model(tmp_path, data, arch, as_file):
     spec = data
@@ -160,15 +141,15 @@ def test_check_supported_and_reasons():
         cfg = build_config(read_config_file(config_path(arch)))
         assert unsupported_reason(cfg) is None
         check_supported(cfg)
-    cfg = build_config(DEEPSEEK_V3)
-    assert "DeepseekV3ForCausalLM" in unsupported_reason(cfg)
-    with pytest.raises(UnsupportedModel, match="DeepseekV3ForCausalLM"):
+    cfg = build_config(QWEN3_NEXT)
+    assert "Qwen3NextForCausalLM" in unsupported_reason(cfg)
+    with pytest.raises(UnsupportedModel, match="Qwen3NextForCausalLM"):
         check_supported(cfg)
     # No `architectures` key: the architecture is looked up from the model type.
     no_arch = {k: v for k, v in read_config_file(config_path("mixtral")).items() if k != "architectures"}
     assert unsupported_reason(build_config(no_arch)) is None
-    no_arch_ds = {k: v for k, v in DEEPSEEK_V3.items() if k != "architectures"}
-    assert "DeepseekV3ForCausalLM" in unsupported_reason(build_config(no_arch_ds))
+    no_arch_next = {k: v for k, v in QWEN3_NEXT.items() if k != "architectures"}
+    assert "Qwen3NextForCausalLM" in unsupported_reason(build_config(no_arch_next))
 
 
 def test_non_json_file_is_a_config_error(tmp_path):
@@ -202,21 +183,30 @@ def test_missing_model_type_is_a_config_error(tmp_path):
 
 
 def test_unknown_model_type_is_a_config_error(tmp_path):
-    # Kimi-K2's published config: model_type kimi_k2 (not a transformers type), remote code in auto_map.
-    kimi = {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
-        "model_type": "kimi_k2",
-        "hidden_size": 7168,
-        "num_hidden_layers": 61,
+    # A config published with remote code only and no alias to a transformers type (Kimi-K2's kimi_k2 has one).
+    remote = {
+        "architectures": ["KimiLinearForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_kimi.KimiLinearConfig"},
+        "model_type": "kimi_linear_remote",
+        "hidden_size": 2304,
+        "num_hidden_layers": 27,
         "vocab_size": 163840,
     }
     p = tmp_path / "config.json"
-    p.write_text(json.dumps(kimi))
+    p.write_text(json.dumps(remote))
     with pytest.raises(ConfigError) as e:
         load_model(p, tiny=True)
     msg = str(e.value)
-    assert "'kimi_k2'" in msg and "DeepseekV3ForCausalLM" in msg and "remote code" in msg
+    assert "'kimi_linear_remote'" in msg and "KimiLinearForCausalLM" in msg and "remote code" in msg
+
+
+def test_kimi_k2_loads_as_deepseek_v3_without_remote_code(tmp_path):
+    data = json.loads((CONFIGS / "moonshotai__Kimi-K2-Instruct.json").read_text())
+    assert data["model_type"] == "kimi_k2" and "auto_map" in data
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    lm = load_model(str(tmp_path), tiny=True)
+    assert type(lm.model).__name__ == "DeepseekV3ForCausalLM" and lm.config.model_type == "deepseek_v3"
+    assert data["model_type"] == "kimi_k2"  # the caller's data is left as it was
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,7 @@ def test_precheck_reads_the_runtime_table(tmp_path, monkeypatch):
     caps = capabilities()
     caps["cuda_devices"] = 0
     assert precheck(_cell(tmp_path), caps, {}) is None
-    assert "DeepseekV3ForCausalLM" in precheck(_cell(tmp_path, model="deepseek-v3:tiny"), caps, {})
+    assert "Qwen3NextForCausalLM" in precheck(_cell(tmp_path, model="qwen3-next-80b-a3b:tiny"), caps, {})
     assert "quantization 'fp8'" in precheck(_cell(tmp_path, quant="fp8"), caps, {})
     assert "parallel mode 'tp2'" in precheck(_cell(tmp_path, parallel="tp2"), caps, {})
     assert "0 visible" in precheck(_cell(tmp_path, device="cuda"), caps, {})

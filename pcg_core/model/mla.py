@@ -1,0 +1,82 @@
+"""Multi-head latent attention (DeepSeek-V3, Kimi-K2), absorbed, over the latent KV cache.
+
+transformers' DeepseekV3Attention expands the compressed KV to per-head keys (192 dims) and values (128) before
+its attention call: 40 960 values per token and layer at DeepSeek-V3's widths, against the 576 of the latent
+(kv_lora_rank 512 + the rotated shared key part 64). Here each attention module's forward is replaced by the
+absorbed form, the same math reassociated:
+
+    q·k  = q_nope·(W_UK c) + q_rot·k_rot = (W_UKᵀ q_nope)·c + q_rot·k_rot    (W_UK: kv_b_proj's key rows)
+    o    = W_UV (Σ p c)                                                       (W_UV: its value rows)
+
+so the split op sees one KV head whose keys are the cached latent rows [c, k_rot] (576) and whose values are
+their first 512 columns, queries [W_UKᵀ q_nope, q_rot] (576) per head; the two absorptions are per-head GEMMs
+in the pieces around it, captured with them. Scale, YaRN's mscale and the (interleaved) rotary embedding are the
+module's own, so the forward matches transformers' eager one up to summation order.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from pcg_core.attention.op import ATTN_IMPLEMENTATION  # noqa: F401 - registers pcg::attention
+
+MLA_PARAMETERS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
+
+
+def is_mla_attention(module: torch.nn.Module) -> bool:
+    return all(hasattr(module, name) for name in MLA_PARAMETERS) and hasattr(module, "kv_lora_rank")
+
+
+def install_mla(model: torch.nn.Module) -> int:
+    """Replace every MLA attention module's forward (this model's instances only) with the absorbed one; returns
+    how many. Idempotent."""
+    n = 0
+    for module in model.modules():
+        if is_mla_attention(module):
+            module.forward = types.MethodType(absorbed_mla_forward, module)
+            n += 1
+    return n
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """Rotary embedding of x [T, h, r] with cos/sin [T, r] (transformers' layout: the frequencies twice). DeepSeek's
+    checkpoints pair dimensions (0, 1), (2, 3) … (interleave); otherwise the halves pair up, as in Llama."""
+    if interleave:
+        c, s = cos[:, None, : cos.shape[-1] // 2], sin[:, None, : sin.shape[-1] // 2]
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * c + rotated * s
+
+
+def absorbed_mla_forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                         attention_mask: torch.Tensor | None = None, *args, **kwargs) -> tuple[torch.Tensor, None]:
+    """DeepseekV3Attention.forward for a packed batch of one row: [1, T, hidden] in, [1, T, hidden] out."""
+    if hidden_states.shape[0] != 1:
+        raise ValueError(f"pcg runs packed batches of one row; got batch size {hidden_states.shape[0]}")
+    h = hidden_states[0]
+    t = h.shape[0]
+    heads, nope, rope, rank, v_dim = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.kv_lora_rank,
+                                      self.v_head_dim)
+    q = self.q_proj(h) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(h)))
+    q_nope, q_rot = q.view(t, heads, nope + rope).split([nope, rope], dim=-1)
+    c, k_rot = self.kv_a_proj_with_mqa(h).split([rank, rope], dim=-1)
+    c = self.kv_a_layernorm(c)
+    cos, sin = (e[0] for e in position_embeddings)
+    interleave = bool(getattr(self.config, "rope_interleave", False))
+    q_rot = _rotate(q_rot, cos, sin, interleave)
+    k_rot = _rotate(k_rot[:, None, :], cos, sin, interleave)
+    w = self.kv_b_proj.weight.view(heads, nope + v_dim, rank)
+    w_uk, w_uv = w[:, :nope], w[:, nope:]  # [H, nope, rank], [H, v, rank]
+    q_latent = torch.einsum("thn,hnr->thr", q_nope, w_uk)
+    query = torch.cat([q_latent, q_rot], dim=-1)  # [T, H, rank + rope]
+    latent = torch.cat([c[:, None, :], k_rot], dim=-1)  # [T, 1, rank + rope]: the row the cache keeps
+    out = query.new_empty(t, heads, rank)  # allocated here, in the piece before the split op
+    torch.ops.pcg.attention(query, latent, latent[..., :rank], out, int(self.layer_idx), float(self.scaling), 0, 0.0,
+                            None)
+    o = torch.einsum("thr,hvr->thv", out, w_uv).reshape(1, t, heads * v_dim)
+    return self.o_proj(o), None

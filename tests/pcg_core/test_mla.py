@@ -1,0 +1,130 @@
+"""DeepSeek-V3 / Kimi-K2: absorbed MLA over the latent cache against transformers' own (expanded) eager forward."""
+
+import copy
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from pcg_core import CaptureConfig, Engine, EngineConfig, load_model
+from pcg_core.attention import get_attention_backend
+from pcg_core.attention.kv_cache import KVCache
+from pcg_core.capabilities import attention_unsupported_reason
+from pcg_core.model import mla
+from pcg_core.model.loader import PEAK_LOGIT_STD, build_config, peak_logits, shrink_config
+
+PROMPT = list(range(3, 40))
+LOGPROB_TOL_BF16 = 0.1  # the judge's (harness.cell.judge.LOGPROB_TOL), which pcg_core's tests do not import
+
+
+def _load(configs, name, dtype=torch.float32):
+    return load_model(json.loads((configs / name).read_text()), tiny=True, dtype=dtype)
+
+
+@pytest.fixture(scope="module", params=["deepseek-ai__DeepSeek-V3.json", "moonshotai__Kimi-K2-Instruct.json"],
+                ids=["deepseek-v3", "kimi-k2"])
+def model(request, configs):
+    lm = _load(configs, request.param)
+    return lm, _hf_eager(lm, PROMPT)
+
+
+def _ours(lm, prompt, backend="piecewise"):
+    engine = Engine(lm.model, EngineConfig(dtype=str(lm.model.dtype).removeprefix("torch."),
+                                           capture=CaptureConfig(backend=backend, max_tokens=64), kv_slots=256))
+    return engine.generate([prompt], max_new_tokens=2, prompt_logprobs=True)[0].prompt_logprobs
+
+
+def _hf_eager(lm, prompt):
+    """transformers' DeepseekV3 modules as written (expanded K/V per head), the same weights."""
+    ref = AutoModelForCausalLM.from_config(copy.deepcopy(lm.config), attn_implementation="eager",
+                                           experts_implementation="eager", dtype=lm.model.dtype).eval()
+    ref.load_state_dict(lm.model.state_dict())
+    with torch.no_grad():
+        lp = torch.log_softmax(ref(input_ids=torch.tensor([prompt])).logits[0].float(), -1)
+    return lp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
+
+
+def _gap(a, b):
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def test_tiny_shape_keeps_what_the_architecture_exercises(model):
+    lm, _ = model
+    c = lm.config
+    assert c.model_type == "deepseek_v3"  # Kimi-K2's kimi_k2 too, through the alias
+    assert c.first_k_dense_replace == 1 and c.num_hidden_layers == 2  # one dense layer, one MoE layer
+    assert c.n_routed_experts % c.n_group == 0 and c.n_routed_experts // c.n_group >= 2  # a top-2 per group
+    assert c.qk_rope_head_dim == c.head_dim  # the rotary embedding's dims are the rope part's
+    assert sum(mla.is_mla_attention(m) for m in lm.model.modules()) == 2
+
+
+@pytest.mark.parametrize("backend", ["disabled", "piecewise", "breakable", "full"])
+def test_absorbed_mla_matches_transformers_eager(model, backend):
+    lm, want = model
+    assert _gap(_ours(lm, PROMPT, backend), want) < 1e-4  # fp32: summation order only
+
+
+@pytest.fixture(scope="module")
+def deepseek(configs):
+    lm = _load(configs, "deepseek-ai__DeepSeek-V3.json")
+    return lm, _hf_eager(lm, PROMPT)
+
+
+def test_absorbed_and_expanded_agree_in_bf16(configs):
+    """The same weights in bf16, absorbed (ours) and expanded (transformers), each against float32 expanded, with
+    the logit spread half-precision cells use (loader.PEAK_LOGIT_STD): within the judge's bf16 tolerance."""
+    data = json.loads((configs / "deepseek-ai__DeepSeek-V3.json").read_text())
+    lm = load_model(data, tiny=True, peaked=False)
+    peak_logits(lm.model, lm.config.hidden_size, PEAK_LOGIT_STD["bfloat16"])
+    want = _hf_eager(lm, PROMPT)
+    lm16 = copy.copy(lm)
+    lm16.model = copy.deepcopy(lm.model).to(torch.bfloat16)
+    ours, expanded = _gap(_ours(lm16, PROMPT), want), _gap(_hf_eager(lm16, PROMPT), want)
+    assert ours < LOGPROB_TOL_BF16 and expanded < LOGPROB_TOL_BF16, (ours, expanded)
+
+
+def test_latent_cache_holds_the_latent_only(configs):
+    lm = _load(configs, "deepseek-ai__DeepSeek-V3.json", dtype=torch.bfloat16)
+    c = lm.config
+    cache = KVCache(c, 64, torch.bfloat16, torch.device("cpu"), page_size=16)
+    assert cache.latent and cache.k[0].shape == (65, 1, c.kv_lora_rank + c.qk_rope_head_dim)
+    assert cache.v[0].data_ptr() == cache.k[0].data_ptr() and cache.v[0].shape[-1] == c.kv_lora_rank  # a view
+    assert cache.bytes_per_token == (c.kv_lora_rank + c.qk_rope_head_dim) * c.num_hidden_layers * 2
+    real = json.loads((configs / "deepseek-ai__DeepSeek-V3.json").read_text())
+    full = build_config(shrink_config(real, layers=2))  # real widths, no weights
+    assert KVCache(full, 16, torch.bfloat16, torch.device("meta")).bytes_per_token == (512 + 64) * 2 * 2
+
+
+def test_backends_declare_mla():
+    assert get_attention_backend("sdpa").features()["mla"] is None
+    for name in ("flex", "varlen"):
+        why = attention_unsupported_reason(name, "cuda", ["mla"])
+        assert why and "mla" in why, name
+
+
+@pytest.mark.parametrize("fault", ["rotary skipped", "mscale dropped", "pairs not interleaved", "no absorption"])
+def test_planted_mla_faults_are_caught(deepseek, fault, monkeypatch):
+    """What a wrong MLA port gets wrong, planted in the absorbed forward: each must move the prompt logprobs off
+    transformers' eager ones."""
+    lm, want = deepseek
+    if fault == "rotary skipped":
+        monkeypatch.setattr(mla, "_rotate", lambda x, cos, sin, interleave: x)
+    elif fault == "mscale dropped":
+        for m in lm.model.modules():
+            if mla.is_mla_attention(m):
+                monkeypatch.setattr(m, "scaling", m.qk_head_dim ** -0.5)
+    elif fault == "pairs not interleaved":
+        real = mla._rotate
+        monkeypatch.setattr(mla, "_rotate", lambda x, cos, sin, interleave: real(x, cos, sin, not interleave))
+    else:  # the latent queries taken as the nope part itself, W_UK never applied
+        real_einsum = torch.einsum
+
+        def einsum(eq, *ops):
+            if eq == "thn,hnr->thr":
+                q, w = ops
+                return torch.nn.functional.pad(q, (0, w.shape[-1] - q.shape[-1]))
+            return real_einsum(eq, *ops)
+
+        monkeypatch.setattr(mla.torch, "einsum", einsum)
+    assert _gap(_ours(lm, PROMPT, backend="disabled"), want) > 1e-3, fault
