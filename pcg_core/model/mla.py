@@ -21,6 +21,7 @@ import types
 import torch
 
 from pcg_core.attention.op import ATTN_IMPLEMENTATION  # noqa: F401 - registers pcg::attention
+from pcg_core.quant.schemes import dequantize_weight
 
 MLA_PARAMETERS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
 
@@ -38,6 +39,15 @@ def install_mla(model: torch.nn.Module) -> int:
             module.forward = types.MethodType(absorbed_mla_forward, module)
             n += 1
     return n
+
+
+def _dense_weight(linear: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    """kv_b_proj's weight as a matrix to absorb: an 8-bit one (QuantLinear: DeepSeek's FP8 checkpoints quantize it)
+    dequantized, in the piece, each forward."""
+    scheme = getattr(linear, "scheme", None)
+    if scheme is None:
+        return linear.weight
+    return dequantize_weight(linear.weight, linear.weight_scale, scheme).to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
@@ -70,7 +80,7 @@ def absorbed_mla_forward(self, hidden_states: torch.Tensor, position_embeddings:
     interleave = bool(getattr(self.config, "rope_interleave", False))
     q_rot = _rotate(q_rot, cos, sin, interleave)
     k_rot = _rotate(k_rot[:, None, :], cos, sin, interleave)
-    w = self.kv_b_proj.weight.view(heads, nope + v_dim, rank)
+    w = _dense_weight(self.kv_b_proj, q.dtype).view(heads, nope + v_dim, rank)
     w_uk, w_uv = w[:, :nope], w[:, nope:]  # [H, nope, rank], [H, v, rank]
     q_latent = torch.einsum("thn,hnr->thr", q_nope, w_uk)
     query = torch.cat([q_latent, q_rot], dim=-1)  # [T, H, rank + rope]

@@ -128,3 +128,22 @@ def test_planted_mla_faults_are_caught(deepseek, fault, monkeypatch):
 
         monkeypatch.setattr(mla.torch, "einsum", einsum)
     assert _gap(_ours(lm, PROMPT, backend="disabled"), want) > 1e-3, fault
+
+
+def test_quantized_kv_b_proj_is_absorbed_dequantized(deepseek):
+    """DeepSeek's FP8 checkpoints quantize kv_b_proj: the absorbed forward must use the weight it stands for, not
+    its raw 8-bit codes."""
+    from pcg_core.quant import QuantLinear, get_scheme
+    from pcg_core.quant.schemes import dequantize_weight
+
+    lm, _ = deepseek
+    quant, dense = copy.copy(lm), copy.copy(lm)
+    quant.model, dense.model = copy.deepcopy(lm.model), copy.deepcopy(lm.model)
+    for qm, dm in zip(quant.model.modules(), dense.model.modules()):
+        if mla.is_mla_attention(qm):
+            qm.kv_b_proj = QuantLinear.from_linear(qm.kv_b_proj, get_scheme("fp8_block"))
+            w = dequantize_weight(qm.kv_b_proj.weight, qm.kv_b_proj.weight_scale, qm.kv_b_proj.scheme)
+            dm.kv_b_proj.weight.copy_(w)
+    got, want = _ours(quant, PROMPT), _ours(dense, PROMPT)
+    assert _gap(got, want) < 1e-4
+    assert _gap(want, _ours(lm, PROMPT)) > 1e-4  # the quantization itself moved them: the check can tell

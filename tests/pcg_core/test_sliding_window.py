@@ -86,12 +86,12 @@ def test_planted_gpt_oss_attention_faults_are_caught(gpt_oss, fault, monkeypatch
 
     real = op.LayerParams
 
-    def faulty(layer, scale, window, softcap, sinks):
+    def faulty(layer, scale, window, softcap, sinks, **kw):
         if fault == "sink ignored":
             sinks = None
         elif window:
             window = window + 1 if fault == "window off by one" else 0
-        return real(layer, scale, window, softcap, sinks)
+        return real(layer, scale, window, softcap, sinks, **kw)
 
     monkeypatch.setattr(op, "LayerParams", faulty)
     lm, prompt, want = gpt_oss
