@@ -138,7 +138,7 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
         "attention": attention_verdict(features, s.heads, s.kv_heads, caps),
         "parallel": parallel_verdict(tps or None, tp_ok, divides, ep_ok, h200s, memory.get("bfloat16"),
                                        s.moe.experts if s.moe else None, caps),
-        "graph": graph_verdict(reason is None, caps),
+        "graph": graph_verdict(reason is None, caps, features),
     }
     dtype = s.f.data.get("torch_dtype") or s.f.data.get("dtype")
     report = RequestReport.model_validate({

@@ -134,13 +134,17 @@ def parallel_verdict(wanted: list[int] | None, tp_ok: list[int], divides: list[i
     return _v(not problems, lead + "; ".join(problems + fine) + ep)
 
 
-def graph_verdict(supported: bool, caps: dict[str, Any]) -> dict[str, Any]:
+def graph_verdict(supported: bool, caps: dict[str, Any], features: list[str] = ()) -> dict[str, Any]:
+    """features: the model's; a capturable attention backend that lacks one of its attention features does not
+    count for the backends that record attention in the graph (MLA on flex, say)."""
     backends = [b for b in caps["capture_backends"] if b != "disabled"]
     if not supported:
         return _v(False, "the runtime cannot run this architecture yet, so no capture backend can capture it")
     if not backends:
         return _v(False, "the runtime has no capture backend besides disabled (eager)")
-    capturable = [n for n, b in caps["attention_backends"].items() if b["capturable"]]
+    needed = [f for f in features if f in ATTENTION_FEATURES]
+    capturable = [n for n, b in caps["attention_backends"].items()
+                  if b["capturable"] and not any(b.get("features", {}).get(f) for f in needed)]
     reason = f"capture backends: {', '.join(backends)}"
     for name in backends:
         if caps["capture_backends"][name]["requires_capturable_attention"]:

@@ -127,6 +127,7 @@ def test_verdicts_of_unsupported_models_name_the_missing_capability():
     assert ds["quant"]["ok"] and "fp8 (as fp8_block)" in ds["quant"]["reason"], ds["quant"]
     # MLA runs on sdpa only so far: the verdict names the backends that lack it
     assert ds["attention"]["ok"] and "flex (capturable; lacks mla)" in ds["attention"]["reason"]
+    assert ds["graph"]["ok"] and "full capture through sdpa (capturable)" in ds["graph"]["reason"], ds["graph"]
     assert not ds["parallel"]["ok"] and "11 H200s" in ds["parallel"]["reason"]
     oss = _analyze("openai__gpt-oss-120b.json")["verdicts"]
     assert "sliding_window, sinks" in oss["attention"]["reason"] and "mxfp4" in oss["quant"]["reason"]
