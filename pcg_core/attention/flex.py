@@ -11,10 +11,11 @@ On CUDA the kernel is `torch.compile(flex_attention)` with static shapes and ind
 (`compile_options`), one compiled callable per token count and score-modifier set (a bucket, in practice), each
 on its own code object: dynamo keeps one cache entry per code object, so a call checks one entry's guards
 instead of walking the entries of every bucket, and no code object ever nears dynamo's recompile limit (past
-which it would silently run the unfused, uncapturable eager flex; to be sure, these calls raise instead). On a CPU (tests, the smoke matrix) the same attention is computed
-in plain math: mask_mod's rule, restricted to the pages the block mask lists — read back from the very indices
-the kernel would get, so a wrong block mask shows on the CPU as it would in the kernel. (torch's eager flex is
-no substitute: it ignores block sparsity, and its vmapped mask costs 7× the whole sdpa cell on the CPU.)
+which it would silently run the unfused, uncapturable eager flex; to be sure, these calls raise instead). On a
+CPU (tests, the smoke matrix) the same attention is computed in plain math: mask_mod's rule, restricted to the
+pages the block mask lists — read back from the very indices the kernel would get, so a wrong block mask shows
+on the CPU as it would in the kernel. (torch's eager flex is no substitute: it ignores block sparsity, and its
+vmapped mask costs 7× the whole sdpa cell on the CPU.)
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from pcg_core import CaptureConfig, Engine, EngineConfig, load_model
 from pcg_core.attention import get_attention_backend
@@ -13,6 +12,7 @@ from pcg_core.attention.kv_cache import KVCache
 from pcg_core.capabilities import attention_unsupported_reason
 from pcg_core.model import mla
 from pcg_core.model.loader import PEAK_LOGIT_STD, build_config, peak_logits, shrink_config
+from pcg_helpers import transformers_prompt_logprobs
 
 PROMPT = list(range(3, 40))
 LOGPROB_TOL_BF16 = 0.1  # the judge's (harness.cell.judge.LOGPROB_TOL), which pcg_core's tests do not import
@@ -26,23 +26,13 @@ def _load(configs, name, dtype=torch.float32):
                 ids=["deepseek-v3", "kimi-k2"])
 def model(request, configs):
     lm = _load(configs, request.param)
-    return lm, _hf_eager(lm, PROMPT)
+    return lm, transformers_prompt_logprobs(lm, PROMPT)
 
 
 def _ours(lm, prompt, backend="piecewise"):
     engine = Engine(lm.model, EngineConfig(dtype=str(lm.model.dtype).removeprefix("torch."),
                                            capture=CaptureConfig(backend=backend, max_tokens=64), kv_slots=256))
     return engine.generate([prompt], max_new_tokens=2, prompt_logprobs=True)[0].prompt_logprobs
-
-
-def _hf_eager(lm, prompt):
-    """transformers' DeepseekV3 modules as written (expanded K/V per head), the same weights."""
-    ref = AutoModelForCausalLM.from_config(copy.deepcopy(lm.config), attn_implementation="eager",
-                                           experts_implementation="eager", dtype=lm.model.dtype).eval()
-    ref.load_state_dict(lm.model.state_dict())
-    with torch.no_grad():
-        lp = torch.log_softmax(ref(input_ids=torch.tensor([prompt])).logits[0].float(), -1)
-    return lp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
 
 
 def _gap(a, b):
@@ -68,7 +58,7 @@ def test_absorbed_mla_matches_transformers_eager(model, backend):
 @pytest.fixture(scope="module")
 def deepseek(configs):
     lm = _load(configs, "deepseek-ai__DeepSeek-V3.json")
-    return lm, _hf_eager(lm, PROMPT)
+    return lm, transformers_prompt_logprobs(lm, PROMPT)
 
 
 def test_absorbed_and_expanded_agree_in_bf16(configs):
@@ -77,10 +67,10 @@ def test_absorbed_and_expanded_agree_in_bf16(configs):
     data = json.loads((configs / "deepseek-ai__DeepSeek-V3.json").read_text())
     lm = load_model(data, tiny=True, peaked=False)
     peak_logits(lm.model, lm.config.hidden_size, PEAK_LOGIT_STD["bfloat16"])
-    want = _hf_eager(lm, PROMPT)
+    want = transformers_prompt_logprobs(lm, PROMPT)
     lm16 = copy.copy(lm)
     lm16.model = copy.deepcopy(lm.model).to(torch.bfloat16)
-    ours, expanded = _gap(_ours(lm16, PROMPT), want), _gap(_hf_eager(lm16, PROMPT), want)
+    ours, expanded = _gap(_ours(lm16, PROMPT), want), _gap(transformers_prompt_logprobs(lm16, PROMPT), want)
     assert ours < LOGPROB_TOL_BF16 and expanded < LOGPROB_TOL_BF16, (ours, expanded)
 
 

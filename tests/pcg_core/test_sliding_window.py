@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pcg_core import CaptureConfig, Engine, EngineConfig, load_model
+from pcg_helpers import transformers_prompt_logprobs
 
 
 def _hf_prompt_logprobs(config, state_dict, prompt):
@@ -50,15 +51,6 @@ def _ours(lm, prompt, backend="piecewise"):
     return engine.generate([prompt], max_new_tokens=2, prompt_logprobs=True)[0].prompt_logprobs
 
 
-def _hf_eager(lm, prompt):
-    ref = AutoModelForCausalLM.from_config(copy.deepcopy(lm.config), attn_implementation="eager",
-                                           experts_implementation="eager").eval()
-    ref.load_state_dict(lm.model.state_dict())
-    with torch.no_grad():
-        lp = torch.log_softmax(ref(input_ids=torch.tensor([prompt])).logits[0].float(), -1)
-    return lp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()
-
-
 def _gap(a, b):
     return max(abs(x - y) for x, y in zip(a, b))
 
@@ -70,7 +62,7 @@ def gpt_oss(configs):
     with torch.no_grad():  # sinks of a size that matters: a dropped sink must show
         for layer in lm.model.model.layers:
             layer.self_attn.sinks.copy_(torch.linspace(-1.0, 2.0, layer.self_attn.sinks.numel()))
-    return lm, prompt, _hf_eager(lm, prompt)
+    return lm, prompt, transformers_prompt_logprobs(lm, prompt)
 
 
 def test_gpt_oss_sinks_and_window_match_transformers_eager(gpt_oss):
