@@ -137,3 +137,18 @@ def test_quantized_kv_b_proj_is_absorbed_dequantized(deepseek):
     got, want = _ours(quant, PROMPT), _ours(dense, PROMPT)
     assert _gap(got, want) < 1e-4
     assert _gap(want, _ours(lm, PROMPT)) > 1e-4  # the quantization itself moved them: the check can tell
+
+
+@pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
+def test_mla_graph_paths_match_eager_at_every_bucket_edge(deepseek, backend):
+    """The padding cases the other architectures run (one token, a bucket exactly, one past it, above the largest
+    bucket, several sequences): padding rows write the latent cache's pad slot only and change no real row."""
+    from pcg_helpers import CASES, MAX_NEW_TOKENS, compare_outputs, make_engine, prompts_of
+
+    lm, _ = deepseek
+    eager, graph = make_engine(lm.model, "disabled"), make_engine(lm.model, backend)
+    for i, (case, lengths) in enumerate(CASES.items()):
+        prompts = prompts_of(lengths, lm.config.vocab_size, seed=i)
+        ref = eager.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
+        out = graph.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
+        assert compare_outputs(ref, out, 1e-4) == [], (backend, case)
