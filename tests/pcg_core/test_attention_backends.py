@@ -336,15 +336,20 @@ def test_flex_asks_for_its_main_kernel_where_the_decoding_kernel_has_no_configur
     assert _decode_kernel_fits(rows, group) is fits
 
 
-def test_flex_kernels_compile_with_inductors_deterministic_choices():
+def test_flex_kernels_compile_with_inductors_deterministic_choices(monkeypatch):
     """Each engine compiles its own flex kernels; inductor would otherwise pick the decoding kernel's reduction
     configurations by timing them, so a cell's eager reference and its graph could round differently."""
     from torch._inductor import config
 
-    from pcg_core.attention.flex import compile_options
+    from pcg_core.attention import flex
 
-    assert compile_options() == ({"deterministic": True} if hasattr(config, "deterministic") else {})
     assert hasattr(config, "deterministic"), "this torch has no deterministic inductor mode: flex kernels may differ"
+    seen = []
+    monkeypatch.setattr(flex.torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    cache, *_ = _setup("cpu", 4, 2)
+    backend = flex.FlexBackend(cache, BUCKET)
+    backend._kernel((8, 0, 0.0, False, True, False))
+    assert seen and seen[0]["options"] == {"deterministic": True} and seen[0]["dynamic"] is False
 
 
 @pytest.mark.gpu
