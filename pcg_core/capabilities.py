@@ -85,6 +85,7 @@ def capabilities() -> dict[str, Any]:
         capture[name] = {"requires_capturable_attention": cls.requires_capturable_attention}
     return {
         "architectures": {k: list(v) for k, v in architectures.SUPPORTED_ARCHITECTURES.items()},
+        "model_type_aliases": dict(architectures.MODEL_TYPE_ALIASES),
         "attention_backends": attn,
         "capture_backends": capture,
         "compilers": list(COMPILERS),

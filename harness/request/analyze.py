@@ -111,9 +111,7 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
                      "analyzed from the raw JSON")
     if mismatch:
         notes.append(mismatch)
-    from pcg_core.model.architectures import MODEL_TYPE_ALIASES
-
-    if (alias := MODEL_TYPE_ALIASES.get(config.get("model_type"))) is not None:
+    if (alias := caps.get("model_type_aliases", {}).get(config.get("model_type"))) is not None:
         notes.append(f"model_type {config['model_type']!r} is not a transformers type; the runtime reads it as {alias!r}, "
                      "the architecture it names, with transformers' own implementation")
     s = read_structure(config, where)

@@ -17,6 +17,7 @@ same table the matrix pre-check reads; no list of what the runtime can do is kep
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from harness.request.features import ATTENTION_FEATURES
@@ -134,7 +135,7 @@ def parallel_verdict(wanted: list[int] | None, tp_ok: list[int], divides: list[i
     return _v(not problems, lead + "; ".join(problems + fine) + ep)
 
 
-def graph_verdict(supported: bool, caps: dict[str, Any], features: list[str] = ()) -> dict[str, Any]:
+def graph_verdict(supported: bool, caps: dict[str, Any], features: Iterable[str] = ()) -> dict[str, Any]:
     """features: the model's; a capturable attention backend that lacks one of its attention features does not
     count for the backends that record attention in the graph (MLA on flex, say)."""
     backends = [b for b in caps["capture_backends"] if b != "disabled"]
