@@ -1,7 +1,8 @@
 """Which features a config exercises, named with the matrix's words, and the numbers behind each.
 
 The words are the ones model cards and the runtime's capability table use:
-moe, mla, sliding_window, sinks, linear_attention, vlm, rope_scaling (in that order in every list).
+moe, mla, sliding_window, sinks, softcap, length_temperature, linear_attention, vlm, rope_scaling (in that order in
+every list).
 Quantization is not a feature here: it has its own field (quantization.py).
 """
 
@@ -12,8 +13,9 @@ from typing import Any
 from harness.request.fields import vision_fields
 from harness.request.structure import Structure
 
-FEATURES = ("moe", "mla", "sliding_window", "sinks", "linear_attention", "vlm", "rope_scaling")
-ATTENTION_FEATURES = ("mla", "sliding_window", "sinks", "linear_attention")
+FEATURES = ("moe", "mla", "sliding_window", "sinks", "softcap", "length_temperature", "linear_attention", "vlm",
+            "rope_scaling")
+ATTENTION_FEATURES = ("mla", "sliding_window", "sinks", "softcap", "length_temperature", "linear_attention")
 # Attention sinks (a learned per-head logit in the softmax) have no config field; gpt-oss always has them.
 SINK_MODEL_TYPES = ("gpt_oss",)
 NO_SCALING = (None, "default")
@@ -67,6 +69,12 @@ def detect(config: dict[str, Any], s: Structure, architecture: str) -> tuple[lis
                                    "full_layers": len(s.attention) - s.attention.count("sliding")}
     if (s.model_type or "") in SINK_MODEL_TYPES or architecture.startswith("GptOss"):
         found["sinks"] = {"heads": s.heads}
+    cap = f.data.get("attn_logit_softcapping")
+    if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0:  # Grok-2, Gemma 2
+        found["softcap"] = {"attention": cap}
+    temp = f.data.get("attn_temperature_len")
+    if isinstance(temp, int) and not isinstance(temp, bool) and temp > 0:  # Grok-2: xAI's length temperature
+        found["length_temperature"] = {"length": temp}
     if "linear" in s.attention:
         found["linear_attention"] = {"linear_layers": s.attention.count("linear"),
                                      "full_layers": len(s.attention) - s.attention.count("linear")}

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pcg_core.attention.metadata import AttentionMetadata, LayerParams
 
 # Score modifiers and shapes a backend may support; `LayerParams.features` names what a call needs.
-FEATURES = ("causal", "gqa", "sliding_window", "softcap", "sinks", "mla")
+FEATURES = ("causal", "gqa", "sliding_window", "softcap", "sinks", "mla", "length_temperature")
 
 
 class AttentionBackend(ABC):

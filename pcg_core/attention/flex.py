@@ -82,6 +82,7 @@ class FlexBackend(AttentionBackend):
         feats = super().features()
         feats["mla"] = ("not yet: absorbed MLA's 576/512-dim heads need flex tile options not validated on the GPU; "
                         "the CPU path would claim what the kernel has not shown")
+        feats["length_temperature"] = "not yet: a per-query score_mod not validated on the GPU"
         return feats
 
     def __init__(self, cache, max_tokens):

@@ -36,6 +36,8 @@ class LayerParams:
     #                          includes the current token, so window 1 sees only itself)
     softcap: float = 0.0  # 0: none; else scores → softcap·tanh(scores / softcap) before the mask
     sinks: torch.Tensor | None = None  # [heads] logits of a per-head sink (gpt-oss): in the softmax, no value
+    temperature_len: int = 0  # 0: none; else a query at position p > L scales its scores by log2(p)/log2(L),
+    #                           after the soft-cap (Grok's length temperature)
     latent: bool = False  # MLA, absorbed: queries in the latent space, keys the latent cache rows, values their
     #                       first kv_lora_rank columns (one KV head; qk 576 / v 512 dims at DeepSeek-V3's widths)
 
@@ -52,4 +54,6 @@ class LayerParams:
             need.add("sinks")
         if self.latent:
             need.add("mla")
+        if self.temperature_len:
+            need.add("length_temperature")
         return need

@@ -19,12 +19,13 @@ ATTN_IMPLEMENTATION = "pcg"
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer: int, scale: float,
-               sliding_window: int, softcap: float, sinks: torch.Tensor | None) -> None:
+               sliding_window: int, softcap: float, sinks: torch.Tensor | None, temperature_len: int = 0) -> None:
     ctx = get_forward_context()
     if ctx.observer is not None:
         ctx.observer(layer, q)
     backend = ctx.attn_backend
-    params = LayerParams(layer, scale, sliding_window, softcap, sinks, latent=backend.cache.latent)
+    params = LayerParams(layer, scale, sliding_window, softcap, sinks, latent=backend.cache.latent,
+                         temperature_len=temperature_len)
     if layer not in backend.checked_layers:  # once per layer: refuse a modifier the backend would get wrong
         backend.check_call(params, gqa=q.shape[1] != k.shape[1])
         backend.checked_layers.add(layer)
@@ -33,12 +34,12 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
 
 @torch.library.custom_op("pcg::attention", mutates_args=("out",))
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer: int, scale: float,
-              sliding_window: int, softcap: float, sinks: torch.Tensor | None) -> None:
-    run_split_op(_attention, q, k, v, out, layer, scale, sliding_window, softcap, sinks)
+              sliding_window: int, softcap: float, sinks: torch.Tensor | None, temperature_len: int = 0) -> None:
+    run_split_op(_attention, q, k, v, out, layer, scale, sliding_window, softcap, sinks, temperature_len)
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, out, layer, scale, sliding_window, softcap, sinks) -> None:
+def _attention_fake(q, k, v, out, layer, scale, sliding_window, softcap, sinks, temperature_len=0) -> None:
     return None
 
 
@@ -46,9 +47,10 @@ register_split_op(torch.ops.pcg.attention)
 
 
 def pcg_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
-                          softcap=None, s_aux=None, **kwargs):
+                          softcap=None, s_aux=None, temperature_len=None, **kwargs):
     """transformers attention function: [1, H, T, D] in, [1, T, H, D] out, packed batch of one row. `softcap`
-    (Gemma 2) and `s_aux` (gpt-oss's sinks) are the names transformers' modules pass them by."""
+    (Gemma 2) and `s_aux` (gpt-oss's sinks) are the names transformers' modules pass them by; `temperature_len`
+    is Grok's (pcg_core/model/grok.py)."""
     if query.shape[0] != 1:
         raise ValueError(f"pcg runs packed batches of one row; got batch size {query.shape[0]}")
     q = query[0].transpose(0, 1)
@@ -56,7 +58,8 @@ def pcg_attention_forward(module, query, key, value, attention_mask, scaling=Non
     v = value[0].transpose(0, 1)
     out = torch.empty_like(q)  # allocated here, in the piece before the split op
     scale = float(scaling) if scaling is not None else q.shape[-1] ** -0.5
-    torch.ops.pcg.attention(q, k, v, out, int(module.layer_idx), scale, int(sliding_window or 0), float(softcap or 0.0), s_aux)
+    torch.ops.pcg.attention(q, k, v, out, int(module.layer_idx), scale, int(sliding_window or 0), float(softcap or 0.0), s_aux,
+                            max(0, int(temperature_len or 0)))
     return out.unsqueeze(0), None
 
 

@@ -4,7 +4,7 @@ Why over the whole cache: the key set then has a static size (the cache capacity
 shapes for every batch of a bucket and can be captured whole (`full` backend). The mask (same sequence and
 key position ≤ query position, optionally inside a sliding window) makes it causal, ragged and paged alike;
 it is built once per forward into a static buffer the backend owns. Soft-cap and sinks, which the
-fused kernels lack, take the plain-math path. Absorbed MLA is one KV head of the latent cache, keys 576 wide and
+fused kernels lack, take the plain-math path (so does Grok's length temperature). Absorbed MLA is one KV head of the latent cache, keys 576 wide and
 values 512 (their first columns): SDPA takes the two widths as they are.
 Padding rows write KV only into the cache's pad slot (never attended) and get an output of exactly zero.
 """
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from pcg_core.attention.backend import AttentionBackend, register_attention_backend, write_kv, zero_padding
-from pcg_core.attention.reference import attention_math
+from pcg_core.attention.reference import attention_math, length_temperature
 
 
 @register_attention_backend
@@ -44,8 +44,9 @@ class SdpaBackend(AttentionBackend):
         mask = self.mask
         if params.sliding_window > 0:
             mask = mask & ((md.positions[:, None] - c.slot_pos[None, : c.num_slots]) < params.sliding_window)
-        if params.softcap or params.sinks is not None:
-            attn = attention_math(q, keys, values, mask, params.scale, params.softcap, params.sinks)
+        if params.softcap or params.sinks is not None or params.temperature_len:
+            temp = length_temperature(md.positions, params.temperature_len) if params.temperature_len else None
+            attn = attention_math(q, keys, values, mask, params.scale, params.softcap, params.sinks, temp)
         else:
             attn = _sdpa_gqa(q, keys, values, mask, params.scale)
         zero_padding(out, attn, md.valid)

@@ -50,6 +50,7 @@ class VarlenBackend(AttentionBackend):
             "softcap": "FlashAttention-2 in aten has no soft-cap",
             "sinks": None if "return_aux" in _PARAMS else "this torch's varlen_attn cannot return the LSE sinks need",
             "mla": "FlashAttention-2 takes heads of at most 256 dims; absorbed MLA's are 576 (latent + rope)",
+            "length_temperature": "FlashAttention-2 in aten has no score modifier",
         }
 
     def __init__(self, cache, max_tokens):

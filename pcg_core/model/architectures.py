@@ -7,7 +7,7 @@ from transformers import PretrainedConfig
 
 from pcg_core.errors import UnsupportedModel
 
-__all__ = ["MODEL_TYPE_ALIASES", "SUPPORTED_ARCHITECTURES", "architecture_of", "check_supported", "is_moe",
+__all__ = ["MODEL_TYPE_ALIASES", "OWN_MODEL_TYPES", "SUPPORTED_ARCHITECTURES", "architecture_of", "check_supported", "is_moe",
            "unsupported_reason"]
 
 # architecture → features it exercises. Adding an architecture here is the whole of "supporting" it only
@@ -24,7 +24,14 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     # MLA (absorbed, over a latent cache: pcg_core/model/mla.py), dense first layers, routed + shared experts
     # behind the sigmoid, group-limited router; YaRN rotary scaling as transformers implements it
     "DeepseekV3ForCausalLM": ("moe", "mla"),
+    # Grok-2: our own module (pcg_core/model/grok.py); attention soft-cap 30 and xAI's length temperature, dense MLP
+    # + MoE per layer, four norms per layer, soft-capped router and final logits
+    "Grok1ForCausalLM": ("moe", "softcap", "length_temperature"),
 }
+
+# architecture → the model_type of our own module for it, where transformers has none: the config's own
+# model_type is not read (Grok-2's says "git", transformers' Microsoft GIT).
+OWN_MODEL_TYPES: dict[str, str] = {"Grok1ForCausalLM": "pcg_grok1"}
 
 # model_type → the transformers one that implements it, for configs published with remote code only: Kimi-K2's
 # `kimi_k2` is DeepSeek-V3's architecture (its config names DeepseekV3ForCausalLM; transformers maps Kimi-K2.5

@@ -24,7 +24,8 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from pcg_core.attention import ATTN_IMPLEMENTATION
 from pcg_core.errors import ConfigError, UnsupportedModel
-from pcg_core.model.architectures import MODEL_TYPE_ALIASES, check_supported, is_moe
+from pcg_core.model import grok  # noqa: F401 - registers Grok-2's config and model with transformers' Auto classes
+from pcg_core.model.architectures import MODEL_TYPE_ALIASES, OWN_MODEL_TYPES, architecture_of, check_supported, is_moe
 from pcg_core.model.experts import EXPERTS_IMPLEMENTATION
 from pcg_core.model.mla import install_mla
 from pcg_core.quant import detect as detect_quantization
@@ -36,6 +37,7 @@ TINY_LAYERS = 2
 TINY_MAX_EXPERTS = 8
 TINY_MAX_VOCAB = 2048
 # MLA at tiny widths: latent 32 + rope 8, q rank 48, per-head nope/v 16; the rotary embedding's dim is the rope part.
+TINY_TEMPERATURE_LEN = 16  # Grok's length temperature starts inside the tiny cells' prompts (real: 1024)
 TINY_MLA = {"kv_lora_rank": 32, "q_lora_rank": 48, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
             "head_dim": 8}
 # Std of the next-token logits over the vocabulary with peaked synthetic weights, per dtype. The variance-
@@ -153,6 +155,10 @@ def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool
             d["num_experts_per_tok"] = min(d["num_experts_per_tok"], 2, n_exp)
         if d.get("kv_lora_rank"):
             _tiny_mla(d)
+        if (d.get("attn_temperature_len") or 0) > 0:
+            d["attn_temperature_len"] = TINY_TEMPERATURE_LEN
+        if d.get("embedding_multiplier_scale"):  # Grok's is √hidden: embeddings at RMS ~1 after the multiplier
+            d["embedding_multiplier_scale"] = TINY["hidden_size"] ** 0.5
         if d.get("vocab_size", 0) > TINY_MAX_VOCAB:
             d["vocab_size"] = TINY_MAX_VOCAB
             for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -197,6 +203,10 @@ def _tiny_mla(d: dict[str, Any]) -> None:
 
 def build_config(data: dict[str, Any], where: str = "config") -> PretrainedConfig:
     model_type = data.get("model_type")
+    archs = data.get("architectures") or []
+    if archs and archs[0] in OWN_MODEL_TYPES:
+        data = {**data, "model_type": OWN_MODEL_TYPES[archs[0]]}
+        model_type = data["model_type"]
     if model_type in MODEL_TYPE_ALIASES:
         data = {**data, "model_type": MODEL_TYPE_ALIASES[model_type]}
         model_type = data["model_type"]
@@ -264,6 +274,9 @@ def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.devic
     spec = detect_quantization(config_data, path)
     config = build_config(config_data, where=str(path))
     check_supported(config)
+    if architecture_of(config) in OWN_MODEL_TYPES:
+        raise UnsupportedModel(f"{path}: {architecture_of(config)}'s checkpoint is not read yet (Grok-2 publishes pre-split "
+                               "TP-8 files, which wait for the parallelism work); use synthetic weights")
     if spec is not None:
         torch.manual_seed(0)  # the initial values are all overwritten; seeded so nothing depends on the global RNG
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, **_implementation_kwargs(config))

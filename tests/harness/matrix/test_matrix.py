@@ -148,9 +148,9 @@ def test_matrix_grows_with_the_runtime(tmp_path, monkeypatch):
     """Teach the runtime an architecture and the same matrix launches the cell — the harness is not edited."""
     from pcg_core.model import architectures
 
-    cell = _cell(tmp_path, model="grok-2:tiny")
-    assert "Grok1ForCausalLM" in precheck(cell, capabilities(), {})
-    monkeypatch.setitem(architectures.SUPPORTED_ARCHITECTURES, "Grok1ForCausalLM", ("moe",))
+    cell = _cell(tmp_path, model="qwen3-next-80b-a3b:tiny")
+    assert "Qwen3NextForCausalLM" in precheck(cell, capabilities(), {})
+    monkeypatch.setitem(architectures.SUPPORTED_ARCHITECTURES, "Qwen3NextForCausalLM", ("moe", "linear_attention"))
     assert precheck(cell, capabilities(), {}) is None
 
 

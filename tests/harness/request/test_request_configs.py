@@ -34,7 +34,7 @@ EXPECTED = {
     "Qwen__Qwen3-Next-80B-A3B-Instruct.json": ("Qwen3NextForCausalLM", False, ["moe", "linear_attention"], None),
     # mrope with rope_type default is not scaling.
     "Qwen__Qwen3-VL-30B-A3B-Instruct.json": ("Qwen3VLMoeForConditionalGeneration", False, ["moe", "vlm"], None),
-    "xai-org__grok-2.json": ("Grok1ForCausalLM", False, ["moe"], None),
+    "xai-org__grok-2.json": ("Grok1ForCausalLM", True, ["moe", "softcap", "length_temperature"], None),
 }
 CONFIG_FILES = sorted(p.name for p in REPO_CONFIGS.glob("*.json"))
 

@@ -96,15 +96,15 @@ def test_same_hub_id_and_revision_is_a_duplicate_even_if_the_config_changed(requ
 
 def test_pcgh_requests_lists_them(pcgh, request_json, db):
     request_json(REPO_CONFIGS / "Qwen__Qwen3-0.6B.json")
-    request_json(REPO_CONFIGS / "xai-org__grok-2.json")
+    request_json(REPO_CONFIGS / "Qwen__Qwen3-Next-80B-A3B-Instruct.json")
     rc, out, err = pcgh("requests", "--db", db, "--json")
     assert rc == 0, err
     rows = json.loads(out)
-    assert [r["architecture"] for r in rows] == ["Grok1ForCausalLM", "Qwen3ForCausalLM"]
+    assert [r["architecture"] for r in rows] == ["Qwen3NextForCausalLM", "Qwen3ForCausalLM"]
     assert [r["supported"] for r in rows] == [False, True] and rows[0]["status"] == "requested"
     assert rows[1]["card_id"] == "qwen3-0.6b"  # the seed config's file name tells its hub id, which has a card
     rc, out, _ = pcgh("requests", "--db", db)
-    assert rc == 0 and "Grok1ForCausalLM" in out and "requested" in out
+    assert rc == 0 and "Qwen3NextForCausalLM" in out and "requested" in out
     rc, out, _ = pcgh("requests", "--db", db, "--status", "passing", "--json")
     assert rc == 0 and json.loads(out) == []
     rc, _, err = pcgh("requests", "--db", db, "--status", "done")
