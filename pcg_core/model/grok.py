@@ -136,12 +136,25 @@ class Grok1MLP(nn.Module):
         return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
 
 
+class Grok1Router(nn.Module):
+    """The router's weight [experts, hidden], applied in float32 by Grok1MoE.route. Not an nn.Linear, so an 8-bit
+    scheme (which swaps every nn.Linear) leaves it as the reference does: unquantized."""
+
+    def __init__(self, hidden: int, experts: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(experts, hidden))
+
+
 class Grok1MoE(nn.Module):
+    # The 8-bit schemes quantize transformers' experts modules and run them through their own kernels; this
+    # forward reads its weights as floats, so a scheme must refuse it rather than hand it quantized codes.
+    not_quantizable_reason = "Grok-2's experts (our own module's dense-masked path) are not quantized yet"
+
     def __init__(self, config: Grok1Config):
         super().__init__()
         e, h, i = config.num_local_experts, config.hidden_size, config.moe_intermediate_size
-        self.top_k, self.cap = config.num_experts_per_tok, config.router_logit_softcapping
-        self.gate = nn.Linear(h, e, bias=False)
+        self.top_k, self.cap, self.num_experts = config.num_experts_per_tok, config.router_logit_softcapping, e
+        self.gate = Grok1Router(h, e)
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
 
@@ -197,7 +210,7 @@ class Grok1PreTrainedModel(PreTrainedModel):
         elif isinstance(module, Grok1MoE):
             nn.init.normal_(module.gate_up_proj, mean=0.0, std=std)
             nn.init.normal_(module.down_proj, mean=0.0, std=std)
-        elif isinstance(module, Grok1Head):
+        elif isinstance(module, (Grok1Head, Grok1Router)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
 
 

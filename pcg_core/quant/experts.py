@@ -48,13 +48,17 @@ def quantize_experts(module: torch.nn.Module, scheme: Scheme, input_absmax: dict
 
 
 def quantizable(module: torch.nn.Module) -> bool:
-    """Whether the experts' layout is one this module quantizes: [E, N, K] weights, no biases, no norm after."""
+    """Whether the experts' layout is one this module quantizes: [E, N, K] weights, no biases, no norm after, and
+    no forward of its own that would read quantized buffers as floats (`not_quantizable_reason`)."""
+    if getattr(module, "not_quantizable_reason", None):
+        return False
     return not any(getattr(module, flag, False) for flag in ("is_transposed", "has_bias", "has_post_expert_norm"))
 
 
 def check_quantizable(module: torch.nn.Module) -> None:
     if not quantizable(module):
-        raise NotImplementedError(f"{type(module).__name__}: transposed or biased expert weights, or a norm after the "
+        raise NotImplementedError(getattr(module, "not_quantizable_reason", None) or
+                                  f"{type(module).__name__}: transposed or biased expert weights, or a norm after the "
                                   f"experts, are not quantized yet")
 
 

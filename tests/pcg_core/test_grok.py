@@ -171,3 +171,15 @@ def test_backends_declare_the_length_temperature():
         why = attention_unsupported_reason(name, "cuda", ["length_temperature"])
         assert why and "length_temperature" in why, name
     assert attention_unsupported_reason("sdpa", "cpu", ["length_temperature", "softcap"]) is None
+
+
+def test_an_8bit_scheme_refuses_grok_rather_than_quantize_it_in_part(model):
+    """Its experts run in our own forward, which would read quantized codes as floats: refused, with the reason
+    (the cell ends unsupported); the router and head are no nn.Linear, so no scheme would touch them either."""
+    from pcg_core.quant import get_scheme, quantize_model
+
+    lm, _ = model
+    with pytest.raises(NotImplementedError, match="Grok-2's experts"):
+        quantize_model(copy.deepcopy(lm.model), get_scheme("fp8_per_token"))
+    moe = lm.model.model.layers[0].block_sparse_moe
+    assert type(moe.gate) is grok.Grok1Router and type(lm.model.lm_head) is grok.Grok1Head
