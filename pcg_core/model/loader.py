@@ -24,9 +24,9 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from pcg_core.attention import ATTN_IMPLEMENTATION
 from pcg_core.errors import ConfigError, UnsupportedModel
-from pcg_core.model import grok  # noqa: F401 - registers Grok-2's config and model with transformers' Auto classes
 from pcg_core.model.architectures import MODEL_TYPE_ALIASES, OWN_MODEL_TYPES, architecture_of, check_supported, is_moe
 from pcg_core.model.experts import EXPERTS_IMPLEMENTATION
+from pcg_core.model.grok import MODEL_TYPE as _GROK_MODEL_TYPE  # noqa: F401 - registers Grok-2 with transformers' Auto classes
 from pcg_core.model.mla import install_mla
 from pcg_core.quant import detect as detect_quantization
 from pcg_core.quant import load_quantized
