@@ -28,7 +28,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from pcg_core.attention.op import ATTN_IMPLEMENTATION  # noqa: F401 - registers pcg::attention
-from pcg_core.attention.reference import length_temperature
+from pcg_core.attention.reference import attention_math, length_temperature
 
 MODEL_TYPE = "pcg_grok1"
 ARCHITECTURE = "Grok1ForCausalLM"
@@ -86,18 +86,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def grok_eager_attention(module, query, key, value, attention_mask, scaling=None, softcap=None, temperature_len=None,
                          position_ids=None, **kwargs):
-    """The reference: one causal sequence, [1, H, T, D] in, [1, T, H, D] out; scale, soft-cap, length temperature."""
-    rep = query.shape[1] // key.shape[1]
-    k, v = key.repeat_interleave(rep, dim=1).float(), value.repeat_interleave(rep, dim=1).float()
-    scores = torch.matmul(query.float(), k.transpose(2, 3)) * scaling
-    if softcap:
-        scores = softcap * torch.tanh(scores / softcap)
-    t = query.shape[2]
-    pos = position_ids[0] if position_ids is not None else torch.arange(t, device=query.device)
-    scores = scores * length_temperature(pos, temperature_len or 0)[None, None, :, None]
-    causal = torch.ones(t, key.shape[2], dtype=torch.bool, device=query.device).tril()
-    probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-    return torch.matmul(probs, v).to(query.dtype).transpose(1, 2), None
+    """Outside an engine: one causal sequence, [1, H, T, D] in, [1, T, H, D] out, through the same plain math the
+    reference backend uses (scale, soft-cap, length temperature)."""
+    q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
+    t = q.shape[0]
+    pos = position_ids[0] if position_ids is not None else torch.arange(t, device=q.device)
+    causal = torch.ones(t, k.shape[0], dtype=torch.bool, device=q.device).tril()
+    temp = length_temperature(pos, temperature_len or 0) if temperature_len else None
+    return attention_math(q, k, v, causal, scaling, softcap or 0.0, None, temp).unsqueeze(0), None
 
 
 class Grok1Attention(nn.Module):
