@@ -105,6 +105,7 @@ class LockstepStats:
     where: str = ""
     eager_same_padding_rel: float = 0.0  # eager vs eager, same padding (noise=True)
     padding_noise: float = 0.0  # max |Δlogprob| of a probe token, eager padded vs unpadded (noise=True)
+    padding_rel: float = 0.0  # worst per-row relative difference of hidden states, eager padded vs unpadded (noise=True)
 
 
 def _probe_diff(eager: Engine, a: torch.Tensor, b: torch.Tensor, probes: torch.Tensor) -> float:
@@ -133,6 +134,7 @@ def lockstep_stats(eager: Engine, graph: Engine, case: Case, noise: bool = False
             st.eager_same_padding_rel = _worse(st.eager_same_padding_rel, _rel(step.ref, step.again))
         if step.unpadded is not None:
             st.padding_noise = _worse(st.padding_noise, _probe_diff(eager, step.ref, step.unpadded, step.probes))
+            st.padding_rel = _worse(st.padding_rel, _row_rel(step.unpadded, step.ref))
         k = _kl_rows(eager, step.ref, step.cand)
         if step.decode:
             st.decode_kl = _worse(st.decode_kl, k)
@@ -160,6 +162,13 @@ class PieceDiagnosis:
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """‖a − b‖ / ‖a‖ (NaN when b holds a NaN)."""
     return float((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30))
+
+
+def _row_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max over rows of ‖a_r − b_r‖ / ‖a_r‖: one row's difference does not drown in the others' norm (NaN wins)."""
+    a, b = a.float(), b.float()
+    rel = (a - b).norm(dim=-1) / a.norm(dim=-1).clamp_min(1e-30)
+    return float(rel.max()) if rel.numel() else 0.0  # torch's max keeps a NaN
 
 
 @torch.no_grad()

@@ -1,0 +1,72 @@
+"""Is eager's padding exact? The float32 test that tells padding noise from a padding leak.
+
+In half precision eager padded to a bucket and eager unpadded differ: a padded GEMM rounds differently, and on a
+MoE model one such rounding can flip a router's choice of experts, which moves a logprob by a whole unit (gpt-oss
+×2 on the H200: 0.97). The judge widens its bound on graph vs *unpadded* eager to that measured difference. A
+padding *leak* — padding rows reaching real ones, in the model or the attention backend — would widen it just the
+same and hide itself. Rounding and a leak part in float32: there the same forwards differ by ~1e-6 from rounding,
+while a leak keeps its size. So the noisy cases run again on a float32 copy of the model, padded as the graph pads
+and unpadded, and only a padding shown exact there counts as noise.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from harness.cell.diagnose import lockstep_stats
+from harness.cell.prompts import Case
+from pcg_core.config import EngineConfig
+from pcg_core.engine import Engine, PackedBatch
+
+# Max per-row relative difference of hidden states, float32 eager padded vs unpadded, for padding to count as
+# exact: GEMM summation orders differ by ~1e-7 relative per op; a leak of a padding row at 1e-4 of a real row's
+# size is already far below anything half precision can show.
+FP32_PADDING_RTOL = 1e-4
+
+
+class _PaddedEager:
+    """An eager engine standing in for the graph engine in the lockstep: it pads each forward to the graph's bucket,
+    so the lockstep's noise runs (unpadded, padded) happen on a float32 copy with the graph's shapes."""
+
+    def __init__(self, engine: Engine, bucket_for: Callable[[int], int | None]):
+        self.engine, self.bucket_for = engine, bucket_for
+
+    def pack_prompts(self, prompts: list[list[int]], new_tokens: int):
+        return self.engine.pack_prompts(prompts, new_tokens)
+
+    def forward(self, batch: PackedBatch, observer=None, decode: bool = False) -> torch.Tensor:
+        return self.engine.forward(batch, eager=True, observer=observer, pad_to=self.bucket_for(len(batch)))
+
+
+def _float32_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A float32 deep copy made tensor by tensor (deepcopy's memo hands it each weight already in float32), so it
+    never holds a second half-precision copy: at most the model plus its float32 twin."""
+    memo: dict[int, object] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in memo:
+            f = t.detach().float() if t.is_floating_point() else t.detach().clone()
+            memo[id(t)] = torch.nn.Parameter(f, requires_grad=False) if isinstance(t, torch.nn.Parameter) else f
+    return copy.deepcopy(model, memo).float()  # .float(): tensors held outside parameters and buffers
+
+
+@torch.no_grad()
+def float32_padding_rel(model: torch.nn.Module, config: EngineConfig, bucket_for: Callable[[int], int | None],
+                        cases: list[Case]) -> float:
+    """Worst per-row relative difference of any forward's hidden states in `cases`, eager padded to `bucket_for`'s
+    buckets vs unpadded, on a float32 copy of `model` with `config`'s attention backend and KV capacity (NaN if a
+    row is NaN). The copy is freed before returning; the caller's model is not touched."""
+    model32 = _float32_copy(model)
+    try:
+        cfg = replace(config, dtype="float32", capture=replace(config.capture, backend="disabled"))
+        ref, other = Engine(model32, cfg), Engine(model32, cfg)
+        rels = [lockstep_stats(ref, _PaddedEager(other, bucket_for), case, noise=True).padding_rel for case in cases]
+        return math.nan if any(math.isnan(r) for r in rels) else max(rels, default=0.0)
+    finally:
+        del model32
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

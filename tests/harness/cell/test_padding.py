@@ -1,0 +1,136 @@
+"""The float32 padding check (harness/cell/padding.py): padding noise is allowed only where float32 shows padding
+exact, and a failure against unpadded eager is excused only then and only when the graph matches eager at its own
+padding. Planted into the model (so eager and graph share it): a padding leak, and a half-precision-only one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.cards import find_card
+from harness.cell import CellSpec, run_cell
+from harness.cell.judge import Judgement
+from harness.cell.padding import FP32_PADDING_RTOL, float32_padding_rel
+from harness.cell.diagnose import LockstepStats
+from harness.cell.run import _Cell, _excuse_padding
+from harness.cell.prompts import Case, prompt_suite
+from harness.outcome import CellMetrics, Status
+from pcg_core.config import CaptureConfig, EngineConfig
+from pcg_core.model import load_model
+
+
+class _LeakyNorm(torch.nn.Module):
+    """The final norm plus a share of the mean over every row of the forward, padding rows included: the hidden
+    state of a real row then depends on the padding. `half_only`: only outside float32 (what rounding looks like
+    to the judge: a padding effect that float32 does not have)."""
+
+    def __init__(self, inner: torch.nn.Module, share: float, half_only: bool):
+        super().__init__()
+        self.inner, self.share, self.half_only = inner, share, half_only
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x)
+        if self.half_only and x.dtype == torch.float32:
+            return out
+        return out + self.share * out.mean(dim=-2, keepdim=True)
+
+
+def _leaky(model: torch.nn.Module, share: float, half_only: bool) -> torch.nn.Module:
+    decoder = model.get_decoder()
+    decoder.norm = _LeakyNorm(decoder.norm, share, half_only)
+    return model
+
+
+def _plant(monkeypatch, share: float, half_only: bool) -> None:
+    import harness.cell.run as run
+
+    real = run.load_model
+
+    def load(*a, **kw):
+        lm = real(*a, **kw)
+        _leaky(lm.model, share, half_only)
+        return lm
+
+    monkeypatch.setattr(run, "load_model", load)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_padding_is_exact_in_float32_and_a_leak_is_not(attention):
+    lm = load_model(find_card("qwen3-0.6b").config, tiny=True, dtype=torch.float32, device="cpu", seed=0)
+    config = EngineConfig(attention=attention, dtype="bfloat16",
+                          capture=CaptureConfig(backend="piecewise", max_tokens=64), kv_slots=4096)
+    ladder = config.capture.ladder
+    cases = prompt_suite(ladder, lm.config.vocab_size, seed=0, max_new_tokens=3)[:3]
+
+    def bucket_for(n: int) -> int | None:
+        return next((b for b in ladder if b >= n), None)
+
+    exact = float32_padding_rel(lm.model.to(torch.bfloat16), config, bucket_for, cases)
+    assert exact <= 1e-5, exact
+    leaked = float32_padding_rel(_leaky(lm.model, 0.01, half_only=False), config, bucket_for, cases)
+    assert leaked > 100 * FP32_PADDING_RTOL, leaked
+    # the caller's model was not touched (the check ran on a copy)
+    assert next(lm.model.parameters()).dtype == torch.bfloat16
+
+
+def _cell(**kw):
+    return run_cell(CellSpec(model="qwen3-30b-a3b", tiny=True, dtype="bfloat16", max_tokens=64, max_new_tokens=4, **kw))
+
+
+def test_a_padding_leak_does_not_widen_the_bound(monkeypatch):
+    """The leak shows as padding noise; before the float32 check it widened the logprob bound to itself."""
+    _plant(monkeypatch, 0.5, half_only=False)
+    r = _cell()
+    m = r.metrics
+    assert m.padding_noise > 0.1 and m.padding_rel_fp32 > FP32_PADDING_RTOL, (m.padding_noise, m.padding_rel_fp32)
+    assert r.status == Status.FAIL_ACCURACY, r.reason
+    assert "padding reaches real rows" in r.reason
+
+
+def test_half_precision_only_padding_noise_is_allowed(monkeypatch):
+    """The same noise, absent in float32 (as rounding is): graph equals eager at its padding, so the cell passes,
+    whatever the unpadded comparison shows, and says why when it needed the excuse."""
+    _plant(monkeypatch, 0.5, half_only=True)
+    r = _cell()
+    m = r.metrics
+    assert m.padding_noise > 0.1 and m.padding_rel_fp32 <= FP32_PADDING_RTOL, (m.padding_noise, m.padding_rel_fp32)
+    assert r.status == Status.PASS, r.reason
+    assert m.max_same_padding_diff <= 1e-3
+
+
+def _judged(failed: list[str], same: float) -> tuple[_Cell, Judgement, dict[str, LockstepStats]]:
+    m = CellMetrics(padding_rel_fp32=1e-6, padding_noise=0.9)
+    cell = _Cell(CellSpec(model="qwen3-0.6b"), EngineConfig(), m, cases=[Case("a", ((1, 2),), (2,)), Case("b", ((3,),), (2,))])
+    j = Judgement(Status.FAIL_ACCURACY, "greedy tokens diverge", failed_cases=failed)
+    stats = {"a": LockstepStats(same_padding_rel=same), "b": LockstepStats(same_padding_rel=0.0)}
+    return cell, j, stats
+
+
+@pytest.mark.parametrize("failed,same,proven,unproven_exact,passes", [
+    (["a"], 0.0, {"a"}, None, True),  # proven before (its padding noise widened the bound)
+    (["a", "b"], 0.0, {"a"}, True, True),  # b checked now, exact
+    (["a", "b"], 0.0, {"a"}, False, False),  # b checked now, a leak
+    (["a", "b"], 0.0, {"a"}, None, False),  # b's check could not run
+    (["a"], 2e-3, {"a"}, None, False),  # the graph is not eager at its padding: no excuse
+    (["a"], float("nan"), {"a"}, None, False),
+])
+def test_the_excuse_needs_every_failing_case_proven_and_the_graph_equal_at_its_padding(
+        monkeypatch, failed, same, proven, unproven_exact, passes):
+    import harness.cell.run as run
+
+    asked = []
+    monkeypatch.setattr(run, "_padding_exact", lambda cell, graph, cases: asked.extend(c.name for c in cases) or unproven_exact)
+    cell, j, stats = _judged(failed, same)
+    _excuse_padding(cell, None, j, stats, proven)
+    assert (j.status == Status.PASS) == passes, j.reason
+    assert not passes or j.reason.startswith("padding, not the graph")
+    assert asked == ([n for n in failed if n not in proven] if same == 0.0 else [])
+
+
+def test_float32_cells_and_quantized_cells_skip_the_check(monkeypatch):
+    import harness.cell.run as run
+
+    calls = []
+    monkeypatch.setattr(run, "float32_padding_rel", lambda *a, **k: calls.append(1) or 0.0)
+    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, max_tokens=64, max_new_tokens=3))
+    assert r.status == Status.PASS and r.metrics.padding_rel_fp32 is None and not calls
