@@ -20,6 +20,7 @@ vmapped mask costs 7× the whole sdpa cell on the CPU.)
 
 from __future__ import annotations
 
+import math
 import types
 from dataclasses import dataclass
 
@@ -32,11 +33,16 @@ except ImportError:  # older torch: return_lse
     AuxRequest = None
 
 from pcg_core.attention.backend import AttentionBackend, register_attention_backend, write_kv, zero_padding
-from pcg_core.attention.reference import apply_sinks, attention_math, visible
+from pcg_core.attention.reference import apply_sinks, attention_math, length_temperature, visible
 from pcg_core.errors import ConfigError
 
 Q_BLOCK = 128  # flex's query block: the block mask has one row per 128 query tokens
 KV_TILE = 128  # the widest key tile (BLOCK_N) of inductor's flex kernel configurations (bf16, head dim 64, sm90)
+# Heads wider than this (absorbed MLA: keys 576, values 512, one KV head for 128 query heads) get their own tiles:
+# the kernel rounds a head up to a power of two (1024), so 32×32 tiles in one stage are what fits in an SM's shared
+# memory (Q 64 KiB + K 64 KiB + V 32 KiB), and the decoding kernel (which stacks the whole head group) is skipped.
+WIDE_HEAD_DIM = 256
+WIDE_HEAD_OPTIONS = {"FORCE_USE_FLEX_ATTENTION": True, "BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1, "num_warps": 4}
 RECOMPILE_LIMIT = 8  # compiles per code object (one per shape and modifier set): 1 unless a guard fails
 
 
@@ -60,6 +66,7 @@ class _Buffers:
         self.q_pos = torch.zeros(rows, dtype=torch.int64, device=device)
         self.blocks: dict[int, _Blocks] = {}  # window → its block mask
         self.mask_mods: dict[int, object] = {}
+        self.score_mods: dict[tuple[float, int], object] = {}  # (softcap, temperature_len) → score_mod
 
     def blocks_for(self, window: int) -> _Blocks:
         if window not in self.blocks:
@@ -80,9 +87,8 @@ class FlexBackend(AttentionBackend):
     @classmethod
     def features(cls) -> dict[str, str | None]:
         feats = super().features()
-        feats["mla"] = ("not yet: absorbed MLA's 576/512-dim heads need flex tile options not validated on the GPU; "
-                        "the CPU path would claim what the kernel has not shown")
-        feats["length_temperature"] = "not yet: a per-query score_mod not validated on the GPU"
+        feats["mla"] = ("not yet: the tiles for absorbed MLA's 576/512-dim heads (WIDE_HEAD_OPTIONS) have not run on the "
+                        "GPU; the CPU path would claim what the kernel has not shown")
         return feats
 
     def __init__(self, cache, max_tokens):
@@ -94,9 +100,8 @@ class FlexBackend(AttentionBackend):
         self._masks: dict[int, BlockMask] = {}  # window → this forward's block mask
         self._cpu_masks: dict[int, torch.Tensor] = {}  # window → this forward's [T, slots] mask (CPU path)
         self._windows: list[int] = []  # the sliding windows (0: none) the model's layers use
-        self._score_mods: dict[float, object] = {}
         self._compiled = self.device.type == "cuda"
-        self._kernels: dict[tuple, object] = {}  # (tokens, window, softcap, sinks, gqa) → compiled flex call
+        self._kernels: dict[tuple, object] = {}  # (tokens, window, softcap, temperature, sinks, gqa, …) → compiled call
         if self._compiled and cache.page_size % KV_TILE:
             raise ConfigError(
                 f"attention backend 'flex' on CUDA needs page_size a multiple of {KV_TILE} (its KV block is a page, and "
@@ -168,15 +173,26 @@ class FlexBackend(AttentionBackend):
             b.mask_mods[window] = mask_mod
         return b.mask_mods[window]
 
-    def _score_mod(self, softcap: float):
-        if not softcap:
+    def _score_mod(self, softcap: float, temperature_len: int):
+        """The scaled score soft-capped, then (Grok) times the query's length temperature, read from the static
+        query-position buffer as mask_mod reads it (reference.length_temperature: log2(p)/log2(L) past L)."""
+        if not softcap and not temperature_len:
             return None
-        if softcap not in self._score_mods:
-            def score_mod(score, bi, h, q, kv):
-                return softcap * torch.tanh(score / softcap)
+        b = self._bufs
+        key = (softcap, temperature_len)
+        if key not in b.score_mods:
+            q_pos, inv_log_len = b.q_pos, 1.0 / math.log2(temperature_len) if temperature_len > 1 else 0.0
 
-            self._score_mods[softcap] = score_mod
-        return self._score_mods[softcap]
+            def score_mod(score, bi, h, q, kv):
+                if softcap:
+                    score = softcap * torch.tanh(score / softcap)
+                if temperature_len:
+                    p = q_pos[q]
+                    score = torch.where(p > temperature_len, score * (torch.log2(p.clamp_min(1).float()) * inv_log_len), score)
+                return score
+
+            b.score_mods[key] = score_mod
+        return b.score_mods[key]
 
     # Attention -----------------------------------------------------------------------------------------------
     def forward(self, q, k, v, out, params, md) -> None:
@@ -198,12 +214,15 @@ class FlexBackend(AttentionBackend):
         if params.sinks is not None:
             kw = {"return_aux": AuxRequest(lse=True)} if AuxRequest is not None else {"return_lse": True}
         gqa = q.shape[1] != k.shape[1]
-        if not _decode_kernel_fits(rows, q.shape[1] // k.shape[1]):
+        if q.shape[-1] > WIDE_HEAD_DIM:  # absorbed MLA's 576/512: small tiles, the main kernel
+            kw["kernel_options"] = dict(WIDE_HEAD_OPTIONS)
+        elif not _decode_kernel_fits(rows, q.shape[1] // k.shape[1]):
             kw["kernel_options"] = {"FORCE_USE_FLEX_ATTENTION": True}
-        fn = self._kernel((rows, params.sliding_window, params.softcap, params.sinks is not None, gqa, "kernel_options" in kw))
+        fn = self._kernel((rows, params.sliding_window, params.softcap, params.temperature_len, params.sinks is not None,
+                           gqa, tuple(sorted(kw.get("kernel_options", {}).items()))))
         with _flex_limits():
-            res = fn(query, keys, values, score_mod=self._score_mod(params.softcap), block_mask=bm, scale=params.scale,
-                     enable_gqa=gqa, **kw)
+            res = fn(query, keys, values, score_mod=self._score_mod(params.softcap, params.temperature_len), block_mask=bm,
+                     scale=params.scale, enable_gqa=gqa, **kw)
         if params.sinks is not None:
             res, lse = res
             lse = getattr(lse, "lse", lse)[..., :n]  # return_aux gives an AuxOutput
@@ -225,7 +244,8 @@ class FlexBackend(AttentionBackend):
             rule = visible(b.q_seq[:n], b.q_pos[:n], c.slot_seq[: c.num_slots], c.slot_pos[: c.num_slots], window)
             mask = self._cpu_masks[window] = rule & listed
         keys, values = c.k[params.layer][: c.num_slots], c.v[params.layer][: c.num_slots]
-        return attention_math(q, keys, values, mask, params.scale, params.softcap, params.sinks)
+        temp = length_temperature(b.q_pos[:n], params.temperature_len) if params.temperature_len else None
+        return attention_math(q, keys, values, mask, params.scale, params.softcap, params.sinks, temp)
 
     def _kernel(self, key: tuple):
         fn = self._kernels.get(key)

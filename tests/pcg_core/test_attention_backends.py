@@ -17,7 +17,7 @@ from pcg_helpers import compare_outputs, make_engine, prompts_of, tiny_model
 from pcg_core import CaptureConfig, ConfigError, Engine, EngineConfig
 from pcg_core.attention import FEATURES, KVCache, LayerParams, get_attention_backend
 from pcg_core.attention.flex import FlexBackend
-from pcg_core.attention.reference import attention_math, visible
+from pcg_core.attention.reference import attention_math, length_temperature, visible
 from pcg_core.capabilities import capabilities
 from pcg_core.engine.engine import decode_batch
 from pcg_core.engine.inputs import InputBuffers, PackedBatch
@@ -72,7 +72,9 @@ def _reference(cache, batch, md, q, k, v, params: LayerParams) -> torch.Tensor:
     slots = torch.tensor(batch.slots, device=keys.device)
     keys[slots], values[slots] = k[:n], v[:n]
     mask = visible(md.seq_ids[:n], md.positions[:n], cache.slot_seq[:s], cache.slot_pos[:s], params.sliding_window)
-    return attention_math(q[:n].float(), keys.float(), values.float(), mask, params.scale, params.softcap, params.sinks)
+    temp = length_temperature(md.positions[:n], params.temperature_len) if params.temperature_len else None
+    return attention_math(q[:n].float(), keys.float(), values.float(), mask, params.scale, params.softcap, params.sinks,
+                          temp)
 
 
 def _supported(name: str, device: str) -> bool:
@@ -86,6 +88,9 @@ CASES = {
     "softcap": dict(softcap=2.0),
     "sinks": dict(sinks=True),
     "all": dict(sliding_window=5, softcap=3.0, sinks=True),
+    # Grok: soft-cap, then the length temperature past position 8 (RUNS reach 20; the decode row is at 20)
+    "temperature": dict(softcap=3.0, temperature_len=8),
+    "temperature_only": dict(temperature_len=4),
 }
 
 
@@ -286,6 +291,20 @@ def test_gpu_eager_backends_agree_with_sdpa(trimmed, attention):
     assert compare_outputs(trimmed.eager["sdpa"], got, JUDGE_BF16_LOGPROB_TOL) == []
 
 
+def _long_batch(cache: KVCache, runs: list[tuple[int, int]]):
+    """A batch of (context, new tokens) runs, one sequence each, the new tokens the last of the context; with its
+    metadata on CUDA."""
+    batch = PackedBatch([], [], [], [])
+    for s, (ctx, new) in enumerate(runs):
+        slots = cache.allocate(s, ctx)
+        batch.token_ids += [0] * new
+        batch.positions += list(range(ctx - new, ctx))
+        batch.seq_ids += [s] * new
+        batch.slots += slots[ctx - new :]
+    _, _, md = InputBuffers(len(batch), cache, torch.device("cuda")).fill(batch, len(batch))
+    return batch, md
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", BACKENDS)
@@ -303,15 +322,8 @@ def test_gpu_long_batches_match_plain_math(name, heads, runs):
     g = torch.Generator(device="cuda").manual_seed(0)
     for t in cache.k + cache.v:
         t.copy_(torch.randn(t.shape, generator=g, device="cuda").to(t.dtype))
-    batch = PackedBatch([], [], [], [])
-    for s, (ctx, new) in enumerate(runs):
-        slots = cache.allocate(s, ctx)
-        batch.token_ids += [0] * new
-        batch.positions += list(range(ctx - new, ctx))
-        batch.seq_ids += [s] * new
-        batch.slots += slots[ctx - new :]
+    batch, md = _long_batch(cache, runs)
     n = len(batch)
-    _, _, md = InputBuffers(n, cache, torch.device("cuda")).fill(batch, n)
     q = torch.randn(n, heads, 128, generator=g, device="cuda").bfloat16()
     k = torch.randn(n, 8, 128, generator=g, device="cuda").bfloat16()
     v = torch.randn(n, 8, 128, generator=g, device="cuda").bfloat16()
@@ -414,3 +426,33 @@ def test_gpu_flex_refuses_a_page_its_main_kernel_cannot_tile():
     cache = KVCache(_config(4, 2), 12 * PAGE, torch.bfloat16, torch.device("cuda"), page_size=PAGE)
     with pytest.raises(ConfigError, match="page_size a multiple of 128"):
         get_attention_backend("flex")(cache, BUCKET)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["sdpa", "flex"])
+@pytest.mark.parametrize("runs", [[(1024, 1024)], [(512, 1)] * 8, [(600, 64)], [(300, 200), (90, 1)]],
+                         ids=["prefill1024", "decode8x512", "chunk64", "mixed"])
+def test_gpu_absorbed_mla_shapes_match_plain_math(name, runs):
+    """DeepSeek-V3's absorbed attention: 128 query heads of 576 over one latent KV head whose values are its first
+    512 columns (a view), bf16, against float32 math. flex runs its wide-head tiles here (WIDE_HEAD_OPTIONS); it
+    claims MLA once this has passed on the GPU."""
+    cfg = SimpleNamespace(num_attention_heads=128, num_key_value_heads=128, head_dim=192, hidden_size=7168,
+                          num_hidden_layers=1, kv_lora_rank=512, qk_rope_head_dim=64)
+    cls = get_attention_backend(name)
+    cache = KVCache(cfg, 4096, torch.bfloat16, torch.device("cuda"), page_size=cls.page_size)
+    assert cache.latent and cache.v[0].data_ptr() == cache.k[0].data_ptr()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cache.k[0].copy_(torch.randn(cache.k[0].shape, generator=g, device="cuda").to(torch.bfloat16))
+    batch, md = _long_batch(cache, runs)
+    n = len(batch)
+    q = torch.randn(n, 128, 576, generator=g, device="cuda").bfloat16()
+    latent = torch.randn(n, 1, 576, generator=g, device="cuda").bfloat16()
+    out = torch.empty(n, 128, 512, device="cuda", dtype=torch.bfloat16)
+    backend = cls(cache, n)
+    backend.begin_forward(md)
+    params = LayerParams(0, 192 ** -0.5)
+    backend.forward(q, latent, latent[..., :512], out, params, md)
+    want = _reference(cache, batch, md, q, latent, latent[..., :512], params)
+    err = (out.float() - want.float()).abs()
+    assert float(err.max()) < 3e-2, f"{name}: max |Δ| {float(err.max()):.3g}"

@@ -31,8 +31,9 @@ def model(real):
     return lm, transformers_prompt_logprobs(lm, PROMPT)
 
 
-def _ours(lm, prompt, backend="piecewise"):
-    engine = Engine(lm.model, EngineConfig(capture=CaptureConfig(backend=backend, max_tokens=64), kv_slots=256))
+def _ours(lm, prompt, backend="piecewise", attention="sdpa"):
+    engine = Engine(lm.model, EngineConfig(attention=attention, capture=CaptureConfig(backend=backend, max_tokens=64),
+                                           kv_slots=256))
     return engine.generate([prompt], max_new_tokens=2, prompt_logprobs=True)[0].prompt_logprobs
 
 
@@ -140,14 +141,16 @@ def test_module_matches_the_hand_written_forward(model):
     assert torch.allclose(got, want, atol=1e-4), float((got - want).abs().max())
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
 @pytest.mark.parametrize("backend", ["disabled", "piecewise", "breakable", "full"])
-def test_engine_matches_the_modules_eager_attention(model, backend):
+def test_engine_matches_the_modules_eager_attention(model, backend, attention):
     lm, want = model
-    assert _gap(_ours(lm, PROMPT, backend), want) < 1e-4  # fp32
+    assert _gap(_ours(lm, PROMPT, backend, attention), want) < 1e-4  # fp32
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
 @pytest.mark.parametrize("fault", ["soft-cap dropped", "temperature dropped", "temperature one position late"])
-def test_planted_grok_attention_faults_are_caught(model, fault, monkeypatch):
+def test_planted_grok_attention_faults_are_caught(model, fault, attention, monkeypatch):
     from pcg_core.attention import op
 
     real = op.LayerParams
@@ -163,14 +166,14 @@ def test_planted_grok_attention_faults_are_caught(model, fault, monkeypatch):
 
     monkeypatch.setattr(op, "LayerParams", faulty)
     lm, want = model
-    assert _gap(_ours(lm, PROMPT, backend="disabled"), want) > 1e-3, fault
+    assert _gap(_ours(lm, PROMPT, backend="disabled", attention=attention), want) > 1e-3, fault
 
 
 def test_backends_declare_the_length_temperature():
-    for name in ("flex", "varlen"):
-        why = attention_unsupported_reason(name, "cuda", ["length_temperature"])
-        assert why and "length_temperature" in why, name
-    assert attention_unsupported_reason("sdpa", "cpu", ["length_temperature", "softcap"]) is None
+    why = attention_unsupported_reason("varlen", "cuda", ["length_temperature"])
+    assert why and "length_temperature" in why
+    for name in ("sdpa", "flex"):
+        assert attention_unsupported_reason(name, "cpu", ["length_temperature", "softcap"]) is None, name
 
 
 def test_an_8bit_scheme_refuses_grok_rather_than_quantize_it_in_part(model):

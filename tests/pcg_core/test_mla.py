@@ -152,3 +152,13 @@ def test_mla_graph_paths_match_eager_at_every_bucket_edge(deepseek, backend):
         ref = eager.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
         out = graph.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
         assert compare_outputs(ref, out, 1e-4) == [], (backend, case)
+
+
+def test_the_prefill_benchmark_times_one_function_two_ways(capsys):
+    """benchmarks/mla_prefill.py (absorbed vs expanded prefill, timed on the GPU) checks that both compute the same
+    attention before it times them; on the CPU at small widths that check alone."""
+    from benchmarks.mla_prefill import main
+
+    rows = main(["--tiny", "--device", "cpu"])
+    assert len(rows) == 2 and all(r["rel_diff"] < 1e-4 for r in rows)
+    assert rows[0]["values_read_per_token"] == {"absorbed": 40, "expanded": 4 * (16 + 8 + 16)}
