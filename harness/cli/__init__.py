@@ -1,4 +1,4 @@
-"""`pcgh`: one command line for pcg: `run` a matrix, `report` and `diff` runs, one `cell`, the `models`, model
+"""`pcgh`: one command line for pcg: `run` a matrix (or the `nightly`, gated by its policy), `report` and `diff` runs, one `cell`, the `models`, model
 `request`s and the `requests` recorded. Installed packages add commands through the `pcgh.commands` entry-point
 group (the dashboard adds `serve`), so the harness never imports them.
 
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
-from harness.cli import cell, models, runs
+from harness.cli import cell, models, nightly, runs
 from harness.cli.cell import spec_from_args
 from pcg_core.errors import ConfigError
 
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcgh", description="pcg: piecewise CUDA graphs, judged against eager")
     sub = parser.add_subparsers(dest="command", required=True)
     runs.add(sub)
+    nightly.add(sub)
     cell.add(sub)
     models.add(sub)
     _plugin_commands(sub)

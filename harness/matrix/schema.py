@@ -99,6 +99,15 @@ def _check_rule(rule: dict[str, str]) -> dict[str, str]:
 Rule = Annotated[dict[str, str], AfterValidator(_check_rule)]  # axis → glob
 
 
+class NightlyPolicy(_Strict):
+    """`pcgh nightly`'s gate (harness/reports/policy.py); its flags override these."""
+
+    keep: int = Field(default=3, ge=1, le=100, description="a regression passed in each of the last KEEP nightlies it ran in")
+    window: int = Field(default=3, ge=1, le=30, description="nightlies per median for the graph-latency trend")
+    latency_threshold: float = Field(default=0.15, ge=0, le=100, allow_inf_nan=False,
+                                     description="relative growth of the median graph latency that fails the night")
+
+
 class Matrix(_Strict):
     name: str = Field(min_length=1, max_length=200)
     description: str = ""
@@ -110,6 +119,7 @@ class Matrix(_Strict):
     overrides: dict[str, Override] = Field(default_factory=dict, max_length=MAX_RULES,
                                            description="model glob → override")
     tiers: dict[str, Rule] = Field(default_factory=dict, max_length=MAX_RULES, description="tier name → filter rule")
+    nightly: NightlyPolicy = NightlyPolicy()
 
 
 def load_matrix(path: str | Path, cards_dir: Path = CARDS_DIR) -> Matrix:

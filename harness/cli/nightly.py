@@ -1,0 +1,83 @@
+"""`pcgh nightly`: run a matrix as tonight's nightly, compare it with the nightlies before it, gate by the policy.
+
+One command for a CI job: the run (resumable, sharded, cells retried once: a pass on the retry is `pass_flaky`),
+then the verdict of harness/reports/policy.py against the earlier nightlies of the same matrix in the same store
+(regressions and lasting graph-latency slowdowns fail; flaky cells, known failures and eager-speedup changes are
+reported), the diff against the last nightly, and the reports. Exit status: 0 the night passes, 1 it fails, 2 bad
+input. Thresholds: the matrix file's `nightly:` block, overridden by the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from harness.cli.args import add_db, positive_int, threshold, writable_dir
+from harness.cli.runs import EXIT_FAIL, EXIT_PASS, _filter, _shard, end_summary
+
+TRIGGER = "nightly"
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("nightly", help="run a matrix as the nightly and gate on regressions (not on noise)",
+                       description=__doc__.split("\n\n")[1].replace("\n", " "))
+    p.add_argument("matrix", help="matrix YAML file")
+    add_db(p)
+    p.add_argument("--jobs", type=positive_int, default=1, help="cells side by side on a CPU (GPU runs use one per GPU)")
+    p.add_argument("--shard", type=_shard, help="run shard I of N (by a stable hash of the cell key)")
+    p.add_argument("--resume", action="store_true", help="continue tonight's unfinished run of this matrix")
+    p.add_argument("--filter", type=_filter, action="append", default=[], metavar="AXIS=GLOB",
+                   help="only cells whose AXIS matches GLOB; repeat to narrow further")
+    p.add_argument("--tier", help="one of the matrix's tiers")
+    p.add_argument("--logs", default="pcg-logs", help="folder for the cells' logs")
+    p.add_argument("--out", help="write summary.md, report.json, support_*.csv, nightly.md, nightly.json and diff.md here")
+    p.add_argument("--keep", type=positive_int, help="a regression passed in each of the last KEEP nightlies it ran in")
+    p.add_argument("--window", type=positive_int, help="nightlies per median of the graph-latency trend")
+    p.add_argument("--latency-threshold", type=threshold,
+                   help="relative growth of the median graph latency that fails the night (0.15: 15%%)")
+    p.set_defaults(handler=nightly)
+
+
+def nightly(args: argparse.Namespace) -> int:
+    from harness.safe_yaml import compose_and_load
+
+    compose_and_load(Path(args.matrix), what="matrix file")  # the bounded read first, before torch loads
+    from harness.launcher import RunOptions, plan, run_matrix
+    from harness.reports import diff_markdown, diff_runs, write_report
+    from harness.reports.policy import Policy, judge_night, verdict_markdown
+    from harness.store import Store
+
+    opts = RunOptions(jobs=args.jobs, shard=args.shard, resume=args.resume, filters=args.filter, tier=args.tier,
+                      trigger=TRIGGER, logs_dir=Path(args.logs))
+    planned = plan(args.matrix, opts)
+    m = planned.matrix.nightly
+    policy = Policy(keep=args.keep or m.keep, window=args.window or m.window,
+                    latency_threshold=m.latency_threshold if args.latency_threshold is None else args.latency_threshold)
+    writable_dir(opts.logs_dir, "--logs")
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        writable_dir(out, "--out")
+    with Store(args.db) as store:
+        run_id = run_matrix(args.matrix, store, opts, planned=planned)
+        run, records = store.run(run_id), store.results(run_id)
+        earlier = [r for r in store.runs_of_matrix(run["name"], [run["matrix"]])
+                   if r["id"] != run_id and r["trigger"] == TRIGGER and r["status"] == "finished"]
+        earlier = earlier[: max(policy.keep, 2 * policy.window - 1)]
+        history = [store.results(r["id"]) for r in earlier]
+    from harness.reports.stats import is_failing
+
+    verdict = judge_night(records, history, policy)
+    print(end_summary(run, records, [r for r in records if is_failing(r.status)], args.db))
+    text = verdict_markdown(verdict, {r.key: r for r in records})
+    print(text)
+    if out is not None:
+        write_report(run, records, out)
+        (out / "nightly.md").write_text(text, encoding="utf-8")
+        (out / "nightly.json").write_text(json.dumps({"run_id": run_id, "failed": verdict.failed, **asdict(verdict)},
+                                                     indent=2, default=str) + "\n", encoding="utf-8")
+        if earlier:
+            d = diff_runs(history[0], records)
+            (out / "diff.md").write_text(diff_markdown(d, earlier[0], run), encoding="utf-8")
+    return EXIT_FAIL if verdict.failed else EXIT_PASS
