@@ -9,6 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from harness.outcome import AXES
 from pcg_core.errors import ConfigError
 
 DB_HELP = "database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)"
@@ -71,3 +72,19 @@ def writable_dir(path: Path, flag: str) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {path}: cannot write there; give a writable folder")
     return path
+
+
+def axis_filter(text: str) -> dict[str, str]:
+    """--filter AXIS=GLOB (pcgh run, pcgh nightly)."""
+    axis, sep, pattern = text.partition("=")
+    if not sep or axis not in AXES or not pattern:
+        raise argparse.ArgumentTypeError(f"expected AXIS=GLOB with AXIS one of {', '.join(AXES)}, got {text!r}")
+    return {axis: pattern}
+
+
+def shard_arg(text: str) -> tuple[int, int]:
+    """--shard I/N with 0 ≤ I < N."""
+    m = text.split("/")
+    if len(m) != 2 or not all(x.isdigit() for x in m) or not 0 <= int(m[0]) < int(m[1]):
+        raise argparse.ArgumentTypeError(f"expected I/N with 0 ≤ I < N, got {text!r}")
+    return int(m[0]), int(m[1])

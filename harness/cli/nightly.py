@@ -14,8 +14,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.cli.args import add_db, positive_int, threshold, writable_dir
-from harness.cli.runs import EXIT_FAIL, EXIT_PASS, _filter, _shard, end_summary
+from harness.cli.args import add_db, axis_filter, positive_int, shard_arg, threshold, writable_dir
+from harness.cli.runs import EXIT_FAIL, EXIT_PASS, end_summary
 
 TRIGGER = "nightly"
 
@@ -26,9 +26,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("matrix", help="matrix YAML file")
     add_db(p)
     p.add_argument("--jobs", type=positive_int, default=1, help="cells side by side on a CPU (GPU runs use one per GPU)")
-    p.add_argument("--shard", type=_shard, help="run shard I of N (by a stable hash of the cell key)")
+    p.add_argument("--shard", type=shard_arg, help="run shard I of N (by a stable hash of the cell key)")
     p.add_argument("--resume", action="store_true", help="continue tonight's unfinished run of this matrix")
-    p.add_argument("--filter", type=_filter, action="append", default=[], metavar="AXIS=GLOB",
+    p.add_argument("--filter", type=axis_filter, action="append", default=[], metavar="AXIS=GLOB",
                    help="only cells whose AXIS matches GLOB; repeat to narrow further")
     p.add_argument("--tier", help="one of the matrix's tiers")
     p.add_argument("--logs", default="pcg-logs", help="folder for the cells' logs")

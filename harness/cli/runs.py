@@ -12,26 +12,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from harness.cli.args import add_db, positive_int, threshold, writable_dir
+from harness.cli.args import add_db, axis_filter, positive_int, shard_arg, threshold, writable_dir
 from harness.outcome import AXES, CellRecord
 from pcg_core.errors import ConfigError
 
 EXIT_PASS, EXIT_FAIL = 0, 1
 SHOWN_FAILURES = 10  # failing cells listed after a run; `pcgh report` has them all
-
-
-def _filter(text: str) -> dict[str, str]:
-    axis, sep, pattern = text.partition("=")
-    if not sep or axis not in AXES or not pattern:
-        raise argparse.ArgumentTypeError(f"expected AXIS=GLOB with AXIS one of {', '.join(AXES)}, got {text!r}")
-    return {axis: pattern}
-
-
-def _shard(text: str) -> tuple[int, int]:
-    m = text.split("/")
-    if len(m) != 2 or not all(x.isdigit() for x in m) or not 0 <= int(m[0]) < int(m[1]):
-        raise argparse.ArgumentTypeError(f"expected I/N with 0 ≤ I < N, got {text!r}")
-    return int(m[0]), int(m[1])
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -42,11 +28,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("matrix", help="matrix YAML file")
     add_db(p)
     p.add_argument("--jobs", type=positive_int, default=1, help="cells side by side on a CPU (GPU runs use one per GPU)")
-    p.add_argument("--shard", type=_shard, help="run shard I of N (by a stable hash of the cell key)")
+    p.add_argument("--shard", type=shard_arg, help="run shard I of N (by a stable hash of the cell key)")
     p.add_argument("--resume", action="store_true",
                    help="continue the newest unfinished run of this matrix (the same file however its path is "
                         "written; a finished run is left as it is); give the same --db and --logs")
-    p.add_argument("--filter", type=_filter, action="append", default=[], metavar="AXIS=GLOB",
+    p.add_argument("--filter", type=axis_filter, action="append", default=[], metavar="AXIS=GLOB",
                    help=f"only cells whose AXIS matches GLOB (AXIS one of {', '.join(AXES)}); repeat to narrow further")
     p.add_argument("--tier", help="one of the matrix's tiers")
     p.add_argument("--repeats", type=positive_int, default=1,

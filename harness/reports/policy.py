@@ -71,12 +71,6 @@ class NightlyVerdict:
         return bool(self.regressions or self.slowdowns)
 
 
-def _latency(record: CellRecord | None, counts: set[str] | None = None) -> float | None:
-    if record is None or not is_passing(str(record.status)):
-        return None
-    lat = graph_latencies(record.metrics)
-    keys = lat.keys() if counts is None else lat.keys() & counts
-    return geomean(lat[n] for n in keys) if keys else None
 
 
 def _slowdown(key: str, nights: list[CellRecord | None], policy: Policy) -> Slowdown | None:
@@ -85,10 +79,11 @@ def _slowdown(key: str, nights: list[CellRecord | None], policy: Policy) -> Slow
     recent = nights[: 2 * w]
     if len(recent) < 2 * w or any(r is None or not is_passing(str(r.status)) for r in recent):
         return None
-    counts = set.intersection(*(set(graph_latencies(r.metrics)) for r in recent))
-    values = [_latency(r, counts) for r in recent]
-    if not counts or any(v is None for v in values):
+    latencies = [graph_latencies(r.metrics) for r in recent]
+    counts = set.intersection(*(set(lat) for lat in latencies))  # the token counts every night timed
+    if not counts:
         return None
+    values = [geomean(lat[n] for n in counts) for lat in latencies]
     now, before = statistics.median(values[:w]), statistics.median(values[w:])
     return Slowdown(key, before, now) if now > before * (1 + policy.latency_threshold) else None
 

@@ -134,3 +134,9 @@ def test_float32_cells_and_quantized_cells_skip_the_check(monkeypatch):
     monkeypatch.setattr(run, "float32_padding_rel", lambda *a, **k: calls.append(1) or 0.0)
     r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, max_tokens=64, max_new_tokens=3))
     assert r.status == Status.PASS and r.metrics.padding_rel_fp32 is None and not calls
+    cell, _, _ = _judged(["a"], 0.0)
+    for dtype, quant, asked in (("bfloat16", "fp8_block", False), ("float32", "none", False), ("bfloat16", "none", True)):
+        cell.spec = CellSpec(model="qwen3-0.6b", dtype=dtype, quant=quant)
+        cell.metrics.padding_rel_fp32, cell.lm = None, type("LM", (), {"model": None})()
+        got = run._padding_exact(cell, type("G", (), {"config": None, "bucket_for": None})(), cell.cases)
+        assert (got is not None) == asked and bool(calls) == asked, (dtype, quant)
