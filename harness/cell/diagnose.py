@@ -119,6 +119,12 @@ def _probe_diff(eager: Engine, a: torch.Tensor, b: torch.Tensor, probes: torch.T
     return worst
 
 
+def nan_max(values) -> float:
+    """max that keeps a NaN (Python's max drops it when it is not first); 0 for none."""
+    vals = list(values)
+    return math.nan if any(math.isnan(v) for v in vals) else max(vals, default=0.0)
+
+
 def _worse(a: float, b: float) -> float:
     """The larger of two, a NaN on either side winning (it is the loudest failure)."""
     return b if math.isnan(b) or (not math.isnan(a) and b > a) else a

@@ -12,13 +12,12 @@ and unpadded, and only a padding shown exact there counts as noise.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 
-from harness.cell.diagnose import lockstep_stats
+from harness.cell.diagnose import lockstep_stats, nan_max
 from harness.cell.prompts import Case
 from pcg_core.config import EngineConfig
 from pcg_core.engine import Engine, PackedBatch
@@ -64,8 +63,7 @@ def float32_padding_rel(model: torch.nn.Module, config: EngineConfig, bucket_for
     try:
         cfg = replace(config, dtype="float32", capture=replace(config.capture, backend="disabled"))
         ref, other = Engine(model32, cfg), Engine(model32, cfg)
-        rels = [lockstep_stats(ref, _PaddedEager(other, bucket_for), case, noise=True).padding_rel for case in cases]
-        return math.nan if any(math.isnan(r) for r in rels) else max(rels, default=0.0)
+        return nan_max(lockstep_stats(ref, _PaddedEager(other, bucket_for), case, noise=True).padding_rel for case in cases)
     finally:
         del model32
         if torch.cuda.is_available():

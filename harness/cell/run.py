@@ -15,7 +15,7 @@ import torch
 
 from harness.cards import find_card
 from harness.cell.coverage import CoverageCounter
-from harness.cell.diagnose import LockstepStats, first_diverging_piece, lockstep_stats
+from harness.cell.diagnose import LockstepStats, first_diverging_piece, lockstep_stats, nan_max
 from harness.cell.judge import (KL_TOL, LOGPROB_TOL, SAME_PADDING_RTOL_EAGER, Judgement, compare, logprob_bound,
                                 same_padding_rtol, tie_margin)
 from harness.cell.padding import FP32_PADDING_RTOL, float32_padding_rel
@@ -235,7 +235,7 @@ def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Output
     # change of a GEMM's summation order into a whole FP8/INT8 rounding step of the next layer's activation.
     noise = cell.spec.dtype != "float32" or cell.spec.quant != "none"
     stats = {c.name: lockstep_stats(eager, graph, c, noise=noise) for c in cell.cases}
-    m.padding_noise = _nan_max(st.padding_noise for st in stats.values())
+    m.padding_noise = nan_max(st.padding_noise for st in stats.values())
     noisy = [c for c in cell.cases if stats[c.name].padding_noise > cell.tol]
     exact = _padding_exact(cell, graph, noisy)
     bound = logprob_bound(cell.tol, m.padding_noise if exact is not False else 0.0)
@@ -248,7 +248,7 @@ def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Output
     repeats = [c for c in cell.cases if repeat_of(c)]
     m.coverage = cell.coverage.result(all(cand[c.name] == cand[repeat_of(c)] for c in repeats) if repeats else None)
     pad_rtol = same_padding_rtol(cell.spec.dtype, cell.spec.compiler,
-                                 _nan_max(st.eager_same_padding_rel for st in stats.values()))
+                                 nan_max(st.eager_same_padding_rel for st in stats.values()))
     lockstep_failed = _lockstep_layers(cell, stats, judgement, pad_rtol)
     failed = set(judgement.failed_cases) | lockstep_failed
     if judgement.status == Status.FAIL_ACCURACY and exact is not False and not lockstep_failed:
@@ -274,7 +274,7 @@ def _padding_exact(cell: _Cell, graph: Engine, cases: list[Case]) -> bool | None
     except Exception as e:  # noqa: BLE001 - out of memory, a backend without float32: nothing is allowed for
         m.padding_check_error = f"{type(e).__name__}: {e}"[:1000]
         return None
-    m.padding_rel_fp32 = rel if m.padding_rel_fp32 is None else _nan_max([m.padding_rel_fp32, rel])
+    m.padding_rel_fp32 = rel if m.padding_rel_fp32 is None else nan_max([m.padding_rel_fp32, rel])
     return rel <= FP32_PADDING_RTOL  # NaN: False
 
 
@@ -285,7 +285,7 @@ def _excuse_padding(cell: _Cell, graph: Engine, judgement: Judgement, stats: dic
     checked now): what fails is eager's own half-precision rounding at the padded shapes (a near-tie router or
     token turned), not the graph. Such a cell passes, the reason saying so; a compiler's looser same-padding bound
     is not enough. Returns whether the failing cases' padding is exact (as _padding_exact)."""
-    same = _nan_max(st.same_padding_rel for st in stats.values())
+    same = nan_max(st.same_padding_rel for st in stats.values())
     if not same <= SAME_PADDING_RTOL_EAGER or not judgement.failed_cases:
         return None
     rest = [c for c in cell.cases if c.name in set(judgement.failed_cases) - proven]
@@ -305,15 +305,15 @@ def _lockstep_layers(cell: _Cell, stats: dict[str, LockstepStats], judgement: Ju
     """KL and the same-padding check (against `bound`) over every case; adds their failures to the judgement,
     returns those cases."""
     m, dtype = cell.metrics, cell.spec.dtype
-    m.max_prompt_kl = _nan_max(st.prompt_kl for st in stats.values())
-    m.max_decode_kl = _nan_max(st.decode_kl for st in stats.values())
-    m.max_same_padding_diff = _nan_max(st.same_padding_rel for st in stats.values())
+    m.max_prompt_kl = nan_max(st.prompt_kl for st in stats.values())
+    m.max_decode_kl = nan_max(st.decode_kl for st in stats.values())
+    m.max_same_padding_diff = nan_max(st.same_padding_rel for st in stats.values())
     over_kl = [n for n, st in stats.items() if not max(st.prompt_kl, st.decode_kl) <= KL_TOL[dtype]
                or math.isnan(st.prompt_kl) or math.isnan(st.decode_kl)]
     over_pad = [n for n, st in stats.items() if not st.same_padding_rel <= bound]  # NaN fails too
     problems = []
     if over_kl:
-        problems.append(f"KL {_nan_max([m.max_prompt_kl, m.max_decode_kl]):.3g} > {KL_TOL[dtype]:g} (prompt "
+        problems.append(f"KL {nan_max([m.max_prompt_kl, m.max_decode_kl]):.3g} > {KL_TOL[dtype]:g} (prompt "
                         f"{m.max_prompt_kl:.3g}, decode {m.max_decode_kl:.3g}; first in {over_kl[0]})")
     if over_pad:
         worst = max(over_pad, key=lambda n: (math.isnan(stats[n].same_padding_rel), stats[n].same_padding_rel))
@@ -333,7 +333,7 @@ def _diagnose(cell: _Cell, eager: Engine, graph: Engine, judgement: Judgement, s
     m = cell.metrics
     cases = [c for c in cell.cases if c.name in failed] or cell.cases
     worst = max(cases, key=lambda c: (math.isnan(stats[c.name].same_padding_rel), stats[c.name].same_padding_rel,
-                                      _nan_max([stats[c.name].prompt_kl, stats[c.name].decode_kl])))
+                                      nan_max([stats[c.name].prompt_kl, stats[c.name].decode_kl])))
     try:
         found = first_diverging_piece(eager, graph, worst, rtol)
         m.diverging_piece = found.piece
@@ -341,12 +341,6 @@ def _diagnose(cell: _Cell, eager: Engine, graph: Engine, judgement: Judgement, s
     except Exception as e:  # noqa: BLE001 - the diagnosis only explains; its failure must not cost the verdict
         m.diagnosis_error = f"{type(e).__name__}: {e}"[:1000]
         judgement.reason += f"; the first-diverging-piece diagnosis failed ({m.diagnosis_error[:200]})"
-
-
-def _nan_max(values) -> float:
-    """max that keeps a NaN (Python's max drops it when it is not first)."""
-    vals = list(values)
-    return math.nan if any(math.isnan(v) for v in vals) else max(vals, default=0.0)
 
 
 def _latency(cell: _Cell, eager: Engine, graph: Engine) -> None:
