@@ -2,11 +2,13 @@
 # Any list of `pcgh cell` runs on CUDA, ${CELL_JOBS:-8} at a time, one result file per cell (concurrent appends to
 # one file have come back unreadable), gathered into $OUT/${NAME:-cells}.jsonl, .err and .md at the end.
 # Each line of the list file: model:layers (or model:tiny) attention graph [compiler [quant [max_tokens]]]
+# The list stops after ${LIST_TIMEOUT:-540} s (cells not started are lost, running ones killed) so that the gathering
+# below always runs: the device brings back only a few files, never the per-cell ones.
 # Usage on the GPU machine, from the repo root: bash benchmarks/gpu_cells.sh LIST_FILE
 source "$(dirname "$0")/gpu_env.sh"
 name=${NAME:-cells}
 mkdir -p "$OUT/$name"
-grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' | xargs -P ${CELL_JOBS:-8} -L 1 bash -c '
+grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' | timeout ${LIST_TIMEOUT:-540} xargs -P ${CELL_JOBS:-8} -L 1 bash -c '
   i=$0 spec=$1 attention=$2 graph=$3 compiler=${4:-eager} quant=${5:-none} tokens=${6:-256}
   model=${spec%%:*}; layers=${spec##*:}
   if [[ $layers == tiny ]]; then size=(--tiny); else size=(--layers "$layers"); fi

@@ -75,8 +75,8 @@ def measure(tokens: list[int], w: dict, dtype: torch.dtype, device: str, repeat:
         rel = float((a.float() - e.float()).norm() / e.float().norm())
         row = {"tokens": t, "rel_diff": rel}
         if device.startswith("cuda"):
-            row["absorbed_ms"] = median_ms(lambda: absorbed(x, scale), device, warmup=3, repeat=repeat)
-            row["expanded_ms"] = median_ms(lambda: expanded(x, scale), device, warmup=3, repeat=repeat)
+            row["absorbed_ms"] = median_ms(lambda: absorbed(x, scale), torch.device(device), warmup=3, repeat=repeat)
+            row["expanded_ms"] = median_ms(lambda: expanded(x, scale), torch.device(device), warmup=3, repeat=repeat)
             row["absorbed/expanded"] = row["absorbed_ms"] / row["expanded_ms"]
         row["values_read_per_token"] = {"absorbed": w["rank"] + w["rope"],
                                         "expanded": w["heads"] * (w["nope"] + w["rope"] + w["v"])}
