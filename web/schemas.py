@@ -203,7 +203,9 @@ class RequestOut(BaseModel):
     architecture: str | None = None
     supported: bool | None = None
     verdict: dict[str, Any] | str | None = Field(None, description="the request report (pcgh request --json)")
-    status: str | None = Field(None, description="requested, in_matrix, passing or failing")
+    status: str | None = Field(None, description="requested, accepted, in_matrix, passing, failing or unsupported")
+    outcome: dict[str, Any] | None = Field(None, description="what the last nightly that ran its cells found: "
+                                           "run_id, status, reason, counts")
     card_id: str | None = None
     matrix_cells: int = Field(0, description="cells of card_id in the latest run")
     matrix_passing: int = 0

@@ -97,7 +97,7 @@ def requests(args: argparse.Namespace) -> int:
         with Store(args.db, read_only=True) as store:
             rows = store.requests(limit=args.limit, status=args.status)
     if args.json:
-        print(json.dumps([{**r, "created_at": r["created_at"].isoformat()} for r in rows]))
+        print(json.dumps(rows, default=lambda v: v.isoformat()))  # the datetimes (created_at, outcome.recorded_at)
     else:
         print_requests(rows)
     return EXIT_PASS

@@ -22,6 +22,7 @@ class RunOptions:
     retry: bool = True  # a failed cell gets a second attempt (pass then: pass_flaky); not with repeats > 1
     repeats: int = 1  # fresh processes per attempt; any non-pass among them is the cell's status
     progress: bool = True
+    extra_models: tuple[str, ...] = ()  # model axis values added to the matrix's (`pcgh nightly`'s requested cards)
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Plan:
 
 def plan(matrix_path: str | Path, opts: RunOptions) -> Plan:
     matrix = load_matrix(matrix_path)
+    matrix.axes.model.extend(m for m in dict.fromkeys(opts.extra_models) if m not in matrix.axes.model)
     cells = expand(matrix, filters=opts.filters, tier=opts.tier)
     if opts.shard:
         cells = shard(cells, *opts.shard)

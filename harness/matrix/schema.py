@@ -100,12 +100,21 @@ Rule = Annotated[dict[str, str], AfterValidator(_check_rule)]  # axis → glob
 
 
 class NightlyPolicy(_Strict):
-    """`pcgh nightly`'s gate (harness/reports/policy.py); its flags override these."""
+    """`pcgh nightly`'s gate (harness/reports/policy.py) and which requested models join it; its flags override these."""
 
     keep: int = Field(default=3, ge=1, le=100, description="a regression passed in each of the last KEEP nightlies it ran in")
     window: int = Field(default=3, ge=1, le=30, description="nightlies per median for the graph-latency trend")
     latency_threshold: float = Field(default=0.15, ge=0, le=100, allow_inf_nan=False,
                                      description="relative growth of the median graph latency that fails the night")
+    requests: str | None = Field(default=None, description="the variant (tiny, trim:N, full) at which every model request "
+                                 "with a card joins the model axis, its status then set by the night; unset: none join")
+
+    @field_validator("requests")
+    @classmethod
+    def _variant(cls, value: str | None) -> str | None:
+        if value is not None:
+            ModelRef.parse(f"card:{value}")  # ValueError naming the grammar
+        return value
 
 
 class Matrix(_Strict):

@@ -18,7 +18,7 @@ from harness.request.params import count as count_params, divides_heads, ep_size
 from harness.request.verdicts import attention_verdict, graph_verdict, model_verdict, parallel_verdict, quant_verdict
 from harness.request.quantization import quant_word, quantization_of
 from harness.request.schema import RequestReport
-from harness.request.source import config_hash
+from harness.request.schema import config_hash
 from harness.request.structure import read_structure
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.quant import detect as detect_quantization

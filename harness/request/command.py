@@ -59,7 +59,7 @@ def request_model(model: str, *, revision: str | None = None, quants: list[str] 
             "model": source.model, "revision": source.revision, "config_hash": report["config_hash"],
             "architecture": report["architecture"], "supported": report["supported"], "verdict": stored,
             "status": "requested", "card_id": card_id,
-        })
+        }, config=source.config)
     report["submitted"] = None
     if submit_url is not None:
         try:

@@ -66,8 +66,10 @@ def print_requests(rows: list[dict[str, Any]], console: Any = None) -> None:
     if not rows:
         console.print("no model requests yet; `pcgh request MODEL` records one")
         return
-    t = Table("id", "created", "model", "revision", "architecture", "supported", "status", "card")
+    t = Table("id", "created", "model", "revision", "architecture", "supported", "status", "card", "last nightly")
     for r in rows:
+        o = r.get("outcome")
         t.add_row(str(r["id"]), r["created_at"].strftime("%Y-%m-%d %H:%M"), r["model"], r["revision"] or "",
-                  r["architecture"], "yes" if r["supported"] else "no", r["status"], r["card_id"] or "")
+                  r["architecture"], "yes" if r["supported"] else "no", r["status"], r["card_id"] or "",
+                  f"run {o['run_id']}: {o['reason']}" if o else "")
     console.print(t)

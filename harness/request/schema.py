@@ -7,6 +7,8 @@ card, submitted) are optional; unknown fields are kept, so an older reader accep
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -54,3 +56,10 @@ class RequestReport(BaseModel):
     card_id: str | None = None
     card: dict[str, Any] | None = None
     submitted: dict[str, Any] | None = None
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """sha256 of the config as canonical JSON (sorted keys, no spaces): equal configs hash equal, whatever the
+    file's formatting or key order."""
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

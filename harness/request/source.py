@@ -6,8 +6,6 @@ honoured); no weights, no tokenizer, and never remote code: the JSON is read as 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +32,6 @@ class ConfigSource:
 
 def looks_like_hub_id(text: str) -> bool:
     return bool(HUB_ID.match(text)) and not text.endswith(".json") and ".." not in text
-
-
-def config_hash(config: dict[str, Any]) -> str:
-    """sha256 of the config as canonical JSON (sorted keys, no spaces): equal configs hash equal, whatever the
-    file's formatting or key order."""
-    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def resolve(model: str, revision: str | None = None) -> ConfigSource:

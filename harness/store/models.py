@@ -16,8 +16,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, aliased, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 RUN_STATUSES = ("running", "finished", "interrupted")
-# A model request's life: asked for, its card put into a matrix, then passing or failing there.
-REQUEST_STATUSES = ("requested", "in_matrix", "passing", "failing")
+# A model request's life: asked for (its card written or linked), or accepted on the dashboard (the next nightly
+# writes its card), its card put into a nightly's matrix, then what that nightly found: passing, failing, or
+# unsupported (the runtime refused every cell; the reason is kept).
+REQUEST_STATUSES = ("requested", "accepted", "in_matrix", "passing", "failing", "unsupported")
 PROVENANCE = ("git_sha", "torch_version", "transformers_version", "cuda_version", "driver_version", "gpu_name", "host")
 
 
@@ -135,6 +137,31 @@ class ModelRequest(Base):
     verdict: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     status: Mapped[str] = mapped_column(String, default="requested")
     card_id: Mapped[str | None] = mapped_column(String)
+
+
+class RequestConfig(Base):
+    """The config.json a request asked about, kept so that a request accepted on the dashboard can get its card
+    written by the next nightly. Apart from the request's row: listings never carry it."""
+
+    __tablename__ = "request_configs"
+
+    request_id: Mapped[int] = mapped_column(ForeignKey("model_requests.id", ondelete="CASCADE"), primary_key=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class RequestOutcome(Base):
+    """What one run (a nightly) found for a model request: the status it moved the request to, why, and its cells
+    by status. A table of its own, not columns of model_requests: a database made before it existed still reads."""
+
+    __tablename__ = "request_outcomes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    request_id: Mapped[int] = mapped_column(ForeignKey("model_requests.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    status: Mapped[str] = mapped_column(String)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    counts: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)
 
 
 def final_attempt() -> ColumnElement[bool]:

@@ -17,10 +17,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import Connection, insert, inspect, or_, select, update
+from sqlalchemy import Connection, func, insert, inspect, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from harness.outcome import CellRecord, Status
 from harness.store.db import check_access, connect_error, default_db_url, dumps, make_engine, mask, normalize
@@ -32,6 +32,8 @@ from harness.store.models import (
     CellResult,
     ModelRequest,
     MatrixFile,
+    RequestConfig,
+    RequestOutcome,
     Run,
     RunCounts,
     as_dict,
@@ -86,6 +88,8 @@ class Store:
             self._engine.dispose()
             raise ConfigError(f"{mask(self.url)} is not a pcg results database (it has no runs table)")
         self._session = sessionmaker(self._engine, expire_on_commit=False)
+        # a store older than the request outcomes and configs (added together) reads on without them
+        self._outcomes = not read_only or RequestOutcome.__tablename__ in tables
         self.views = Views(self._engine, counted=not read_only or RunCounts.__tablename__ in tables)
         if not read_only:
             self._count_uncounted_runs()
@@ -194,10 +198,16 @@ class Store:
                 raise RunNotFound(self._missing(run_id))
             return as_dict(run)
 
-    def runs(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """Runs, newest first (by id: creation order, immune to clock differences between hosts)."""
+    def runs(self, limit: int | None = None, name: str | None = None, trigger: str | None = None) -> list[dict[str, Any]]:
+        """Runs, newest first (by id: creation order, immune to clock differences between hosts); optionally only
+        those of a matrix name and a trigger."""
+        q = select(Run).order_by(Run.id.desc()).limit(limit)
+        if name is not None:
+            q = q.where(Run.name == name)
+        if trigger is not None:
+            q = q.where(Run.trigger == trigger)
         with self._session() as s:
-            return [as_dict(r) for r in s.scalars(select(Run).order_by(Run.id.desc()).limit(limit))]
+            return [as_dict(r) for r in s.scalars(q)]
 
     # --- cell results ---------------------------------------------------------------------------------------
 
@@ -240,30 +250,67 @@ class Store:
 
     # --- model requests -------------------------------------------------------------------------------------
 
-    def record_request(self, row: dict[str, Any]) -> int:
-        """Insert one model request (status "requested" unless given), committed before returning; its id."""
+    def record_request(self, row: dict[str, Any], config: dict[str, Any] | None = None) -> int:
+        """Insert one model request (status "requested" unless given) and the config it asked about, committed
+        before returning; its id."""
         values = _request_values(row)
         with self._session.begin() as s:
             req = ModelRequest(created_at=utcnow(), **values)
             s.add(req)
             s.flush()
+            if config is not None:
+                s.add(RequestConfig(request_id=req.id, config=config))
             return req.id
+
+    def request_config(self, request_id: int) -> dict[str, Any] | None:
+        """The config.json request `request_id` asked about; None when none was kept (or the store predates it)."""
+        if not self._outcomes:
+            return None
+        with self._session() as s:
+            row = s.get(RequestConfig, int(request_id))
+            return row.config if row is not None else None
 
     def request(self, request_id: int) -> dict[str, Any]:
         with self._session() as s:
-            req = s.get(ModelRequest, int(request_id))
-            if req is None:
-                raise RequestNotFound(f"no model request {request_id} in {mask(self.url)}; `pcgh requests` lists them")
+            req = self._request_row(s, request_id)
             return as_dict(req)
 
     def requests(self, limit: int | None = None, status: str | None = None) -> list[dict[str, Any]]:
-        """Model requests, newest first; optionally only those in `status`."""
+        """Model requests, newest first; optionally only those in `status`. Each has `outcome`: what the last run
+        that judged it found (request_outcome's dict), or None."""
         q = select(ModelRequest).order_by(ModelRequest.id.desc()).limit(limit)
         if status is not None:
             _check_request_status(status)
             q = q.where(ModelRequest.status == status)
         with self._session() as s:
-            return [as_dict(r) for r in s.scalars(q)]
+            rows = [as_dict(r) for r in s.scalars(q)]
+            latest: dict[int, dict[str, Any]] = {}
+            if rows and self._outcomes:
+                newest = (select(func.max(RequestOutcome.id))
+                          .where(RequestOutcome.request_id.in_([r["id"] for r in rows]))
+                          .group_by(RequestOutcome.request_id))
+                for o in s.scalars(select(RequestOutcome).where(RequestOutcome.id.in_(newest))):
+                    latest[o.request_id] = as_dict(o)
+        return [{**r, "outcome": latest.get(r["id"])} for r in rows]
+
+    def record_request_outcome(self, request_id: int, run_id: int, status: str, reason: str = "",
+                               counts: dict[str, int] | None = None) -> None:
+        """What run `run_id` found for a request: the request moves to `status` and the finding is kept beside it,
+        in one transaction."""
+        _check_request_status(status)
+        with self._session.begin() as s:
+            req = self._request_row(s, request_id)
+            req.status = status
+            s.add(RequestOutcome(request_id=req.id, run_id=int(run_id), recorded_at=utcnow(), status=status,
+                                 reason=reason, counts=dict(counts or {})))
+
+    def request_outcomes(self, request_id: int) -> list[dict[str, Any]]:
+        """Every run's finding for one request, oldest first."""
+        if not self._outcomes:
+            return []
+        q = select(RequestOutcome).where(RequestOutcome.request_id == int(request_id)).order_by(RequestOutcome.id)
+        with self._session() as s:
+            return [as_dict(o) for o in s.scalars(q)]
 
     def duplicate_requests(self, model: str | None, revision: str | None, config_hash: str | None) -> list[dict[str, Any]]:
         """Earlier requests of the same model at the same revision (None and "main" are the same revision), or of
@@ -290,17 +337,22 @@ class Store:
         return out
 
     def set_request_status(self, request_id: int, status: str, card_id: str | None = _UNCHANGED) -> None:
-        """Move a request along requested → in_matrix → passing | failing; optionally (re)link its card."""
+        """Move a request along requested → accepted → in_matrix → passing | failing | unsupported; optionally
+        (re)link its card."""
         _check_request_status(status)
         with self._session.begin() as s:
-            req = s.get(ModelRequest, int(request_id))
-            if req is None:
-                raise RequestNotFound(f"no model request {request_id} in {mask(self.url)}; `pcgh requests` lists them")
+            req = self._request_row(s, request_id)
             req.status = status
             if card_id is not _UNCHANGED:
                 req.card_id = card_id
 
     # --- helpers --------------------------------------------------------------------------------------------
+
+    def _request_row(self, s: Session, request_id: int) -> ModelRequest:
+        req = s.get(ModelRequest, int(request_id))
+        if req is None:
+            raise RequestNotFound(f"no model request {request_id} in {mask(self.url)}; `pcgh requests` lists them")
+        return req
 
     def _upsert(self, conn: Connection, run_id: int, values: list[dict[str, Any]]) -> None:
         if not values:

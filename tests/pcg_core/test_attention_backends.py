@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from pcg_helpers import compare_outputs, make_engine, prompts_of, tiny_model
+from pcg_helpers import compare_outputs, prompts_of, tiny_model
 
 from pcg_core import CaptureConfig, ConfigError, Engine, EngineConfig
 from pcg_core.attention import FEATURES, KVCache, LayerParams, get_attention_backend

@@ -252,6 +252,26 @@ def test_a_submitted_request_is_queued_and_listed(client: TestClient) -> None:
     assert bad.status_code == 422 and len(client.get("/api/requests").json()["requests"]) == 1
 
 
+def test_a_request_accepted_with_the_token_waits_for_the_nightly_to_write_its_card(client: TestClient, seeded) -> None:
+    from harness.request.analyze import analyze
+    from harness.store import Store
+    with open("harness/models/configs/Qwen__Qwen3-0.6B.json") as f:
+        config = json.load(f)
+    report = analyze(config, model="org/new-0.6b", source="hub", revision=None, quants=None, tps=None)
+    changed = client.post("/api/requests", json={**report, "config": {**config, "vocab_size": 7}}, headers=AUTH)
+    assert changed.status_code == 422 and "config_hash" in changed.text  # the config must be the one analyzed
+    rid = client.post("/api/requests", json={**report, "hub_id": "org/new-0.6b", "config": config}, headers=AUTH).json()["id"]
+    assert client.post(f"/api/requests/{rid}/accept").status_code == 401
+    assert client.post("/api/requests/999/accept", headers=AUTH).status_code == 404
+    r = client.post(f"/api/requests/{rid}/accept", headers=AUTH)
+    assert r.status_code == 200 and r.json() == {"id": rid, "status": "accepted", "url": "/requests"}
+    assert client.post(f"/api/requests/{rid}/accept", headers=AUTH).json()["status"] == "accepted"
+    [got] = client.get("/api/requests").json()["requests"]
+    assert got["status"] == "accepted" and got["card_id"] is None and "config" not in got["verdict"]
+    with Store(seeded.url) as store:
+        assert store.request_config(rid) == config  # kept apart, for the card the nightly writes
+
+
 # --- badges and docs ----------------------------------------------------------------------------------------
 
 

@@ -145,13 +145,20 @@ def test_requests_page_lists_the_queue(sqlite_client: TestClient, monkeypatch: p
                                                                "graph": {"ok": False, "reason": "<b>no</b>"}}}},
              {"id": 1, "created_at": datetime(2026, 1, 1, tzinfo=timezone.utc), "model": "org/new-model",
               "revision": "v2", "architecture": "NewForCausalLM", "supported": False, "status": "requested",
-              "card_id": None, "verdict": {}}]
+              "card_id": None, "verdict": {}},
+             {"id": 3, "created_at": datetime(2026, 1, 2, tzinfo=timezone.utc), "model": "Qwen/Qwen3-Next-80B-A3B",
+              "revision": None, "architecture": "Qwen3NextForCausalLM", "supported": False, "status": "unsupported",
+              "card_id": "qwen3-next-80b-a3b", "verdict": {},
+              "outcome": {"run_id": 3, "status": "unsupported", "reason": "none of its 3 cell(s) runs: <i>hybrid</i>"}}]
     monkeypatch.setattr(Store, "requests", lambda self, limit=None, status=None: queue, raising=False)
     html = sqlite_client.get("/requests").text
     assert html.index("Qwen/Qwen3-0.6B") < html.index("org/new-model")
     assert '<span class="chip req-in_matrix">in_matrix</span>' in html
     assert '<a href="/?model=qwen3-0.6b:*">6/6 pass</a>' in html and "not in the latest run" in html
     assert 'title="&lt;b&gt;no&lt;/b&gt;">graph ✗</span>' in html
+    # what the last nightly found, with its run (escaped like everything else the store hands over)
+    assert '<span class="chip req-unsupported">unsupported</span>' in html
+    assert 'none of its 3 cell(s) runs: &lt;i&gt;hybrid&lt;/i&gt; (<a href="/runs/3">run 3</a>)' in html
 
 
 def test_docs_are_swagger_ui_from_our_own_static_files(sqlite_client: TestClient) -> None:

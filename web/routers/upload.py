@@ -1,4 +1,5 @@
-"""Uploads, for CI and the nightly job: a whole run with its cell results, and a model request. Bearer token only.
+"""Uploads, for CI and the nightly job: a whole run with its cell results, a model request, and a maintainer's
+acceptance of a request (the next nightly writes its card). Bearer token only.
 
 A run goes in through Store.import_run, in one transaction with its own start and finish times, so an uploaded
 run is stored as `pcgh run` stores one and a failure half-way writes nothing; the body is fully validated
@@ -10,7 +11,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, status
 from pydantic import ValidationError
 
-from harness.request.schema import RequestReport
+from harness.request.schema import RequestReport, config_hash
+from harness.store import RequestNotFound
 from web.deps import StoreDep, require_upload_token
 from web.schemas import RequestCreatedOut, RequestIn, RunCreatedOut, RunIn
 
@@ -33,10 +35,28 @@ def upload_request(body: RequestIn, store: StoreDep) -> RequestCreatedOut:
     except ValidationError as e:
         raise HTTPException(422, e.errors(include_url=False, include_context=False)) from e
     # The report is kept whole as the verdict, as `pcgh request` keeps it locally; not what only the sender's
-    # machine knows (its request id and duplicates) nor the raw config.
+    # machine knows (its request id and duplicates). The raw config is kept apart: a card is written from it.
     verdict = report.model_dump(exclude={"request_id", "duplicates", "submitted", "config"})
+    config = body.model_dump().get("config")
+    if config is not None and (not isinstance(config, dict) or config_hash(config) != report.config_hash):
+        raise HTTPException(422, "config: not the config.json the report's config_hash was taken of; send the "
+                                 "config `pcgh request` read, unchanged")
     request_id = store.record_request({"model": report.model, "revision": report.revision,
                                        "config_hash": report.config_hash, "architecture": report.architecture,
                                        "supported": report.supported, "verdict": verdict, "status": "requested",
-                                       "card_id": report.card_id})
+                                       "card_id": report.card_id}, config=config)
     return RequestCreatedOut(id=request_id, status="requested", url="/requests")
+
+
+@router.post("/requests/{request_id}/accept", response_model=RequestCreatedOut,
+             summary="Accept a requested model for the nightly: the next nightly writes its card from the request's "
+                     "config and runs it (Authorization: Bearer <token>)")
+def accept_request(request_id: int, store: StoreDep) -> RequestCreatedOut:
+    try:
+        req = store.request(request_id)
+    except RequestNotFound as e:
+        raise HTTPException(404, str(e)) from e
+    if req["status"] == "requested":  # later statuses are the nightly's to set; accepting again changes nothing
+        store.set_request_status(request_id, "accepted")
+        req["status"] = "accepted"
+    return RequestCreatedOut(id=request_id, status=req["status"], url="/requests")

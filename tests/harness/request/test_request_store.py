@@ -50,7 +50,7 @@ def test_bad_rows_and_statuses_are_refused(db_url):
     with Store(db_url) as store:
         with pytest.raises(ValueError, match="missing keys"):
             store.record_request({"model": "x"})
-        with pytest.raises(ValueError, match="not one of requested, in_matrix, passing, failing"):
+        with pytest.raises(ValueError, match="not one of requested, accepted, in_matrix, passing, failing, unsupported"):
             store.record_request({**ROW, "status": "done"})
         with pytest.raises(RequestNotFound, match="no model request 99"):
             store.set_request_status(99, "passing")

@@ -123,6 +123,11 @@ def test_run_refs_and_listing(db_url):
         assert store.run("latest")["id"] == ids[-1] == store.run(str(ids[-1]))["id"]
         assert [r["id"] for r in store.runs()] == ids[::-1]
         assert [r["id"] for r in store.runs(limit=2)] == ids[:0:-1]
+        night = store.create_run("r1", "/elsewhere/m.yaml", META, trigger="nightly")  # another checkout's path
+        assert [r["id"] for r in store.runs(name="r1")] == [night, ids[1]]
+        assert [r["id"] for r in store.runs(name="r1", trigger="nightly")] == [night]
+        assert store.runs(name="r1", trigger="manual", limit=1)[0]["id"] == ids[1]
+        ids.append(night)
         with pytest.raises(KeyError) as missing:
             store.run(ids[-1] + 100)
         assert str(missing.value) == f"no run {ids[-1] + 100} in {store.url}; the newest is run {ids[-1]}"
