@@ -79,7 +79,7 @@ def nightly(args: argparse.Namespace) -> int:
     with Store(args.db) as store:
         present = list(planned.matrix.axes.model)
         joined = lifecycle.join_requests(store, variant, present) if variant else lifecycle.Joined()
-        extra = tuple(m for m in joined.models if m not in present)
+        extra = tuple(model for model in joined.models if model not in present)
         if extra:
             opts.extra_models = extra
             planned = plan(args.matrix, opts)

@@ -4,9 +4,10 @@ that card move the request to passing, failing or unsupported, with the reason k
 Only requests with a card can run (the card is what a matrix names): written by `pcgh request --write-card`,
 linked when a card for the hub id exists, or, for a request accepted on the dashboard, written here by the nightly
 from the config the request kept (into the cards folder of the checkout the nightly runs from). The others wait as
-`requested`. A request is
-judged again every nightly, so a model that breaks later shows it. Requests of the same card share its cells, and a
-card the matrix runs already is judged by the matrix's own cells of it (no second size of the same model).
+`requested`. A request is judged again every nightly, so a model that breaks later shows it. Requests of the same
+card share its cells, and a card the matrix runs already is judged by the matrix's own cells of it (no second size
+of the same model). A sharded nightly judges a request by the cells of its card in each shard's run, the last
+shard to finish having the last word.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from harness.request.card_writer import existing_cards, write_card
 from harness.reports.stats import is_failing
 from harness.store import Store
 from pcg_core.errors import ConfigError
-
 
 
 @dataclass

@@ -89,7 +89,7 @@ class Store:
             raise ConfigError(f"{mask(self.url)} is not a pcg results database (it has no runs table)")
         self._session = sessionmaker(self._engine, expire_on_commit=False)
         # a store older than the request outcomes and configs (added together) reads on without them
-        self._outcomes = not read_only or RequestOutcome.__tablename__ in tables
+        self._request_tables = not read_only or RequestOutcome.__tablename__ in tables
         self.views = Views(self._engine, counted=not read_only or RunCounts.__tablename__ in tables)
         if not read_only:
             self._count_uncounted_runs()
@@ -264,7 +264,7 @@ class Store:
 
     def request_config(self, request_id: int) -> dict[str, Any] | None:
         """The config.json request `request_id` asked about; None when none was kept (or the store predates it)."""
-        if not self._outcomes:
+        if not self._request_tables:
             return None
         with self._session() as s:
             row = s.get(RequestConfig, int(request_id))
@@ -285,7 +285,7 @@ class Store:
         with self._session() as s:
             rows = [as_dict(r) for r in s.scalars(q)]
             latest: dict[int, dict[str, Any]] = {}
-            if rows and self._outcomes:
+            if rows and self._request_tables:
                 newest = (select(func.max(RequestOutcome.id))
                           .where(RequestOutcome.request_id.in_([r["id"] for r in rows]))
                           .group_by(RequestOutcome.request_id))
@@ -306,7 +306,7 @@ class Store:
 
     def request_outcomes(self, request_id: int) -> list[dict[str, Any]]:
         """Every run's finding for one request, oldest first."""
-        if not self._outcomes:
+        if not self._request_tables:
             return []
         q = select(RequestOutcome).where(RequestOutcome.request_id == int(request_id)).order_by(RequestOutcome.id)
         with self._session() as s:

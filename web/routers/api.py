@@ -12,7 +12,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 
 from harness.reports import cell_speedup
 from harness.reports.json_report import jsonable
-from web import present, services
+from web import services
 from web.deps import MAX_LIMIT, MAX_THRESHOLD, StoreDep, gc_paused
 from web.grid import CONFIG_AXES, DEFAULT_GROUP, Grid, parse_filters
 from web.schemas import (
