@@ -1,0 +1,186 @@
+"""4-bit integer weights (AWQ, GPTQ): the on-disk packings, and the one canonical layout every one converts into.
+
+Issue 15's first step, plain torch on a CPU: each format is unpacked at load into `Int4Weight` — unsigned 4-bit
+codes q (N out, K in) as nn.Linear holds weights, per-group scales s and zero points z (N, K/G), W = (q − z)·s,
+and for GPTQ's act-order the permutation of K that makes the groups contiguous (the activation is permuted the
+same way at run time, x[..., perm] · Wᵀ, instead of dropping act-order as vLLM does). The packers write synthetic
+checkpoints in the exact formats; `Int4Weight.dequantize` is the reference the kernels will be held to.
+
+Formats (../shared/research/quant-and-attention-on-h200.md §4.7):
+- AWQ "gemm": qweight int32 (K, N/8) packed along N in the interleaved order AWQ_ORDER (nibble i of a word holds
+  column AWQ_ORDER[i] of its 8), qzeros int32 (K/G, N/8) packed the same way, scales fp16 (K/G, N).
+- GPTQ: qweight int32 (K/8, N) packed along K (nibble i of word r holds row 8r + i), qzeros int32 (K/G, N/8)
+  packed along N in plain order, scales fp16 (K/G, N), g_idx int32 (K,) (each input channel's group; not
+  monotonic under act-order). Checkpoint format "gptq" (v1) stores z − 1, "gptq_v2" stores z.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pcg_core.errors import ConfigError
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # column (within 8) held by nibble i of an AWQ word
+PLAIN_ORDER = tuple(range(8))
+NIBBLES = 8  # per int32 word
+
+
+@dataclass
+class Int4Weight:
+    """The canonical layout: q uint8 (N, K) in 0..15, scales and zeros float32 (N, K/G), `perm` (K,) or None."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    group: int
+    perm: torch.Tensor | None = None
+
+    def dequantize(self) -> torch.Tensor:
+        """W (N, K) in the *permuted* K order when `perm` is set (the order the activation is permuted into)."""
+        s = self.scales.repeat_interleave(self.group, dim=1)
+        z = self.zeros.repeat_interleave(self.group, dim=1)
+        return (self.q.float() - z) * s
+
+    def original(self) -> torch.Tensor:
+        """W (N, K) in the checkpoint's own K order: the matrix the checkpoint stands for."""
+        w = self.dequantize()
+        if self.perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, self.perm] = w
+        return out
+
+    def reference_linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x (…, K) · Wᵀ, as a kernel computes it: the activation permuted, the weight kept permuted."""
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)
+        return torch.nn.functional.linear(x.float(), self.dequantize(), None if bias is None else bias.float())
+
+
+# --- nibble packing ---------------------------------------------------------------------------------------
+
+
+def pack_nibbles(codes: torch.Tensor, dim: int, order: tuple[int, ...] = PLAIN_ORDER) -> torch.Tensor:
+    """int32 words of 8 codes (0..15) along `dim`: nibble i (bits 4i..4i+3) holds element order[i] of its 8."""
+    codes = codes.movedim(dim, -1)
+    if codes.shape[-1] % NIBBLES:
+        raise ValueError(f"packing 4-bit codes needs a multiple of {NIBBLES} along dim {dim}, got {codes.shape[-1]}")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) > 15):
+        raise ValueError("4-bit codes must lie in 0..15")
+    g = codes.reshape(*codes.shape[:-1], -1, NIBBLES).to(torch.int64)
+    word = torch.zeros(g.shape[:-1], dtype=torch.int64)
+    for i, j in enumerate(order):
+        word |= g[..., j] << (4 * i)
+    word = torch.where(word >= 2**31, word - 2**32, word)  # the same 32 bits, as a signed int32 holds them
+    return word.to(torch.int32).movedim(-1, dim)
+
+
+def unpack_nibbles(words: torch.Tensor, dim: int, order: tuple[int, ...] = PLAIN_ORDER) -> torch.Tensor:
+    """The inverse of pack_nibbles: uint8 codes, 8 per word along `dim`."""
+    w = words.movedim(dim, -1).to(torch.int64) & 0xFFFFFFFF
+    out = torch.empty(*w.shape, NIBBLES, dtype=torch.uint8)
+    for i, j in enumerate(order):
+        out[..., j] = ((w >> (4 * i)) & 0xF).to(torch.uint8)
+    return out.reshape(*w.shape[:-1], -1).movedim(-1, dim)
+
+
+# --- a reference quantizer (synthetic checkpoints) ------------------------------------------------------------
+
+
+def quantize_int4(w: torch.Tensor, group: int, sym: bool) -> Int4Weight:
+    """Round-to-nearest int4 of W (N, K) per group of `group` input channels (−1: one group per row). sym: z = 8,
+    s = absmax/7 (GPTQ's symmetric form); asym: s = (max − min)/15, z = round(−min/s) (AWQ, GPTQ sym=False)."""
+    n, k = w.shape
+    group = k if group == -1 else group
+    if k % group:
+        raise ValueError(f"K = {k} is not a multiple of the group size {group}")
+    g = w.float().reshape(n, k // group, group)
+    if sym:
+        scales = (g.abs().amax(-1) / 7).clamp_min(1e-8)
+        zeros = torch.full_like(scales, 8.0)
+    else:
+        lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
+        scales = ((hi - lo) / 15).clamp_min(1e-8)
+        zeros = (-lo / scales).round().clamp(0, 15)
+    q = (g / scales[..., None] + zeros[..., None]).round().clamp(0, 15).to(torch.uint8).reshape(n, k)
+    return Int4Weight(q, scales, zeros, group)
+
+
+# --- AWQ "gemm" ---------------------------------------------------------------------------------------------
+
+
+def awq_pack(weight: Int4Weight) -> dict[str, torch.Tensor]:
+    """qweight, qzeros, scales of AutoAWQ's gemm format (its zeros are integers; no act-order)."""
+    if weight.perm is not None:
+        raise ValueError("AWQ has no act-order")
+    return {"qweight": pack_nibbles(weight.q.t(), 1, AWQ_ORDER),
+            "qzeros": pack_nibbles(weight.zeros.round().to(torch.uint8).t(), 1, AWQ_ORDER),
+            "scales": weight.scales.t().to(torch.float16).contiguous()}
+
+
+def awq_unpack(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group: int) -> Int4Weight:
+    k, n = qweight.shape[0], qweight.shape[1] * NIBBLES
+    _check_groups("AWQ", k, n, group, scales, qzeros)
+    q = unpack_nibbles(qweight, 1, AWQ_ORDER).t().contiguous()
+    zeros = unpack_nibbles(qzeros, 1, AWQ_ORDER).t().float()
+    return Int4Weight(q, scales.t().float().contiguous(), zeros.contiguous(), k if group == -1 else group)
+
+
+# --- GPTQ ---------------------------------------------------------------------------------------------------
+
+
+def gptq_pack(weight: Int4Weight, v2: bool = False) -> dict[str, torch.Tensor]:
+    """qweight, qzeros, scales, g_idx of a GPTQ checkpoint for W (N, K) = weight.original(); act-order when the
+    weight has a `perm` (its groups were formed in that order). v1 stores z − 1 (mod 16)."""
+    w_q, groups = _original_codes(weight)
+    g_idx = groups.to(torch.int32)
+    stored = (weight.zeros.round().to(torch.int64) - (0 if v2 else 1)) & 0xF
+    return {"qweight": pack_nibbles(w_q.t(), 0), "qzeros": pack_nibbles(stored.t().to(torch.uint8), 1),
+            "scales": weight.scales.t().to(torch.float16).contiguous(), "g_idx": g_idx}
+
+
+def gptq_unpack(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
+                group: int, v2: bool = False) -> Int4Weight:
+    """Canonical from GPTQ tensors. Act-order (g_idx not k // G) becomes `perm` = the stable argsort of g_idx, the
+    codes' K columns permuted by it so each group's channels are contiguous."""
+    k, n = qweight.shape[0] * NIBBLES, qweight.shape[1]
+    _check_groups("GPTQ", k, n, group, scales, qzeros)
+    g = k if group == -1 else group
+    q = unpack_nibbles(qweight, 0).t().contiguous()  # (N, K)
+    zeros = unpack_nibbles(qzeros, 1).t().float() + (0 if v2 else 1)  # v1: z − 1 on disk (so 0 reads as 16)
+    if g_idx is None or torch.equal(g_idx.long(), torch.arange(k) // g):
+        return Int4Weight(q, scales.t().float().contiguous(), zeros.contiguous(), g)
+    g_idx = g_idx.long()
+    if g_idx.shape != (k,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= k // g:
+        raise ConfigError(f"GPTQ g_idx: shape {tuple(g_idx.shape)} and values {int(g_idx.min())}..{int(g_idx.max())}"
+                          f" do not index {k // g} groups of {k} input channels")
+    sizes = torch.bincount(g_idx, minlength=k // g)
+    if not bool((sizes == g).all()):
+        raise ConfigError(f"GPTQ g_idx puts {sizes.tolist()} channels in its groups; act-order needs {g} in each")
+    perm = torch.argsort(g_idx, stable=True)
+    return Int4Weight(q[:, perm].contiguous(), scales.t().float().contiguous(), zeros.contiguous(), g, perm)
+
+
+def _original_codes(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes (N, K) in the checkpoint's K order and each input channel's group there."""
+    n, k = weight.q.shape
+    groups = torch.arange(k) // weight.group
+    if weight.perm is None:
+        return weight.q, groups
+    q = torch.empty_like(weight.q)
+    q[:, weight.perm] = weight.q
+    g = torch.empty_like(groups)
+    g[weight.perm] = groups
+    return q, g
+
+
+def _check_groups(fmt: str, k: int, n: int, group: int, scales: torch.Tensor, zeros: torch.Tensor) -> None:
+    g = k if group == -1 else group
+    if g <= 0 or k % g:
+        raise ConfigError(f"{fmt}: group_size {group} does not divide the {k} input channels")
+    want = (k // g, n)
+    if tuple(scales.shape) != want or tuple(zeros.shape) != (k // g, n // NIBBLES):
+        raise ConfigError(f"{fmt}: scales {tuple(scales.shape)} / qzeros {tuple(zeros.shape)} do not fit "
+                          f"{k} inputs × {n} outputs in groups of {g} (want {want} / {(k // g, n // NIBBLES)})")
