@@ -70,7 +70,7 @@ def pack_nibbles(codes: torch.Tensor, dim: int, order: tuple[int, ...] = PLAIN_O
     if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) > 15):
         raise ValueError("4-bit codes must lie in 0..15")
     g = codes.reshape(*codes.shape[:-1], -1, NIBBLES).to(torch.int64)
-    word = torch.zeros(g.shape[:-1], dtype=torch.int64)
+    word = torch.zeros(g.shape[:-1], dtype=torch.int64, device=codes.device)
     for i, j in enumerate(order):
         word |= g[..., j] << (4 * i)
     word = torch.where(word >= 2**31, word - 2**32, word)  # the same 32 bits, as a signed int32 holds them
@@ -80,7 +80,7 @@ def pack_nibbles(codes: torch.Tensor, dim: int, order: tuple[int, ...] = PLAIN_O
 def unpack_nibbles(words: torch.Tensor, dim: int, order: tuple[int, ...] = PLAIN_ORDER) -> torch.Tensor:
     """The inverse of pack_nibbles: uint8 codes, 8 per word along `dim`."""
     w = words.movedim(dim, -1).to(torch.int64) & 0xFFFFFFFF
-    out = torch.empty(*w.shape, NIBBLES, dtype=torch.uint8)
+    out = torch.empty(*w.shape, NIBBLES, dtype=torch.uint8, device=words.device)
     for i, j in enumerate(order):
         out[..., j] = ((w >> (4 * i)) & 0xF).to(torch.uint8)
     return out.reshape(*w.shape[:-1], -1).movedim(-1, dim)
@@ -184,3 +184,58 @@ def _check_groups(fmt: str, k: int, n: int, group: int, scales: torch.Tensor, ze
     if tuple(scales.shape) != want or tuple(zeros.shape) != (k // g, n // NIBBLES):
         raise ConfigError(f"{fmt}: scales {tuple(scales.shape)} / qzeros {tuple(zeros.shape)} do not fit "
                           f"{k} inputs × {n} outputs in groups of {g} (want {want} / {(k // g, n // NIBBLES)})")
+
+
+# --- the module -------------------------------------------------------------------------------------------
+
+
+class Int4Linear(torch.nn.Module):
+    """y = x Wᵀ + b with W in the canonical int4 layout: codes packed 8 per int32 along K (`qweight`, (N, K/8)),
+    float32 group `scales` and `zeros` (N, K/G), and act-order's `perm` (K,) or None. This is the reference
+    path (dequantize, then the float GEMM), static-shape and sync-free like every op a graph captures; the
+    W4A16 kernels come next and are held to it."""
+
+    def __init__(self, in_features: int, out_features: int, group: int, bias: bool = False, act_order: bool = False,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        group = in_features if group == -1 else group
+        if in_features % NIBBLES or in_features % group:
+            raise ValueError(f"int4 weights need K = {in_features} to be a multiple of 8 and of the group {group}")
+        self.in_features, self.out_features, self.group, self.dtype = in_features, out_features, group, dtype
+        groups = in_features // group
+        self.register_buffer("qweight", torch.zeros(out_features, in_features // NIBBLES, dtype=torch.int32, device=device))
+        self.register_buffer("scales", torch.ones(out_features, groups, device=device))
+        self.register_buffer("zeros", torch.full((out_features, groups), 8.0, device=device))
+        self.register_buffer("perm", torch.arange(in_features, device=device) if act_order else None)
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+
+    @classmethod
+    def from_weight(cls, w: Int4Weight, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16) -> Int4Linear:
+        n, k = w.q.shape
+        mod = cls(k, n, w.group, bias is not None, w.perm is not None, w.q.device, dtype)
+        mod.qweight.copy_(pack_nibbles(w.q, 1))
+        mod.scales.copy_(w.scales)
+        mod.zeros.copy_(w.zeros)
+        if w.perm is not None:
+            mod.perm.copy_(w.perm)
+        if bias is not None:
+            mod.bias.copy_(bias)
+        return mod
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, group: int, sym: bool) -> Int4Linear:
+        """A float linear layer (a synthetic model's) quantized round-to-nearest."""
+        w = quantize_int4(linear.weight.detach(), group, sym)
+        return cls.from_weight(w, None if linear.bias is None else linear.bias.detach(), linear.weight.dtype)
+
+    def weight_int4(self) -> Int4Weight:
+        return Int4Weight(unpack_nibbles(self.qweight, 1), self.scales, self.zeros, self.group, self.perm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        out = self.weight_int4().reference_linear(x.reshape(-1, self.in_features), self.bias)
+        return out.to(x.dtype).reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, "
+                f"act_order={self.perm is not None}")

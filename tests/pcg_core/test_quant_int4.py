@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from pcg_core.errors import ConfigError
-from pcg_core.quant.int4 import (AWQ_ORDER, PLAIN_ORDER, Int4Weight, awq_pack, awq_unpack, gptq_pack, gptq_unpack,
-                                 pack_nibbles, quantize_int4, unpack_nibbles)
+from pcg_core.quant.int4 import (AWQ_ORDER, PLAIN_ORDER, Int4Linear, Int4Weight, awq_pack, awq_unpack, gptq_pack,
+                                 gptq_unpack, pack_nibbles, quantize_int4, unpack_nibbles)
 
 
 def _weight(n=16, k=64, seed=0) -> torch.Tensor:
@@ -106,3 +106,42 @@ def test_planted_format_faults_move_the_weight(fault):
         g = gptq_pack(q)
         got = gptq_unpack(g["qweight"], g["qzeros"], g["scales"], None, 32).original()
     assert (got - want).abs().max() > q.scales.min(), fault  # off by at least a quantization step somewhere
+
+
+def test_the_module_computes_the_dequantized_reference():
+    lin = torch.nn.Linear(64, 24, bias=True)
+    mod = Int4Linear.from_linear(lin, 32, sym=False)
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(4))
+    w = quantize_int4(lin.weight.detach(), 32, sym=False)
+    assert torch.equal(mod(x), torch.nn.functional.linear(x, w.dequantize(), lin.bias))
+    assert mod.qweight.shape == (24, 8) and mod.qweight.dtype == torch.int32 and "act_order=False" in repr(mod)
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(5))
+    wp = quantize_int4(lin.weight.detach()[:, perm], 32, sym=True)
+    wp.perm = perm
+    ordered = Int4Linear.from_weight(wp, dtype=torch.float32)
+    torch.testing.assert_close(ordered(x), x @ wp.original().t(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_with_int4_linears_runs_the_dequantized_model():
+    """Every linear of a small Llama swapped for Int4Linear: the logits are those of the same model with each
+    weight replaced by its dequantized matrix."""
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).eval()
+    plain = copy.deepcopy(model)
+    for name, mod in list(model.named_modules()):
+        if type(mod) is torch.nn.Linear and not name.endswith("lm_head"):
+            q = Int4Linear.from_linear(mod, 32, sym=False)
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, q)
+            plain.get_submodule(name).weight.data = q.weight_int4().dequantize()
+    ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        got, want = model(ids).logits, plain(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert sum(isinstance(m, Int4Linear) for m in model.modules()) == 2 * 7
