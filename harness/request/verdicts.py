@@ -65,6 +65,9 @@ def quant_verdict(wanted: list[str], checkpoint: dict[str, Any] | None, caps: di
         elif w not in have:
             problems.append(f"{w} is not supported by the runtime yet (supported: {', '.join(have)})")
             continue
+        elif checkpoint is not None and w == checkpoint["method"] and (why := schemes.get(w, {}).get("checkpoints")):
+            problems.append(f"{w} checkpoint: {why}")  # the runtime runs the scheme, not yet this checkpoint's format
+            continue
         runs.append(w if scheme == w else f"{w} (as {scheme})")
     if problems:
         return _v(False, f"{'; '.join(problems)}; {ckpt}; the trim and tiny variants still run on synthetic unquantized weights")

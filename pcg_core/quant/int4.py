@@ -27,6 +27,36 @@ PLAIN_ORDER = tuple(range(8))
 NIBBLES = 8  # per int32 word
 
 
+@dataclass(frozen=True)
+class Int4Scheme:
+    """A 4-bit weight-only (W4A16) scheme as a synthetic cell runs it: group size, symmetric or with zero points,
+    act-order. `act_dynamic` (no static activation scale to calibrate) and `kind` speak the 8-bit Scheme's words
+    where code asks them of any scheme."""
+
+    name: str
+    group: int
+    sym: bool
+    act_order: bool
+    description: str
+    kind: str = "int4"
+    act_dynamic: bool = True
+
+    def group_for(self, k: int) -> int:
+        """The scheme's group, or at widths too small for it (tiny models) the largest of 64 and 32 dividing K."""
+        for g in (self.group, 64, 32):
+            if g <= self.group and k % g == 0:
+                return g
+        raise NotImplementedError(f"{self.name}: K = {k} is not a multiple of its group {self.group} (nor of 64 or 32)")
+
+
+INT4_SCHEMES: dict[str, Int4Scheme] = {s.name: s for s in (
+    Int4Scheme("awq", 128, sym=False, act_order=False,
+               description="int4 weights with zero points per group of 128, 16-bit activations (AutoAWQ gemm)"),
+    Int4Scheme("gptq", 128, sym=True, act_order=True,
+               description="int4 weights, symmetric per group of 128, act-order (GPTQ desc_act), 16-bit activations"),
+)}
+
+
 @dataclass
 class Int4Weight:
     """The canonical layout: q uint8 (N, K) in 0..15, scales and zeros float32 (N, K/G), `perm` (K,) or None."""
@@ -223,10 +253,20 @@ class Int4Linear(torch.nn.Module):
         return mod
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, group: int, sym: bool) -> Int4Linear:
-        """A float linear layer (a synthetic model's) quantized round-to-nearest."""
-        w = quantize_int4(linear.weight.detach(), group, sym)
-        return cls.from_weight(w, None if linear.bias is None else linear.bias.detach(), linear.weight.dtype)
+    def from_linear(cls, linear: torch.nn.Linear, group: int, sym: bool, act_order: bool = False) -> Int4Linear:
+        """A float linear layer (a synthetic model's) quantized round-to-nearest; act_order: its input channels
+        taken by falling column norm, as GPTQ's desc_act takes them by falling Hessian diagonal."""
+        w = linear.weight.detach()
+        perm = torch.argsort(w.float().norm(dim=0), descending=True, stable=True) if act_order else None
+        q = quantize_int4(w if perm is None else w[:, perm], group, sym)
+        q.perm = perm
+        return cls.from_weight(q, None if linear.bias is None else linear.bias.detach(), linear.weight.dtype)
+
+    @classmethod
+    def from_scheme(cls, linear: torch.nn.Linear, scheme: Int4Scheme) -> Int4Linear:
+        mod = cls.from_linear(linear, scheme.group_for(linear.in_features), scheme.sym, scheme.act_order)
+        mod.quant_scheme = scheme  # what the cell reads back of a quantized model (as of an experts module)
+        return mod
 
     def weight_int4(self) -> Int4Weight:
         return Int4Weight(unpack_nibbles(self.qweight, 1), self.scales, self.zeros, self.group, self.perm)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from pcg_core.quant.int4 import Int4Linear, Int4Scheme
 from pcg_core.quant.int8_mm import available as int8_kernel_available
 from pcg_core.quant.experts import check_quantizable, is_experts, quantize_experts
 from pcg_core.quant.schemes import BLOCK, Scheme, quantize_activation, quantize_weight, reference_linear, weight_scale_shape
@@ -104,7 +105,7 @@ def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
     return out.to(torch.bfloat16)
 
 
-def quantize_model(model: torch.nn.Module, scheme: Scheme, skip: tuple[str, ...] = ("lm_head",),
+def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme, skip: tuple[str, ...] = ("lm_head",),
                    input_absmax: dict[str, float] | None = None) -> list[str]:
     """Swap every nn.Linear of `model` (but those whose name ends with one of `skip`) for a QuantLinear holding
     its weight quantized, and quantize fused MoE experts in place (experts.py): what a synthetic cell runs.
@@ -112,7 +113,15 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme, skip: tuple[str, ...]
     if not scheme.act_dynamic and input_absmax is None:
         raise ValueError(f"{scheme.name} has static activation scales: pass input_absmax from a calibration run")
     swapped = []
+    if isinstance(scheme, Int4Scheme) and any(is_experts(m) for m in model.modules()):  # refused before any swap
+        raise NotImplementedError(f"{scheme.name}: 4-bit MoE experts are not quantized yet (the grouped int4 path)")
     for name, mod in list(model.named_modules()):
+        if isinstance(scheme, Int4Scheme):  # weight-only: no activation scales
+            if type(mod) is torch.nn.Linear and not name.endswith(skip):
+                parent, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(parent) if parent else model, attr, Int4Linear.from_scheme(mod, scheme))
+                swapped.append(name)
+            continue
         if is_experts(mod):
             check_quantizable(mod)
             absmax = None if input_absmax is None or scheme.act_dynamic else {k: input_absmax[f"{name}.{k}"] for k in ("gate_up", "down")}

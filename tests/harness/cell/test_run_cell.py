@@ -214,6 +214,16 @@ def test_first_diverging_piece_is_named():
     assert r.metrics.diverging_piece == "piece 1 (up to attention 1)"
 
 
+def test_int4_cells_refuse_what_they_cannot_run_yet_before_loading():
+    """awq/gptq run on synthetic dense models only: a real checkpoint (the loader does not read the formats yet) and
+    MoE experts are unsupported, with the reason, before any weight is built."""
+    real = run_cell(CellSpec("llama-3.1-8b", weights="real", quant="awq"))
+    assert real.status == Status.UNSUPPORTED and "does not read AWQ/GPTQ checkpoints" in real.reason
+    moe = run_cell(CellSpec("qwen3-30b-a3b", tiny=True, quant="gptq"))
+    assert moe.status == Status.UNSUPPORTED and "4-bit MoE experts" in moe.reason
+    assert moe.metrics.quant_layers is None  # stopped before quantizing anything
+
+
 def test_real_weights_load_the_checkpoint_published_in_the_scheme():
     from harness.cell.run import resolve_model, run_cell
 

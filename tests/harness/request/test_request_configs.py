@@ -156,9 +156,9 @@ def test_verdicts_follow_the_capability_table():
 
 def test_requested_quant_and_tp_are_checked():
     cfg = json.loads((REPO_CONFIGS / "Qwen__Qwen3-0.6B.json").read_text())
-    r = analyze(cfg, model="q", quants=["none", "awq"], tps=[1, 3])
-    assert r["requested"] == {"quant": ["none", "awq"], "tp": [1, 3]}
-    assert not r["verdicts"]["quant"]["ok"] and "awq is not supported" in r["verdicts"]["quant"]["reason"]
+    r = analyze(cfg, model="q", quants=["none", "nvfp4"], tps=[1, 3])
+    assert r["requested"] == {"quant": ["none", "nvfp4"], "tp": [1, 3]}
+    assert not r["verdicts"]["quant"]["ok"] and "nvfp4 is not supported" in r["verdicts"]["quant"]["reason"]
     par = r["verdicts"]["parallel"]
     assert not par["ok"] and "TP 3 does not divide the heads" in par["reason"] and "tp1: runs on 1 GPU" in par["reason"]
     assert analyze(cfg, model="q", quants=["none"], tps=[1])["verdicts"]["parallel"]["ok"]
