@@ -1,5 +1,6 @@
 """Quantization: the 8-bit schemes (the math), formats (what checkpoints declare), QuantLinear (the layer) and the
-checkpoint loader/writer; int4 weights (int4.py: AWQ/GPTQ packings, Int4Linear), synthetic weights so far. pcg owns these; transformers stays the model definition."""
+checkpoint loader/writer; int4 weights (int4.py: AWQ/GPTQ packings, Int4Linear), synthetic weights so far. pcg owns
+these; transformers stays the model definition."""
 
 from pcg_core.quant.calibrate import record_input_absmax
 from pcg_core.quant.checkpoint import LoadReport, load_quantized, write_checkpoint
@@ -8,5 +9,6 @@ from pcg_core.quant.int4 import INT4_SCHEMES, Int4Linear, Int4Scheme
 from pcg_core.quant.linear import QuantLinear, quantize_model
 from pcg_core.quant.schemes import SCHEMES, Scheme, get_scheme
 
-__all__ = ["INT4_SCHEMES", "SCHEMES", "Int4Linear", "Int4Scheme", "SUPPORTED_FORMATS", "LoadReport", "QuantLinear", "QuantSpec", "Scheme", "detect", "get_scheme",
-           "load_quantized", "quantize_model", "record_input_absmax", "write_checkpoint"]
+__all__ = ["INT4_SCHEMES", "SCHEMES", "SUPPORTED_FORMATS", "Int4Linear", "Int4Scheme", "LoadReport", "QuantLinear",
+           "QuantSpec", "Scheme", "detect", "get_scheme", "load_quantized", "quantize_model", "record_input_absmax",
+           "write_checkpoint"]
