@@ -114,7 +114,8 @@ def judge(records: list[CellRecord]) -> tuple[str, str, dict[str, int]] | None:
     n = len(records)
     if failing:
         first = failing[0]
-        return "failing", f"{len(failing)} of {n} cells fail; first: {first.key}: {first.status}: {first.reason}".strip(": "), dict(counts)
+        why = f"{len(failing)} of {n} cells fail; first: {first.key}: {first.status}" + (f": {first.reason}" if first.reason else "")
+        return "failing", why, dict(counts)
     if passing:
         rest = n - passing
         return "passing", f"{passing} of {n} cells pass" + (f" ({rest} unsupported or skipped)" if rest else ""), dict(counts)

@@ -52,17 +52,22 @@ def test_replay_is_bitwise_equal_to_eager(name):
     layer = _layer(name, 1024, 2048)
     x = torch.randn(48, 2048, device="cuda", dtype=torch.bfloat16)
     eager = layer(x).clone()
+    assert torch.equal(_replayed(layer, x), eager)
+
+
+def _replayed(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """layer(x) captured in a CUDA graph (after a warm-up on the capture stream) and replayed once: its output."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        layer(x)  # warm-up on the capture stream
+        layer(x)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = layer(x)
     g.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+    return out
 
 
 @pytest.mark.parametrize("m", [1, 16, 17, 64, 300, 4096])
@@ -139,14 +144,4 @@ def test_int4_linear_on_cuda_replays_its_cpu_reference(name):
     xg = x.cuda()
     eager = gpu(xg)
     torch.testing.assert_close(eager.float().cpu(), want, rtol=2e-2, atol=2e-2)
-    static = xg.clone()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        gpu(static)  # warm-up off the default stream, as capture wants
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = gpu(static)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+    assert torch.equal(_replayed(gpu, xg.clone()), eager)
