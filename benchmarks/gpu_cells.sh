@@ -16,6 +16,9 @@ grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' | timeout ${LIST_TIMEOUT:-540} xargs 
     --graph "$graph" --compiler "$compiler" --quant "$quant" --device ${DEVICE:-cuda} --max-tokens "$tokens" --json \
     > "$OUT/'"$name"'/$i.json" 2> "$OUT/'"$name"'/$i.err"
   echo "cell $i ($spec $attention $graph $compiler $quant): rc $?"' 
+# a list cut by LIST_TIMEOUT leaves its running cells behind (xargs dies, its children do not): they would hold
+# the GPU's memory under the next list
+pkill -TERM -f "harness.cli cell" && sleep 5; pkill -KILL -f "harness.cli cell"
 cat "$OUT/$name"/*.json > "$OUT/$name.jsonl" 2>/dev/null
 for f in "$OUT/$name"/*.err; do echo "== cell $(basename "$f" .err)"; tail -30 "$f"; done > "$OUT/$name.err"
 rm -rf "$OUT/$name"  # the device returns a few files per call: the gathered ones only

@@ -140,7 +140,7 @@ def parallel_verdict(wanted: list[int] | None, tp_ok: list[int], divides: list[i
 
 def graph_verdict(supported: bool, caps: dict[str, Any], features: Iterable[str] = ()) -> dict[str, Any]:
     """features: the model's; a capturable attention backend that lacks one of its attention features does not
-    count for the backends that record attention in the graph (MLA on flex, say)."""
+    count for the backends that record attention in the graph (MLA on varlen, say)."""
     backends = [b for b in caps["capture_backends"] if b != "disabled"]
     if not supported:
         return _v(False, "the runtime cannot run this architecture yet, so no capture backend can capture it")

@@ -84,13 +84,6 @@ class FlexBackend(AttentionBackend):
     capturable = True
     page_size = 128
 
-    @classmethod
-    def features(cls) -> dict[str, str | None]:
-        feats = super().features()
-        feats["mla"] = ("not yet: the wide tiles for absorbed MLA's 576/512-dim heads pass the kernel test at real widths "
-                        "and the tiny cells on the H200, but no cell at trimmed real widths has run on them yet")
-        return feats
-
     def __init__(self, cache, max_tokens):
         super().__init__(cache, max_tokens)
         rows = _mask_rows(self.max_tokens)

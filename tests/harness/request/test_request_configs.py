@@ -125,9 +125,10 @@ def test_verdicts_of_unsupported_models_name_the_missing_capability():
     ds = _analyze("deepseek-ai__DeepSeek-V3.json")["verdicts"]
     # the loader reads DeepSeek's fp8 blocks, per-expert MoE tensors included: the quantization is not what is missing
     assert ds["quant"]["ok"] and "fp8 (as fp8_block)" in ds["quant"]["reason"], ds["quant"]
-    # MLA runs on sdpa only so far: the verdict names the backends that lack it
-    assert ds["attention"]["ok"] and "flex (capturable; lacks mla)" in ds["attention"]["reason"]
-    assert ds["graph"]["ok"] and "full capture through sdpa (capturable)" in ds["graph"]["reason"], ds["graph"]
+    # MLA runs on sdpa and flex: the verdict names the backend that lacks it
+    assert ds["attention"]["ok"] and "flex (capturable)," in ds["attention"]["reason"]
+    assert "varlen (capturable; not on cpu; lacks mla)" in ds["attention"]["reason"]
+    assert ds["graph"]["ok"] and "full capture through sdpa, flex (capturable)" in ds["graph"]["reason"], ds["graph"]
     assert not ds["parallel"]["ok"] and "11 H200s" in ds["parallel"]["reason"]
     oss = _analyze("openai__gpt-oss-120b.json")["verdicts"]
     assert "sliding_window, sinks" in oss["attention"]["reason"] and "mxfp4" in oss["quant"]["reason"]
