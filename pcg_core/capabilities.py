@@ -18,16 +18,15 @@ from pcg_core.config import COMPILERS, DTYPES
 from pcg_core.model import architectures
 from pcg_core.quant import INT4_SCHEMES, SCHEMES
 
-QUANTIZATION = ("none", *SCHEMES, *INT4_SCHEMES)  # schemes the runtime can execute (int4: synthetic weights so far)
+QUANTIZATION = ("none", *SCHEMES, *INT4_SCHEMES)  # schemes the runtime can execute
 # Checkpoint formats the loader reads (quant_method values, and ModelOpt's hf_quant_config.json), onto those schemes.
-QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8")
+QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8", "awq", "gptq")
 # What the loader cannot read yet in a real checkpoint of each scheme, by model-card feature (synthetic weights
-# are quantized in memory). Empty since per-expert MoE checkpoints are read (quant/expert_checkpoint.py).
+# are quantized in memory). Empty for the 8-bit schemes since per-expert MoE checkpoints are read
+# (quant/expert_checkpoint.py).
 QUANT_CHECKPOINT_LIMITS: dict[str, str] = {}
-# Why a real checkpoint of the int4 schemes cannot run yet: the loader does not read their formats (synthetic weights
-# are quantized in memory, quant/int4.py).
-INT4_CHECKPOINTS = "the loader does not read AWQ/GPTQ checkpoints yet (synthetic weights only)"
 INT4_MOE = "4-bit MoE experts are not quantized yet (the grouped int4 path comes next)"
+INT4_CHECKPOINT_LIMITS = {"moe": INT4_MOE}
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
 
 
@@ -39,8 +38,8 @@ def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION
     have, features = list(supported), list(features)
     if quant not in have:
         return f"quantization {quant!r} is not supported by the runtime yet (supported: {', '.join(have)})"
-    if quant in INT4_SCHEMES and (real_weights or "moe" in features):
-        return f"quantization {quant}: {INT4_CHECKPOINTS if real_weights else INT4_MOE}"
+    if quant in INT4_SCHEMES and "moe" in features:
+        return f"quantization {quant}: {INT4_MOE}"
     if quant != "none" and real_weights:
         reasons = QUANT_CHECKPOINT_LIMITS if limits is None else limits
         for f in features:
@@ -99,8 +98,8 @@ def capabilities() -> dict[str, Any]:
         "quantization": list(QUANTIZATION),
         "quant_schemes": {n: {"description": sc.description, "capturable": True,
                               "checkpoint_limits": dict(QUANT_CHECKPOINT_LIMITS)} for n, sc in SCHEMES.items()}
-                         | {n: {"description": sc.description, "capturable": True, "checkpoint_limits": {},
-                                "checkpoints": INT4_CHECKPOINTS} for n, sc in INT4_SCHEMES.items()},
+                         | {n: {"description": sc.description, "capturable": True,
+                                "checkpoint_limits": dict(INT4_CHECKPOINT_LIMITS)} for n, sc in INT4_SCHEMES.items()},
         "quant_formats": list(QUANT_FORMATS),
         "parallel": dict(PARALLEL),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,

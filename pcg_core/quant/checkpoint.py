@@ -23,6 +23,9 @@ from pcg_core.quant.expert_checkpoint import ExpertLayout, layout_for, read_expe
 from pcg_core.quant.experts import is_experts
 from pcg_core.quant.files import EIGHT_BIT, CheckpointTensors, shaped
 from pcg_core.quant.formats import HF_QUANT_CONFIG, QuantSpec, declaration
+from pcg_core.quant.int4 import Int4Linear, Int4Scheme
+from pcg_core.quant.int4_checkpoint import (Int4Format, common_group, declaration as int4_declaration, int4_tensors,
+                                            read_int4_linear, stored_weight)
 from pcg_core.quant.linear import QuantLinear
 from pcg_core.quant.schemes import Scheme, quantize_weight
 
@@ -42,7 +45,14 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     tensors, report, layout = CheckpointTensors(path), LoadReport(), layout_for(model)
     for name, mod in list(model.named_modules()):
         if is_experts(mod):
+            if spec.int4 is not None:
+                raise UnsupportedModel(f"{path}: {name}: 4-bit MoE experts are not read yet ({spec.format} declared in "
+                                       f"{spec.where}); the grouped int4 path comes next")
             (report.quantized if read_experts(mod, name, tensors, spec, layout) else report.unquantized).append(name)
+            continue
+        if spec.int4 is not None and type(mod) is torch.nn.Linear and spec.int4.packed_key(layout.file_key(name)) in tensors:
+            _swap(model, name, _int4_linear(mod, layout.file_key(name), tensors, spec))
+            report.quantized.append(name)
             continue
         key = layout.file_key(f"{name}.weight")
         if type(mod) is not torch.nn.Linear or key not in tensors:
@@ -53,15 +63,28 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
             continue
         if spec.ignored(layout.file_key(name)):
             raise UnsupportedModel(f"{path}: {key} is stored in {w.dtype} but {spec.where} lists {name} as not quantized")
-        parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr, _quant_linear(mod, w, tensors, layout.file_key(name), spec))
+        _swap(model, name, _quant_linear(mod, w, tensors, layout.file_key(name), spec))
         report.quantized.append(name)
     _load_rest(model, tensors, layout, report)
     _check_all_used(tensors, layers, report)
     if not report.quantized:
+        stored = f"packed in 4 bits ({spec.int4.packed_key('<linear>')})" if spec.int4 else "stored in 8 bits"
         raise UnsupportedModel(f"{path}: {spec.where} declares {spec.format} ({spec.scheme.name}) but no linear layer's weight "
-                               "is stored in 8 bits; the declaration or the files are wrong")
+                               f"is {stored}; the declaration or the files are wrong")
     return report
+
+
+def _swap(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, new)
+
+
+def _int4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors, spec: QuantSpec) -> Int4Linear:
+    """The int4 linear `name` (as the files spell it); a linear the declaration leaves alone must not be packed."""
+    if spec.ignored(name):
+        raise UnsupportedModel(f"{tensors.path}: {spec.int4.packed_key(name)} is packed in 4 bits but {spec.where} lists "
+                               f"{name} as not quantized")
+    return read_int4_linear(mod, name, tensors, spec.int4, spec.scheme)
 
 
 def _quant_linear(mod: torch.nn.Linear, w: torch.Tensor, tensors: CheckpointTensors, name: str, spec: QuantSpec) -> QuantLinear:
@@ -132,7 +155,8 @@ def _check_all_used(tensors: CheckpointTensors, layers: int | None, report: Load
 
 
 # Writing ----------------------------------------------------------------------------------------------------
-def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_dir: str | Path, fmt: str, scheme: Scheme,
+def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_dir: str | Path, fmt: str,
+                     scheme: Scheme | Int4Scheme,
                      *, legacy: bool = False, ignore: tuple[str, ...] = ("lm_head",), shards: int = 1,
                      input_absmax: dict[str, float] | None = None) -> Path:
     """`model`'s float weights quantized with `scheme` and written as `fmt`'s producer writes them: tensor names,
@@ -143,9 +167,18 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
         raise ValueError(f"{scheme.name} has static activation scales: pass input_absmax from a calibration run")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    qc, legacy_cfg = declaration(fmt, scheme, ignore, legacy)
-    scale_name = "weight_scale_inv" if fmt == "fp8" else "weight_scale"
     layout = layout_for(model)
+    linears = {n: m for n, m in model.named_modules() if type(m) is torch.nn.Linear and not n.endswith(ignore)}
+    experts = {n: m for n, m in model.named_modules() if is_experts(m)}
+    if isinstance(scheme, Int4Scheme):
+        if experts:
+            raise NotImplementedError("4-bit MoE experts are not written yet (the grouped int4 path comes next)")
+        int4 = Int4Format(fmt, common_group(scheme, [m.in_features for m in linears.values()]))
+        qc, legacy_cfg = int4_declaration(fmt, scheme, int4.group, ignore), None
+    else:
+        int4 = None
+        qc, legacy_cfg = declaration(fmt, scheme, ignore, legacy)
+    scale_name = "weight_scale_inv" if fmt == "fp8" else "weight_scale"
 
     def as_stored(s: torch.Tensor) -> torch.Tensor:
         if fmt == "modelopt" and scheme.weights == "channel":
@@ -153,8 +186,6 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
         return s.reshape(s.shape or (1,)) if fmt == "compressed-tensors" else s.contiguous()
 
     tensors: dict[str, torch.Tensor] = {}
-    linears = {n for n, m in model.named_modules() if type(m) is torch.nn.Linear and not n.endswith(ignore)}
-    experts = {n: m for n, m in model.named_modules() if is_experts(m)}
     for name, mod in experts.items():
         tensors.update(write_experts(mod, name, scheme, scale_name, layout, input_absmax, as_stored))
     for key, t in model.state_dict().items():
@@ -162,7 +193,11 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
         if mod in experts:
             continue
         file_key = layout.file_key(key)
-        if mod in linears and key.endswith(".weight"):
+        if mod in linears and key.endswith(".weight") and int4 is not None:
+            w = stored_weight(Int4Linear.from_linear(linears[mod], int4.group, scheme.sym, scheme.act_order).weight_int4(),
+                              int4, t.dtype)
+            tensors.update({f"{layout.file_key(mod)}.{k}": v for k, v in int4_tensors(w, int4, scheme.sym, t.dtype).items()})
+        elif mod in linears and key.endswith(".weight"):
             q, s = quantize_weight(t, scheme)
             tensors[file_key] = q.contiguous()
             tensors[f"{layout.file_key(mod)}.{scale_name}"] = as_stored(s)

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pcg_core.errors import UnsupportedModel
+from pcg_core.quant.int4 import Int4Scheme
+from pcg_core.quant.int4_checkpoint import Int4Format
 from pcg_core.quant.schemes import INT8_STATIC, SCHEMES, Scheme
 
 HF_QUANT_CONFIG = "hf_quant_config.json"  # ModelOpt's legacy declaration, beside config.json
@@ -26,19 +28,26 @@ SUPPORTED_FORMATS = (
     "compressed-tensors (float-quantized / int-quantized: FP8, FP8_DYNAMIC, FP8_BLOCK, INT8_W8A8 static or dynamic)",
     "modelopt (FP8, FP8_PER_CHANNEL_PER_TOKEN; config.json or hf_quant_config.json)",
     "w8a8_int8 (SGLang)",
+    "awq (AutoAWQ gemm: 4-bit, zero points, group 32/64/128)",
+    "gptq (4-bit, checkpoint_format gptq or gptq_v2, sym or not, group -1/32/64/128, desc_act)",
+    "compressed-tensors pack-quantized (W4A16: 4-bit int weights, sym or not, group or channel, actorder)",
 )
+INT4_GROUPS = {"awq": (32, 64, 128), "gptq": (-1, 32, 64, 128), "compressed-tensors": (-1, 32, 64, 128)}
 
 
 @dataclass(frozen=True)
 class QuantSpec:
     """What a checkpoint declares: its format, the scheme its quantized linears use, the layers it leaves in
-    16 bits (names or patterns, the format's own syntax), and the weight scale's tensor name."""
+    16 bits (names or patterns, the format's own syntax), and the weight scale's tensor name; for int4 weights
+    (`scheme` an Int4Scheme named by its family, awq or gptq, with the checkpoint's own group and symmetry) how
+    the files store them."""
 
     format: str
-    scheme: Scheme
+    scheme: Scheme | Int4Scheme
     ignore: tuple[str, ...] = ()
     weight_scale_name: str = "weight_scale"
     where: str = "config.json"
+    int4: Int4Format | None = None
 
     def ignored(self, module: str) -> bool:
         for pat in self.ignore:
@@ -83,6 +92,10 @@ def detect(config_data: dict[str, Any], model_dir: str | Path | None = None) -> 
         return _modelopt(qc, where, "modelopt")
     if method == "w8a8_int8":
         return QuantSpec("w8a8_int8", SCHEMES["int8_w8a8"], tuple(qc.get("ignore") or ()), where=where)
+    if method == "awq":
+        return _awq(qc, where)
+    if method == "gptq":
+        return _gptq(qc, where)
     raise _refuse(where, f"quant_method {method or '(none)'!r} is not supported yet")
 
 
@@ -118,8 +131,92 @@ def _modelopt(q: dict[str, Any], where: str, producer: str) -> QuantSpec:
     return QuantSpec("modelopt", SCHEMES[MODELOPT_ALGOS[algo]], ignore, where=where)
 
 
+def _int4_group(fmt: str, group: Any, where: str) -> int:
+    if group not in INT4_GROUPS[fmt]:
+        raise _refuse(where, f"{fmt} group_size {group!r}: the int4 loader reads groups of "
+                             f"{', '.join(map(str, INT4_GROUPS[fmt]))} (-1: one per output channel)")
+    return int(group)
+
+
+def _four_bits(fmt: str, bits: Any, where: str) -> None:
+    if bits != 4:
+        raise _refuse(where, f"{fmt} with {bits}-bit weights: only 4-bit ones are read")
+
+
+def _awq(qc: dict[str, Any], where: str) -> QuantSpec:
+    _four_bits("awq", qc.get("bits", qc.get("w_bit")), where)
+    version = str(qc.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise _refuse(where, f"AWQ version {version!r}: only 'gemm' (AutoAWQ's default layout) is read; the gemv, exllama, "
+                             "marlin and ipex layouts pack differently")
+    if not qc.get("zero_point", True):
+        raise _refuse(where, "AWQ without zero points (zero_point: false) is not read yet")
+    group = _int4_group("awq", qc.get("group_size", qc.get("q_group_size", 128)), where)
+    ignore = tuple(f"*{m}*" for m in qc.get("modules_to_not_convert") or ())  # AutoAWQ's rule: a substring
+    scheme = Int4Scheme("awq", group, sym=False, act_order=False,
+                        description=f"AWQ gemm checkpoint: int4 weights with zero points per group of {group}")
+    return QuantSpec("awq", scheme, ignore, where=where, int4=Int4Format("awq", group))
+
+
+def _gptq(qc: dict[str, Any], where: str) -> QuantSpec:
+    _four_bits("gptq", qc.get("bits"), where)
+    fmt = str(qc.get("checkpoint_format", qc.get("format", "gptq"))).lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise _refuse(where, f"GPTQ checkpoint_format {fmt!r}: only gptq (v1, zeros stored minus one) and gptq_v2 are "
+                             "read; marlin and bitblas are repacked runtime layouts")
+    if qc.get("dynamic"):
+        raise _refuse(where, "GPTQ with per-module overrides (dynamic) is not read yet: one bit width and group size "
+                             "for every layer")
+    if qc.get("lm_head"):
+        raise _refuse(where, "a GPTQ-quantized lm_head (lm_head: true) is not read yet")
+    group = _int4_group("gptq", qc.get("group_size", 128), where)
+    sym, act_order = bool(qc.get("sym", True)), bool(qc.get("desc_act", False))
+    scheme = Int4Scheme("gptq", group, sym=sym, act_order=act_order,
+                        description=f"GPTQ checkpoint ({fmt}): int4 weights, {'symmetric' if sym else 'zero points'}, "
+                                    f"group {group}{', act-order' if act_order else ''}")
+    return QuantSpec("gptq", scheme, (), where=where, int4=Int4Format(fmt, group))
+
+
+def _ct_pack_quantized(qc: dict[str, Any], where: str) -> QuantSpec:
+    """compressed-tensors W4A16 (its `pack-quantized` format): runs as the gptq family (llm-compressor makes it
+    with GPTQ; the weights are the same int4 groups)."""
+    groups = qc.get("config_groups") or {}
+    if len(groups) != 1:
+        raise _refuse(where, f"{len(groups)} config_groups; one scheme per checkpoint is supported")
+    name, g = next(iter(groups.items()))
+    here = f"{where} config_groups.{name}"
+    w, a = g.get("weights") or {}, g.get("input_activations")
+    if (g.get("targets") or []) != ["Linear"]:
+        raise _refuse(here, f"targets {g.get('targets')}: only ['Linear']")
+    if a is not None:
+        raise _refuse(here, f"4-bit weights × {a.get('num_bits')}-bit {a.get('type')} activations (W4A8) are not read "
+                            "yet; W4A16 (no input_activations) is")
+    _four_bits("compressed-tensors pack-quantized", w.get("num_bits"), here)
+    if w.get("type", "int") != "int" or w.get("dynamic"):
+        raise _refuse(here, f"{w.get('type')} weights{' (dynamic)' if w.get('dynamic') else ''}: pack-quantized reads "
+                            "static int weights")
+    strategy = w.get("strategy")
+    if strategy not in ("group", "channel"):
+        raise _refuse(here, f"weight strategy {strategy!r}: only group and channel")
+    group = _int4_group("compressed-tensors", -1 if strategy == "channel" else w.get("group_size"), here)
+    actorder = w.get("actorder")
+    if actorder not in (None, False, True, "group", "weight", "static"):
+        raise _refuse(here, f"actorder {actorder!r}: only group, weight, static or none")
+    sym = bool(w.get("symmetric", True))
+    act_order = actorder in (True, "group")  # weight/static: groups stay contiguous in K, no g_idx
+    scheme = Int4Scheme("gptq", group, sym=sym, act_order=act_order,
+                        description=f"compressed-tensors W4A16: int4 weights, {'symmetric' if sym else 'zero points'}, "
+                                    f"{'per channel' if group == -1 else f'group {group}'}"
+                                    f"{', act-order' if act_order else ''}")
+    return QuantSpec("compressed-tensors", scheme, tuple(qc.get("ignore") or ()), where=where,
+                     int4=Int4Format("compressed-tensors", group))
+
+
 def _compressed_tensors(qc: dict[str, Any], where: str) -> QuantSpec:
     fmt = qc.get("format")
+    if fmt == "pack-quantized" and qc.get("quantization_status", "compressed") == "compressed":
+        _kv_cache_unsupported(where, qc.get("kv_cache_scheme"))
+        return _ct_pack_quantized(qc, where)
     if fmt not in ("float-quantized", "int-quantized", "naive-quantized"):
         raise _refuse(where, f"compressed-tensors format {fmt!r} is not supported yet")
     if qc.get("quantization_status", "compressed") != "compressed":

@@ -157,14 +157,15 @@ def test_each_declaration_maps_onto_its_scheme(tmp_path):
 
 
 @pytest.mark.parametrize("qc, words", [
-    ({"quant_method": "awq", "bits": 4}, "'awq' is not supported yet"),
-    ({"quant_method": "gptq", "bits": 4}, "'gptq'"),
+    ({"quant_method": "awq", "bits": 4, "version": "exllama"}, "AWQ version 'exllama'"),
+    ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "bitblas"}, "'bitblas'"),
     ({"quant_method": "bitsandbytes"}, "'bitsandbytes'"),
     ({"quant_method": "fp8", "weight_block_size": None}, "weight_block_size None"),
     ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"}, "only dynamic"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "'NVFP4'"),
     ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}, "KV cache"),
-    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "'pack-quantized'"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "0 config_groups"),
+    ({"quant_method": "compressed-tensors", "format": "marlin-24"}, "'marlin-24'"),
     ({"quant_method": "compressed-tensors", "format": "float-quantized", "kv_cache_scheme": {"num_bits": 8}}, "KV cache"),
     ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {"targets": ["Linear"],
       "weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": False},

@@ -51,8 +51,17 @@ def test_absent_or_empty_is_null_and_describe_reads_well():
 def test_quantized_supported_architecture_fails_only_the_quant_axis():
     r = analyze(BASE | {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}})
     assert r["supported"] is True and r["quantization"]["method"] == "awq"
-    # the runtime runs awq on synthetic weights, but its loader does not read an AWQ checkpoint yet: not claimed
-    assert not r["verdicts"]["quant"]["ok"] and "awq checkpoint: the loader does not read" in r["verdicts"]["quant"]["reason"]
+    assert r["verdicts"]["quant"]["ok"] and "awq supported" in r["verdicts"]["quant"]["reason"]  # the loader reads it
+    # what the loader refuses in an int4 declaration is the verdict's reason
+    q8 = analyze(BASE | {"quantization_config": {"quant_method": "gptq", "bits": 8, "group_size": 128}})["verdicts"]["quant"]
+    assert not q8["ok"] and "gptq with 8-bit weights: only 4-bit ones are read" in q8["reason"], q8
+    ct = analyze(BASE | {"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                                  "config_groups": {"g": {"targets": ["Linear"], "weights": {
+                                                      "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}}})
+    assert ct["verdicts"]["quant"]["ok"] and "compressed-tensors (as gptq)" in ct["verdicts"]["quant"]["reason"]
+    moe = load_config("Qwen__Qwen3-30B-A3B.json") | {"quantization_config": {"quant_method": "gptq", "bits": 4}}
+    v = analyze(moe)["verdicts"]["quant"]
+    assert not v["ok"] and "4-bit MoE experts are not quantized yet" in v["reason"], v
     nv = analyze(BASE | {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}})["verdicts"]["quant"]
     assert not nv["ok"] and "not supported" in nv["reason"], nv
     assert r["verdicts"]["model"]["ok"] and r["verdicts"]["graph"]["ok"]

@@ -1,0 +1,206 @@
+"""int4 weight-only checkpoints (AWQ, GPTQ, compressed-tensors pack-quantized): reading a linear's tensors into
+Int4Linear, and writing them for synthetic checkpoints in the producers' exact layouts.
+
+Every format converts into int4.py's one canonical layout at load, so nothing past the loader knows which
+producer wrote a weight. The rule that keeps weights honest is the 8-bit loader's: a linear is quantized exactly
+when its packed tensor is in the files, and then every companion tensor (zeros, scales, g_idx, shape) must be
+there in the shapes the declared group size implies; a linear stored in 16 bits is kept in 16 bits.
+
+compressed-tensors `pack-quantized` (its PackedQuantizationCompressor, 4 bits): `weight_packed` int32 (N, K/8),
+signed codes + 8 in plain nibble order along K (the same words as our unsigned codes), `weight_scale` (N, K/G) in
+the model's dtype, `weight_zero_point` int32 (N/8, K/G) (asymmetric only; signed zero + 8, packed along N),
+`weight_shape` (2,) = (N, K), `weight_g_idx` (K,) with act-order "group".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pcg_core.errors import ConfigError, UnsupportedModel
+from pcg_core.quant.files import CheckpointTensors
+from pcg_core.quant.int4 import (NIBBLES, Int4Linear, Int4Scheme, Int4Weight, awq_pack, awq_unpack, gptq_pack,
+                                 gptq_unpack, pack_nibbles, unpack_nibbles)
+
+INT4_FORMATS = ("awq", "gptq", "gptq_v2", "compressed-tensors")
+# The tensor whose presence says a linear is quantized, per format.
+PACKED = {"awq": "qweight", "gptq": "qweight", "gptq_v2": "qweight", "compressed-tensors": "weight_packed"}
+STORED_SCALES = {"awq": torch.float16, "gptq": torch.float16, "gptq_v2": torch.float16}  # CT: the model's dtype
+
+
+@dataclass(frozen=True)
+class Int4Format:
+    """How one checkpoint stores its int4 linears: the format (INT4_FORMATS) and the group size it declares."""
+
+    name: str
+    group: int
+
+    def packed_key(self, module: str) -> str:
+        return f"{module}.{PACKED[self.name]}"
+
+
+# --- compressed-tensors pack-quantized --------------------------------------------------------------------------
+
+
+def ct_pack(weight: Int4Weight, sym: bool, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The compressed-tensors tensors of W = weight.original(); act-order ("group") when the weight has a perm."""
+    n, k = weight.q.shape
+    q, groups = _original_order(weight)
+    out = {"weight_packed": pack_nibbles(q, 1), "weight_scale": weight.scales.to(scale_dtype).contiguous(),
+           "weight_shape": torch.tensor([n, k], dtype=torch.int64)}
+    if not sym:
+        out["weight_zero_point"] = pack_nibbles(weight.zeros.round().to(torch.uint8), 0)
+    elif not bool((weight.zeros == 8).all()):
+        raise ValueError("a symmetric compressed-tensors weight has every zero point at 8 (signed 0)")
+    if weight.perm is not None:
+        out["weight_g_idx"] = groups.to(torch.int32)
+    return out
+
+
+def ct_unpack(packed: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, shape: torch.Tensor,
+              g_idx: torch.Tensor | None, group: int) -> Int4Weight:
+    """Canonical from compressed-tensors tensors (zero_point None: symmetric, every zero 8)."""
+    n, k = (int(d) for d in shape.tolist())
+    g = k if group == -1 else group
+    if tuple(packed.shape) != (n, k // NIBBLES) or packed.dtype != torch.int32:
+        raise ConfigError(f"weight_packed is {packed.dtype} {tuple(packed.shape)}; weight_shape {(n, k)} needs int32 "
+                          f"{(n, k // NIBBLES)}")
+    if k % g or tuple(scale.shape) != (n, k // g):
+        raise ConfigError(f"weight_scale is {tuple(scale.shape)}; {n} outputs × {k} inputs in groups of {g} need "
+                          f"{(n, k // g)}")
+    q = unpack_nibbles(packed, 1)
+    if zero_point is None:
+        zeros = torch.full((n, k // g), 8.0)
+    elif tuple(zero_point.shape) != (n // NIBBLES, k // g):
+        raise ConfigError(f"weight_zero_point is {tuple(zero_point.shape)}; need {(n // NIBBLES, k // g)} (packed along N)")
+    else:
+        zeros = unpack_nibbles(zero_point, 0).float()
+    w = Int4Weight(q, scale.float().contiguous(), zeros.contiguous(), g)
+    return _with_act_order(w, g_idx, "weight_g_idx")
+
+
+def _original_order(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    n, k = weight.q.shape
+    groups = torch.arange(k) // weight.group
+    if weight.perm is None:
+        return weight.q, groups
+    q, g = torch.empty_like(weight.q), torch.empty_like(groups)
+    q[:, weight.perm] = weight.q
+    g[weight.perm] = groups
+    return q, g
+
+
+def _with_act_order(w: Int4Weight, g_idx: torch.Tensor | None, what: str) -> Int4Weight:
+    """Codes in the checkpoint's K order + its g_idx → canonical with `perm` (groups contiguous), as gptq_unpack."""
+    n, k = w.q.shape
+    if g_idx is None or torch.equal(g_idx.long(), torch.arange(k) // w.group):
+        return w
+    g_idx = g_idx.long()
+    if g_idx.shape != (k,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= k // w.group:
+        raise ConfigError(f"{what}: shape {tuple(g_idx.shape)}, values {int(g_idx.min())}..{int(g_idx.max())} do not "
+                          f"index {k // w.group} groups of {k} input channels")
+    if not bool((torch.bincount(g_idx, minlength=k // w.group) == w.group).all()):
+        raise ConfigError(f"{what}: act-order needs {w.group} input channels in each group")
+    perm = torch.argsort(g_idx, stable=True)
+    return Int4Weight(w.q[:, perm].contiguous(), w.scales, w.zeros, w.group, perm)
+
+
+# --- reading --------------------------------------------------------------------------------------------------
+
+
+def read_int4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors, fmt: Int4Format,
+                     scheme: Int4Scheme) -> Int4Linear:
+    """The linear `name` (as the files spell it) from its int4 tensors; every error names the tensor."""
+    path = tensors.path
+
+    def need(suffix: str) -> torch.Tensor:
+        key = f"{name}.{suffix}"
+        if key not in tensors:
+            raise UnsupportedModel(f"{path}: {fmt.packed_key(name)} is there but {key} is missing ({fmt.name} stores "
+                                   f"it beside every quantized linear)")
+        return tensors.get(key)
+
+    def maybe(suffix: str) -> torch.Tensor | None:
+        key = f"{name}.{suffix}"
+        return tensors.get(key) if key in tensors else None
+
+    try:
+        if fmt.name == "awq":
+            w = awq_unpack(_int32(need("qweight"), "qweight"), _int32(need("qzeros"), "qzeros"), need("scales"),
+                           fmt.group)
+        elif fmt.name in ("gptq", "gptq_v2"):
+            w = gptq_unpack(_int32(need("qweight"), "qweight"), _int32(need("qzeros"), "qzeros"),
+                            need("scales"), maybe("g_idx"), fmt.group, v2=fmt.name == "gptq_v2")
+        else:
+            zp = need("weight_zero_point") if not scheme.sym else None
+            if scheme.sym and f"{name}.weight_zero_point" in tensors:
+                raise UnsupportedModel(f"{path}: {name}.weight_zero_point is there, but the checkpoint declares symmetric "
+                                       "weights (no zero points)")
+            w = ct_unpack(need("weight_packed"), need("weight_scale"), zp, need("weight_shape"), maybe("weight_g_idx"),
+                          fmt.group)
+    except ConfigError as e:
+        raise UnsupportedModel(f"{path}: {name}: {e}") from e
+    if tuple(w.q.shape) != (mod.out_features, mod.in_features):
+        raise UnsupportedModel(f"{path}: {name}'s int4 tensors hold a {tuple(w.q.shape)} weight; the model's linear is "
+                               f"{(mod.out_features, mod.in_features)}")
+    if w.perm is not None and not scheme.act_order:
+        raise UnsupportedModel(f"{path}: {name} has an act-order g_idx, but the checkpoint declares none (desc_act / "
+                               "actorder); the declaration or the files are wrong")
+    bias = tensors.get(f"{name}.bias") if mod.bias is not None else None
+    out = Int4Linear.from_weight(w, bias, mod.weight.dtype).to(mod.weight.device)
+    out.quant_scheme = scheme  # what the cell reads back: the family name the matrix's quant axis uses
+    return out
+
+
+def _int32(t: torch.Tensor, what: str) -> torch.Tensor:
+    if t.dtype != torch.int32:
+        raise ConfigError(f"{what} is {t.dtype}; int4 codes are packed 8 per int32")
+    return t
+
+
+# --- writing --------------------------------------------------------------------------------------------------
+
+
+def int4_tensors(weight: Int4Weight, fmt: Int4Format, sym: bool, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A linear's tensors (suffix → tensor) as `fmt`'s producer writes them (contiguous, as safetensors needs)."""
+    if fmt.name == "awq":
+        out = awq_pack(weight)
+    elif fmt.name in ("gptq", "gptq_v2"):
+        out = gptq_pack(weight, v2=fmt.name == "gptq_v2")
+    else:
+        out = ct_pack(weight, sym, scale_dtype)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def stored_weight(weight: Int4Weight, fmt: Int4Format, scale_dtype: torch.dtype) -> Int4Weight:
+    """The weight as its files will hold it: scales rounded to the stored dtype (what a loader can give back)."""
+    dtype = STORED_SCALES.get(fmt.name, scale_dtype)
+    return Int4Weight(weight.q, weight.scales.to(dtype).float(), weight.zeros, weight.group, weight.perm)
+
+
+def common_group(scheme: Int4Scheme, in_features: list[int]) -> int:
+    """One group size valid for every linear (a checkpoint declares one): the scheme's, or at tiny widths the
+    largest of 64 and 32 every K is a multiple of."""
+    return min(scheme.group_for(k) for k in in_features)
+
+
+def declaration(fmt: str, scheme: Int4Scheme, group: int, ignore: tuple[str, ...]) -> dict:
+    """config.json's quantization_config as each producer writes it."""
+    if fmt == "awq":
+        if scheme.sym or scheme.act_order:
+            raise ValueError("AWQ checkpoints are asymmetric (zero points) without act-order")
+        return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm",
+                "modules_to_not_convert": list(ignore) or None}
+    if fmt in ("gptq", "gptq_v2"):
+        return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": scheme.act_order, "sym": scheme.sym,
+                "checkpoint_format": fmt, "true_sequential": True, "static_groups": False, "damp_percent": 0.01,
+                "lm_head": False}
+    if fmt == "compressed-tensors":
+        weights = {"num_bits": 4, "type": "int", "symmetric": scheme.sym, "dynamic": False,
+                   "strategy": "channel" if group == -1 else "group", "group_size": None if group == -1 else group,
+                   "actorder": "group" if scheme.act_order else None}
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+                "ignore": list(ignore), "kv_cache_scheme": None,
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}}}
+    raise ValueError(f"no int4 writer for format {fmt!r} (have: {', '.join(INT4_FORMATS)})")
