@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from pcg_core.errors import ConfigError
+from pcg_core.quant.w4a16 import w4a16_linear  # registers pcg::w4a16_linear
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # column (within 8) held by nibble i of an AWQ word
 PLAIN_ORDER = tuple(range(8))
@@ -164,7 +165,7 @@ def awq_unpack(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
 def gptq_pack(weight: Int4Weight, v2: bool = False) -> dict[str, torch.Tensor]:
     """qweight, qzeros, scales, g_idx of a GPTQ checkpoint for W (N, K) = weight.original(); act-order when the
     weight has a `perm` (its groups were formed in that order). v1 stores z − 1 (mod 16)."""
-    w_q, groups = _original_codes(weight)
+    w_q, groups = original_codes(weight)
     g_idx = groups.to(torch.int32)
     stored = (weight.zeros.round().to(torch.int64) - (0 if v2 else 1)) & 0xF
     return {"qweight": pack_nibbles(w_q.t(), 0), "qzeros": pack_nibbles(stored.t().to(torch.uint8), 1),
@@ -180,22 +181,30 @@ def gptq_unpack(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
     g = k if group == -1 else group
     q = unpack_nibbles(qweight, 0).t().contiguous()  # (N, K)
     zeros = unpack_nibbles(qzeros, 1).t().float() + (0 if v2 else 1)  # v1: z − 1 on disk (so 0 reads as 16)
-    if g_idx is None or torch.equal(g_idx.long(), torch.arange(k) // g):
-        return Int4Weight(q, scales.t().float().contiguous(), zeros.contiguous(), g)
+    return with_act_order(Int4Weight(q, scales.t().float().contiguous(), zeros.contiguous(), g), g_idx, "GPTQ g_idx")
+
+
+def with_act_order(w: Int4Weight, g_idx: torch.Tensor | None, what: str) -> Int4Weight:
+    """Codes in the checkpoint's K order and its g_idx (each input channel's group) → canonical: with act-order
+    (g_idx not k // G) `perm` = the stable argsort of g_idx, the codes' K columns permuted by it so each group's
+    channels are contiguous. Shared by every format that stores a g_idx (GPTQ, compressed-tensors)."""
+    k = w.q.shape[1]
+    if g_idx is None or torch.equal(g_idx.long(), torch.arange(k) // w.group):
+        return w
     g_idx = g_idx.long()
-    if g_idx.shape != (k,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= k // g:
-        raise ConfigError(f"GPTQ g_idx: shape {tuple(g_idx.shape)} and values {int(g_idx.min())}..{int(g_idx.max())}"
-                          f" do not index {k // g} groups of {k} input channels")
-    sizes = torch.bincount(g_idx, minlength=k // g)
-    if not bool((sizes == g).all()):
-        raise ConfigError(f"GPTQ g_idx puts {sizes.tolist()} channels in its groups; act-order needs {g} in each")
+    if g_idx.shape != (k,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= k // w.group:
+        raise ConfigError(f"{what}: shape {tuple(g_idx.shape)} and values {int(g_idx.min())}..{int(g_idx.max())}"
+                          f" do not index {k // w.group} groups of {k} input channels")
+    sizes = torch.bincount(g_idx, minlength=k // w.group)
+    if not bool((sizes == w.group).all()):
+        raise ConfigError(f"{what} puts {sizes.tolist()} channels in its groups; act-order needs {w.group} in each")
     perm = torch.argsort(g_idx, stable=True)
-    return Int4Weight(q[:, perm].contiguous(), scales.t().float().contiguous(), zeros.contiguous(), g, perm)
+    return Int4Weight(w.q[:, perm].contiguous(), w.scales, w.zeros, w.group, perm)
 
 
-def _original_codes(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
+def original_codes(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """The codes (N, K) in the checkpoint's K order and each input channel's group there."""
-    n, k = weight.q.shape
+    k = weight.q.shape[1]
     groups = torch.arange(k) // weight.group
     if weight.perm is None:
         return weight.q, groups
@@ -221,9 +230,10 @@ def _check_groups(fmt: str, k: int, n: int, group: int, scales: torch.Tensor, ze
 
 class Int4Linear(torch.nn.Module):
     """y = x Wᵀ + b with W in the canonical int4 layout: codes packed 8 per int32 along K (`qweight`, (N, K/8)),
-    float32 group `scales` and `zeros` (N, K/G), and act-order's `perm` (K,) or None. This is the reference
-    path (dequantize, then the float GEMM), static-shape and sync-free like every op a graph captures; the
-    W4A16 kernels come next and are held to it."""
+    float32 group `scales` and `zeros` (N, K/G), and act-order's `perm` (K,) or None. The forward is one
+    `pcg::w4a16_linear` call (w4a16.py): on CUDA the W4A16 Triton kernels read these buffers as they are (the
+    activation read through `perm`), elsewhere the reference math (dequantize, then the float GEMM); static-shape
+    and sync-free like every op a graph captures, opaque to dynamo."""
 
     def __init__(self, in_features: int, out_features: int, group: int, bias: bool = False, act_order: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16):
@@ -273,8 +283,9 @@ class Int4Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        out = self.weight_int4().reference_linear(x.reshape(-1, self.in_features), self.bias)
-        return out.to(x.dtype).reshape(*lead, self.out_features)
+        out = w4a16_linear(x.reshape(-1, self.in_features), self.qweight, self.scales, self.zeros, self.group,
+                           self.perm, self.bias)
+        return out.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, "

@@ -21,7 +21,7 @@ import torch
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.quant.files import CheckpointTensors
 from pcg_core.quant.int4 import (NIBBLES, Int4Linear, Int4Scheme, Int4Weight, awq_pack, awq_unpack, gptq_pack,
-                                 gptq_unpack, pack_nibbles, unpack_nibbles)
+                                 gptq_unpack, original_codes, pack_nibbles, unpack_nibbles, with_act_order)
 
 INT4_FORMATS = ("awq", "gptq", "gptq_v2", "compressed-tensors")
 # The tensor whose presence says a linear is quantized, per format.
@@ -46,7 +46,7 @@ class Int4Format:
 def ct_pack(weight: Int4Weight, sym: bool, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The compressed-tensors tensors of W = weight.original(); act-order ("group") when the weight has a perm."""
     n, k = weight.q.shape
-    q, groups = _original_order(weight)
+    q, groups = original_codes(weight)
     out = {"weight_packed": pack_nibbles(q, 1), "weight_scale": weight.scales.to(scale_dtype).contiguous(),
            "weight_shape": torch.tensor([n, k], dtype=torch.int64)}
     if not sym:
@@ -77,33 +77,7 @@ def ct_unpack(packed: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tenso
     else:
         zeros = unpack_nibbles(zero_point, 0).float()
     w = Int4Weight(q, scale.float().contiguous(), zeros.contiguous(), g)
-    return _with_act_order(w, g_idx, "weight_g_idx")
-
-
-def _original_order(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
-    n, k = weight.q.shape
-    groups = torch.arange(k) // weight.group
-    if weight.perm is None:
-        return weight.q, groups
-    q, g = torch.empty_like(weight.q), torch.empty_like(groups)
-    q[:, weight.perm] = weight.q
-    g[weight.perm] = groups
-    return q, g
-
-
-def _with_act_order(w: Int4Weight, g_idx: torch.Tensor | None, what: str) -> Int4Weight:
-    """Codes in the checkpoint's K order + its g_idx → canonical with `perm` (groups contiguous), as gptq_unpack."""
-    n, k = w.q.shape
-    if g_idx is None or torch.equal(g_idx.long(), torch.arange(k) // w.group):
-        return w
-    g_idx = g_idx.long()
-    if g_idx.shape != (k,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= k // w.group:
-        raise ConfigError(f"{what}: shape {tuple(g_idx.shape)}, values {int(g_idx.min())}..{int(g_idx.max())} do not "
-                          f"index {k // w.group} groups of {k} input channels")
-    if not bool((torch.bincount(g_idx, minlength=k // w.group) == w.group).all()):
-        raise ConfigError(f"{what}: act-order needs {w.group} input channels in each group")
-    perm = torch.argsort(g_idx, stable=True)
-    return Int4Weight(w.q[:, perm].contiguous(), w.scales, w.zeros, w.group, perm)
+    return with_act_order(w, g_idx, "weight_g_idx")
 
 
 # --- reading --------------------------------------------------------------------------------------------------

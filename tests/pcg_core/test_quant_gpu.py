@@ -145,3 +145,101 @@ def test_int4_linear_on_cuda_replays_its_cpu_reference(name):
     eager = gpu(xg)
     torch.testing.assert_close(eager.float().cpu(), want, rtol=2e-2, atol=2e-2)
     assert torch.equal(_replayed(gpu, xg.clone()), eager)
+
+
+# --- W4A16: pcg::w4a16_linear (quant/w4a16.py) at a real width ----------------------------------------------------
+
+# Kernel vs the float32 reference (Int4Weight.reference_linear), relative (Frobenius). Both use the same codes,
+# scales and zero points; the kernel rounds the dequantized weight to bf16 for the tensor cores (≤ 2^-9 relative
+# each, unbiased, so ≈ 2^-9/√3 ≈ 1e-3 on a sum of 4096 independent terms) and the output once more (≤ 2^-9,
+# ≈ 1e-3 RMS); fp32 accumulation order adds ~1e-6. Expected ≈ 1.5e-3; 1e-2 leaves a 6× margin, while a wrong
+# group, nibble order or permutation moves whole groups (rel err O(0.1–1), checked below).
+W4A16_RTOL = 1e-2
+
+
+@pytest.fixture(scope="module")
+def int4_layers():
+    """One awq-like (asym, g128) and one gptq-like (sym, g128, act-order) Int4Linear of 8192×4096, built once."""
+    from pcg_core.quant import Int4Linear, get_scheme
+
+    layers = {}
+    for seed, name in enumerate(("awq", "gptq")):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        lin = torch.nn.Linear(4096, 8192, bias=False, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(8192, 4096, generator=g, device="cuda") * 4096**-0.5)
+        layers[name] = Int4Linear.from_scheme(lin, get_scheme(name))
+    return layers
+
+
+def _w4a16_rel(layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> float:
+    w = layer.weight_int4()
+    got = torch.ops.pcg.w4a16_linear(x, layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, bias)
+    want = w.reference_linear(x, bias)
+    assert got.dtype == x.dtype and got.shape == want.shape
+    return float((got.float() - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("m", [1, 8, 16, 17, 33, 64, 65, 512, 4096])
+@pytest.mark.parametrize("name", ["awq", "gptq"])
+def test_w4a16_kernel_matches_the_reference_at_a_real_width(int4_layers, name, m):
+    """M ≤ THRESHOLD_M: the fused GEMM (split-K at M ≤ 16); above: dequantize + cuBLAS."""
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    rel = _w4a16_rel(int4_layers[name], x)
+    assert rel < W4A16_RTOL, f"{name} M={m}: {rel:.3g}"
+
+
+@pytest.mark.parametrize("m", [8, 64, 512])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_w4a16_bias_and_fp16_activations(int4_layers, dtype, m):
+    bias = torch.randn(8192, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, 4096, device="cuda", dtype=dtype)
+    rel = _w4a16_rel(int4_layers["gptq"], x, bias)
+    assert rel < W4A16_RTOL, f"{dtype} M={m}: {rel:.3g}"
+
+
+@pytest.mark.parametrize("m", [8, 64, 65, 512])
+def test_w4a16_kernel_launched_with_a_wrong_group_is_caught(int4_layers, m):
+    """A planted fault: the kernel told the group is 256 while the weight's is 128 (every other group's scales
+    read wrong); the comparison above must fail it."""
+    from pcg_core.quant import w4a16
+
+    layer = int4_layers["awq"]
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    want = layer.weight_int4().reference_linear(x)
+    if m <= w4a16.THRESHOLD_M:
+        got = torch.empty(m, 8192, device="cuda", dtype=torch.bfloat16)
+        w4a16.launch_gemm(x, layer.qweight, layer.scales, layer.zeros, 256, None, None, got,
+                          w4a16.gemm_config(m, 4096, 128))
+    else:
+        wd = torch.empty(8192, 4096, device="cuda", dtype=torch.bfloat16)
+        w4a16.launch_dequant(layer.qweight, layer.scales, layer.zeros, 256, wd, w4a16.dequant_block_k(4096, 128))
+        got = torch.nn.functional.linear(x, wd)
+    assert float((got.float() - want).norm() / want.norm()) > W4A16_RTOL
+
+
+@pytest.mark.parametrize("m", [1, 8, 33, 64, 512])
+@pytest.mark.parametrize("name", ["awq", "gptq"])
+def test_w4a16_replay_is_bitwise_equal_to_eager(int4_layers, name, m):
+    """Split-K reduces in a fixed order (no atomics) and configurations come from a table, so a CUDA graph of the
+    op (after the warm-up _replayed does) replays exactly what eager computed."""
+    layer = int4_layers[name]
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    eager = layer(x).clone()
+    assert torch.equal(_replayed(layer, x), eager)
+    assert torch.equal(layer(x), eager)  # and eager is deterministic run to run
+
+
+def test_w4a16_every_table_row_compiles_and_matches(int4_layers):
+    """Each GEMM_CONFIGS row at the largest M it serves (capped at 128), forced past the threshold."""
+    from pcg_core.quant import w4a16
+
+    layer = int4_layers["gptq"]
+    for top, cfg in w4a16.GEMM_CONFIGS:
+        m = min(top, 128)
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        got = w4a16.triton_linear(x, layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None,
+                                  threshold=1 << 30, config=cfg)
+        want = layer.weight_int4().reference_linear(x)
+        rel = float((got.float() - want).norm() / want.norm())
+        assert rel < W4A16_RTOL, f"{cfg} M={m}: {rel:.3g}"

@@ -1,0 +1,155 @@
+"""W4A16 (`pcg::w4a16_linear`, pcg_core/quant/w4a16.py) against bf16 F.linear on one N×K layer (default
+8192×4096), side by side: every row a captured CUDA graph replayed, CUDA events around each replay after a
+warm-up, the median of --repeat (≥ 50). Rows: bf16, awq-like (asym, g128) and gptq-like (sym, g128, act-order)
+Int4Linear. Prints ms and the ratio to bf16 with the targets (≤ 1.3× at M = 8, ≤ 1.25× at M = 4096); --out
+writes JSON. Reads no clocks and sets none: the GPU runs as it is configured.
+
+    PYTHONPATH=. python benchmarks/w4a16_gemm.py [--n 8192 --k 4096 --tokens 8,64,512,4096 --out r.json]
+    PYTHONPATH=. python benchmarks/w4a16_gemm.py --sweep            # GEMM_CONFIGS candidates at M ≤ 64
+    PYTHONPATH=. python benchmarks/w4a16_gemm.py --scan-threshold   # fused GEMM vs dequant+cuBLAS by M
+
+--sweep times each candidate GEMM configuration (and act-order fused vs index_select) at each small M and
+prints the best: how GEMM_CONFIGS and PERM_IN_KERNEL_MAX_M are to be chosen. --scan-threshold times both paths
+at M = 16…256: where they cross is THRESHOLD_M.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+from pcg_core.quant import Int4Linear, get_scheme, w4a16
+from quant_gemm import replay_ms  # benchmarks/, the script's own folder: one way to time a captured replay
+
+TARGETS = {8: 1.3, 4096: 1.25}  # W4A16 time / bf16 time, at most
+SWEEP_TOKENS = [1, 8, 16, 32, 64]
+SWEEP_CANDIDATES = [  # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps, stages); BLOCK_M ≥ the M it is tried at
+    (16, 32, 128, 1, 4, 4), (16, 32, 128, 2, 4, 4), (16, 64, 128, 1, 4, 4), (16, 64, 128, 2, 4, 4),
+    (16, 64, 128, 4, 4, 4), (16, 64, 128, 8, 4, 4), (16, 128, 128, 2, 4, 4), (16, 128, 128, 4, 4, 4),
+    (16, 64, 256, 2, 4, 3), (16, 64, 256, 4, 4, 3), (16, 32, 256, 4, 4, 3), (16, 64, 64, 4, 4, 5),
+    (32, 64, 128, 1, 4, 4), (32, 64, 128, 2, 4, 4), (32, 128, 128, 2, 4, 4), (32, 32, 128, 2, 4, 4),
+    (64, 64, 128, 1, 4, 4), (64, 64, 64, 1, 4, 4), (64, 128, 128, 1, 8, 3), (64, 128, 64, 1, 4, 4),
+    (64, 32, 128, 1, 4, 4), (64, 64, 128, 2, 4, 4),
+]
+SCAN_TOKENS = [16, 32, 48, 64, 96, 128, 192, 256]
+
+
+def layers(n: int, k: int) -> tuple[torch.nn.Linear, dict[str, Int4Linear]]:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, device="cuda") * k**-0.5)
+    return lin, {name: Int4Linear.from_scheme(lin, get_scheme(name)) for name in ("awq", "gptq")}
+
+
+def rel_err(layer: Int4Linear, x: torch.Tensor) -> float:
+    want = layer.weight_int4().reference_linear(x)
+    return float((layer(x).float() - want).norm() / want.norm())
+
+
+def compare(n: int, k: int, tokens: list[int], repeat: int) -> list[dict]:
+    lin, int4 = layers(n, k)
+    rows = []
+    for m in tokens:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        row = {"m": m, "path": "gemm" if m <= w4a16.THRESHOLD_M else "dequant+cublas",
+               "bf16_ms": replay_ms(lambda t: torch.nn.functional.linear(t, lin.weight), x, repeat)}
+        for name, layer in int4.items():
+            row[f"{name}_ms"] = replay_ms(layer, x, repeat)
+            row[f"{name}_ratio"] = row[f"{name}_ms"] / row["bf16_ms"]
+            row[f"{name}_rel_err"] = rel_err(layer, x)
+        if m in TARGETS:
+            row["target_ratio"] = TARGETS[m]
+            row["meets_target"] = all(row[f"{s}_ratio"] <= TARGETS[m] for s in int4)
+        rows.append(row)
+        print(f"{m:>6} {row['path']:>15} {row['bf16_ms']:>8.4f} "
+              + " ".join(f"{row[f'{s}_ms']:>8.4f} ({row[f'{s}_ratio']:.2f}×)" for s in int4)
+              + (f"   target ≤ {TARGETS[m]}×: {'met' if row['meets_target'] else 'MISSED'}" if m in TARGETS else ""),
+              flush=True)
+    return rows
+
+
+def sweep(n: int, k: int, repeat: int) -> dict:
+    """Each candidate (and the table's own) at each small M on both layers; act-order both fused and not."""
+    _, int4 = layers(n, k)
+    best = {}
+    for name, layer in int4.items():
+        args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None)
+        for m in SWEEP_TOKENS:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            times = {}
+            table = w4a16.gemm_config(m, k, layer.group)
+            default = (table, layer.perm is not None and m <= w4a16.PERM_IN_KERNEL_MAX_M)
+            for cfg in dict.fromkeys([table, *(c for c in SWEEP_CANDIDATES if c[0] >= m)]):
+                for fused in ((True, False) if layer.perm is not None else (False,)):
+                    def fn(t, a=args, c=cfg, p=m if fused else 0):
+                        return w4a16.triton_linear(t, *a, threshold=1 << 30, config=c, perm_in_kernel=p)
+                    try:
+                        times[(cfg, fused)] = replay_ms(fn, x, repeat)
+                    except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped
+                        print(f"  {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}")
+            (cfg, fused), ms = min(times.items(), key=lambda kv: kv[1])
+            best[f"{name}/{m}"] = {"config": cfg, "perm_in_kernel": fused, "ms": ms,
+                                   "table_config": table, "table_ms": times.get(default),
+                                   "all": {f"{c} fused={f}": t for (c, f), t in sorted(times.items(), key=lambda kv: kv[1])}}
+            print(f"{name} M={m:>3}: best {cfg} perm_in_kernel={fused} {ms:.4f} ms "
+                  f"(table {table}: {best[f'{name}/{m}']['table_ms']})", flush=True)
+    return best
+
+
+def scan_threshold(n: int, k: int, repeat: int) -> list[dict]:
+    _, int4 = layers(n, k)
+    rows = []
+    for m in SCAN_TOKENS:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        row = {"m": m}
+        for name, layer in int4.items():
+            args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None)
+            for path, threshold in (("gemm", 1 << 30), ("dequant", 0)):
+                row[f"{name}_{path}_ms"] = replay_ms(
+                    lambda t, a=args, th=threshold: w4a16.triton_linear(t, *a, threshold=th), x, repeat)
+        rows.append(row)
+        print(f"M={m:>4} " + " ".join(f"{s}: gemm {row[f'{s}_gemm_ms']:.4f} dequant {row[f'{s}_dequant_ms']:.4f}"
+                                      for s in int4), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--tokens", default="8,64,512,4096")
+    ap.add_argument("--repeat", type=int, default=100)
+    ap.add_argument("--sweep", action="store_true", help="time GEMM_CONFIGS candidates at M ≤ 64")
+    ap.add_argument("--scan-threshold", action="store_true", help="fused GEMM vs dequant+cuBLAS at M = 16…256")
+    ap.add_argument("--out", type=Path, help="write the results as JSON")
+    a = ap.parse_args()
+    if not w4a16.available():
+        raise SystemExit("needs CUDA and Triton")
+    a.repeat = max(a.repeat, 50)
+    import triton
+
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "python": platform.python_version(), "n": a.n, "k": a.k, "repeat": a.repeat,
+              "threshold_m": w4a16.THRESHOLD_M, "perm_in_kernel_max_m": w4a16.PERM_IN_KERNEL_MAX_M,
+              "gemm_configs": w4a16.GEMM_CONFIGS, "dequant_config": w4a16.DEQUANT_CONFIG}
+    if a.sweep:
+        result["sweep"] = sweep(a.n, a.k, a.repeat)
+    if a.scan_threshold:
+        result["scan_threshold"] = scan_threshold(a.n, a.k, a.repeat)
+    if not (a.sweep or a.scan_threshold):
+        print(f"{a.n}×{a.k}, CUDA-graph replay, median of {a.repeat} (ms; ratio to bf16)")
+        print(f"{'M':>6} {'path':>15} {'bf16':>8} {'awq g128 asym':>17} {'gptq g128 act':>17}")
+        result["rows"] = compare(a.n, a.k, [int(t) for t in a.tokens.split(",")], a.repeat)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=2, default=str))
+        print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""`pcg::w4a16_linear`: y = x · Wᵀ (+ b) with W held as int4 codes in the canonical layout of int4.py.
+
+Why our own kernels (../shared/research/quant-and-attention-on-h200.md §3, §4.7): tinygemm collapses above
+M ≈ 16 and Int4Linear's reference dequantizes to float32 on every call. Two paths, chosen by the token count
+M (a Python int when the op runs, so a captured graph holds one of them):
+
+- M ≤ THRESHOLD_M: a Triton GEMM that reads the packed codes, dequantizes a tile in registers (float32,
+  w = q·s + b with b = −z·s per group) and feeds it to the tensor cores against the bf16/fp16 activation;
+  fp32 accumulation. "Swap AB": the weight tile is the dot's left operand (N rows × K), the activation the
+  right (K × M), since M is tiny. Act-order is fused: the activation's K index is read through `perm`. For
+  M ≤ 16 the K loop is split across programs (SPLIT_K) so the 132 SMs have work; the partial sums go to an
+  fp32 workspace and a second kernel adds them in a fixed order (deterministic, unlike atomics, so a replay
+  equals eager bitwise).
+- M > THRESHOLD_M: a Triton kernel dequantizes W once into a scratch (N, K) tensor of the activation dtype,
+  then cuBLAS `F.linear` (the activation permuted by `index_select` for act-order).
+
+The kernels read the module's own buffers (qweight int32 (N, K/8) packed along K in plain nibble order, float32
+scales and zeros (N, K/G)): no second copy of the weight to keep in step, rows of N are K-contiguous as a
+Linear's weight is. Configurations come from fixed tables by M, never autotuned, so a capture never
+benchmarks; each distinct M compiles once in the warm-up that precedes capture. No host syncs, and every
+allocation's size depends on shapes only. Any other device (CPU) runs the exact reference math of
+`Int4Weight.reference_linear`, as do shapes the kernels do not take (groups not a multiple of 16, float32).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU machines and CI: the op's CPU implementation is the reference
+    triton = None
+
+# Token counts up to this run the fused GEMM; above it dequantize + cuBLAS. 64 is the research note's guess;
+# benchmarks/w4a16_gemm.py --scan-threshold measures where the two paths cross on the H200.
+THRESHOLD_M = 64
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) by the largest M each row covers. Starting points
+# for 8192×4096, to be replaced by `benchmarks/w4a16_gemm.py --sweep` on the H200. BLOCK_K is lowered at launch
+# to divide the group and K; SPLIT_K to divide K. The last row serves a raised threshold (the scan).
+GEMM_CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int, int]], ...] = (
+    (16, (16, 64, 128, 4, 4, 4)),
+    (32, (32, 64, 128, 2, 4, 4)),
+    (64, (64, 64, 128, 1, 4, 4)),
+    (1 << 62, (64, 128, 128, 1, 8, 3)),
+)
+# Act-order inside the GEMM (the activation gathered through `perm` as it loads) up to this M; above it one
+# index_select first: the gathered tile costs registers (ptxas: 148 vs 79 at M ≤ 16, 253 vs 108 at 32 tokens).
+PERM_IN_KERNEL_MAX_M = 16
+# (BLOCK_N, BLOCK_K, num_warps) of the dequantize-to-scratch kernel.
+DEQUANT_CONFIG = (64, 128, 4)
+REDUCE_BLOCK = 1024
+
+
+def available() -> bool:
+    return triton is not None and torch.cuda.is_available()
+
+
+def gemm_config(m: int, k: int, group: int, config: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+    """The GEMM's configuration for M tokens, BLOCK_K fitted inside one group and dividing K, SPLIT_K dividing
+    the K loop; None when no BLOCK_K ≥ 16 fits (the dequantize path takes those shapes)."""
+    bm, bn, bk, split, warps, stages = config or next(cfg for top, cfg in GEMM_CONFIGS if m <= top)
+    while bk > 16 and (k % bk or group % bk):
+        bk //= 2
+    if k % bk or group % bk:
+        return None
+    while split > 1 and k % (split * bk):
+        split //= 2
+    return bm, bn, bk, split, warps, stages
+
+
+def dequant_block_k(k: int, group: int, block_k: int = DEQUANT_CONFIG[1]) -> int | None:
+    while block_k > 16 and (k % block_k or group % block_k):
+        block_k //= 2
+    return None if k % block_k or group % block_k else block_k
+
+
+if triton is not None:
+
+    @triton.jit
+    def _spread8(words):
+        """[R, C] words → [R, 8C], each word repeated 8 times in place. Interleaving keeps a thread's 8 copies in
+        its own registers; a 3-D expand + reshape instead spread them over threads and spilled (255 registers)."""
+        words = tl.interleave(words, words)
+        words = tl.interleave(words, words)
+        return tl.interleave(words, words)
+
+    @triton.jit
+    def _w4a16_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, bias_ptr, out_ptr,
+                           M, N, K, stride_xm, stride_qw, stride_s, stride_om, stride_split,
+                           GROUP: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        pid_m = tl.program_id(2)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        # Rows and columns past the edge read a valid one (modulo) and are masked at the store.
+        bn = rn % N
+        bm = rm % M
+        rw = tl.arange(0, BLOCK_K // 8)
+        rk = tl.arange(0, BLOCK_K)
+        shifts = (rk % 8) * 4  # nibble i of a word holds K index 8·word + i (plain order)
+        steps = K // (SPLIT_K * BLOCK_K)  # SPLIT_K · BLOCK_K divides K (gemm_config)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for i in range(steps):
+            k0 = (pid_k * steps + i) * BLOCK_K
+            wo = tl.multiple_of(k0 // 8, BLOCK_K // 8)
+            words = _spread8(tl.load(qw_ptr + bn[:, None] * stride_qw + (wo + rw)[None, :]))
+            q = (words >> shifts[None, :]) & 0xF
+            g = k0 // GROUP  # the tile lies inside one group: BLOCK_K divides GROUP
+            s = tl.load(s_ptr + bn * stride_s + g)
+            b = -tl.load(z_ptr + bn * stride_s + g) * s
+            w = q.to(tl.float32) * s[:, None] + b[:, None]
+            if HAS_PERM:
+                kx = tl.load(perm_ptr + k0 + rk)  # act-order: the activation's channels in the weight's order
+            else:
+                kx = k0 + rk
+            xt = tl.load(x_ptr + bm[None, :] * stride_xm + kx[:, None])
+            acc = tl.dot(w.to(xt.dtype), xt, acc)
+        mask = (rn[:, None] < N) & (rm[None, :] < M)
+        if SPLIT_K == 1:
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + bn).to(tl.float32)[:, None]
+            tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            ws = out_ptr + pid_k * stride_split + rm[None, :] * stride_om + rn[:, None]
+            tl.store(ws, acc, mask=mask)
+
+    @triton.jit
+    def _splitk_reduce_kernel(ws_ptr, bias_ptr, out_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                              BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < MN
+        acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+        for s in tl.static_range(1, SPLIT_K):  # a fixed order: the sum is the same on every run
+            acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qw, stride_s, stride_o,
+                        GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        bn = rn % N
+        rw = pid_k * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+        rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+        words = _spread8(tl.load(qw_ptr + bn[:, None] * stride_qw + rw[None, :]))
+        q = (words >> ((rk % 8) * 4)[None, :]) & 0xF
+        g = (pid_k * BLOCK_K) // GROUP
+        s = tl.load(s_ptr + bn * stride_s + g)
+        b = -tl.load(z_ptr + bn * stride_s + g) * s
+        w = q.to(tl.float32) * s[:, None] + b[:, None]
+        tl.store(out_ptr + rn[:, None] * stride_o + rk[None, :], w.to(out_ptr.dtype.element_ty),
+                 mask=rn[:, None] < N)
+
+
+def launch_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
+                perm: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor,
+                config: tuple[int, ...]) -> None:
+    """out[M, N] = x[:, perm] · Wᵀ (+ bias) by the fused kernel; `config` as gemm_config returns it (fitted)."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    bm, bn, bk, split, warps, stages = config
+    grid = (triton.cdiv(n, bn), split, triton.cdiv(m, bm))
+    dummy = qweight
+    ws = out if split == 1 else torch.empty(split, m, n, device=x.device, dtype=torch.float32)
+    _w4a16_gemm_kernel[grid](x, qweight, scales, zeros, dummy if perm is None else perm,
+                             dummy if bias is None else bias, ws, m, n, k, x.stride(0), qweight.stride(0),
+                             scales.stride(0), n, m * n, GROUP=group, HAS_PERM=perm is not None,
+                             HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                             num_warps=warps, num_stages=stages)
+    if split > 1:
+        _splitk_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](ws, dummy if bias is None else bias, out,
+                                                                   m * n, n, SPLIT_K=split,
+                                                                   HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK)
+
+
+def launch_dequant(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, out: torch.Tensor,
+                   block_k: int, block_n: int = DEQUANT_CONFIG[0], num_warps: int = DEQUANT_CONFIG[2]) -> None:
+    """out (N, K) in its own dtype = (q − z)·s, written once for cuBLAS to read."""
+    n, k = out.shape
+    grid = (triton.cdiv(n, block_n), k // block_k)
+    _dequant_kernel[grid](qweight, scales, zeros, out, n, qweight.stride(0), scales.stride(0), out.stride(0),
+                          GROUP=group, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+
+
+def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
+                  perm: torch.Tensor | None = None, bias: torch.Tensor | None = None, threshold: int = THRESHOLD_M,
+                  config: tuple[int, ...] | None = None, perm_in_kernel: int = PERM_IN_KERNEL_MAX_M) -> torch.Tensor:
+    """The Triton path on whatever device the kernels launch on (CUDA; CPU tensors under TRITON_INTERPRET=1).
+    `threshold`, `config` and `perm_in_kernel` override the module constants (the benchmark's sweeps, tests)."""
+    m, k = x.shape
+    n = qweight.shape[0]
+    x = x.contiguous()
+    qweight, scales, zeros = qweight.contiguous(), scales.contiguous(), zeros.contiguous()
+    if scales.dtype != torch.float32 or zeros.dtype != torch.float32:
+        scales, zeros = scales.float(), zeros.float()
+    bias = None if bias is None else bias.contiguous()
+    fitted = gemm_config(m, k, group, config) if m <= threshold else None
+    if fitted is not None:
+        if perm is not None and m > perm_in_kernel:
+            x, perm = x.index_select(1, perm), None
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+        if m:
+            launch_gemm(x, qweight, scales, zeros, group, perm, bias, out, fitted)
+        return out
+    block_k = dequant_block_k(k, group)
+    if block_k is None:
+        return _reference(x, qweight, scales, zeros, group, perm, bias)
+    w = torch.empty(n, k, device=x.device, dtype=x.dtype)  # the scratch: a shape-sized block from the pool
+    launch_dequant(qweight, scales, zeros, group, w, block_k)
+    if perm is not None:
+        x = x.index_select(1, perm)
+    return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
+
+
+def _reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
+               perm: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    # Imported here: int4.py imports this module (Int4Linear's forward is the op).
+    from pcg_core.quant.int4 import Int4Weight, unpack_nibbles
+
+    w = Int4Weight(unpack_nibbles(qweight, 1), scales, zeros, group, perm)
+    return w.reference_linear(x, bias).to(x.dtype)
+
+
+@torch.library.custom_op("pcg::w4a16_linear", mutates_args=())
+def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
+                 perm: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) 16-bit or float32; qweight int32 (N, K/8) packed along K (nibble i = K index 8j + i); scales,
+    zeros float32 (N, K/G), W = (q − z)·s in act-order's permuted K order; perm int64 (K,) or None: the
+    activation is read as x[:, perm]; bias (N,) or None. Returns (M, N) in x's dtype. This implementation
+    (CPU and any device without a registered kernel) is the reference: float32 dequantize, float32 GEMM."""
+    return _reference(x, qweight, scales, zeros, group, perm, bias)
+
+
+@w4a16_linear.register_kernel("cuda")
+def _w4a16_linear_cuda(x, qweight, scales, zeros, group, perm=None, bias=None):
+    if triton is None or x.dtype not in (torch.bfloat16, torch.float16):
+        return _reference(x, qweight, scales, zeros, group, perm, bias)
+    return triton_linear(x, qweight, scales, zeros, group, perm, bias)
+
+
+@w4a16_linear.register_fake
+def _w4a16_linear_fake(x, qweight, scales, zeros, group, perm=None, bias=None):
+    torch._check(x.dim() == 2, lambda: f"pcg::w4a16_linear takes x (M, K), got {x.dim()} dimensions")
+    torch._check(qweight.shape[1] * 8 == x.shape[1], lambda: "pcg::w4a16_linear: K of x and qweight differ")
+    return x.new_empty(x.shape[0], qweight.shape[0])
