@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One device call for the 4-bit schemes (issue 15): phases, default all. Each phase writes a few files (the device
+# brings back only a few per call).
+#   tests  — the W4A16 kernels and Int4Linear/Fp4Linear on CUDA vs the reference, under capture (test_quant_gpu.py)
+#   micro  — benchmarks/w4a16_gemm.py: bf16 vs awq/gptq layers, 8192×4096, M = 8/64/512/4096, then the threshold scan
+#   sweep  — benchmarks/w4a16_gemm.py --sweep: the small-M GEMM configurations (how GEMM_CONFIGS is chosen)
+#   cells  — `pcgh cell` on CUDA, synthetic weights quantized in memory: $QUANTS × $CELLS × {piecewise, breakable, full}
+#   ckpt   — checkpoints written in each real format at real widths (benchmarks/quant_checkpoint.py), then
+#            `pcgh cell --weights real` on each × {piecewise, breakable}
+# Usage on the GPU machine, from the repo root: bash benchmarks/gpu_quant4.sh [tests] [micro] [sweep] [cells] [ckpt]
+source "$(dirname "$0")/gpu_env.sh"
+phases=${*:-tests micro cells ckpt}
+tests() {
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/pcg_core/test_quant_gpu.py -k "int4 or w4a16 or fp4" \
+    2>&1 | tee "$OUT/quant4_tests.txt" | tail -15
+}
+micro() {
+  timeout ${MICRO_TIMEOUT:-200} python3 benchmarks/w4a16_gemm.py --out "$OUT/w4a16_gemm.json" 2>&1 | tee "$OUT/w4a16_gemm.txt" | tail -12
+  timeout ${SCAN_TIMEOUT:-120} python3 benchmarks/w4a16_gemm.py --scan-threshold 2>&1 | tee "$OUT/w4a16_scan.txt" | tail -12
+}
+sweep() {
+  timeout ${SWEEP_TIMEOUT:-300} python3 benchmarks/w4a16_gemm.py --sweep 2>&1 | tee "$OUT/w4a16_sweep.txt" | tail -20
+}
+cells() {
+  CELLS=${CELLS:-"llama-3.1-8b:4 qwen3-8b:4"} QUANTS=${QUANTS:-"awq gptq"} bash "$(dirname "$0")/gpu_quant.sh" cells
+  for f in "$OUT"/quant_cells.*; do mv "$f" "${f/quant_cells/quant4_cells}"; done
+}
+ckpt() {
+  local dir=/tmp/pcg-ckpt; rm -rf "$dir"; mkdir -p "$dir"
+  : > "$OUT/quant4_ckpt.jsonl"
+  # format:scheme pairs × card:layers; written one after the other (CPU), the cells two at a time
+  for pair in ${FORMATS:-awq:awq gptq:gptq gptq_v2:gptq compressed-tensors:gptq}; do
+    for spec in ${CKPT_MODELS:-llama-3.1-8b:2 qwen3-8b:2}; do
+      out="$dir/${spec%%:*}-${pair%%:*}"
+      timeout ${WRITE_TIMEOUT:-300} python3 benchmarks/quant_checkpoint.py --model "${spec%%:*}" --layers "${spec##*:}" \
+        --format "${pair%%:*}" --scheme "${pair##*:}" --out "$out" >> "$OUT/quant4_ckpt.err" 2>&1 || continue
+      for graph in piecewise breakable; do echo "$out ${pair##*:} $graph"; done
+    done
+  done | xargs -P ${CELL_JOBS:-2} -L 1 bash -c '
+    r=$(timeout ${CELL_TIMEOUT:-400} python3 -m harness.cli cell --model "$0" --weights real --quant "$1" --graph "$2" \
+      --attention ${ATTENTION:-flex} --device cuda --max-tokens ${CELL_MAX_TOKENS:-512} --json 2>> "$OUT/quant4_ckpt.err")
+    [[ -n $r ]] && echo "$r" >> "$OUT/quant4_ckpt.jsonl"; true'
+  python3 benchmarks/cells_table.py "$OUT/quant4_ckpt.jsonl" | tee "$OUT/quant4_ckpt.md"
+}
+for phase in $phases; do $phase; done
