@@ -16,10 +16,11 @@ from pcg_core.attention import attention_backend_names, get_attention_backend
 from pcg_core.capture import capture_backend_names, get_capture_backend
 from pcg_core.config import COMPILERS, DTYPES
 from pcg_core.model import architectures
-from pcg_core.quant import INT4_SCHEMES, SCHEMES
+from pcg_core.quant import FP4_SCHEMES, INT4_SCHEMES, SCHEMES
 
-QUANTIZATION = ("none", *SCHEMES, *INT4_SCHEMES)  # schemes the runtime can execute
-# Checkpoint formats the loader reads (quant_method values, and ModelOpt's hf_quant_config.json), onto those schemes.
+QUANTIZATION = ("none", *SCHEMES, *INT4_SCHEMES, *FP4_SCHEMES)  # schemes the runtime can execute
+# Checkpoint formats the loader reads (quant_method values, and ModelOpt's hf_quant_config.json), onto those schemes:
+# modelopt and compressed-tensors carry NVFP4 (fp4) as well as the 8-bit schemes.
 QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8", "awq", "gptq")
 # What the loader cannot read yet in a real checkpoint of each scheme, by model-card feature (synthetic weights
 # are quantized in memory). Empty for the 8-bit schemes since per-expert MoE checkpoints are read
@@ -27,6 +28,8 @@ QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8", "awq", "g
 QUANT_CHECKPOINT_LIMITS: dict[str, str] = {}
 INT4_MOE = "4-bit MoE experts are not quantized yet (the grouped int4 path comes next)"
 INT4_CHECKPOINT_LIMITS = {"moe": INT4_MOE}
+FP4_MOE = "FP4 MoE experts are not quantized yet (the grouped FP4 path comes next)"
+FP4_CHECKPOINT_LIMITS = {"moe": FP4_MOE}
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
 
 
@@ -40,6 +43,8 @@ def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION
         return f"quantization {quant!r} is not supported by the runtime yet (supported: {', '.join(have)})"
     if quant in INT4_SCHEMES and "moe" in features:
         return f"quantization {quant}: {INT4_MOE}"
+    if quant in FP4_SCHEMES and "moe" in features:
+        return f"quantization {quant}: {FP4_MOE}"
     if quant != "none" and real_weights:
         reasons = QUANT_CHECKPOINT_LIMITS if limits is None else limits
         for f in features:
@@ -99,7 +104,9 @@ def capabilities() -> dict[str, Any]:
         "quant_schemes": {n: {"description": sc.description, "capturable": True,
                               "checkpoint_limits": dict(QUANT_CHECKPOINT_LIMITS)} for n, sc in SCHEMES.items()}
                          | {n: {"description": sc.description, "capturable": True,
-                                "checkpoint_limits": dict(INT4_CHECKPOINT_LIMITS)} for n, sc in INT4_SCHEMES.items()},
+                                "checkpoint_limits": dict(INT4_CHECKPOINT_LIMITS)} for n, sc in INT4_SCHEMES.items()}
+                         | {n: {"description": sc.description, "capturable": True,
+                                "checkpoint_limits": dict(FP4_CHECKPOINT_LIMITS)} for n, sc in FP4_SCHEMES.items()},
         "quant_formats": list(QUANT_FORMATS),
         "parallel": dict(PARALLEL),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,

@@ -23,6 +23,8 @@ from pcg_core.quant.expert_checkpoint import ExpertLayout, layout_for, read_expe
 from pcg_core.quant.experts import is_experts
 from pcg_core.quant.files import EIGHT_BIT, CheckpointTensors, shaped
 from pcg_core.quant.formats import HF_QUANT_CONFIG, QuantSpec, declaration
+from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme, quantize_nvfp4
+from pcg_core.quant.fp4_checkpoint import Fp4Format, declaration as fp4_declaration, fp4_tensors, read_fp4_linear
 from pcg_core.quant.int4 import Int4Linear, Int4Scheme
 from pcg_core.quant.int4_checkpoint import (Int4Format, common_group, declaration as int4_declaration, int4_tensors,
                                             read_int4_linear, stored_weight)
@@ -48,10 +50,17 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
             if spec.int4 is not None:
                 raise UnsupportedModel(f"{path}: {name}: 4-bit MoE experts are not read yet ({spec.format} declared in "
                                        f"{spec.where}); the grouped int4 path comes next")
+            if spec.fp4 is not None:
+                raise UnsupportedModel(f"{path}: {name}: FP4 MoE experts are not read yet ({spec.format} NVFP4 declared "
+                                       f"in {spec.where}); the grouped FP4 path comes next")
             (report.quantized if read_experts(mod, name, tensors, spec, layout) else report.unquantized).append(name)
             continue
         if spec.int4 is not None and type(mod) is torch.nn.Linear and spec.int4.packed_key(layout.file_key(name)) in tensors:
             _swap(model, name, _int4_linear(mod, layout.file_key(name), tensors, spec))
+            report.quantized.append(name)
+            continue
+        if spec.fp4 is not None and type(mod) is torch.nn.Linear and spec.fp4.is_packed(tensors, layout.file_key(name)):
+            _swap(model, name, _fp4_linear(mod, layout.file_key(name), tensors, spec))
             report.quantized.append(name)
             continue
         key = layout.file_key(f"{name}.weight")
@@ -61,6 +70,9 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
         if w.dtype not in EIGHT_BIT:
             report.unquantized.append(name)
             continue
+        if spec.int4 is not None or spec.fp4 is not None:  # a mixed-precision file the declaration does not say
+            raise UnsupportedModel(f"{path}: {key} is stored in {w.dtype}, but {spec.where} declares {spec.format} "
+                                   f"{spec.scheme.name} (4-bit) weights")
         if spec.ignored(layout.file_key(name)):
             raise UnsupportedModel(f"{path}: {key} is stored in {w.dtype} but {spec.where} lists {name} as not quantized")
         _swap(model, name, _quant_linear(mod, w, tensors, layout.file_key(name), spec))
@@ -68,7 +80,8 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     _load_rest(model, tensors, layout, report)
     _check_all_used(tensors, layers, report)
     if not report.quantized:
-        stored = f"packed in 4 bits ({spec.int4.packed_key('<linear>')})" if spec.int4 else "stored in 8 bits"
+        four = spec.int4 or spec.fp4
+        stored = f"packed in 4 bits ({four.packed_key('<linear>')})" if four else "stored in 8 bits"
         raise UnsupportedModel(f"{path}: {spec.where} declares {spec.format} ({spec.scheme.name}) but no linear layer's weight "
                                f"is {stored}; the declaration or the files are wrong")
     return report
@@ -85,6 +98,14 @@ def _int4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors, sp
         raise UnsupportedModel(f"{tensors.path}: {spec.int4.packed_key(name)} is packed in 4 bits but {spec.where} lists "
                                f"{name} as not quantized")
     return read_int4_linear(mod, name, tensors, spec.int4, spec.scheme)
+
+
+def _fp4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors, spec: QuantSpec) -> Fp4Linear:
+    """The FP4 linear `name` (as the files spell it); a linear the declaration leaves alone must not be packed."""
+    if spec.ignored(name):
+        raise UnsupportedModel(f"{tensors.path}: {spec.fp4.packed_key(name)} is packed in FP4 but {spec.where} lists "
+                               f"{name} as not quantized")
+    return read_fp4_linear(mod, name, tensors, spec.fp4, spec.scheme)
 
 
 def _quant_linear(mod: torch.nn.Linear, w: torch.Tensor, tensors: CheckpointTensors, name: str, spec: QuantSpec) -> QuantLinear:
@@ -156,7 +177,7 @@ def _check_all_used(tensors: CheckpointTensors, layers: int | None, report: Load
 
 # Writing ----------------------------------------------------------------------------------------------------
 def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_dir: str | Path, fmt: str,
-                     scheme: Scheme | Int4Scheme,
+                     scheme: Scheme | Int4Scheme | Fp4Scheme,
                      *, legacy: bool = False, ignore: tuple[str, ...] = ("lm_head",), shards: int = 1,
                      input_absmax: dict[str, float] | None = None) -> Path:
     """`model`'s float weights quantized with `scheme` and written as `fmt`'s producer writes them: tensor names,
@@ -170,11 +191,17 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     layout = layout_for(model)
     linears = {n: m for n, m in model.named_modules() if type(m) is torch.nn.Linear and not n.endswith(ignore)}
     experts = {n: m for n, m in model.named_modules() if is_experts(m)}
+    fp4 = None
     if isinstance(scheme, Int4Scheme):
         if experts:
             raise NotImplementedError("4-bit MoE experts are not written yet (the grouped int4 path comes next)")
         int4 = Int4Format(fmt, common_group(scheme, [m.in_features for m in linears.values()]))
         qc, legacy_cfg = int4_declaration(fmt, scheme, int4.group, ignore), None
+    elif isinstance(scheme, Fp4Scheme):  # ModelOpt's NVFP4 declares W4A4 (input_scale); compressed-tensors' NVFP4A16
+        if experts:
+            raise NotImplementedError("FP4 MoE experts are not written yet (the grouped FP4 path comes next)")
+        int4, fp4 = None, Fp4Format(fmt, act_scale=fmt == "modelopt")
+        qc, legacy_cfg = fp4_declaration(fp4, ignore, legacy)
     else:
         int4 = None
         qc, legacy_cfg = declaration(fmt, scheme, ignore, legacy)
@@ -197,6 +224,8 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
             w = stored_weight(Int4Linear.from_linear(linears[mod], int4.group, scheme.sym, scheme.act_order).weight_int4(),
                               int4, t.dtype)
             tensors.update({f"{layout.file_key(mod)}.{k}": v for k, v in int4_tensors(w, int4, scheme.sym, t.dtype).items()})
+        elif mod in linears and key.endswith(".weight") and fp4 is not None:
+            tensors.update({f"{layout.file_key(mod)}.{k}": v for k, v in fp4_tensors(quantize_nvfp4(t), fp4).items()})
         elif mod in linears and key.endswith(".weight"):
             q, s = quantize_weight(t, scheme)
             tensors[file_key] = q.contiguous()

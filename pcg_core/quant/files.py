@@ -32,6 +32,11 @@ class CheckpointTensors:
     def keys(self) -> list[str]:
         return list(self._where)
 
+    def stored_dtype(self, key: str) -> str:
+        """The tensor's dtype as the file header names it (U8, BF16, F8_E4M3 …), without reading it or counting it
+        as used."""
+        return self._handles[self._where[key]].get_slice(key).get_dtype()
+
     def get(self, key: str) -> torch.Tensor:
         self.used.add(key)
         return self._handles[self._where[key]].get_tensor(key)

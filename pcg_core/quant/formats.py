@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pcg_core.errors import UnsupportedModel
+from pcg_core.quant.fp4 import NVFP4_BLOCK, Fp4Scheme
+from pcg_core.quant.fp4_checkpoint import Fp4Format
 from pcg_core.quant.int4 import Int4Scheme
 from pcg_core.quant.int4_checkpoint import Int4Format
 from pcg_core.quant.schemes import INT8_STATIC, SCHEMES, Scheme
@@ -26,11 +28,12 @@ MODELOPT_ALGOS = {"FP8": "fp8_per_tensor", "FP8_PER_CHANNEL_PER_TOKEN": "fp8_per
 SUPPORTED_FORMATS = (
     "fp8 (HF/DeepSeek 128×128 blocks)",
     "compressed-tensors (float-quantized / int-quantized: FP8, FP8_DYNAMIC, FP8_BLOCK, INT8_W8A8 static or dynamic)",
-    "modelopt (FP8, FP8_PER_CHANNEL_PER_TOKEN; config.json or hf_quant_config.json)",
+    "modelopt (FP8, FP8_PER_CHANNEL_PER_TOKEN, NVFP4 group 16 run as W4A16; config.json or hf_quant_config.json)",
     "w8a8_int8 (SGLang)",
     "awq (AutoAWQ gemm: 4-bit, zero points, group 32/64/128)",
     "gptq (4-bit, checkpoint_format gptq or gptq_v2, sym or not, group -1/32/64/128, desc_act)",
     "compressed-tensors pack-quantized (W4A16: 4-bit int weights, sym or not, group or channel, actorder)",
+    "compressed-tensors nvfp4-pack-quantized (NVFP4A16; NVFP4 W4A4 run as W4A16)",
 )
 INT4_GROUPS = {"awq": (32, 64, 128), "gptq": (-1, 32, 64, 128), "compressed-tensors": (-1, 32, 64, 128)}
 
@@ -39,15 +42,16 @@ INT4_GROUPS = {"awq": (32, 64, 128), "gptq": (-1, 32, 64, 128), "compressed-tens
 class QuantSpec:
     """What a checkpoint declares: its format, the scheme its quantized linears use, the layers it leaves in
     16 bits (names or patterns, the format's own syntax), and the weight scale's tensor name; for int4 weights
-    (`scheme` an Int4Scheme named by its family, awq or gptq, with the checkpoint's own group and symmetry) how
-    the files store them."""
+    (`scheme` an Int4Scheme named by its family, awq or gptq, with the checkpoint's own group and symmetry) and
+    NVFP4 ones (`scheme` the fp4 Fp4Scheme) how the files store them."""
 
     format: str
-    scheme: Scheme | Int4Scheme
+    scheme: Scheme | Int4Scheme | Fp4Scheme
     ignore: tuple[str, ...] = ()
     weight_scale_name: str = "weight_scale"
     where: str = "config.json"
     int4: Int4Format | None = None
+    fp4: Fp4Format | None = None
 
     def ignored(self, module: str) -> bool:
         for pat in self.ignore:
@@ -124,10 +128,19 @@ def _modelopt(q: dict[str, Any], where: str, producer: str) -> QuantSpec:
     if producer != "modelopt":
         raise _refuse(where, f"producer {producer!r} is not ModelOpt")
     algo = str(q.get("quant_algo", ""))
-    if algo not in MODELOPT_ALGOS:
+    if "AWQ" in algo.upper() and "NVFP4" in algo.upper():
+        raise _refuse(where, f"ModelOpt quant_algo {algo!r}: NVFP4-AWQ (pre_quant_scale, an activation pre-scale per input "
+                             "channel) is not read yet; plain NVFP4 is")
+    if algo not in MODELOPT_ALGOS and algo != "NVFP4":
         raise _refuse(where, f"ModelOpt quant_algo {algo or '(none)'!r} is not supported yet")
     _kv_cache_unsupported(where, q.get("kv_cache_quant_algo") or q.get("kv_cache_scheme"))
     ignore = tuple(q.get("exclude_modules") or q.get("ignore") or ())
+    if algo == "NVFP4":
+        if (group := q.get("group_size", NVFP4_BLOCK)) != NVFP4_BLOCK:
+            raise _refuse(where, f"ModelOpt NVFP4 with group_size {group!r}: NVFP4 blocks are {NVFP4_BLOCK} wide")
+        scheme = Fp4Scheme("fp4", NVFP4_BLOCK, "ModelOpt NVFP4 checkpoint: e2m1 weights, e4m3 scales per 16, an fp32 "
+                                               "global; declared W4A4, run as W4A16 (input_scale checked, not applied)")
+        return QuantSpec("modelopt", scheme, ignore, where=where, fp4=Fp4Format("modelopt", act_scale=True))
     return QuantSpec("modelopt", SCHEMES[MODELOPT_ALGOS[algo]], ignore, where=where)
 
 
@@ -212,17 +225,45 @@ def _ct_pack_quantized(qc: dict[str, Any], where: str) -> QuantSpec:
                      int4=Int4Format("compressed-tensors", group))
 
 
+def _ct_nvfp4(qc: dict[str, Any], where: str) -> QuantSpec:
+    """compressed-tensors NVFP4 (`nvfp4-pack-quantized`): the NVFP4A16 preset, or the NVFP4 one (W4A4: fp4
+    activations in blocks of 16 with a static global) run as W4A16, as ModelOpt's NVFP4 is."""
+    groups = qc.get("config_groups") or {}
+    if len(groups) != 1:
+        raise _refuse(where, f"{len(groups)} config_groups; one scheme per checkpoint is supported")
+    name, g = next(iter(groups.items()))
+    here = f"{where} config_groups.{name}"
+    w, a = g.get("weights") or {}, g.get("input_activations")
+    if (g.get("targets") or []) != ["Linear"]:
+        raise _refuse(here, f"targets {g.get('targets')}: only ['Linear']")
+    nvfp4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": NVFP4_BLOCK}
+    bad = {k: w.get(k) for k, v in nvfp4.items() if w.get(k) != v}
+    if bad or not w.get("symmetric", True) or w.get("dynamic"):
+        raise _refuse(here, f"weights {bad or {k: w.get(k) for k in ('symmetric', 'dynamic')}}: nvfp4-pack-quantized "
+                            f"reads NVFP4 weights (4-bit float, tensor_group, group_size {NVFP4_BLOCK}, symmetric, static)")
+    if a is not None:
+        bad = {k: a.get(k) for k, v in nvfp4.items() if a.get(k) != v}
+        if bad or a.get("dynamic") != "local":
+            raise _refuse(here, f"NVFP4 weights × activations {bad or {'dynamic': a.get('dynamic')}}: only 16-bit "
+                                "activations (NVFP4A16) or the NVFP4 preset's W4A4 ones (4-bit float, tensor_group 16, "
+                                "dynamic 'local'), which run as W4A16")
+    how = "declared W4A4, run as W4A16 (input_global_scale checked, not applied)" if a is not None else "W4A16"
+    scheme = Fp4Scheme("fp4", NVFP4_BLOCK, f"compressed-tensors NVFP4 checkpoint: e2m1 weights, e4m3 scales per 16, "
+                                           f"an fp32 global (reciprocal); {how}")
+    return QuantSpec("compressed-tensors", scheme, tuple(qc.get("ignore") or ()), where=where,
+                     fp4=Fp4Format("compressed-tensors", act_scale=a is not None))
+
+
 def _compressed_tensors(qc: dict[str, Any], where: str) -> QuantSpec:
     fmt = qc.get("format")
-    if fmt == "pack-quantized" and qc.get("quantization_status", "compressed") == "compressed":
-        _kv_cache_unsupported(where, qc.get("kv_cache_scheme"))
-        return _ct_pack_quantized(qc, where)
-    if fmt not in ("float-quantized", "int-quantized", "naive-quantized"):
+    if fmt not in ("float-quantized", "int-quantized", "naive-quantized", "pack-quantized", "nvfp4-pack-quantized"):
         raise _refuse(where, f"compressed-tensors format {fmt!r} is not supported yet")
     if qc.get("quantization_status", "compressed") != "compressed":
         raise _refuse(where, f"compressed-tensors quantization_status {qc.get('quantization_status')!r}: only compressed "
                              "checkpoints (quantized weights on disk)")
     _kv_cache_unsupported(where, qc.get("kv_cache_scheme"))
+    if fmt in ("pack-quantized", "nvfp4-pack-quantized"):
+        return _ct_pack_quantized(qc, where) if fmt == "pack-quantized" else _ct_nvfp4(qc, where)
     groups = qc.get("config_groups") or {}
     schemes = {_ct_group(name, g, where) for name, g in groups.items()}
     if len(schemes) != 1:

@@ -96,6 +96,26 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
 
 
+@dataclass(frozen=True)
+class Fp4Scheme:
+    """A 4-bit float weight-only (W4A16) scheme as a cell runs it: the block the e2m1 codes share a scale over.
+    `act_dynamic` (no static activation scale to calibrate) and `kind` speak the 8-bit Scheme's words where code
+    asks them of any scheme. A checkpoint that quantizes activations too (NVFP4 W4A4) runs as this: Hopper has no
+    FP4 MMA, so its activation scales are read and checked, never applied."""
+
+    name: str
+    block: int
+    description: str
+    kind: str = "fp4"
+    act_dynamic: bool = True
+
+
+FP4_SCHEMES: dict[str, Fp4Scheme] = {s.name: s for s in (
+    Fp4Scheme("fp4", NVFP4_BLOCK, "NVFP4 W4A16: e2m1 weights, an e4m3 scale per block of 16 and an fp32 global; "
+                                  "activations stay 16-bit (ModelOpt NVFP4, compressed-tensors NVFP4A16/NVFP4)"),
+)}
+
+
 @dataclass
 class Fp4Weight:
     """The canonical layout: codes uint8 (…, N, K) in 0..15, scales float32 (…, N, K/block), global_scale a
@@ -245,14 +265,17 @@ def ct_nvfp4_pack(w: Fp4Weight) -> dict[str, torch.Tensor]:
             "weight_global_scale": 1.0 / g}
 
 
-def ct_nvfp4_unpack(weight_packed: torch.Tensor, weight_scale: torch.Tensor,
-                    weight_global_scale: torch.Tensor) -> Fp4Weight:
+def ct_nvfp4_unpack(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_global_scale: torch.Tensor,
+                    input_global_scale: torch.Tensor | None = None) -> Fp4Weight:
     """Canonical from compressed-tensors' tensors: W = e2m1 · weight_scale / weight_global_scale. The multiplier is
     1/global in fp32: exact for power-of-two globals (ours), within an ulp of compressed-tensors' own
-    scale/global for others."""
+    scale/global for others. input_global_scale (the NVFP4 preset's W4A4 activations) is checked, not applied,
+    as ModelOpt's input_scale is."""
     fmt = "compressed-tensors NVFP4"
     codes, s = _nvfp4_codes(fmt, "weight_packed", weight_packed, weight_scale)
     _scalar(fmt, "weight_global_scale", weight_global_scale)
+    if input_global_scale is not None:
+        _scalar(fmt, "input_global_scale", input_global_scale)
     return Fp4Weight(codes, s, NVFP4_BLOCK, float(1.0 / weight_global_scale.reshape(())))
 
 
@@ -335,6 +358,12 @@ class Fp4Linear(torch.nn.Module):
         w = linear.weight.detach()
         q = quantize_nvfp4(w) if block == NVFP4_BLOCK else quantize_mxfp4(w)
         return cls.from_weight(q, None if linear.bias is None else linear.bias.detach(), linear.weight.dtype)
+
+    @classmethod
+    def from_scheme(cls, linear: torch.nn.Linear, scheme: Fp4Scheme) -> Fp4Linear:
+        mod = cls.from_linear(linear, scheme.block)
+        mod.quant_scheme = scheme  # what the cell reads back of a quantized model (as of an Int4Linear)
+        return mod
 
     def dequantized_weight(self) -> torch.Tensor:
         """W (N, K) float32, computed on the device as Fp4Weight.dequantize does (same products, same order)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme
 from pcg_core.quant.int4 import Int4Linear, Int4Scheme
 from pcg_core.quant.int8_mm import available as int8_kernel_available
 from pcg_core.quant.experts import check_quantizable, is_experts, quantize_experts
@@ -105,13 +106,16 @@ def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
     return out.to(torch.bfloat16)
 
 
-def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme, skip: tuple[str, ...] = ("lm_head",),
+def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Scheme, skip: tuple[str, ...] = ("lm_head",),
                    input_absmax: dict[str, float] | None = None) -> list[str]:
     """Swap every nn.Linear of `model` (but those whose name ends with one of `skip`) for a QuantLinear holding
-    its weight quantized, and quantize fused MoE experts in place (experts.py): what a synthetic cell runs.
-    Returns the names quantized. A static scheme needs the calibrated input absmax (calibrate.record_input_absmax)."""
+    its weight quantized (Int4Linear, Fp4Linear for the 4-bit weight-only schemes), and quantize fused MoE experts
+    in place (experts.py): what a synthetic cell runs. Returns the names quantized. A static scheme needs the
+    calibrated input absmax (calibrate.record_input_absmax)."""
     if not scheme.act_dynamic and input_absmax is None:
         raise ValueError(f"{scheme.name} has static activation scales: pass input_absmax from a calibration run")
+    if isinstance(scheme, Fp4Scheme):
+        return _quantize_fp4(model, scheme, skip)
     swapped = []
     if isinstance(scheme, Int4Scheme) and any(is_experts(m) for m in model.modules()):  # refused before any swap
         raise NotImplementedError(f"{scheme.name}: 4-bit MoE experts are not quantized yet (the grouped int4 path)")
@@ -135,3 +139,18 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme, skip: tu
         setattr(model.get_submodule(parent) if parent else model, attr, QuantLinear.from_linear(mod, scheme, static))
         swapped.append(name)
     return swapped
+
+
+def _quantize_fp4(model: torch.nn.Module, scheme: Fp4Scheme, skip: tuple[str, ...]) -> list[str]:
+    """Every dense linear swapped for an Fp4Linear (weight-only: no activation scales). MoE experts and widths the
+    e2m1 blocks do not divide are refused before any swap, so a model is never left half quantized."""
+    if any(is_experts(m) for m in model.modules()):
+        raise NotImplementedError(f"{scheme.name}: FP4 MoE experts are not quantized yet (the grouped FP4 path)")
+    linears = [(n, m) for n, m in model.named_modules() if type(m) is torch.nn.Linear and not n.endswith(skip)]
+    if bad := [(n, m.in_features) for n, m in linears if m.in_features % scheme.block]:
+        raise NotImplementedError(f"{scheme.name}: {bad[0][0]} has K = {bad[0][1]}, not a multiple of the FP4 block "
+                                  f"{scheme.block}")
+    for name, mod in linears:
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, Fp4Linear.from_scheme(mod, scheme))
+    return [n for n, _ in linears]

@@ -17,6 +17,7 @@ from typing import Literal
 
 import torch
 
+from pcg_core.quant.fp4 import FP4_SCHEMES, Fp4Scheme
 from pcg_core.quant.int4 import INT4_SCHEMES, Int4Scheme
 
 FP8 = torch.float8_e4m3fn
@@ -68,13 +69,15 @@ INT8_STATIC = Scheme("int8_w8a8_static", "int8", "channel", "tensor", False,
                      "INT8, per-channel weights × one static activation scale (compressed-tensors int-quantized, static)")
 
 
-def get_scheme(name: str) -> Scheme | Int4Scheme:
+def get_scheme(name: str) -> Scheme | Int4Scheme | Fp4Scheme:
     if name == INT8_STATIC.name:
         return INT8_STATIC
     if name in INT4_SCHEMES:
         return INT4_SCHEMES[name]
+    if name in FP4_SCHEMES:
+        return FP4_SCHEMES[name]
     if name not in SCHEMES:
-        raise KeyError(f"quantization scheme {name!r} is not one of {', '.join([*SCHEMES, *INT4_SCHEMES])}")
+        raise KeyError(f"quantization scheme {name!r} is not one of {', '.join([*SCHEMES, *INT4_SCHEMES, *FP4_SCHEMES])}")
     return SCHEMES[name]
 
 

@@ -1,0 +1,51 @@
+"""`pcgh cell` with the fp4 scheme: NVFP4 checkpoints written in the real formats (ModelOpt in config.json and in its
+legacy hf_quant_config.json, compressed-tensors nvfp4-pack-quantized) load into Fp4Linear and run eager and under
+each capture backend, judged like any cell; a synthetic model is quantized in memory; what fp4 cannot run yet (MoE
+experts, a card without an fp4 checkpoint) is unsupported before any weight is built."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.cards import CARDS_DIR
+from harness.cell.run import run_cell
+from harness.cell.spec import CellSpec
+from harness.outcome import Status
+from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
+from pcg_core.quant import FP4_SCHEMES, write_checkpoint
+
+CONFIGS = {"llama": "meta-llama__Llama-3.1-8B-Instruct.json", "qwen3": "Qwen__Qwen3-0.6B.json"}
+FORMATS = {"modelopt": ("modelopt", False), "modelopt-legacy": ("modelopt", True),
+           "compressed-tensors": ("compressed-tensors", False)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt, model, graph", [
+    ("modelopt", "llama", "piecewise"), ("compressed-tensors", "llama", "breakable"),
+    ("compressed-tensors", "qwen3", "piecewise"), ("modelopt-legacy", "qwen3", "breakable"),
+])
+def test_fp4_checkpoint_cells_pass(fmt, model, graph, tmp_path):
+    data = shrink_config(read_config_file(CARDS_DIR / "configs" / CONFIGS[model]), tiny=True, layers=2)
+    float_model = synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0, peaked=True)
+    fmt_name, legacy = FORMATS[fmt]
+    write_checkpoint(float_model, data, tmp_path, fmt_name, FP4_SCHEMES["fp4"], legacy=legacy)
+    out = run_cell(CellSpec(str(tmp_path), weights="real", quant="fp4", graph=graph, max_tokens=64, max_new_tokens=2))
+    assert out.status == Status.PASS, out.reason
+    assert out.metrics.quant_layers == 14  # 7 linears per layer, 2 layers; lm_head stays in 16 bits
+    wrong = run_cell(CellSpec(str(tmp_path), weights="real", quant="gptq", graph=graph, max_tokens=64, max_new_tokens=2))
+    assert wrong.status == Status.UNSUPPORTED and "fp4" in wrong.reason  # the checkpoint's scheme, not the asked one
+
+
+def test_a_synthetic_fp4_cell_passes():
+    out = run_cell(CellSpec("llama-3.1-8b", tiny=True, quant="fp4", graph="piecewise", max_tokens=64, max_new_tokens=2))
+    assert out.status == Status.PASS, out.reason
+    assert out.metrics.quant_layers == 14 and out.metrics.quant_logprob_diff > 0
+
+
+def test_fp4_cells_refuse_what_they_cannot_run_yet_before_loading():
+    real = run_cell(CellSpec("llama-3.1-8b", weights="real", quant="fp4"))
+    assert real.status == Status.UNSUPPORTED and "declares no fp4 checkpoint" in real.reason
+    moe = run_cell(CellSpec("qwen3-30b-a3b", tiny=True, quant="fp4"))
+    assert moe.status == Status.UNSUPPORTED and "FP4 MoE experts" in moe.reason
+    assert moe.metrics.quant_layers is None  # stopped before quantizing anything
