@@ -26,8 +26,8 @@ QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8", "awq", "g
 # are quantized in memory). Empty for the 8-bit schemes since per-expert MoE checkpoints are read
 # (quant/expert_checkpoint.py).
 QUANT_CHECKPOINT_LIMITS: dict[str, str] = {}
-INT4_MOE = "4-bit MoE experts are not quantized yet (the grouped int4 path comes next)"
-INT4_CHECKPOINT_LIMITS = {"moe": INT4_MOE}
+# int4 experts run quantized (synthetic weights); their per-expert checkpoint tensors are not read yet.
+INT4_CHECKPOINT_LIMITS = {"moe": "4-bit MoE expert checkpoints are not read yet (synthetic MoE weights run)"}
 FP4_MOE = "FP4 MoE experts are not quantized yet (the grouped FP4 path comes next)"
 FP4_CHECKPOINT_LIMITS = {"moe": FP4_MOE}
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
@@ -41,16 +41,23 @@ def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION
     have, features = list(supported), list(features)
     if quant not in have:
         return f"quantization {quant!r} is not supported by the runtime yet (supported: {', '.join(have)})"
-    if quant in INT4_SCHEMES and "moe" in features:
-        return f"quantization {quant}: {INT4_MOE}"
     if quant in FP4_SCHEMES and "moe" in features:
         return f"quantization {quant}: {FP4_MOE}"
     if quant != "none" and real_weights:
-        reasons = QUANT_CHECKPOINT_LIMITS if limits is None else limits
+        reasons = checkpoint_limits(quant) if limits is None else limits
         for f in features:
             if why := reasons.get(f):
                 return f"quantization {quant}: {why}"
     return None
+
+
+def checkpoint_limits(quant: str) -> dict[str, str]:
+    """What the loader cannot read yet in a real checkpoint of scheme `quant`, by model-card feature."""
+    if quant in INT4_SCHEMES:
+        return dict(INT4_CHECKPOINT_LIMITS)
+    if quant in FP4_SCHEMES:
+        return dict(FP4_CHECKPOINT_LIMITS)
+    return dict(QUANT_CHECKPOINT_LIMITS)
 
 
 def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL) -> str | None:
@@ -101,12 +108,8 @@ def capabilities() -> dict[str, Any]:
         "compilers": list(COMPILERS),
         "dtypes": list(DTYPES),
         "quantization": list(QUANTIZATION),
-        "quant_schemes": {n: {"description": sc.description, "capturable": True,
-                              "checkpoint_limits": dict(QUANT_CHECKPOINT_LIMITS)} for n, sc in SCHEMES.items()}
-                         | {n: {"description": sc.description, "capturable": True,
-                                "checkpoint_limits": dict(INT4_CHECKPOINT_LIMITS)} for n, sc in INT4_SCHEMES.items()}
-                         | {n: {"description": sc.description, "capturable": True,
-                                "checkpoint_limits": dict(FP4_CHECKPOINT_LIMITS)} for n, sc in FP4_SCHEMES.items()},
+        "quant_schemes": {n: {"description": sc.description, "capturable": True, "checkpoint_limits": checkpoint_limits(n)}
+                          for n, sc in (SCHEMES | INT4_SCHEMES | FP4_SCHEMES).items()},
         "quant_formats": list(QUANT_FORMATS),
         "parallel": dict(PARALLEL),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,

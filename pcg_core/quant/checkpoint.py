@@ -48,8 +48,8 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     for name, mod in list(model.named_modules()):
         if is_experts(mod):
             if spec.int4 is not None:
-                raise UnsupportedModel(f"{path}: {name}: 4-bit MoE experts are not read yet ({spec.format} declared in "
-                                       f"{spec.where}); the grouped int4 path comes next")
+                raise UnsupportedModel(f"{path}: {name}: 4-bit MoE expert checkpoints are not read yet ({spec.format} "
+                                       f"declared in {spec.where}); int4 experts run on synthetic weights")
             if spec.fp4 is not None:
                 raise UnsupportedModel(f"{path}: {name}: FP4 MoE experts are not read yet ({spec.format} NVFP4 declared "
                                        f"in {spec.where}); the grouped FP4 path comes next")
@@ -194,7 +194,8 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     fp4 = None
     if isinstance(scheme, Int4Scheme):
         if experts:
-            raise NotImplementedError("4-bit MoE experts are not written yet (the grouped int4 path comes next)")
+            raise NotImplementedError("4-bit MoE expert checkpoints are not written yet (their per-expert tensors are "
+                                      "not read either)")
         int4 = Int4Format(fmt, common_group(scheme, [m.in_features for m in linears.values()]))
         qc, legacy_cfg = int4_declaration(fmt, scheme, int4.group, ignore), None
     elif isinstance(scheme, Fp4Scheme):  # ModelOpt's NVFP4 declares W4A4 (input_scale); compressed-tensors' NVFP4A16

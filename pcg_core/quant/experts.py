@@ -11,12 +11,15 @@ static-shape and sync-free, hence capturable:
   dequantized to the activations' dtype, as transformers' grouped_mm path runs a 16-bit model. Each token
   only meets its own experts; the weight dequantization is one elementwise pass inductor fuses. A grouped
   kernel reading FP8/INT8 weights directly is the next step.
+int4 weight-only experts (awq, gptq) take the same two forwards with the activations left in 16 bits and the
+weights dequantized from the canonical int4 layout (act-order undone in the weight, not applied to the rows).
 """
 
 from __future__ import annotations
 
 import torch
 
+from pcg_core.quant.int4 import Int4Scheme, pack_nibbles, quantize_int4_ordered, unpack_nibbles
 from pcg_core.quant.schemes import BLOCK, Scheme, dequantize_weight, expand_activation_scale, quantize_activation, quantize_weight
 
 PROJECTIONS = ("gate_up_proj", "up_proj", "down_proj")
@@ -28,11 +31,14 @@ def is_experts(module: torch.nn.Module) -> bool:
     return isinstance(w, torch.Tensor) and w.dim() == 3 and hasattr(module, "num_experts")
 
 
-def quantize_experts(module: torch.nn.Module, scheme: Scheme, input_absmax: dict[str, float] | None = None) -> None:
+def quantize_experts(module: torch.nn.Module, scheme: Scheme | Int4Scheme, input_absmax: dict[str, float] | None = None) -> None:
     """Replace the module's expert weights by quantized buffers (same names) and `<name>_scale` beside them; a
     static scheme also gets `<name>_input_scale` from the calibrated absmax (keys "gate_up"/"down", the inputs
-    of the first and the second projection, over all experts)."""
+    of the first and the second projection, over all experts). int4: see quantize_experts_int4."""
     check_quantizable(module)
+    if isinstance(scheme, Int4Scheme):
+        quantize_experts_int4(module, scheme)
+        return
     for name in PROJECTIONS:
         w = getattr(module, name, None)
         if not isinstance(w, torch.Tensor):
@@ -75,8 +81,49 @@ def install(module: torch.nn.Module, scheme: Scheme, name: str, q: torch.Tensor,
     module.quant_scheme = scheme
 
 
+# int4 weight-only experts ------------------------------------------------------------------------------------
+def quantize_experts_int4(module: torch.nn.Module, scheme: Int4Scheme) -> None:
+    """Each expert's projection quantized as an int4 linear is (its own groups, zeros and act-order), held in the
+    canonical layout stacked over experts: `<name>` int32 [E, N, K/8] (codes packed along K), `<name>_scales`
+    and `<name>_zeros` float32 [E, N, K/G], `<name>_perm` [E, K] with act-order."""
+    check_quantizable(module)
+    for name in PROJECTIONS:
+        w = getattr(module, name, None)
+        if not isinstance(w, torch.Tensor):
+            continue
+        group = scheme.group_for(w.shape[-1])
+        qs = [quantize_int4_ordered(w[e].detach(), group, scheme.sym, scheme.act_order) for e in range(w.shape[0])]
+        dev = w.device
+        module._parameters.pop(name, None)
+        module.register_buffer(name, torch.stack([pack_nibbles(q.q, 1) for q in qs]).to(dev))
+        module.register_buffer(f"{name}_scales", torch.stack([q.scales for q in qs]).to(dev))
+        module.register_buffer(f"{name}_zeros", torch.stack([q.zeros for q in qs]).to(dev))
+        module.register_buffer(f"{name}_perm", torch.stack([q.perm for q in qs]).to(dev) if scheme.act_order else None)
+        setattr(module, f"{name}_group", group)
+    module.quant_scheme = scheme
+
+
+def _int4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, e: int | None = None) -> torch.Tensor:
+    """Expert e's (or every expert's, [E, N, K]) weight of projection `name` dequantized in the checkpoint's own
+    K order (act-order's permutation undone, so the activation is not permuted): sync-free elementwise work."""
+    sel = slice(None) if e is None else e
+    q, scales, zeros = (getattr(module, f"{name}{suffix}")[sel] for suffix in ("", "_scales", "_zeros"))
+    group = getattr(module, f"{name}_group")
+    w = (unpack_nibbles(q, -1).float() - zeros.repeat_interleave(group, -1)) * scales.repeat_interleave(group, -1)
+    perm = getattr(module, f"{name}_perm")
+    if perm is not None:  # column j of the stored weight is input channel perm[j]
+        w = torch.empty_like(w).scatter_(-1, perm[sel].unsqueeze(-2).expand_as(w), w)
+    return w.to(dtype)
+
+
+def _weight_only(module: torch.nn.Module) -> bool:
+    return isinstance(module.quant_scheme, Int4Scheme)
+
+
 def _project(x: torch.Tensor, module: torch.nn.Module, name: str, e: int) -> torch.Tensor:
     """x [T, K] through expert e's projection `name`, activations quantized as the scheme does (float32 out)."""
+    if _weight_only(module):
+        return x.float() @ _int4_dequantized(module, name, torch.float32, e).t()
     s: Scheme = module.quant_scheme
     xq, sx = quantize_activation(x, s, getattr(module, f"{name}_input_scale", None))
     w = dequantize_weight(getattr(module, name)[e], getattr(module, f"{name}_scale")[e], s)
@@ -99,12 +146,16 @@ def quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tens
 
 def _fake_quant(x: torch.Tensor, module: torch.nn.Module, name: str) -> torch.Tensor:
     """x [S, K] quantized as the scheme does before projection `name` and dequantized again, in x's dtype."""
+    if _weight_only(module):
+        return x
     xq, sx = quantize_activation(x, module.quant_scheme, getattr(module, f"{name}_input_scale", None))
     return (xq.float() * expand_activation_scale(sx, x.shape[-1])).to(x.dtype)
 
 
 def _all_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype) -> torch.Tensor:
     """Every expert's weight of projection `name` dequantized: [E, N, K] in `dtype`."""
+    if _weight_only(module):
+        return _int4_dequantized(module, name, dtype)
     s: Scheme = module.quant_scheme
     q, scale = getattr(module, name), getattr(module, f"{name}_scale").float()
     if s.weights == "block":

@@ -43,11 +43,12 @@ class Int4Scheme:
     act_dynamic: bool = True
 
     def group_for(self, k: int) -> int:
-        """The scheme's group, or at widths too small for it (tiny models) the largest of 64 and 32 dividing K."""
-        for g in (self.group, 64, 32):
+        """The scheme's group, or at widths too small for it (tiny models: 48-wide experts) the largest of 64, 32
+        and 16 dividing K (16: the W4A16 kernel's smallest tile)."""
+        for g in (self.group, 64, 32, 16):
             if g <= self.group and k % g == 0:
                 return g
-        raise NotImplementedError(f"{self.name}: K = {k} is not a multiple of its group {self.group} (nor of 64 or 32)")
+        raise NotImplementedError(f"{self.name}: K = {k} is not a multiple of its group {self.group} (nor of 64, 32 or 16)")
 
 
 INT4_SCHEMES: dict[str, Int4Scheme] = {s.name: s for s in (
@@ -137,6 +138,15 @@ def quantize_int4(w: torch.Tensor, group: int, sym: bool) -> Int4Weight:
         zeros = (-lo / scales).round().clamp(0, 15)
     q = (g / scales[..., None] + zeros[..., None]).round().clamp(0, 15).to(torch.uint8).reshape(n, k)
     return Int4Weight(q, scales, zeros, group)
+
+
+def quantize_int4_ordered(w: torch.Tensor, group: int, sym: bool, act_order: bool) -> Int4Weight:
+    """quantize_int4, with act_order its input channels taken by falling column norm (as GPTQ's desc_act takes
+    them by falling Hessian diagonal): the synthetic weights of a linear layer or of one expert."""
+    perm = torch.argsort(w.float().norm(dim=0), descending=True, stable=True) if act_order else None
+    q = quantize_int4(w if perm is None else w[:, perm], group, sym)
+    q.perm = perm
+    return q
 
 
 # --- AWQ "gemm" ---------------------------------------------------------------------------------------------
@@ -266,10 +276,7 @@ class Int4Linear(torch.nn.Module):
     def from_linear(cls, linear: torch.nn.Linear, group: int, sym: bool, act_order: bool = False) -> Int4Linear:
         """A float linear layer (a synthetic model's) quantized round-to-nearest; act_order: its input channels
         taken by falling column norm, as GPTQ's desc_act takes them by falling Hessian diagonal."""
-        w = linear.weight.detach()
-        perm = torch.argsort(w.float().norm(dim=0), descending=True, stable=True) if act_order else None
-        q = quantize_int4(w if perm is None else w[:, perm], group, sym)
-        q.perm = perm
+        q = quantize_int4_ordered(linear.weight.detach(), group, sym, act_order)
         return cls.from_weight(q, None if linear.bias is None else linear.bias.detach(), linear.weight.dtype)
 
     @classmethod

@@ -117,17 +117,20 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Sche
     if isinstance(scheme, Fp4Scheme):
         return _quantize_fp4(model, scheme, skip)
     swapped = []
-    if isinstance(scheme, Int4Scheme) and any(is_experts(m) for m in model.modules()):  # refused before any swap
-        raise NotImplementedError(f"{scheme.name}: 4-bit MoE experts are not quantized yet (the grouped int4 path)")
+    for mod in model.modules():  # experts this module cannot hold quantized: refused before any swap
+        if is_experts(mod):
+            check_quantizable(mod)
     for name, mod in list(model.named_modules()):
         if isinstance(scheme, Int4Scheme):  # weight-only: no activation scales
-            if type(mod) is torch.nn.Linear and not name.endswith(skip):
+            if is_experts(mod):
+                quantize_experts(mod, scheme)
+                swapped.append(name)
+            elif type(mod) is torch.nn.Linear and not name.endswith(skip):
                 parent, _, attr = name.rpartition(".")
                 setattr(model.get_submodule(parent) if parent else model, attr, Int4Linear.from_scheme(mod, scheme))
                 swapped.append(name)
             continue
         if is_experts(mod):
-            check_quantizable(mod)
             absmax = None if input_absmax is None or scheme.act_dynamic else {k: input_absmax[f"{name}.{k}"] for k in ("gate_up", "down")}
             quantize_experts(mod, scheme, absmax)
             swapped.append(name)

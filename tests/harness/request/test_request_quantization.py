@@ -61,7 +61,7 @@ def test_quantized_supported_architecture_fails_only_the_quant_axis():
     assert ct["verdicts"]["quant"]["ok"] and "compressed-tensors (as gptq)" in ct["verdicts"]["quant"]["reason"]
     moe = load_config("Qwen__Qwen3-30B-A3B.json") | {"quantization_config": {"quant_method": "gptq", "bits": 4}}
     v = analyze(moe)["verdicts"]["quant"]
-    assert not v["ok"] and "4-bit MoE experts are not quantized yet" in v["reason"], v
+    assert not v["ok"] and "4-bit MoE expert checkpoints are not read yet" in v["reason"], v
     nvfp4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
     nv = analyze(BASE | {"quantization_config": nvfp4})["verdicts"]["quant"]
     assert nv["ok"] and "modelopt (as fp4) supported" in nv["reason"], nv  # the loader reads NVFP4, runs it W4A16
