@@ -190,17 +190,23 @@ def _gptq(qc: dict[str, Any], where: str) -> QuantSpec:
     return QuantSpec("gptq", scheme, (), where=where, int4=Int4Format(fmt, group))
 
 
-def _ct_pack_quantized(qc: dict[str, Any], where: str) -> QuantSpec:
-    """compressed-tensors W4A16 (its `pack-quantized` format): runs as the gptq family (llm-compressor makes it
-    with GPTQ; the weights are the same int4 groups)."""
+def _one_ct_group(qc: dict[str, Any], where: str) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    """(where it is, its weights, its input_activations) of a compressed-tensors checkpoint's one config group
+    targeting Linear layers."""
     groups = qc.get("config_groups") or {}
     if len(groups) != 1:
         raise _refuse(where, f"{len(groups)} config_groups; one scheme per checkpoint is supported")
     name, g = next(iter(groups.items()))
     here = f"{where} config_groups.{name}"
-    w, a = g.get("weights") or {}, g.get("input_activations")
     if (g.get("targets") or []) != ["Linear"]:
         raise _refuse(here, f"targets {g.get('targets')}: only ['Linear']")
+    return here, g.get("weights") or {}, g.get("input_activations")
+
+
+def _ct_pack_quantized(qc: dict[str, Any], where: str) -> QuantSpec:
+    """compressed-tensors W4A16 (its `pack-quantized` format): runs as the gptq family (llm-compressor makes it
+    with GPTQ; the weights are the same int4 groups)."""
+    here, w, a = _one_ct_group(qc, where)
     if a is not None:
         raise _refuse(here, f"4-bit weights × {a.get('num_bits')}-bit {a.get('type')} activations (W4A8) are not read "
                             "yet; W4A16 (no input_activations) is")
@@ -228,14 +234,7 @@ def _ct_pack_quantized(qc: dict[str, Any], where: str) -> QuantSpec:
 def _ct_nvfp4(qc: dict[str, Any], where: str) -> QuantSpec:
     """compressed-tensors NVFP4 (`nvfp4-pack-quantized`): the NVFP4A16 preset, or the NVFP4 one (W4A4: fp4
     activations in blocks of 16 with a static global) run as W4A16, as ModelOpt's NVFP4 is."""
-    groups = qc.get("config_groups") or {}
-    if len(groups) != 1:
-        raise _refuse(where, f"{len(groups)} config_groups; one scheme per checkpoint is supported")
-    name, g = next(iter(groups.items()))
-    here = f"{where} config_groups.{name}"
-    w, a = g.get("weights") or {}, g.get("input_activations")
-    if (g.get("targets") or []) != ["Linear"]:
-        raise _refuse(here, f"targets {g.get('targets')}: only ['Linear']")
+    here, w, a = _one_ct_group(qc, where)
     nvfp4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": NVFP4_BLOCK}
     bad = {k: w.get(k) for k, v in nvfp4.items() if w.get(k) != v}
     if bad or not w.get("symmetric", True) or w.get("dynamic"):

@@ -37,6 +37,20 @@ def tiny_model(arch: str, layers: int = 2, dtype: torch.dtype = torch.float32, d
     return load_model(config_path(arch), tiny=True, layers=layers, dtype=dtype, device=device, seed=seed)
 
 
+def routed_experts(arch: str):
+    """A tiny MoE model's first fused experts module with 16 tokens routed to 2 experts each: (module, hidden
+    states, top-k expert ids, top-k weights), seeded."""
+    from pcg_core.quant.experts import is_experts
+
+    lm = tiny_model(arch)
+    mod = next(m for m in lm.model.modules() if is_experts(m))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, lm.config.hidden_size, generator=g)
+    idx = torch.stack([torch.randperm(mod.num_experts, generator=g)[:2] for _ in range(16)])
+    w = torch.rand(16, 2, generator=g)
+    return mod, x, idx, w
+
+
 def make_engine(
     model: torch.nn.Module,
     backend: str,

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from pcg_helpers import config_path, make_engine, prompts_of, tiny_model
+from pcg_helpers import config_path, make_engine, prompts_of, routed_experts, tiny_model
 
 from pcg_core import load_model
 from pcg_core.errors import UnsupportedModel
@@ -472,20 +472,10 @@ def test_quantized_model_graph_path_matches_eager_bitwise_on_cpu(scheme, backend
 
 
 # MoE experts ----------------------------------------------------------------------------------------------------
-def _experts(arch):
-    lm = tiny_model(arch)
-    mod = next(m for m in lm.model.modules() if is_experts(m))
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(16, lm.config.hidden_size, generator=g)
-    idx = torch.stack([torch.randperm(mod.num_experts, generator=g)[:2] for _ in range(16)])
-    w = torch.rand(16, 2, generator=g)
-    return mod, x, idx, w
-
-
 @pytest.mark.parametrize("arch", ["qwen3-moe", "mixtral"])
 @pytest.mark.parametrize("name", list(SCHEMES))
 def test_quantized_experts_track_the_float_experts(arch, name):
-    mod, x, idx, w = _experts(arch)
+    mod, x, idx, w = routed_experts(arch)
     want = pcg_experts_forward(mod, x, idx, w)
     with record_input_absmax(mod) as absmax:
         mod(x, idx, w)
@@ -508,7 +498,7 @@ def test_grouped_quantized_experts_equal_the_dense_reference(arch, name):
     """The grouped path CUDA runs (rows sorted by expert, two grouped GEMMs) against the dense reference, both in
     float32 here: the same math in another order. A planted routing fault (rows given back to the wrong
     tokens) must show."""
-    mod, x, idx, w = _experts(arch)
+    mod, x, idx, w = routed_experts(arch)
     with record_input_absmax(mod) as absmax:
         mod(x, idx, w)
     quantize_experts(mod, SCHEMES[name], {k: absmax[f".{k}"] for k in ("gate_up", "down")} if absmax else None)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pcg_helpers import tiny_model
+from pcg_helpers import routed_experts
 
 from pcg_core.model.experts import pcg_experts_forward
 from pcg_core.quant import INT4_SCHEMES
-from pcg_core.quant.experts import (_int4_dequantized, grouped_quantized_experts_forward, is_experts, quantize_experts,
+from pcg_core.quant.experts import (_int4_dequantized, grouped_quantized_experts_forward, quantize_experts,
                                     quantized_experts_forward)
 from pcg_core.quant.int4 import quantize_int4_ordered
 
@@ -21,20 +21,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def _experts(arch: str):
-    lm = tiny_model(arch)
-    mod = next(m for m in lm.model.modules() if is_experts(m))
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(16, lm.config.hidden_size, generator=g)
-    idx = torch.stack([torch.randperm(mod.num_experts, generator=g)[:2] for _ in range(16)])
-    w = torch.rand(16, 2, generator=g)
-    return mod, x, idx, w
-
-
 @pytest.mark.parametrize("arch", ["qwen3-moe", "mixtral"])
 @pytest.mark.parametrize("name", list(INT4_SCHEMES))
 def test_int4_experts_hold_each_experts_own_weight_and_track_the_float_experts(arch, name):
-    mod, x, idx, w = _experts(arch)
+    mod, x, idx, w = routed_experts(arch)
     scheme = INT4_SCHEMES[name]
     floats = {p: getattr(mod, p).detach().clone() for p in ("gate_up_proj", "up_proj", "down_proj") if hasattr(mod, p)}
     want = pcg_experts_forward(mod, x, idx, w)
@@ -61,7 +51,7 @@ def test_int4_experts_hold_each_experts_own_weight_and_track_the_float_experts(a
 def test_grouped_int4_experts_equal_the_dense_reference(arch, name):
     """The grouped path CUDA runs against the dense reference, both in float32 here; a planted routing fault
     (rows given back to the wrong tokens) must show."""
-    mod, x, idx, w = _experts(arch)
+    mod, x, idx, w = routed_experts(arch)
     quantize_experts(mod, INT4_SCHEMES[name])
     want = quantized_experts_forward(mod, x, idx, w)
     got = grouped_quantized_experts_forward(mod, x, idx, w)
@@ -70,7 +60,7 @@ def test_grouped_int4_experts_equal_the_dense_reference(arch, name):
 
 
 def test_act_order_ignored_in_the_experts_moves_their_output():
-    mod, x, idx, w = _experts("qwen3-moe")
+    mod, x, idx, w = routed_experts("qwen3-moe")
     quantize_experts(mod, INT4_SCHEMES["gptq"])  # act-order
     want = quantized_experts_forward(mod, x, idx, w)
     mod.down_proj_perm = None  # the codes read in the stored (permuted) K order
