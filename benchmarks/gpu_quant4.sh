@@ -22,14 +22,14 @@ sweep() {
   timeout ${SWEEP_TIMEOUT:-300} python3 benchmarks/w4a16_gemm.py --sweep 2>&1 | tee "$OUT/w4a16_sweep.txt" | tail -20
 }
 cells() {
-  CELLS=${CELLS:-"llama-3.1-8b:4 qwen3-8b:4"} QUANTS=${QUANTS:-"awq gptq"} bash "$(dirname "$0")/gpu_quant.sh" cells
+  CELLS=${CELLS:-"llama-3.1-8b:4 qwen3-8b:4"} QUANTS=${QUANTS:-"awq gptq fp4"} bash "$(dirname "$0")/gpu_quant.sh" cells
   for f in "$OUT"/quant_cells.*; do mv "$f" "${f/quant_cells/quant4_cells}"; done
 }
 ckpt() {
   local dir=/tmp/pcg-ckpt; rm -rf "$dir"; mkdir -p "$dir"
   : > "$OUT/quant4_ckpt.jsonl"
   # format:scheme pairs × card:layers; written one after the other (CPU), the cells two at a time
-  for pair in ${FORMATS:-awq:awq gptq:gptq gptq_v2:gptq compressed-tensors:gptq}; do
+  for pair in ${FORMATS:-awq:awq gptq:gptq gptq_v2:gptq compressed-tensors:gptq modelopt:fp4}; do
     for spec in ${CKPT_MODELS:-llama-3.1-8b:2 qwen3-8b:2}; do
       out="$dir/${spec%%:*}-${pair%%:*}"
       timeout ${WRITE_TIMEOUT:-300} python3 benchmarks/quant_checkpoint.py --model "${spec%%:*}" --layers "${spec##*:}" \

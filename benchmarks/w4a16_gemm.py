@@ -1,8 +1,8 @@
 """W4A16 (`pcg::w4a16_linear`, pcg_core/quant/w4a16.py) against bf16 F.linear on one N×K layer (default
 8192×4096), side by side: every row a captured CUDA graph replayed, CUDA events around each replay after a
 warm-up, the median of --repeat (≥ 50). Rows: bf16, awq-like (asym, g128) and gptq-like (sym, g128, act-order)
-Int4Linear. Prints ms and the ratio to bf16 with the targets (≤ 1.3× at M = 8, ≤ 1.25× at M = 4096); --out
-writes JSON. Reads no clocks and sets none: the GPU runs as it is configured.
+Int4Linear, and an NVFP4 Fp4Linear (`pcg::fp4_linear`, fp4_w4a16.py). Prints ms and the ratio to bf16 with the
+targets (≤ 1.3× at M = 8, ≤ 1.25× at M = 4096; meets_target judges every quantized column); --out writes JSON. Reads no clocks and sets none: the GPU runs as it is configured.
 
     PYTHONPATH=. python benchmarks/w4a16_gemm.py [--n 8192 --k 4096 --tokens 8,64,512,4096 --out r.json]
     PYTHONPATH=. python benchmarks/w4a16_gemm.py --sweep            # GEMM_CONFIGS candidates at M ≤ 64
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from pcg_core.quant import Int4Linear, get_scheme, w4a16
+from pcg_core.quant import Fp4Linear, Int4Linear, get_scheme, w4a16
 from quant_gemm import replay_ms  # benchmarks/, the script's own folder: one way to time a captured replay
 
 TARGETS = {8: 1.3, 4096: 1.25}  # W4A16 time / bf16 time, at most
@@ -38,21 +38,27 @@ SWEEP_CANDIDATES = [  # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps, stages); BLO
 SCAN_TOKENS = [16, 32, 48, 64, 96, 128, 192, 256]
 
 
-def layers(n: int, k: int) -> tuple[torch.nn.Linear, dict[str, Int4Linear]]:
+def layers(n: int, k: int, fp4: bool = False) -> tuple[torch.nn.Linear, dict[str, Int4Linear | Fp4Linear]]:
     torch.manual_seed(0)
     lin = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         lin.weight.copy_(torch.randn(n, k, device="cuda") * k**-0.5)
-    return lin, {name: Int4Linear.from_scheme(lin, get_scheme(name)) for name in ("awq", "gptq")}
+    out = {name: Int4Linear.from_scheme(lin, get_scheme(name)) for name in ("awq", "gptq")}
+    if fp4:
+        out["fp4"] = Fp4Linear.from_linear(lin, 16)  # NVFP4: blocks of 16, e4m3 scales, a global
+    return lin, out
 
 
-def rel_err(layer: Int4Linear, x: torch.Tensor) -> float:
-    want = layer.weight_int4().reference_linear(x)
+def rel_err(layer: Int4Linear | Fp4Linear, x: torch.Tensor) -> float:
+    if isinstance(layer, Fp4Linear):
+        want = torch.nn.functional.linear(x.float(), layer.dequantized_weight())
+    else:
+        want = layer.weight_int4().reference_linear(x)
     return float((layer(x).float() - want).norm() / want.norm())
 
 
 def compare(n: int, k: int, tokens: list[int], repeat: int) -> list[dict]:
-    lin, int4 = layers(n, k)
+    lin, int4 = layers(n, k, fp4=True)
     rows = []
     for m in tokens:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -143,7 +149,7 @@ def main() -> None:
         result["scan_threshold"] = scan_threshold(a.n, a.k, a.repeat)
     if not (a.sweep or a.scan_threshold):
         print(f"{a.n}×{a.k}, CUDA-graph replay, median of {a.repeat} (ms; ratio to bf16)")
-        print(f"{'M':>6} {'path':>15} {'bf16':>8} {'awq g128 asym':>17} {'gptq g128 act':>17}")
+        print(f"{'M':>6} {'path':>15} {'bf16':>8} {'awq g128 asym':>17} {'gptq g128 act':>17} {'nvfp4':>17}")
         result["rows"] = compare(a.n, a.k, [int(t) for t in a.tokens.split(",")], a.repeat)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)

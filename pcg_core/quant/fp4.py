@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from pcg_core.errors import ConfigError
+from pcg_core.quant.fp4_w4a16 import fp4_linear  # registers pcg::fp4_linear
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 E2M1_MAX = 6.0
@@ -324,8 +325,9 @@ def split_gate_up(gate_up_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 class Fp4Linear(torch.nn.Module):
     """y = x Wᵀ + b with W in the canonical FP4 layout: codes packed two a byte along K, low nibble first
     (`weight_packed`, (N, K/2)), float32 block `weight_scale` (N, K/B) and a float32 `global_scale` multiplier
-    (1 when the format has none). The reference W4A16 path (dequantize, then the float GEMM): static shapes and no
-    host syncs, so a CUDA graph can capture it; the FP4 kernels come next and are held to it."""
+    (1 when the format has none). The forward is one `pcg::fp4_linear` call (fp4_w4a16.py): on CUDA the FP4
+    W4A16 Triton kernels read these buffers as they are, elsewhere the reference math (dequantize, then the float
+    GEMM); static shapes and no host syncs, so a CUDA graph can capture it."""
 
     def __init__(self, in_features: int, out_features: int, block: int = NVFP4_BLOCK, bias: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16):
@@ -377,8 +379,8 @@ class Fp4Linear(torch.nn.Module):
         return Fp4Weight(unpack_e2m1(self.weight_packed), self.weight_scale, self.block, None if g == 1.0 else g)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.float()
-        return torch.nn.functional.linear(x.float(), self.dequantized_weight(), bias).to(x.dtype)
+        """`pcg::fp4_linear` (fp4_w4a16.py): W4A16 Triton kernels on CUDA, elsewhere this reference exactly."""
+        return fp4_linear(x, self.weight_packed, self.weight_scale, self.global_scale, self.block, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}"

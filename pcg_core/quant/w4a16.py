@@ -176,9 +176,16 @@ def launch_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
                              HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                              num_warps=warps, num_stages=stages)
     if split > 1:
-        _splitk_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](ws, dummy if bias is None else bias, out,
-                                                                   m * n, n, SPLIT_K=split,
-                                                                   HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK)
+        launch_splitk_reduce(ws, bias, out, split, dummy)
+
+
+def launch_splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, split: int,
+                         dummy: torch.Tensor | None = None) -> None:
+    """out (M, N) = Σ ws[s] (+ bias) over the split in a fixed order (shared with fp4_w4a16.py)."""
+    mn, n = out.numel(), out.shape[-1]
+    _splitk_reduce_kernel[(triton.cdiv(mn, REDUCE_BLOCK),)](ws, (ws if dummy is None else dummy) if bias is None
+                                                            else bias, out, mn, n, SPLIT_K=split,
+                                                            HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK)
 
 
 def launch_dequant(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, out: torch.Tensor,

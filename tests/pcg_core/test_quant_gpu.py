@@ -243,3 +243,109 @@ def test_w4a16_every_table_row_compiles_and_matches(int4_layers):
         want = layer.weight_int4().reference_linear(x)
         rel = float((got.float() - want).norm() / want.norm())
         assert rel < W4A16_RTOL, f"{cfg} M={m}: {rel:.3g}"
+
+
+# --- FP4 W4A16 (pcg::fp4_linear, fp4_w4a16.py) -------------------------------------------------------------------
+# The fused GEMM's bf16 weight tile is exact (e2m1 × e4m3/e8m0 scale ≤ 6 significant bits; the global multiplies
+# the fp32 accumulator), so it differs from the float32 reference by the bf16 output rounding (≈ 1e-3 RMS) and
+# fp32 summation order; dequantize + cuBLAS also rounds W·g to bf16 once (≈ 1.5e-3). W4A16_RTOL leaves ≥ 6×, while
+# a swapped nibble order, a wrong block or a dropped global moves whole blocks (O(0.3–1), checked below).
+
+
+@pytest.fixture(scope="module")
+def fp4_layers():
+    """An NVFP4 (block 16, power-of-two global) and an MXFP4 (block 32) Fp4Linear of 8192×4096 with bias, built once."""
+    from pcg_core.quant import Fp4Linear
+
+    layers = {}
+    for seed, (name, block) in enumerate((("nvfp4", 16), ("mxfp4", 32))):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        lin = torch.nn.Linear(4096, 8192, bias=True, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(8192, 4096, generator=g, device="cuda") * 4096**-0.5)
+        layers[name] = Fp4Linear.from_linear(lin, block)
+    return layers
+
+
+def _fp4_rel(layer, x: torch.Tensor, got: torch.Tensor | None = None) -> float:
+    from pcg_core.quant import fp4_w4a16
+
+    got = layer(x) if got is None else got
+    want = fp4_w4a16.reference(x.float(), layer.weight_packed, layer.weight_scale, layer.global_scale, layer.block,
+                               layer.bias)
+    assert got.dtype == x.dtype and got.shape == want.shape
+    return float((got.float() - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("m", [1, 8, 16, 17, 33, 64, 65, 512, 4096])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_fp4_kernel_matches_the_reference_at_a_real_width(fp4_layers, name, m):
+    """M ≤ THRESHOLD_M: the fused GEMM (split-K at M ≤ 32); above: dequantize + cuBLAS; bf16 activations."""
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    rel = _fp4_rel(fp4_layers[name], x)
+    assert rel < W4A16_RTOL, f"{name} M={m}: {rel:.3g}"
+
+
+@pytest.mark.parametrize("m", [8, 64, 512])
+def test_fp4_fp16_activations_odd_global_and_3d_input(fp4_layers, m):
+    layer = fp4_layers["nvfp4"]
+    saved = layer.global_scale.clone()
+    layer.global_scale.mul_(0.37)  # not a power of two
+    try:
+        x = torch.randn(2, m, 4096, device="cuda", dtype=torch.float16)
+        got = layer(x)
+        assert got.shape == (2, m, 8192)
+        rel = _fp4_rel(layer, x.reshape(-1, 4096), got.reshape(-1, 8192))
+        assert rel < W4A16_RTOL, f"fp16 M={m}: {rel:.3g}"
+    finally:
+        layer.global_scale.copy_(saved)
+
+
+@pytest.mark.parametrize("m", [8, 64, 65, 512])
+@pytest.mark.parametrize("fault", ["nibble order swapped", "block size wrong", "global scale dropped"])
+def test_fp4_planted_faults_are_caught(fp4_layers, m, fault):
+    from pcg_core.quant import fp4_w4a16
+
+    layer = fp4_layers["nvfp4"]
+    packed, s, g, block = layer.weight_packed, layer.weight_scale, layer.global_scale, 16
+    if fault == "nibble order swapped":
+        packed = (packed << 4) | (packed >> 4)
+    elif fault == "block size wrong":
+        block = 32
+    else:
+        g = None
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    if m <= fp4_w4a16.THRESHOLD_M:
+        got = torch.empty(m, 8192, device="cuda", dtype=torch.bfloat16)
+        fp4_w4a16.launch_gemm(x, packed, s, g, block, layer.bias, got, fp4_w4a16.gemm_config(m, 4096, 32))
+    else:
+        wd = torch.empty(8192, 4096, device="cuda", dtype=torch.bfloat16)
+        fp4_w4a16.launch_dequant(packed, s, g, block, wd, fp4_w4a16.dequant_block_k(4096, 32))
+        got = torch.nn.functional.linear(x, wd, layer.bias)
+    assert _fp4_rel(layer, x, got) > W4A16_RTOL, f"M={m}: {fault}"
+
+
+@pytest.mark.parametrize("m", [1, 8, 33, 64, 512])
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_fp4_replay_is_bitwise_equal_to_eager(fp4_layers, name, m):
+    """Split-K reduces in a fixed order, the global is read on the device, configurations come from a table: a
+    CUDA graph of Fp4Linear (after _replayed's warm-up) replays exactly what eager computed."""
+    layer = fp4_layers[name]
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    eager = layer(x).clone()
+    assert torch.equal(_replayed(layer, x), eager)
+    assert torch.equal(layer(x), eager)
+
+
+def test_fp4_every_table_row_compiles_and_matches(fp4_layers):
+    """Each GEMM_CONFIGS row at the largest M it serves (capped at 128), forced past the threshold, both blocks."""
+    from pcg_core.quant import fp4_w4a16
+
+    for name, layer in fp4_layers.items():
+        for top, cfg in fp4_w4a16.GEMM_CONFIGS:
+            m = min(top, 128)
+            x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+            got = fp4_w4a16.triton_linear(x, layer.weight_packed, layer.weight_scale, layer.global_scale,
+                                          layer.block, layer.bias, threshold=1 << 30, config=cfg)
+            rel = _fp4_rel(layer, x, got)
+            assert rel < W4A16_RTOL, f"{name} {cfg} M={m}: {rel:.3g}"
