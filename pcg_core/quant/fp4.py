@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from pcg_core.errors import ConfigError
+from pcg_core.quant.e2m1 import E2M1_VALUES, e2m1_decode, e2m1_table, pack_e2m1, unpack_e2m1  # noqa: F401 (the FP4 words, here too)
 from pcg_core.quant.fp4_w4a16 import fp4_linear  # registers pcg::fp4_linear
 
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 NVFP4_BLOCK = 16
@@ -38,16 +38,6 @@ E8M0_NAN = 255
 MX_BYTES = MXFP4_BLOCK // 2  # bytes of one gpt-oss block
 # midpoints between neighbouring magnitudes, and whether a tie goes up (to the even code, as IEEE rounds)
 _MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
-
-
-def e2m1_table(device: torch.device | str | None = None) -> torch.Tensor:
-    """The 16 values of e2m1, indexed by code (float32; entry 8 is −0.0)."""
-    return torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
-
-
-def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
-    """float32 values of uint8 codes 0..15 (a gather: sync-free, so also what a captured forward runs)."""
-    return e2m1_table(codes.device)[codes.long()]
 
 
 def e2m1_encode(y: torch.Tensor) -> torch.Tensor:
@@ -80,21 +70,6 @@ def e8m0_encode(scales: torch.Tensor) -> torch.Tensor:
     if not bool(ok.all()):
         raise ValueError("e8m0 holds only powers of two in 2^-127..2^127")
     return torch.where(bits == 1 << 22, 0, s).to(torch.uint8)
-
-
-def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 (…, K/2) of codes (…, K): byte j holds code 2j in its LOW nibble and 2j + 1 in its high one."""
-    if codes.shape[-1] % 2:
-        raise ValueError(f"packing e2m1 needs an even K, got {codes.shape[-1]}")
-    if codes.numel() and int(codes.max()) > 15:
-        raise ValueError("e2m1 codes must lie in 0..15")
-    pairs = codes.to(torch.uint8).unflatten(-1, (-1, 2))
-    return pairs[..., 0] | (pairs[..., 1] << 4)
-
-
-def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 codes (…, 2·K2) of bytes (…, K2), low nibble first (sync-free)."""
-    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from pcg_core.quant import w4a16
+import pcg_core.quant.w4a16 as w4a16  # noqa: PLR0402 - the module, not the package (whose __init__ imports fp4.py)
+from pcg_core.quant.e2m1 import e2m1_table, unpack_e2m1
 from pcg_core.quant.w4a16 import triton
 
 if triton is not None:
@@ -61,11 +62,6 @@ def dequant_block_k(k: int, block: int) -> int | None:
 def reference(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor,
               global_scale: torch.Tensor | None, block: int, bias: torch.Tensor | None) -> torch.Tensor:
     """Fp4Linear's dequantized reference, product for product: F.linear(x.float(), (e2m1 · s) · g, bias)."""
-    from pcg_core.quant.fp4 import (  # here: fp4.py imports this module
-        e2m1_table,
-        unpack_e2m1,
-    )
-
     v = e2m1_table(weight_packed.device)[unpack_e2m1(weight_packed).long()].unflatten(-1, (-1, block))
     v = v * weight_scale[..., None]
     if global_scale is not None:

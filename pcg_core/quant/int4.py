@@ -21,11 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from pcg_core.errors import ConfigError
+from pcg_core.quant.nibbles import NIBBLES, PLAIN_ORDER, dequantize_codes, pack_nibbles, unpack_nibbles  # noqa: F401 (the int4 words, here too)
 from pcg_core.quant.w4a16 import w4a16_linear  # registers pcg::w4a16_linear
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # column (within 8) held by nibble i of an AWQ word
-PLAIN_ORDER = tuple(range(8))
-NIBBLES = 8  # per int32 word
 
 
 @dataclass(frozen=True)
@@ -71,9 +70,7 @@ class Int4Weight:
 
     def dequantize(self) -> torch.Tensor:
         """W (N, K) in the *permuted* K order when `perm` is set (the order the activation is permuted into)."""
-        s = self.scales.repeat_interleave(self.group, dim=1)
-        z = self.zeros.repeat_interleave(self.group, dim=1)
-        return (self.q.float() - z) * s
+        return dequantize_codes(self.q, self.scales, self.zeros, self.group)
 
     def original(self) -> torch.Tensor:
         """W (N, K) in the checkpoint's own K order: the matrix the checkpoint stands for."""
@@ -89,33 +86,6 @@ class Int4Weight:
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         return torch.nn.functional.linear(x.float(), self.dequantize(), None if bias is None else bias.float())
-
-
-# --- nibble packing ---------------------------------------------------------------------------------------
-
-
-def pack_nibbles(codes: torch.Tensor, dim: int, order: tuple[int, ...] = PLAIN_ORDER) -> torch.Tensor:
-    """int32 words of 8 codes (0..15) along `dim`: nibble i (bits 4i..4i+3) holds element order[i] of its 8."""
-    codes = codes.movedim(dim, -1)
-    if codes.shape[-1] % NIBBLES:
-        raise ValueError(f"packing 4-bit codes needs a multiple of {NIBBLES} along dim {dim}, got {codes.shape[-1]}")
-    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) > 15):
-        raise ValueError("4-bit codes must lie in 0..15")
-    g = codes.reshape(*codes.shape[:-1], -1, NIBBLES).to(torch.int64)
-    word = torch.zeros(g.shape[:-1], dtype=torch.int64, device=codes.device)
-    for i, j in enumerate(order):
-        word |= g[..., j] << (4 * i)
-    word = torch.where(word >= 2**31, word - 2**32, word)  # the same 32 bits, as a signed int32 holds them
-    return word.to(torch.int32).movedim(-1, dim)
-
-
-def unpack_nibbles(words: torch.Tensor, dim: int, order: tuple[int, ...] = PLAIN_ORDER) -> torch.Tensor:
-    """The inverse of pack_nibbles: uint8 codes, 8 per word along `dim`."""
-    w = words.movedim(dim, -1).to(torch.int64) & 0xFFFFFFFF
-    out = torch.empty(*w.shape, NIBBLES, dtype=torch.uint8, device=words.device)
-    for i, j in enumerate(order):
-        out[..., j] = ((w >> (4 * i)) & 0xF).to(torch.uint8)
-    return out.reshape(*w.shape[:-1], -1).movedim(-1, dim)
 
 
 # --- a reference quantizer (synthetic checkpoints) ------------------------------------------------------------

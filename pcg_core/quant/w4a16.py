@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from pcg_core.quant.nibbles import dequantize_codes, unpack_nibbles
+
 try:
     import triton
     import triton.language as tl
@@ -229,11 +231,11 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
 
 def _reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                perm: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
-    # Imported here: int4.py imports this module (Int4Linear's forward is the op).
-    from pcg_core.quant.int4 import Int4Weight, unpack_nibbles
-
-    w = Int4Weight(unpack_nibbles(qweight, 1), scales, zeros, group, perm)
-    return w.reference_linear(x, bias).to(x.dtype)
+    """Int4Weight.reference_linear's math: the activation permuted, the weight dequantized in float32."""
+    if perm is not None:
+        x = x.index_select(-1, perm)
+    w = dequantize_codes(unpack_nibbles(qweight, 1), scales, zeros, group)
+    return torch.nn.functional.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)
 
 
 @torch.library.custom_op("pcg::w4a16_linear", mutates_args=())
