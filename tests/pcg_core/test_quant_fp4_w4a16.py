@@ -11,14 +11,10 @@ defined; `test_the_kernels_under_the_interpreter` runs them in a child pytest wi
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from triton_interpreter import interpreted, rel, run_interpreted_tests
 
 from pcg_core.quant import fp4_w4a16
 from pcg_core.quant.fp4 import (
@@ -31,9 +27,6 @@ from pcg_core.quant.fp4 import (
     quantize_nvfp4,
 )
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-interpreted = pytest.mark.skipif(not (INTERPRET and HAS_TRITON), reason="needs Triton and TRITON_INTERPRET=1")
 
 # Kernel vs float32 reference, relative (Frobenius). e2m1 × an e4m3 or power-of-two scale has ≤ 6 significant
 # bits, so the GEMM's fp16 weight tile is exact (the global is applied to the fp32 accumulator) and x is fp16 in
@@ -55,10 +48,6 @@ def _weight(n: int, k: int, block: int, glob: float | None, seed: int = 0) -> Fp
 def _args(q: Fp4Weight) -> tuple:
     gs = None if q.global_scale is None else torch.tensor(q.global_scale, dtype=torch.float32)
     return pack_e2m1(q.codes), q.scales, gs, q.block
-
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want.float()).norm() / want.float().norm())
 
 
 def _swap_nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -121,7 +110,7 @@ def test_planted_faults_fail_the_comparison(fault):
     else:
         g = None
     x = torch.randn(8, 256, generator=torch.Generator().manual_seed(4))
-    assert _rel(torch.ops.pcg.fp4_linear(x, packed, s, g, block, None), q.reference_linear(x)) > FAULT, fault
+    assert rel(torch.ops.pcg.fp4_linear(x, packed, s, g, block, None), q.reference_linear(x)) > FAULT, fault
 
 
 @pytest.mark.parametrize("m,k,block", [(1, 4096, 16), (8, 4096, 32), (16, 64, 32), (33, 4096, 16), (64, 96, 32),
@@ -149,8 +138,8 @@ def test_interpreted_kernels_match_the_reference(m, block, glob):
     bias = torch.randn(256, generator=torch.Generator().manual_seed(6)).half()
     got = fp4_w4a16.triton_linear(x, *_args(q), bias)
     assert got.dtype == torch.float16 and got.shape == (m, 256)
-    rel = _rel(got, q.reference_linear(x, bias))
-    assert rel < RTOL[torch.float16], f"M={m} block={block} global={glob}: {rel:.3g}"
+    err = rel(got, q.reference_linear(x, bias))
+    assert err < RTOL[torch.float16], f"M={m} block={block} global={glob}: {err:.3g}"
 
 
 @interpreted
@@ -164,8 +153,8 @@ def test_interpreted_paths_forced_and_ragged_edges(m, n, threshold, dtype):
         q = _weight(n, 256, block, 0.37, seed=n)
         x = torch.randn(m, 256, generator=torch.Generator().manual_seed(7)).to(dtype)
         got = fp4_w4a16.triton_linear(x, *_args(q), None, threshold=threshold)
-        rel = _rel(got, q.reference_linear(x))
-        assert rel < RTOL[dtype], f"M={m} N={n} block={block} threshold={threshold} {dtype}: {rel:.3g}"
+        err = rel(got, q.reference_linear(x))
+        assert err < RTOL[dtype], f"M={m} N={n} block={block} threshold={threshold} {dtype}: {err:.3g}"
 
 
 @interpreted
@@ -176,7 +165,7 @@ def test_interpreted_split_k_is_deterministic_and_agrees_with_one_split():
     split4 = fp4_w4a16.triton_linear(x, *_args(q), bias, config=(16, 64, 128, 4, 4, 4))
     assert torch.equal(split4, fp4_w4a16.triton_linear(x, *_args(q), bias, config=(16, 64, 128, 4, 4, 4)))
     one = fp4_w4a16.triton_linear(x, *_args(q), bias, config=(16, 64, 128, 1, 4, 4))
-    assert _rel(split4, one) < 1e-3
+    assert rel(split4, one) < 1e-3
 
 
 @interpreted
@@ -201,7 +190,7 @@ def test_interpreted_planted_faults_fail(path, fault):
         wd = torch.empty(128, 512, dtype=torch.float16)
         fp4_w4a16.launch_dequant(packed, s, g, block, wd, fp4_w4a16.dequant_block_k(512, 32))
         got = torch.nn.functional.linear(x, wd)
-    assert _rel(got, q.reference_linear(x)) > FAULT, f"{path}: {fault}"
+    assert rel(got, q.reference_linear(x)) > FAULT, f"{path}: {fault}"
 
 
 @interpreted
@@ -211,21 +200,10 @@ def test_interpreted_planted_faults_fail_only_when_planted():
     x = torch.randn(8, 512, generator=torch.Generator().manual_seed(9)).half()
     got = torch.empty(8, 128, dtype=torch.float16)
     fp4_w4a16.launch_gemm(x, *_args(q), None, got, fp4_w4a16.gemm_config(8, 512, 32))
-    assert _rel(got, q.reference_linear(x)) < RTOL[torch.float16]
+    assert rel(got, q.reference_linear(x)) < RTOL[torch.float16]
 
 
 def test_the_kernels_under_the_interpreter():
     """The interpreter tests above, in a child pytest with TRITON_INTERPRET=1 (it must be set before the kernels
     are defined). Where CUDA is, test_quant_gpu.py runs the compiled kernels instead."""
-    if INTERPRET or not HAS_TRITON or torch.cuda.is_available():
-        pytest.skip("runs where Triton is installed and no GPU is (and not inside the interpreter run itself)")
-    import numpy
-
-    if tuple(int(p) for p in numpy.__version__.split(".")[:2]) >= (2, 4):
-        pytest.skip("Triton 3.6's interpreter needs numpy < 2.4 (int() of a 1-element array)")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)),
-                          "-k", "interpreted"], check=False, cwd=root, env=env, capture_output=True, text=True, timeout=1200)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
-    assert " passed" in res.stdout and "skipped" not in res.stdout.splitlines()[-1], res.stdout[-2000:]
+    run_interpreted_tests(__file__)

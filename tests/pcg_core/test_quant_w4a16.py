@@ -12,14 +12,10 @@ installed and no GPU is, `test_the_kernels_under_the_interpreter` runs them in a
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from triton_interpreter import interpreted, rel, run_interpreted_tests
 
 from pcg_core.quant import w4a16
 from pcg_core.quant.int4 import (
@@ -31,9 +27,6 @@ from pcg_core.quant.int4 import (
     unpack_nibbles,
 )
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-interpreted = pytest.mark.skipif(not (INTERPRET and HAS_TRITON), reason="needs Triton and TRITON_INTERPRET=1")
 
 # Kernel vs float32 reference, relative (Frobenius). fp16 activations: the dequantized weight is rounded to fp16
 # (2^-11 relative) for the tensor cores, the output once more; measured ≈ 3e-4. The interpreter's bf16 casts
@@ -53,10 +46,6 @@ def _weight(n: int, k: int, group: int, sym: bool, act_order: bool, seed: int = 
 
 def _args(q: Int4Weight) -> tuple:
     return pack_nibbles(q.q, 1), q.scales, q.zeros, q.group
-
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want.float()).norm() / want.float().norm())
 
 
 # --- everywhere: the CPU implementation, the fake implementation, the configuration fitting ---------------------
@@ -116,7 +105,7 @@ def test_planted_faults_fail_the_comparison(fault):
     else:
         s, z = s.roll(1, dims=1), z.roll(1, dims=1)
     x = torch.randn(8, 256, generator=torch.Generator().manual_seed(4))
-    assert _rel(torch.ops.pcg.w4a16_linear(x, qw, s, z, g, perm, None), q.reference_linear(x)) > FAULT, fault
+    assert rel(torch.ops.pcg.w4a16_linear(x, qw, s, z, g, perm, None), q.reference_linear(x)) > FAULT, fault
 
 
 @pytest.mark.parametrize("m,k,group", [(1, 4096, 128), (8, 4096, 32), (16, 64, 32), (33, 4096, 4096), (64, 96, 32),
@@ -148,8 +137,8 @@ def test_interpreted_kernels_match_the_reference(m, group, sym, act_order):
     bias = torch.randn(256, generator=torch.Generator().manual_seed(6)).half()
     got = w4a16.triton_linear(x, *_args(q), q.perm, bias)
     assert got.dtype == torch.float16 and got.shape == (m, 256)
-    rel = _rel(got, q.reference_linear(x, bias))
-    assert rel < RTOL[torch.float16], f"M={m} group={group} sym={sym} act_order={act_order}: {rel:.3g}"
+    err = rel(got, q.reference_linear(x, bias))
+    assert err < RTOL[torch.float16], f"M={m} group={group} sym={sym} act_order={act_order}: {err:.3g}"
 
 
 @interpreted
@@ -164,8 +153,8 @@ def test_interpreted_paths_forced_and_ragged_edges(m, n, threshold, dtype):
     x = torch.randn(m, 256, generator=torch.Generator().manual_seed(7)).to(dtype)
     for perm_in_kernel in (0, threshold):  # act-order by index_select first, and gathered inside the GEMM
         got = w4a16.triton_linear(x, *_args(q), q.perm, None, threshold=threshold, perm_in_kernel=perm_in_kernel)
-        rel = _rel(got, q.reference_linear(x))
-        assert rel < RTOL[dtype], f"M={m} N={n} threshold={threshold} perm_in_kernel={perm_in_kernel} {dtype}: {rel:.3g}"
+        err = rel(got, q.reference_linear(x))
+        assert err < RTOL[dtype], f"M={m} N={n} threshold={threshold} perm_in_kernel={perm_in_kernel} {dtype}: {err:.3g}"
 
 
 @interpreted
@@ -175,7 +164,7 @@ def test_interpreted_split_k_is_deterministic_and_agrees_with_one_split():
     split4 = w4a16.triton_linear(x, *_args(q), None, None, config=(16, 64, 128, 4, 4, 4))
     assert torch.equal(split4, w4a16.triton_linear(x, *_args(q), None, None, config=(16, 64, 128, 4, 4, 4)))
     one = w4a16.triton_linear(x, *_args(q), None, None, config=(16, 64, 128, 1, 4, 4))
-    assert _rel(split4, one) < 1e-3
+    assert rel(split4, one) < 1e-3
 
 
 @interpreted
@@ -199,21 +188,10 @@ def test_interpreted_planted_faults_fail(path, fault):
         wd = torch.empty(128, 512, dtype=torch.float16)
         w4a16.launch_dequant(qw, s, z, 2 * g, wd, w4a16.dequant_block_k(512, g))
         got = torch.nn.functional.linear(x.index_select(1, perm), wd)
-    assert _rel(got, q.reference_linear(x)) > FAULT, f"{path}: {fault}"
+    assert rel(got, q.reference_linear(x)) > FAULT, f"{path}: {fault}"
 
 
 def test_the_kernels_under_the_interpreter():
     """The interpreter tests above, in a child pytest with TRITON_INTERPRET=1 (it must be set before the kernels
     are defined). Where CUDA is, test_quant_gpu.py runs the compiled kernels instead."""
-    if INTERPRET or not HAS_TRITON or torch.cuda.is_available():
-        pytest.skip("runs where Triton is installed and no GPU is (and not inside the interpreter run itself)")
-    import numpy
-
-    if tuple(int(p) for p in numpy.__version__.split(".")[:2]) >= (2, 4):
-        pytest.skip("Triton 3.6's interpreter needs numpy < 2.4 (int() of a 1-element array)")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)),
-                          "-k", "interpreted"], check=False, cwd=root, env=env, capture_output=True, text=True, timeout=1200)
-    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
-    assert " passed" in res.stdout and "skipped" not in res.stdout.splitlines()[-1], res.stdout[-2000:]
+    run_interpreted_tests(__file__)
