@@ -25,7 +25,7 @@ from pcg_core.quant.files import EIGHT_BIT, CheckpointTensors, shaped
 from pcg_core.quant.formats import HF_QUANT_CONFIG, QuantSpec, declaration
 from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme, quantize_nvfp4
 from pcg_core.quant.fp4_checkpoint import Fp4Format, declaration as fp4_declaration, fp4_tensors, read_fp4_linear
-from pcg_core.quant.int4 import Int4Linear, Int4Scheme
+from pcg_core.quant.int4 import Int4Linear, Int4Scheme, quantize_int4_ordered
 from pcg_core.quant.int4_checkpoint import (Int4Format, common_group, declaration as int4_declaration, int4_tensors,
                                             read_int4_linear, stored_weight)
 from pcg_core.quant.linear import QuantLinear
@@ -222,7 +222,7 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
             continue
         file_key = layout.file_key(key)
         if mod in linears and key.endswith(".weight") and int4 is not None:
-            w = stored_weight(Int4Linear.from_linear(linears[mod], int4.group, scheme.sym, scheme.act_order).weight_int4(),
+            w = stored_weight(quantize_int4_ordered(t.detach(), int4.group, scheme.sym, scheme.act_order),
                               int4, t.dtype)
             tensors.update({f"{layout.file_key(mod)}.{k}": v for k, v in int4_tensors(w, int4, scheme.sym, t.dtype).items()})
         elif mod in linears and key.endswith(".weight") and fp4 is not None:

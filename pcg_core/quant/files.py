@@ -41,6 +41,17 @@ class CheckpointTensors:
         self.used.add(key)
         return self._handles[self._where[key]].get_tensor(key)
 
+    def companion(self, packed: str, key: str, fmt: str) -> torch.Tensor:
+        """Tensor `key`, which format `fmt` stores beside every quantized tensor like `packed`: a packed weight
+        without it is an error naming both, never a weight read without its scales."""
+        if key not in self:
+            raise UnsupportedModel(f"{self.path}: {packed} is there but {key} is missing ({fmt} stores it beside every "
+                                   "quantized linear)")
+        return self.get(key)
+
+    def optional(self, key: str) -> torch.Tensor | None:
+        return self.get(key) if key in self else None
+
 
 def shaped(t: torch.Tensor, shape: tuple[int, ...], key: str, path: Path) -> torch.Tensor:
     """A scale in the shape the scheme uses: the same elements with fewer or more unit dimensions ([N] for

@@ -59,11 +59,7 @@ def read_fp4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors,
     path = tensors.path
 
     def need(suffix: str) -> torch.Tensor:
-        key = f"{name}.{suffix}"
-        if key not in tensors:
-            raise UnsupportedModel(f"{path}: {fmt.packed_key(name)} is packed in FP4 but {key} is missing ({fmt.name} "
-                                   f"NVFP4 stores it beside every quantized linear)")
-        return tensors.get(key)
+        return tensors.companion(fmt.packed_key(name), f"{name}.{suffix}", f"{fmt.name} NVFP4")
 
     def refuse(suffix: str, why: str) -> None:
         if f"{name}.{suffix}" in tensors:

@@ -89,15 +89,10 @@ def read_int4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors
     path = tensors.path
 
     def need(suffix: str) -> torch.Tensor:
-        key = f"{name}.{suffix}"
-        if key not in tensors:
-            raise UnsupportedModel(f"{path}: {fmt.packed_key(name)} is there but {key} is missing ({fmt.name} stores "
-                                   f"it beside every quantized linear)")
-        return tensors.get(key)
+        return tensors.companion(fmt.packed_key(name), f"{name}.{suffix}", fmt.name)
 
     def maybe(suffix: str) -> torch.Tensor | None:
-        key = f"{name}.{suffix}"
-        return tensors.get(key) if key in tensors else None
+        return tensors.optional(f"{name}.{suffix}")
 
     try:
         if fmt.name == "awq":

@@ -18,7 +18,7 @@ from pcg_core.model.loader import build_config, load_model, read_config_file, sh
 from pcg_core.quant import Int4Linear, detect, write_checkpoint
 from pcg_core.quant import int4 as int4_mod
 from pcg_core.quant import int4_checkpoint as ckpt
-from pcg_core.quant.int4 import PLAIN_ORDER, Int4Scheme, quantize_int4
+from pcg_core.quant.int4 import PLAIN_ORDER, Int4Scheme, quantize_int4, quantize_int4_ordered
 from pcg_core.quant.int4_checkpoint import Int4Format, ct_pack, ct_unpack, stored_weight
 
 CONFIGS = Path(__file__).resolve().parents[2] / "harness" / "models" / "configs"
@@ -48,7 +48,7 @@ def _expected(model: torch.nn.Module, fmt: str, scheme: Int4Scheme) -> dict[str,
     linears = {n: m for n, m in model.named_modules() if type(m) is torch.nn.Linear and not n.endswith("lm_head")}
     group = ckpt.common_group(scheme, [m.in_features for m in linears.values()])
     fmt_ = Int4Format(fmt, group)
-    return {n: stored_weight(Int4Linear.from_linear(m, group, scheme.sym, scheme.act_order).weight_int4(), fmt_,
+    return {n: stored_weight(quantize_int4_ordered(m.weight.detach(), group, scheme.sym, scheme.act_order), fmt_,
                              m.weight.dtype).original() for n, m in linears.items()}
 
 
