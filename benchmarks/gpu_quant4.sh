@@ -16,10 +16,10 @@ tests() {
 }
 micro() {
   timeout ${MICRO_TIMEOUT:-200} python3 benchmarks/w4a16_gemm.py --out "$OUT/w4a16_gemm.json" 2>&1 | tee "$OUT/w4a16_gemm.txt" | tail -12
-  timeout ${SCAN_TIMEOUT:-120} python3 benchmarks/w4a16_gemm.py --scan-threshold 2>&1 | tee "$OUT/w4a16_scan.txt" | tail -12
+  timeout ${SCAN_TIMEOUT:-120} python3 benchmarks/w4a16_gemm.py --scan-threshold --out "$OUT/w4a16_scan.json" 2>&1 | tee "$OUT/w4a16_scan.txt" | tail -12
 }
 sweep() {
-  timeout ${SWEEP_TIMEOUT:-300} python3 benchmarks/w4a16_gemm.py --sweep 2>&1 | tee "$OUT/w4a16_sweep.txt" | tail -20
+  timeout ${SWEEP_TIMEOUT:-300} python3 benchmarks/w4a16_gemm.py --sweep --out "$OUT/w4a16_sweep.json" 2>&1 | tee "$OUT/w4a16_sweep.txt" | grep -v '^  ' | tail -20
 }
 cells() {
   CELLS=${CELLS:-"llama-3.1-8b:4 qwen3-8b:4"} QUANTS=${QUANTS:-"awq gptq fp4"} bash "$(dirname "$0")/gpu_quant.sh" cells

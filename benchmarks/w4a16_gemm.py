@@ -1,7 +1,7 @@
 """W4A16 (`pcg::w4a16_linear`, pcg_core/quant/w4a16.py) against bf16 F.linear on one N×K layer (default
 8192×4096), side by side: every row a captured CUDA graph replayed, CUDA events around each replay after a
-warm-up, the median of --repeat (≥ 50). Rows: bf16, awq-like (asym, g128) and gptq-like (sym, g128, act-order)
-Int4Linear, and an NVFP4 Fp4Linear (`pcg::fp4_linear`, fp4_w4a16.py). Prints ms and the ratio to bf16 with the
+warm-up, the median of --repeat (≥ 50). Rows: bf16, awq-like (asym, g128), gptq-like (sym, g128) without and with
+act-order Int4Linear, and an NVFP4 Fp4Linear (`pcg::fp4_linear`, fp4_w4a16.py). Prints ms and the ratio to bf16 with the
 targets (≤ 1.3× at M = 8, ≤ 1.25× at M = 4096; meets_target judges every quantized column); --out writes JSON. Reads no clocks and sets none: the GPU runs as it is configured.
 
     PYTHONPATH=. python benchmarks/w4a16_gemm.py [--n 8192 --k 4096 --tokens 8,64,512,4096 --out r.json]
@@ -9,8 +9,9 @@ targets (≤ 1.3× at M = 8, ≤ 1.25× at M = 4096; meets_target judges every q
     PYTHONPATH=. python benchmarks/w4a16_gemm.py --scan-threshold   # fused GEMM vs dequant+cuBLAS by M
 
 --sweep times each candidate GEMM configuration (and act-order fused vs index_select) at each small M and
-prints the best: how GEMM_CONFIGS and PERM_IN_KERNEL_MAX_M are to be chosen. --scan-threshold times both paths
-at M = 16…256: where they cross is THRESHOLD_M.
+prints the best: how GEMM_CONFIGS and PERM_IN_KERNEL_MAX_M are to be chosen; then the same for the NVFP4
+kernel (fp4_w4a16.GEMM_CONFIGS). --scan-threshold times both paths at M = 16…256 (where they cross is
+THRESHOLD_M) and act-order's two dequantize variants up to M = 4096 (UNPERMUTE_IN_DEQUANT).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from pcg_core.quant import Fp4Linear, Int4Linear, get_scheme, w4a16
+from pcg_core.quant import Fp4Linear, Int4Linear, fp4_w4a16, get_scheme, w4a16
 from quant_gemm import replay_ms  # benchmarks/, the script's own folder: one way to time a captured replay
 
 TARGETS = {8: 1.3, 4096: 1.25}  # W4A16 time / bf16 time, at most
@@ -35,7 +36,15 @@ SWEEP_CANDIDATES = [  # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps, stages); BLO
     (64, 64, 128, 1, 4, 4), (64, 64, 64, 1, 4, 4), (64, 128, 128, 1, 8, 3), (64, 128, 64, 1, 4, 4),
     (64, 32, 128, 1, 4, 4), (64, 64, 128, 2, 4, 4),
 ]
+FP4_SWEEP_CANDIDATES = [  # BLOCK_K ≤ 64 keeps the decoded tile out of spills (fp4_w4a16.py's note); 128 tried too
+    (16, 64, 64, 4, 4, 4), (16, 64, 64, 8, 4, 4), (16, 64, 64, 2, 4, 4), (16, 32, 64, 4, 4, 4), (16, 128, 64, 4, 4, 4),
+    (16, 64, 128, 4, 4, 3), (16, 64, 32, 8, 4, 5), (16, 128, 64, 2, 8, 4), (32, 64, 64, 2, 4, 4),
+    (32, 64, 64, 4, 4, 4), (32, 32, 64, 2, 4, 4), (32, 128, 64, 2, 8, 4), (32, 64, 32, 4, 4, 5),
+    (64, 64, 64, 1, 4, 4), (64, 64, 64, 2, 4, 4), (64, 32, 64, 2, 4, 4), (64, 64, 32, 2, 4, 5),
+    (64, 128, 64, 1, 8, 3), (64, 64, 64, 1, 8, 4), (64, 128, 64, 2, 8, 3),
+]
 SCAN_TOKENS = [16, 32, 48, 64, 96, 128, 192, 256]
+UNPERMUTE_TOKENS = [128, 512, 4096]
 
 
 def layers(n: int, k: int, fp4: bool = False) -> tuple[torch.nn.Linear, dict[str, Int4Linear | Fp4Linear]]:
@@ -45,6 +54,7 @@ def layers(n: int, k: int, fp4: bool = False) -> tuple[torch.nn.Linear, dict[str
         lin.weight.copy_(torch.randn(n, k, device="cuda") * k**-0.5)
     out = {name: Int4Linear.from_scheme(lin, get_scheme(name)) for name in ("awq", "gptq")}
     if fp4:
+        out = {"awq": out["awq"], "gptq_noact": Int4Linear.from_linear(lin, 128, sym=True), "gptq": out["gptq"]}
         out["fp4"] = Fp4Linear.from_linear(lin, 16)  # NVFP4: blocks of 16, e4m3 scales, a global
     return lin, out
 
@@ -107,6 +117,31 @@ def sweep(n: int, k: int, repeat: int) -> dict:
     return best
 
 
+def sweep_fp4(n: int, k: int, repeat: int) -> dict:
+    """The NVFP4 kernel's candidates at each small M (no act-order)."""
+    _, layer = layers(n, k, fp4=True)
+    layer = layer["fp4"]
+    args = (layer.weight_packed, layer.weight_scale, layer.global_scale, layer.block, None)
+    best = {}
+    for m in SWEEP_TOKENS:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        table = fp4_w4a16.gemm_config(m, k, layer.block)
+        times = {}
+        for cfg in dict.fromkeys([table, *(c for c in FP4_SWEEP_CANDIDATES if c[0] >= m)]):
+            if fp4_w4a16.gemm_config(m, k, layer.block, cfg) is None:
+                continue
+            try:
+                times[cfg] = replay_ms(lambda t, c=cfg: fp4_w4a16.triton_linear(t, *args, threshold=1 << 30, config=c),
+                                       x, repeat)
+            except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped
+                print(f"  fp4 M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}")
+        cfg, ms = min(times.items(), key=lambda kv: kv[1])
+        best[f"fp4/{m}"] = {"config": cfg, "ms": ms, "table_config": table, "table_ms": times.get(table),
+                            "all": {str(c): t for c, t in sorted(times.items(), key=lambda kv: kv[1])}}
+        print(f"fp4 M={m:>3}: best {cfg} {ms:.4f} ms (table {table}: {times.get(table)})", flush=True)
+    return best
+
+
 def scan_threshold(n: int, k: int, repeat: int) -> list[dict]:
     _, int4 = layers(n, k)
     rows = []
@@ -121,6 +156,15 @@ def scan_threshold(n: int, k: int, repeat: int) -> list[dict]:
         rows.append(row)
         print(f"M={m:>4} " + " ".join(f"{s}: gemm {row[f'{s}_gemm_ms']:.4f} dequant {row[f'{s}_dequant_ms']:.4f}"
                                       for s in int4), flush=True)
+    layer = int4["gptq"]  # act-order on the dequantize path: the activation permuted vs W written unpermuted
+    args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None)
+    for m in UNPERMUTE_TOKENS:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        row = {"m": m, **{f"gptq_dequant_unpermute_{u}_ms": replay_ms(
+            lambda t, u=u: w4a16.triton_linear(t, *args, threshold=0, unpermute=u), x, repeat) for u in (False, True)}}
+        rows.append(row)
+        print(f"M={m:>4} gptq act-order dequant: x permuted {row['gptq_dequant_unpermute_False_ms']:.4f} "
+              f"W unpermuted {row['gptq_dequant_unpermute_True_ms']:.4f}", flush=True)
     return rows
 
 
@@ -142,14 +186,18 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "python": platform.python_version(), "n": a.n, "k": a.k, "repeat": a.repeat,
               "threshold_m": w4a16.THRESHOLD_M, "perm_in_kernel_max_m": w4a16.PERM_IN_KERNEL_MAX_M,
-              "gemm_configs": w4a16.GEMM_CONFIGS, "dequant_config": w4a16.DEQUANT_CONFIG}
+              "gemm_configs": w4a16.GEMM_CONFIGS, "dequant_config": w4a16.DEQUANT_CONFIG,
+              "unpermute_in_dequant": w4a16.UNPERMUTE_IN_DEQUANT, "fp4_gemm_configs": fp4_w4a16.GEMM_CONFIGS,
+              "fp4_threshold_m": fp4_w4a16.THRESHOLD_M}
     if a.sweep:
         result["sweep"] = sweep(a.n, a.k, a.repeat)
+        result["sweep_fp4"] = sweep_fp4(a.n, a.k, a.repeat)
     if a.scan_threshold:
         result["scan_threshold"] = scan_threshold(a.n, a.k, a.repeat)
     if not (a.sweep or a.scan_threshold):
         print(f"{a.n}×{a.k}, CUDA-graph replay, median of {a.repeat} (ms; ratio to bf16)")
-        print(f"{'M':>6} {'path':>15} {'bf16':>8} {'awq g128 asym':>17} {'gptq g128 act':>17} {'nvfp4':>17}")
+        print(f"{'M':>6} {'path':>15} {'bf16':>8} {'awq g128 asym':>17} {'gptq g128':>17} {'gptq g128 act':>17}"
+              f" {'nvfp4':>17}")
         result["rows"] = compare(a.n, a.k, [int(t) for t in a.tokens.split(",")], a.repeat)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)

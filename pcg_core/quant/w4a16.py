@@ -12,7 +12,9 @@ M (a Python int when the op runs, so a captured graph holds one of them):
   fp32 workspace and a second kernel adds them in a fixed order (deterministic, unlike atomics, so a replay
   equals eager bitwise).
 - M > THRESHOLD_M: a Triton kernel dequantizes W once into a scratch (N, K) tensor of the activation dtype,
-  then cuBLAS `F.linear` (the activation permuted by `index_select` for act-order).
+  then cuBLAS `F.linear`. Act-order there: either the activation permuted by `index_select` (an (M, K) copy) or
+  the weight written back in the original K order as it is dequantized (scattered stores, no activation copy):
+  UNPERMUTE_IN_DEQUANT, chosen by measurement.
 
 The kernels read the module's own buffers (qweight int32 (N, K/8) packed along K in plain nibble order, float32
 scales and zeros (N, K/G)): no second copy of the weight to keep in step, rows of N are K-contiguous as a
@@ -50,6 +52,9 @@ GEMM_CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int, int]], ...] = (
 # Act-order inside the GEMM (the activation gathered through `perm` as it loads) up to this M; above it one
 # index_select first: the gathered tile costs registers (ptxas: 148 vs 79 at M ≤ 16, 253 vs 108 at 32 tokens).
 PERM_IN_KERNEL_MAX_M = 16
+# Act-order above THRESHOLD_M: True writes the dequantized W in the original K order (W[:, perm[k]] = W'[:, k]),
+# False permutes the activation by index_select. benchmarks/w4a16_gemm.py --scan-threshold times both.
+UNPERMUTE_IN_DEQUANT = True
 # (BLOCK_N, BLOCK_K, num_warps) of the dequantize-to-scratch kernel.
 DEQUANT_CONFIG = (64, 128, 4)
 REDUCE_BLOCK = 1024
@@ -144,8 +149,8 @@ if triton is not None:
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qw, stride_s, stride_o,
-                        GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _dequant_kernel(qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, N, stride_qw, stride_s, stride_o,
+                        GROUP: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -158,6 +163,8 @@ if triton is not None:
         s = tl.load(s_ptr + bn * stride_s + g)
         b = -tl.load(z_ptr + bn * stride_s + g) * s
         w = q.to(tl.float32) * s[:, None] + b[:, None]
+        if HAS_PERM:
+            rk = tl.load(perm_ptr + rk)  # column k of the permuted W is column perm[k] of the original
         tl.store(out_ptr + rn[:, None] * stride_o + rk[None, :], w.to(out_ptr.dtype.element_ty),
                  mask=rn[:, None] < N)
 
@@ -191,19 +198,24 @@ def launch_splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch
 
 
 def launch_dequant(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, out: torch.Tensor,
-                   block_k: int, block_n: int = DEQUANT_CONFIG[0], num_warps: int = DEQUANT_CONFIG[2]) -> None:
-    """out (N, K) in its own dtype = (q − z)·s, written once for cuBLAS to read."""
+                   block_k: int, block_n: int = DEQUANT_CONFIG[0], num_warps: int = DEQUANT_CONFIG[2],
+                   perm: torch.Tensor | None = None) -> None:
+    """out (N, K) in its own dtype = (q − z)·s, written once for cuBLAS to read; with `perm`, in the original K
+    order (the codes' column k stored at perm[k]), so the activation needs no permuting."""
     n, k = out.shape
     grid = (triton.cdiv(n, block_n), k // block_k)
-    _dequant_kernel[grid](qweight, scales, zeros, out, n, qweight.stride(0), scales.stride(0), out.stride(0),
-                          GROUP=group, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+    _dequant_kernel[grid](qweight, scales, zeros, qweight if perm is None else perm, out, n, qweight.stride(0),
+                          scales.stride(0), out.stride(0), GROUP=group, HAS_PERM=perm is not None,
+                          BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
 
 
 def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                   perm: torch.Tensor | None = None, bias: torch.Tensor | None = None, threshold: int = THRESHOLD_M,
-                  config: tuple[int, ...] | None = None, perm_in_kernel: int = PERM_IN_KERNEL_MAX_M) -> torch.Tensor:
+                  config: tuple[int, ...] | None = None, perm_in_kernel: int = PERM_IN_KERNEL_MAX_M,
+                  unpermute: bool = UNPERMUTE_IN_DEQUANT) -> torch.Tensor:
     """The Triton path on whatever device the kernels launch on (CUDA; CPU tensors under TRITON_INTERPRET=1).
-    `threshold`, `config` and `perm_in_kernel` override the module constants (the benchmark's sweeps, tests)."""
+    `threshold`, `config`, `perm_in_kernel` and `unpermute` override the module constants (the benchmark's
+    sweeps, tests)."""
     m, k = x.shape
     n = qweight.shape[0]
     x = x.contiguous()
@@ -223,8 +235,8 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     if block_k is None:
         return _reference(x, qweight, scales, zeros, group, perm, bias)
     w = torch.empty(n, k, device=x.device, dtype=x.dtype)  # the scratch: a shape-sized block from the pool
-    launch_dequant(qweight, scales, zeros, group, w, block_k)
-    if perm is not None:
+    launch_dequant(qweight, scales, zeros, group, w, block_k, perm=perm if unpermute else None)
+    if perm is not None and not unpermute:
         x = x.index_select(1, perm)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 
