@@ -8,7 +8,8 @@ targets (≤ 1.3× at M = 8, ≤ 1.25× at M = 4096; meets_target judges every q
     PYTHONPATH=. python benchmarks/w4a16_gemm.py --sweep            # GEMM_CONFIGS candidates at M ≤ 64
     PYTHONPATH=. python benchmarks/w4a16_gemm.py --scan-threshold   # fused GEMM vs dequant+cuBLAS by M
 
---sweep times each candidate GEMM configuration (and act-order fused vs index_select) at each small M and
+--sweep times each candidate GEMM configuration (and act-order gathered in the GEMM vs permuted first by our
+kernel or index_select) at each small M and
 prints the best: how GEMM_CONFIGS and PERM_IN_KERNEL_MAX_M are to be chosen; then the same for the NVFP4
 kernel (fp4_w4a16.GEMM_CONFIGS). --scan-threshold times both paths at M = 16…256 (where they cross is
 THRESHOLD_M) and act-order's two dequantize variants up to M = 4096 (UNPERMUTE_IN_DEQUANT).
@@ -99,21 +100,26 @@ def sweep(n: int, k: int, repeat: int) -> dict:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             times = {}
             table = w4a16.gemm_config(m, k, layer.group)
-            default = (table, layer.perm is not None and m <= w4a16.PERM_IN_KERNEL_MAX_M)
+            # act-order: gathered in the GEMM, or the activation permuted first by our kernel or by index_select
+            modes = ("fused", "triton", "torch") if layer.perm is not None else ("-",)
+            default = (table, "-" if layer.perm is None else "fused" if m <= w4a16.PERM_IN_KERNEL_MAX_M
+                       else "triton" if w4a16.TRITON_PERMUTE else "torch")
             for cfg in dict.fromkeys([table, *(c for c in SWEEP_CANDIDATES if c[0] >= m)]):
-                for fused in ((True, False) if layer.perm is not None else (False,)):
-                    def fn(t, a=args, c=cfg, p=m if fused else 0):
-                        return w4a16.triton_linear(t, *a, threshold=1 << 30, config=c, perm_in_kernel=p)
+                for mode in modes:
+                    def fn(t, a=args, c=cfg, p=m if mode == "fused" else 0, tp=mode != "torch"):
+                        return w4a16.triton_linear(t, *a, threshold=1 << 30, config=c, perm_in_kernel=p,
+                                                   triton_permute=tp)
                     try:
-                        times[(cfg, fused)] = replay_ms(fn, x, repeat)
+                        times[(cfg, mode)] = replay_ms(fn, x, repeat)
                     except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped
                         print(f"  {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}")
-            (cfg, fused), ms = min(times.items(), key=lambda kv: kv[1])
-            best[f"{name}/{m}"] = {"config": cfg, "perm_in_kernel": fused, "ms": ms,
+            (cfg, mode), ms = min(times.items(), key=lambda kv: kv[1])
+            best[f"{name}/{m}"] = {"config": cfg, "act_order": mode, "ms": ms,
                                    "table_config": table, "table_ms": times.get(default),
-                                   "all": {f"{c} fused={f}": t for (c, f), t in sorted(times.items(), key=lambda kv: kv[1])}}
-            print(f"{name} M={m:>3}: best {cfg} perm_in_kernel={fused} {ms:.4f} ms "
-                  f"(table {table}: {best[f'{name}/{m}']['table_ms']})", flush=True)
+                                   "all": {f"{c} {md}": t for (c, md), t in sorted(times.items(), key=lambda kv: kv[1])}}
+            per_mode = {md: min(t for (c, mm), t in times.items() if mm == md) for md in modes}
+            print(f"{name} M={m:>3}: best {cfg} act-order={mode} {ms:.4f} ms (table {table}: "
+                  f"{best[f'{name}/{m}']['table_ms']}; best per act-order mode {per_mode})", flush=True)
     return best
 
 
@@ -156,15 +162,17 @@ def scan_threshold(n: int, k: int, repeat: int) -> list[dict]:
         rows.append(row)
         print(f"M={m:>4} " + " ".join(f"{s}: gemm {row[f'{s}_gemm_ms']:.4f} dequant {row[f'{s}_dequant_ms']:.4f}"
                                       for s in int4), flush=True)
-    layer = int4["gptq"]  # act-order on the dequantize path: the activation permuted vs W written unpermuted
+    layer = int4["gptq"]  # act-order on the dequantize path: the activation permuted (two ways) vs W unpermuted
     args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None)
+    variants = {"x_permuted_triton": (False, True), "x_permuted_torch": (False, False), "w_unpermuted": (True, True)}
     for m in UNPERMUTE_TOKENS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        row = {"m": m, **{f"gptq_dequant_unpermute_{u}_ms": replay_ms(
-            lambda t, u=u: w4a16.triton_linear(t, *args, threshold=0, unpermute=u), x, repeat) for u in (False, True)}}
+        row = {"m": m, **{f"gptq_dequant_{v}_ms": replay_ms(
+            lambda t, u=u, tp=tp: w4a16.triton_linear(t, *args, threshold=0, unpermute=u, triton_permute=tp), x, repeat)
+            for v, (u, tp) in variants.items()}}
         rows.append(row)
-        print(f"M={m:>4} gptq act-order dequant: x permuted {row['gptq_dequant_unpermute_False_ms']:.4f} "
-              f"W unpermuted {row['gptq_dequant_unpermute_True_ms']:.4f}", flush=True)
+        print(f"M={m:>4} gptq act-order dequant: " + " ".join(f"{v} {row[f'gptq_dequant_{v}_ms']:.4f}" for v in variants),
+              flush=True)
     return rows
 
 
@@ -187,7 +195,7 @@ def main() -> None:
               "python": platform.python_version(), "n": a.n, "k": a.k, "repeat": a.repeat,
               "threshold_m": w4a16.THRESHOLD_M, "perm_in_kernel_max_m": w4a16.PERM_IN_KERNEL_MAX_M,
               "gemm_configs": w4a16.GEMM_CONFIGS, "dequant_config": w4a16.DEQUANT_CONFIG,
-              "unpermute_in_dequant": w4a16.UNPERMUTE_IN_DEQUANT, "fp4_gemm_configs": fp4_w4a16.GEMM_CONFIGS,
+              "unpermute_in_dequant": w4a16.UNPERMUTE_IN_DEQUANT, "triton_permute": w4a16.TRITON_PERMUTE, "fp4_gemm_configs": fp4_w4a16.GEMM_CONFIGS,
               "fp4_threshold_m": fp4_w4a16.THRESHOLD_M}
     if a.sweep:
         result["sweep"] = sweep(a.n, a.k, a.repeat)

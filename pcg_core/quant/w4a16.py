@@ -12,7 +12,7 @@ M (a Python int when the op runs, so a captured graph holds one of them):
   fp32 workspace and a second kernel adds them in a fixed order (deterministic, unlike atomics, so a replay
   equals eager bitwise).
 - M > THRESHOLD_M: a Triton kernel dequantizes W once into a scratch (N, K) tensor of the activation dtype,
-  then cuBLAS `F.linear`. Act-order there: either the activation permuted by `index_select` (an (M, K) copy) or
+  then cuBLAS `F.linear`. Act-order there: either the activation permuted (an (M, K) copy) or
   the weight written back in the original K order as it is dequantized (scattered stores, no activation copy):
   UNPERMUTE_IN_DEQUANT, chosen by measurement.
 
@@ -52,6 +52,8 @@ GEMM_CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int, int]], ...] = (
 # Act-order inside the GEMM (the activation gathered through `perm` as it loads) up to this M; above it one
 # index_select first: the gathered tile costs registers (ptxas: 148 vs 79 at M ≤ 16, 253 vs 108 at 32 tokens).
 PERM_IN_KERNEL_MAX_M = 16
+# Act-order outside the GEMM: the activation permuted by our gather kernel (True) or torch's index_select.
+TRITON_PERMUTE = True
 # Act-order above THRESHOLD_M: True writes the dequantized W in the original K order (W[:, perm[k]] = W'[:, k]),
 # False permutes the activation by index_select. benchmarks/w4a16_gemm.py --scan-threshold times both.
 UNPERMUTE_IN_DEQUANT = True
@@ -149,6 +151,17 @@ if triton is not None:
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _permute_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        """out[m, k] = x[m, perm[k]]: one perm block serves BLOCK_M rows; the stores are contiguous."""
+        rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+        rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        kmask = rk < K
+        src = tl.load(perm_ptr + rk, mask=kmask, other=0)
+        mask = (rm[:, None] < M) & kmask[None, :]
+        v = tl.load(x_ptr + rm[:, None] * stride_xm + src[None, :], mask=mask)
+        tl.store(out_ptr + rm[:, None] * K + rk[None, :], v, mask=mask)
+
+    @triton.jit
     def _dequant_kernel(qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, N, stride_qw, stride_s, stride_o,
                         GROUP: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
@@ -197,6 +210,19 @@ def launch_splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch
                                                             HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK)
 
 
+def permute_activation(x: torch.Tensor, perm: torch.Tensor, use_triton: bool = TRITON_PERMUTE) -> torch.Tensor:
+    """x[:, perm] as a new contiguous (M, K) tensor (act-order's activation in the weight's K order)."""
+    if not use_triton:
+        return x.index_select(1, perm)
+    m, k = x.shape
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if m:
+        block_m = min(16, triton.next_power_of_2(m))
+        _permute_kernel[(triton.cdiv(k, 512), triton.cdiv(m, block_m))](x, perm, out, m, k, x.stride(0),
+                                                                         BLOCK_M=block_m, BLOCK_K=512)
+    return out
+
+
 def launch_dequant(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, out: torch.Tensor,
                    block_k: int, block_n: int = DEQUANT_CONFIG[0], num_warps: int = DEQUANT_CONFIG[2],
                    perm: torch.Tensor | None = None) -> None:
@@ -212,10 +238,10 @@ def launch_dequant(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Ten
 def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                   perm: torch.Tensor | None = None, bias: torch.Tensor | None = None, threshold: int = THRESHOLD_M,
                   config: tuple[int, ...] | None = None, perm_in_kernel: int = PERM_IN_KERNEL_MAX_M,
-                  unpermute: bool = UNPERMUTE_IN_DEQUANT) -> torch.Tensor:
+                  unpermute: bool = UNPERMUTE_IN_DEQUANT, triton_permute: bool = TRITON_PERMUTE) -> torch.Tensor:
     """The Triton path on whatever device the kernels launch on (CUDA; CPU tensors under TRITON_INTERPRET=1).
-    `threshold`, `config`, `perm_in_kernel` and `unpermute` override the module constants (the benchmark's
-    sweeps, tests)."""
+    `threshold`, `config`, `perm_in_kernel`, `unpermute` and `triton_permute` override the module constants (the
+    benchmark's sweeps, tests)."""
     m, k = x.shape
     n = qweight.shape[0]
     x = x.contiguous()
@@ -226,7 +252,7 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     fitted = gemm_config(m, k, group, config) if m <= threshold else None
     if fitted is not None:
         if perm is not None and m > perm_in_kernel:
-            x, perm = x.index_select(1, perm), None
+            x, perm = permute_activation(x, perm, triton_permute), None
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
         if m:
             launch_gemm(x, qweight, scales, zeros, group, perm, bias, out, fitted)
@@ -237,7 +263,7 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     w = torch.empty(n, k, device=x.device, dtype=x.dtype)  # the scratch: a shape-sized block from the pool
     launch_dequant(qweight, scales, zeros, group, w, block_k, perm=perm if unpermute else None)
     if perm is not None and not unpermute:
-        x = x.index_select(1, perm)
+        x = permute_activation(x, perm, triton_permute)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 

@@ -147,16 +147,26 @@ def test_interpreted_kernels_match_the_reference(m, group, sym, act_order):
                                                  (33, 200, 0, torch.bfloat16), (100, 256, 64, torch.bfloat16)])
 def test_interpreted_paths_forced_and_ragged_edges(m, n, threshold, dtype):
     """Each path at sizes the table would not give it (the GEMM at M = 100 with two M tiles, dequantize at M = 8),
-    N not a multiple of the tile, act-order each way (GEMM: index_select first or gathered inside; dequantize:
-    index_select or W written back unpermuted); bf16 on the dequantize path only (the interpreter's bf16 tl.dot is
+    N not a multiple of the tile, act-order each way (GEMM: the activation permuted first, by our kernel or
+    index_select, or gathered inside; dequantize: the activation permuted or W written back unpermuted); bf16 on the dequantize path only (the interpreter's bf16 tl.dot is
     wrong in Triton 3.6)."""
     q = _weight(n, 256, 64, sym=False, act_order=True, seed=n)
     x = torch.randn(m, 256, generator=torch.Generator().manual_seed(7)).to(dtype)
-    for perm_in_kernel, unpermute in ((0, False), (threshold, True)):
+    for perm_in_kernel, unpermute, triton_permute in ((0, False, True), (0, False, False), (threshold, True, True)):
         got = w4a16.triton_linear(x, *_args(q), q.perm, None, threshold=threshold, perm_in_kernel=perm_in_kernel,
-                                  unpermute=unpermute)
+                                  unpermute=unpermute, triton_permute=triton_permute)
         err = rel(got, q.reference_linear(x))
         assert err < RTOL[dtype], f"M={m} N={n} threshold={threshold} perm_in_kernel={perm_in_kernel} {dtype}: {err:.3g}"
+
+
+@interpreted
+@pytest.mark.parametrize("m,k", [(1, 256), (20, 640), (8, 1024)])
+def test_interpreted_permute_kernel_gathers_the_columns(m, k):
+    """Our act-order gather against x[:, perm] (M over one row block, K over one column block)."""
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).half()
+    perm = torch.randperm(k, generator=torch.Generator().manual_seed(k))
+    assert torch.equal(w4a16.permute_activation(x, perm), x[:, perm])
+    assert not torch.equal(w4a16.permute_activation(x, perm.flip(0)), x[:, perm])
 
 
 @interpreted
