@@ -12,7 +12,7 @@ targets (≤ 1.3× at M = 8, ≤ 1.25× at M = 4096; meets_target judges every q
 kernel or index_select) at each small M and
 prints the best: how GEMM_CONFIGS and PERM_IN_KERNEL_MAX_M are to be chosen; then the same for the NVFP4
 kernel (fp4_w4a16.GEMM_CONFIGS). --scan-threshold times both paths at M = 16…256 (where they cross is
-THRESHOLD_M) and act-order's two dequantize variants up to M = 4096 (UNPERMUTE_IN_DEQUANT).
+THRESHOLD_M) and act-order's activation permute, ours vs index_select, up to M = 4096 (TRITON_PERMUTE_MAX_M).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ FP4_SWEEP_CANDIDATES = [  # BLOCK_K ≤ 64 keeps the decoded tile out of spills 
     (64, 128, 64, 1, 8, 3), (64, 64, 64, 1, 8, 4), (64, 128, 64, 2, 8, 3),
 ]
 SCAN_TOKENS = [16, 32, 48, 64, 96, 128, 192, 256]
-UNPERMUTE_TOKENS = [128, 512, 4096]
+PERMUTE_TOKENS = [128, 512, 4096]
 
 
 def layers(n: int, k: int, fp4: bool = False) -> tuple[torch.nn.Linear, dict[str, Int4Linear | Fp4Linear]]:
@@ -103,10 +103,10 @@ def sweep(n: int, k: int, repeat: int) -> dict:
             # act-order: gathered in the GEMM, or the activation permuted first by our kernel or by index_select
             modes = ("fused", "triton", "torch") if layer.perm is not None else ("-",)
             default = (table, "-" if layer.perm is None else "fused" if m <= w4a16.PERM_IN_KERNEL_MAX_M
-                       else "triton" if w4a16.TRITON_PERMUTE else "torch")
+                       else "triton" if m <= w4a16.TRITON_PERMUTE_MAX_M else "torch")
             for cfg in dict.fromkeys([table, *(c for c in SWEEP_CANDIDATES if c[0] >= m)]):
                 for mode in modes:
-                    def fn(t, a=args, c=cfg, p=m if mode == "fused" else 0, tp=mode != "torch"):
+                    def fn(t, a=args, c=cfg, p=m if mode == "fused" else 0, tp=0 if mode == "torch" else 1 << 30):
                         return w4a16.triton_linear(t, *a, threshold=1 << 30, config=c, perm_in_kernel=p,
                                                    triton_permute=tp)
                     try:
@@ -162,14 +162,14 @@ def scan_threshold(n: int, k: int, repeat: int) -> list[dict]:
         rows.append(row)
         print(f"M={m:>4} " + " ".join(f"{s}: gemm {row[f'{s}_gemm_ms']:.4f} dequant {row[f'{s}_dequant_ms']:.4f}"
                                       for s in int4), flush=True)
-    layer = int4["gptq"]  # act-order on the dequantize path: the activation permuted (two ways) vs W unpermuted
+    layer = int4["gptq"]  # act-order on the dequantize path: the activation permuted by our kernel or index_select
     args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None)
-    variants = {"x_permuted_triton": (False, True), "x_permuted_torch": (False, False), "w_unpermuted": (True, True)}
-    for m in UNPERMUTE_TOKENS:
+    variants = {"x_permuted_triton": 1 << 30, "x_permuted_torch": 0}
+    for m in PERMUTE_TOKENS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         row = {"m": m, **{f"gptq_dequant_{v}_ms": replay_ms(
-            lambda t, u=u, tp=tp: w4a16.triton_linear(t, *args, threshold=0, unpermute=u, triton_permute=tp), x, repeat)
-            for v, (u, tp) in variants.items()}}
+            lambda t, tp=tp: w4a16.triton_linear(t, *args, threshold=0, triton_permute=tp), x, repeat)
+            for v, tp in variants.items()}}
         rows.append(row)
         print(f"M={m:>4} gptq act-order dequant: " + " ".join(f"{v} {row[f'gptq_dequant_{v}_ms']:.4f}" for v in variants),
               flush=True)
@@ -195,7 +195,7 @@ def main() -> None:
               "python": platform.python_version(), "n": a.n, "k": a.k, "repeat": a.repeat,
               "threshold_m": w4a16.THRESHOLD_M, "perm_in_kernel_max_m": w4a16.PERM_IN_KERNEL_MAX_M,
               "gemm_configs": w4a16.GEMM_CONFIGS, "dequant_config": w4a16.DEQUANT_CONFIG,
-              "unpermute_in_dequant": w4a16.UNPERMUTE_IN_DEQUANT, "triton_permute": w4a16.TRITON_PERMUTE, "fp4_gemm_configs": fp4_w4a16.GEMM_CONFIGS,
+              "triton_permute_max_m": w4a16.TRITON_PERMUTE_MAX_M, "fp4_gemm_configs": fp4_w4a16.GEMM_CONFIGS,
               "fp4_threshold_m": fp4_w4a16.THRESHOLD_M}
     if a.sweep:
         result["sweep"] = sweep(a.n, a.k, a.repeat)

@@ -28,16 +28,17 @@ from pcg_core.quant.w4a16 import triton
 if triton is not None:
     import triton.language as tl
 
-# Token counts up to this run the fused GEMM; above it dequantize + cuBLAS (w4a16's guess; scan it on the H200).
+# Token counts up to this run the fused GEMM; above it dequantize + cuBLAS. Not scanned yet (w4a16's crosses at
+# 96–128 tokens; the FP4 GEMM is ~1.3× the int4 one at 64, so its crossing is lower).
 THRESHOLD_M = 64
-# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) by the largest M each row covers: w4a16's rows with
-# BLOCK_K 64, not 128. Decoding a 128-wide tile (codes and spread scales, 2 × 64 values a thread) took 254–255
-# registers in ptxas for sm_90a and spilled 100–500 bytes at M > 16; at 64: 128 (M ≤ 16), 173 (≤ 32), 252 (≤ 64),
-# 207 (last row), no spills. Untimed starting points: a sweep on the H200 should replace them.
+# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) by the largest M each row covers: the best of
+# `benchmarks/w4a16_gemm.py --sweep` at 8192×4096 on the H100 (2026-12-02): 0.0254/0.0244 ms at M = 1/8, 0.0277
+# at 32, 0.0360 at 64. A 128-wide decoded tile spills in ptxas above 16 tokens (254–255 registers, 100–500 bytes
+# for sm_90a), so those rows decode 64 at a time.
 GEMM_CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int, int]], ...] = (
-    (16, (16, 64, 64, 4, 4, 4)),
-    (32, (32, 64, 64, 2, 4, 4)),
-    (64, (64, 64, 64, 1, 4, 4)),
+    (16, (16, 64, 128, 4, 4, 3)),
+    (32, (32, 64, 64, 4, 4, 4)),
+    (64, (64, 64, 64, 2, 4, 4)),
     (1 << 62, (64, 128, 64, 1, 8, 3)),
 )
 DEQUANT_CONFIG = w4a16.DEQUANT_CONFIG  # (BLOCK_N, BLOCK_K, num_warps)

@@ -12,9 +12,8 @@ M (a Python int when the op runs, so a captured graph holds one of them):
   fp32 workspace and a second kernel adds them in a fixed order (deterministic, unlike atomics, so a replay
   equals eager bitwise).
 - M > THRESHOLD_M: a Triton kernel dequantizes W once into a scratch (N, K) tensor of the activation dtype,
-  then cuBLAS `F.linear`. Act-order there: either the activation permuted (an (M, K) copy) or
-  the weight written back in the original K order as it is dequantized (scattered stores, no activation copy):
-  UNPERMUTE_IN_DEQUANT, chosen by measurement.
+  then cuBLAS `F.linear`, the activation permuted first for act-order. (Writing W back in the original K order
+  instead, to spare the activation copy, measured 25-40x slower: scattered 2-byte stores.)
 
 The kernels read the module's own buffers (qweight int32 (N, K/8) packed along K in plain nibble order, float32
 scales and zeros (N, K/G)): no second copy of the weight to keep in step, rows of N are K-contiguous as a
@@ -36,27 +35,28 @@ try:
 except ImportError:  # CPU machines and CI: the op's CPU implementation is the reference
     triton = None
 
-# Token counts up to this run the fused GEMM; above it dequantize + cuBLAS. 64 is the research note's guess;
-# benchmarks/w4a16_gemm.py --scan-threshold measures where the two paths cross on the H200.
-THRESHOLD_M = 64
+# Token counts up to this run the fused GEMM; above it dequantize + cuBLAS. Measured (--scan-threshold, 8192×4096):
+# the paths cross between 96 and 128 tokens on the H200 (0.0524 vs 0.0515 ms at 128) and between 128 and 192 on
+# the H100 (0.0519 vs 0.0665 at 128).
+THRESHOLD_M = 128
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) by the largest M each row covers. Starting points
-# for 8192×4096, to be replaced by `benchmarks/w4a16_gemm.py --sweep` on the H200. BLOCK_K is lowered at launch
-# to divide the group and K; SPLIT_K to divide K. The last row serves a raised threshold (the scan).
+# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) by the largest M each row covers: the best of
+# `benchmarks/w4a16_gemm.py --sweep` at 8192×4096 on the H100 (2026-12-02, results/2026-12-02e-h200-quant4/):
+# 16 rows: 0.0235/0.0244/0.0232 ms at M = 1/8/16 (awq); 32: 0.0239; 64: 0.0270. BLOCK_K is lowered at launch to
+# divide the group and K; SPLIT_K to divide K. The last row serves 65…THRESHOLD_M tokens.
 GEMM_CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int, int]], ...] = (
-    (16, (16, 64, 128, 4, 4, 4)),
+    (16, (16, 128, 128, 4, 4, 4)),
     (32, (32, 64, 128, 2, 4, 4)),
-    (64, (64, 64, 128, 1, 4, 4)),
+    (64, (64, 64, 128, 2, 4, 4)),
     (1 << 62, (64, 128, 128, 1, 8, 3)),
 )
-# Act-order inside the GEMM (the activation gathered through `perm` as it loads) up to this M; above it one
-# index_select first: the gathered tile costs registers (ptxas: 148 vs 79 at M ≤ 16, 253 vs 108 at 32 tokens).
-PERM_IN_KERNEL_MAX_M = 16
-# Act-order outside the GEMM: the activation permuted by our gather kernel (True) or torch's index_select.
-TRITON_PERMUTE = True
-# Act-order above THRESHOLD_M: True writes the dequantized W in the original K order (W[:, perm[k]] = W'[:, k]),
-# False permutes the activation by index_select. benchmarks/w4a16_gemm.py --scan-threshold times both.
-UNPERMUTE_IN_DEQUANT = True
+# Act-order inside the GEMM (the activation gathered through `perm` as it loads) up to this M; above it the
+# activation permuted first. Measured: gathering costs more than the separate permute from M = 8 on (0.0340 vs
+# 0.0260 ms; registers: 148 vs 79 at M ≤ 16), and ties it at M = 1.
+PERM_IN_KERNEL_MAX_M = 1
+# Act-order outside the GEMM: the activation permuted by our gather kernel up to this M, by index_select above
+# (the sweep on the H100: ours 0.0260 vs 0.0278 ms at M = 8 with the GEMM; index_select ahead from M = 16 on).
+TRITON_PERMUTE_MAX_M = 8
 # (BLOCK_N, BLOCK_K, num_warps) of the dequantize-to-scratch kernel.
 DEQUANT_CONFIG = (64, 128, 4)
 REDUCE_BLOCK = 1024
@@ -162,8 +162,8 @@ if triton is not None:
         tl.store(out_ptr + rm[:, None] * K + rk[None, :], v, mask=mask)
 
     @triton.jit
-    def _dequant_kernel(qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, N, stride_qw, stride_s, stride_o,
-                        GROUP: tl.constexpr, HAS_PERM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qw, stride_s, stride_o,
+                        GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -176,8 +176,6 @@ if triton is not None:
         s = tl.load(s_ptr + bn * stride_s + g)
         b = -tl.load(z_ptr + bn * stride_s + g) * s
         w = q.to(tl.float32) * s[:, None] + b[:, None]
-        if HAS_PERM:
-            rk = tl.load(perm_ptr + rk)  # column k of the permuted W is column perm[k] of the original
         tl.store(out_ptr + rn[:, None] * stride_o + rk[None, :], w.to(out_ptr.dtype.element_ty),
                  mask=rn[:, None] < N)
 
@@ -210,11 +208,12 @@ def launch_splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch
                                                             HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK)
 
 
-def permute_activation(x: torch.Tensor, perm: torch.Tensor, use_triton: bool = TRITON_PERMUTE) -> torch.Tensor:
-    """x[:, perm] as a new contiguous (M, K) tensor (act-order's activation in the weight's K order)."""
-    if not use_triton:
-        return x.index_select(1, perm)
+def permute_activation(x: torch.Tensor, perm: torch.Tensor, triton_max_m: int = TRITON_PERMUTE_MAX_M) -> torch.Tensor:
+    """x[:, perm] as a new contiguous (M, K) tensor (act-order's activation in the weight's K order): our gather
+    kernel up to `triton_max_m` rows, index_select above."""
     m, k = x.shape
+    if m > triton_max_m:
+        return x.index_select(1, perm)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if m:
         block_m = min(16, triton.next_power_of_2(m))
@@ -224,24 +223,21 @@ def permute_activation(x: torch.Tensor, perm: torch.Tensor, use_triton: bool = T
 
 
 def launch_dequant(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int, out: torch.Tensor,
-                   block_k: int, block_n: int = DEQUANT_CONFIG[0], num_warps: int = DEQUANT_CONFIG[2],
-                   perm: torch.Tensor | None = None) -> None:
-    """out (N, K) in its own dtype = (q − z)·s, written once for cuBLAS to read; with `perm`, in the original K
-    order (the codes' column k stored at perm[k]), so the activation needs no permuting."""
+                   block_k: int, block_n: int = DEQUANT_CONFIG[0], num_warps: int = DEQUANT_CONFIG[2]) -> None:
+    """out (N, K) in its own dtype = (q − z)·s, written once for cuBLAS to read."""
     n, k = out.shape
     grid = (triton.cdiv(n, block_n), k // block_k)
-    _dequant_kernel[grid](qweight, scales, zeros, qweight if perm is None else perm, out, n, qweight.stride(0),
-                          scales.stride(0), out.stride(0), GROUP=group, HAS_PERM=perm is not None,
-                          BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+    _dequant_kernel[grid](qweight, scales, zeros, out, n, qweight.stride(0), scales.stride(0), out.stride(0),
+                          GROUP=group, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
 
 
 def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                   perm: torch.Tensor | None = None, bias: torch.Tensor | None = None, threshold: int = THRESHOLD_M,
                   config: tuple[int, ...] | None = None, perm_in_kernel: int = PERM_IN_KERNEL_MAX_M,
-                  unpermute: bool = UNPERMUTE_IN_DEQUANT, triton_permute: bool = TRITON_PERMUTE) -> torch.Tensor:
+                  triton_permute: int = TRITON_PERMUTE_MAX_M) -> torch.Tensor:
     """The Triton path on whatever device the kernels launch on (CUDA; CPU tensors under TRITON_INTERPRET=1).
-    `threshold`, `config`, `perm_in_kernel`, `unpermute` and `triton_permute` override the module constants (the
-    benchmark's sweeps, tests)."""
+    `threshold`, `config`, `perm_in_kernel` and `triton_permute` override the module constants (the benchmark's
+    sweeps, tests)."""
     m, k = x.shape
     n = qweight.shape[0]
     x = x.contiguous()
@@ -261,8 +257,8 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     if block_k is None:
         return _reference(x, qweight, scales, zeros, group, perm, bias)
     w = torch.empty(n, k, device=x.device, dtype=x.dtype)  # the scratch: a shape-sized block from the pool
-    launch_dequant(qweight, scales, zeros, group, w, block_k, perm=perm if unpermute else None)
-    if perm is not None and not unpermute:
+    launch_dequant(qweight, scales, zeros, group, w, block_k)
+    if perm is not None:
         x = permute_activation(x, perm, triton_permute)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 

@@ -180,7 +180,7 @@ def _w4a16_rel(layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> floa
     return float((got.float() - want).norm() / want.norm())
 
 
-@pytest.mark.parametrize("m", [1, 8, 16, 17, 33, 64, 65, 512, 4096])
+@pytest.mark.parametrize("m", [1, 2, 8, 9, 16, 17, 33, 64, 65, 128, 129, 512, 4096])
 @pytest.mark.parametrize("name", ["awq", "gptq"])
 def test_w4a16_kernel_matches_the_reference_at_a_real_width(int4_layers, name, m):
     """M ≤ THRESHOLD_M: the fused GEMM (split-K at M ≤ 16); above: dequantize + cuBLAS."""
@@ -277,7 +277,7 @@ def _fp4_rel(layer, x: torch.Tensor, got: torch.Tensor | None = None) -> float:
     return float((got.float() - want).norm() / want.norm())
 
 
-@pytest.mark.parametrize("m", [1, 8, 16, 17, 33, 64, 65, 512, 4096])
+@pytest.mark.parametrize("m", [1, 2, 8, 9, 16, 17, 33, 64, 65, 128, 129, 512, 4096])
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 def test_fp4_kernel_matches_the_reference_at_a_real_width(fp4_layers, name, m):
     """M ≤ THRESHOLD_M: the fused GEMM (split-K at M ≤ 32); above: dequantize + cuBLAS; bf16 activations."""

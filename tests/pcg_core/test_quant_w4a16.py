@@ -147,14 +147,14 @@ def test_interpreted_kernels_match_the_reference(m, group, sym, act_order):
                                                  (33, 200, 0, torch.bfloat16), (100, 256, 64, torch.bfloat16)])
 def test_interpreted_paths_forced_and_ragged_edges(m, n, threshold, dtype):
     """Each path at sizes the table would not give it (the GEMM at M = 100 with two M tiles, dequantize at M = 8),
-    N not a multiple of the tile, act-order each way (GEMM: the activation permuted first, by our kernel or
-    index_select, or gathered inside; dequantize: the activation permuted or W written back unpermuted); bf16 on the dequantize path only (the interpreter's bf16 tl.dot is
+    N not a multiple of the tile, act-order each way (the activation permuted first, by our kernel or index_select,
+    or, in the GEMM, gathered as it loads); bf16 on the dequantize path only (the interpreter's bf16 tl.dot is
     wrong in Triton 3.6)."""
     q = _weight(n, 256, 64, sym=False, act_order=True, seed=n)
     x = torch.randn(m, 256, generator=torch.Generator().manual_seed(7)).to(dtype)
-    for perm_in_kernel, unpermute, triton_permute in ((0, False, True), (0, False, False), (threshold, True, True)):
+    for perm_in_kernel, triton_permute in ((0, 1 << 30), (0, 0), (threshold, 1 << 30)):
         got = w4a16.triton_linear(x, *_args(q), q.perm, None, threshold=threshold, perm_in_kernel=perm_in_kernel,
-                                  unpermute=unpermute, triton_permute=triton_permute)
+                                  triton_permute=triton_permute)
         err = rel(got, q.reference_linear(x))
         assert err < RTOL[dtype], f"M={m} N={n} threshold={threshold} perm_in_kernel={perm_in_kernel} {dtype}: {err:.3g}"
 
@@ -165,8 +165,8 @@ def test_interpreted_permute_kernel_gathers_the_columns(m, k):
     """Our act-order gather against x[:, perm] (M over one row block, K over one column block)."""
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).half()
     perm = torch.randperm(k, generator=torch.Generator().manual_seed(k))
-    assert torch.equal(w4a16.permute_activation(x, perm), x[:, perm])
-    assert not torch.equal(w4a16.permute_activation(x, perm.flip(0)), x[:, perm])
+    assert torch.equal(w4a16.permute_activation(x, perm, triton_max_m=m), x[:, perm])
+    assert not torch.equal(w4a16.permute_activation(x, perm.flip(0), triton_max_m=m), x[:, perm])
 
 
 @interpreted
@@ -180,7 +180,7 @@ def test_interpreted_split_k_is_deterministic_and_agrees_with_one_split():
 
 
 @interpreted
-@pytest.mark.parametrize("path", ["gemm", "dequant", "dequant-unpermuted"])
+@pytest.mark.parametrize("path", ["gemm", "dequant"])
 @pytest.mark.parametrize("fault", ["group constexpr doubled", "nibble order reversed", "act-order dropped"])
 def test_interpreted_planted_faults_fail(path, fault):
     q = _weight(128, 512, 64, sym=False, act_order=True)
@@ -192,16 +192,14 @@ def test_interpreted_planted_faults_fail(path, fault):
     elif fault == "act-order dropped":
         perm = None
     if fault != "group constexpr doubled":
-        got = w4a16.triton_linear(x, qw, s, z, g, perm, None, threshold=64 if path == "gemm" else 0,
-                                  unpermute=path == "dequant-unpermuted")
+        got = w4a16.triton_linear(x, qw, s, z, g, perm, None, threshold=64 if path == "gemm" else 0)
     elif path == "gemm":
         got = torch.empty(8, 128, dtype=torch.float16)
         w4a16.launch_gemm(x, qw, s, z, 2 * g, perm, None, got, w4a16.gemm_config(8, 512, g))
     else:
         wd = torch.empty(128, 512, dtype=torch.float16)
-        unpermuted = path == "dequant-unpermuted"
-        w4a16.launch_dequant(qw, s, z, 2 * g, wd, w4a16.dequant_block_k(512, g), perm=perm if unpermuted else None)
-        got = torch.nn.functional.linear(x if unpermuted else x.index_select(1, perm), wd)
+        w4a16.launch_dequant(qw, s, z, 2 * g, wd, w4a16.dequant_block_k(512, g))
+        got = torch.nn.functional.linear(x.index_select(1, perm), wd)
     assert rel(got, q.reference_linear(x)) > FAULT, f"{path}: {fault}"
 
 
