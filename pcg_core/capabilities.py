@@ -26,10 +26,16 @@ QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8", "awq", "g
 # are quantized in memory). Empty for the 8-bit schemes since per-expert MoE checkpoints are read
 # (quant/expert_checkpoint.py).
 QUANT_CHECKPOINT_LIMITS: dict[str, str] = {}
-# int4 experts run quantized (synthetic weights); their per-expert checkpoint tensors are not read yet.
-INT4_CHECKPOINT_LIMITS = {"moe": "4-bit MoE expert checkpoints are not read yet (synthetic MoE weights run)"}
-FP4_MOE = "FP4 MoE experts are not quantized yet (the grouped FP4 path comes next)"
-FP4_CHECKPOINT_LIMITS = {"moe": FP4_MOE}
+# int4 experts' per-expert checkpoint tensors are read too (quant/expert_checkpoint.py), gate and up with their own
+# act-order each.
+INT4_CHECKPOINT_LIMITS: dict[str, str] = {}
+# FP4 experts run quantized (synthetic weights, either layout: quant/fp4_experts.py), and NVFP4 per-expert
+# checkpoint tensors (ModelOpt, compressed-tensors) are read; gpt-oss's own MXFP4 format: SCHEME_CHECKPOINTS.
+FP4_CHECKPOINT_LIMITS: dict[str, str] = {}
+# W4A8 (int4 weights × 8-bit activations) runs dense linears only: its MoE experts are refused, synthetic or real.
+W4A8_MOE = "W4A8 MoE experts (int4 weights × 8-bit activations) are not quantized yet; dense models run"
+# Schemes the runtime runs whose own checkpoint format the loader does not read yet (the request verdict's reason).
+SCHEME_CHECKPOINTS = {"mxfp4": "gpt-oss's MXFP4 checkpoints are not read yet (synthetic weights are quantized in memory)"}
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
 
 
@@ -41,8 +47,8 @@ def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION
     have, features = list(supported), list(features)
     if quant not in have:
         return f"quantization {quant!r} is not supported by the runtime yet (supported: {', '.join(have)})"
-    if quant in FP4_SCHEMES and "moe" in features:
-        return f"quantization {quant}: {FP4_MOE}"
+    if quant in INT4_SCHEMES and INT4_SCHEMES[quant].w4a8 and "moe" in features:
+        return f"quantization {quant}: {W4A8_MOE}"
     if quant != "none" and real_weights:
         reasons = checkpoint_limits(quant) if limits is None else limits
         for f in features:
@@ -54,7 +60,7 @@ def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION
 def checkpoint_limits(quant: str) -> dict[str, str]:
     """What the loader cannot read yet in a real checkpoint of scheme `quant`, by model-card feature."""
     if quant in INT4_SCHEMES:
-        return dict(INT4_CHECKPOINT_LIMITS)
+        return {**INT4_CHECKPOINT_LIMITS, "moe": W4A8_MOE} if INT4_SCHEMES[quant].w4a8 else dict(INT4_CHECKPOINT_LIMITS)
     if quant in FP4_SCHEMES:
         return dict(FP4_CHECKPOINT_LIMITS)
     return dict(QUANT_CHECKPOINT_LIMITS)
@@ -108,7 +114,8 @@ def capabilities() -> dict[str, Any]:
         "compilers": list(COMPILERS),
         "dtypes": list(DTYPES),
         "quantization": list(QUANTIZATION),
-        "quant_schemes": {n: {"description": sc.description, "capturable": True, "checkpoint_limits": checkpoint_limits(n)}
+        "quant_schemes": {n: {"description": sc.description, "capturable": True, "checkpoint_limits": checkpoint_limits(n),
+                              **({"checkpoints": SCHEME_CHECKPOINTS[n]} if n in SCHEME_CHECKPOINTS else {})}
                           for n, sc in (SCHEMES | INT4_SCHEMES | FP4_SCHEMES).items()},
         "quant_formats": list(QUANT_FORMATS),
         "parallel": dict(PARALLEL),

@@ -24,7 +24,7 @@ KNOWN_QUANTIZATION: tuple[str, ...] = (
     # FP8: per-tensor (static activation scale), per-token × per-channel (dynamic), DeepSeek 128×128 blocks
     "fp8_per_tensor", "fp8_per_token", "fp8_block",
     # INT8 weights and activations (SmoothQuant-style); int4 weights with fp8/int8 or 16-bit activations
-    "int8_w8a8", "w4a8", "w4a16",
+    "int8_w8a8", "w4a8", "w4afp8", "w4a16",
     # int4 weight-only checkpoints
     "awq", "gptq",
     # 4-bit floats: NVIDIA's (e4m3 scale per 16) and OCP's (e8m0 scale per 32, gpt-oss)

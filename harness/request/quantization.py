@@ -14,7 +14,7 @@ from pcg_core.errors import ConfigError
 
 # Names a --quant flag may use: the matrix's quant-axis words. Whether the runtime can run one is the
 # runtime's capability table's call (verdicts.py), not this list's.
-QUANT_WORDS = ("none", "fp8", "int8", "int4", "awq", "gptq", "mxfp4", "nvfp4", "modelopt", "compressed-tensors", "bitsandbytes", "gguf")
+QUANT_WORDS = ("none", "fp8", "int8", "int4", "awq", "gptq", "w4a8", "w4afp8", "mxfp4", "nvfp4", "modelopt", "compressed-tensors", "bitsandbytes", "gguf")
 # Fields that describe storage, per method; anything else a method has is kept too, in the order published.
 _KEY_ORDER = ("bits", "group_size", "fmt", "weight_block_size", "activation_scheme", "quant_algo", "kv_cache_quant_algo",
               "sym", "desc_act", "zero_point", "version", "format")

@@ -70,7 +70,7 @@ def quant_verdict(wanted: list[str], checkpoint: dict[str, Any] | None, caps: di
             continue
         runs.append(w if scheme == w else f"{w} (as {scheme})")
     if problems:
-        return _v(False, f"{'; '.join(problems)}; {ckpt}; the trim and tiny variants still run on synthetic unquantized weights")
+        return _v(False, f"{'; '.join(problems)}; {ckpt}; the trim and tiny variants still run on synthetic weights")
     note = ""
     if checkpoint is not None and checkpoint["method"] not in wanted:
         note = f"; the published weights are {checkpoint['method']}, so {', '.join(wanted)} means synthetic or dequantized weights"

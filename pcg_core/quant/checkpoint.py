@@ -47,12 +47,6 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     tensors, report, layout = CheckpointTensors(path), LoadReport(), layout_for(model)
     for name, mod in list(model.named_modules()):
         if is_experts(mod):
-            if spec.int4 is not None:
-                raise UnsupportedModel(f"{path}: {name}: 4-bit MoE expert checkpoints are not read yet ({spec.format} "
-                                       f"declared in {spec.where}); int4 experts run on synthetic weights")
-            if spec.fp4 is not None:
-                raise UnsupportedModel(f"{path}: {name}: FP4 MoE experts are not read yet ({spec.format} NVFP4 declared "
-                                       f"in {spec.where}); the grouped FP4 path comes next")
             (report.quantized if read_experts(mod, name, tensors, spec, layout) else report.unquantized).append(name)
             continue
         if spec.int4 is not None and type(mod) is torch.nn.Linear and spec.int4.packed_key(layout.file_key(name)) in tensors:
@@ -193,14 +187,11 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     experts = {n: m for n, m in model.named_modules() if is_experts(m)}
     fp4 = None
     if isinstance(scheme, Int4Scheme):
-        if experts:
-            raise NotImplementedError("4-bit MoE expert checkpoints are not written yet (their per-expert tensors are "
-                                      "not read either)")
-        int4 = Int4Format(fmt, common_group(scheme, [m.in_features for m in linears.values()]))
+        widths = [m.in_features for m in linears.values()] + [w.shape[-1] for m in experts.values()
+                                                              for w in (m.down_proj, getattr(m, "gate_up_proj", m.down_proj))]
+        int4 = Int4Format(fmt, common_group(scheme, widths))
         qc, legacy_cfg = int4_declaration(fmt, scheme, int4.group, ignore), None
     elif isinstance(scheme, Fp4Scheme):  # ModelOpt's NVFP4 declares W4A4 (input_scale); compressed-tensors' NVFP4A16
-        if experts:
-            raise NotImplementedError("FP4 MoE experts are not written yet (the grouped FP4 path comes next)")
         int4, fp4 = None, Fp4Format(fmt, act_scale=fmt == "modelopt")
         qc, legacy_cfg = fp4_declaration(fp4, ignore, legacy)
     else:
@@ -215,7 +206,7 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
 
     tensors: dict[str, torch.Tensor] = {}
     for name, mod in experts.items():
-        tensors.update(write_experts(mod, name, scheme, scale_name, layout, input_absmax, as_stored))
+        tensors.update(write_experts(mod, name, scheme, scale_name, layout, input_absmax, as_stored, int4, fp4))
     for key, t in model.state_dict().items():
         mod = key.rpartition(".")[0]
         if mod in experts:

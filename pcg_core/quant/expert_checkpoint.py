@@ -18,9 +18,14 @@ from pathlib import Path
 import torch
 
 from pcg_core.errors import UnsupportedModel
-from pcg_core.quant.experts import install, quantizable
+from pcg_core.quant.experts import install, install_int4, quantizable
 from pcg_core.quant.files import EIGHT_BIT, CheckpointTensors, shaped
 from pcg_core.quant.formats import QuantSpec
+from pcg_core.quant.fp4 import quantize_nvfp4
+from pcg_core.quant.fp4_checkpoint import Fp4Format, fp4_tensors, read_fp4_weight
+from pcg_core.quant.fp4_experts import install_fp4_experts
+from pcg_core.quant.int4 import Int4Scheme, Int4Weight, quantize_int4_ordered
+from pcg_core.quant.int4_checkpoint import Int4Format, int4_tensors, read_int4_weight, stored_weight
 from pcg_core.quant.schemes import BLOCK, FP8, Scheme, quantize_weight, weight_scale_shape
 
 
@@ -54,13 +59,12 @@ def read_experts(module: torch.nn.Module, name: str, tensors: CheckpointTensors,
     if not quantizable(module):  # the [E, N, K] layout the per-expert files are fused into
         raise UnsupportedModel(f"{path}: {name} ({type(module).__name__}) holds transposed or biased experts; its quantized "
                                "checkpoint layout is not read yet")
-    gated = hasattr(module, "gate_up_proj")
-    first = "gate_up_proj" if gated else "up_proj"
-    e_n, n2, h = getattr(module, first).shape
-    i = n2 // 2 if gated else n2
+    gated, first, e_n, parts, shapes = _experts_shape(module, layout)
     base = layout.file_key(name)
-    parts = {"gate": layout.gate, "up": layout.up, "down": layout.down} if gated else {"up": layout.up, "down": layout.down}
-    shapes = {"gate": (i, h), "up": (i, h), "down": (h, i)}
+    if spec.int4 is not None:
+        return _read_int4_experts(module, name, tensors, spec, base, parts, shapes)
+    if spec.fp4 is not None:
+        return _read_fp4_experts(module, name, tensors, spec, base, parts, shapes)
     weights = {p: [f"{base}.{e}.{proj}.weight" for e in range(e_n)] for p, proj in parts.items()}
     missing = [k for keys in weights.values() for k in keys if k not in tensors]
     if missing:
@@ -87,6 +91,99 @@ def read_experts(module: torch.nn.Module, name: str, tensors: CheckpointTensors,
     install(module, s, "down_proj", torch.stack([q for q, _, _ in down]), torch.stack([sc for _, sc, _ in down]),
             _largest([x for _, _, x in down]))
     return True
+
+
+def _experts_shape(module: torch.nn.Module, layout: ExpertLayout) -> tuple[bool, str, int, dict[str, str], dict[str, tuple[int, int]]]:
+    """(gated, the first projection's name, experts, part → the files' projection name, part → its (N, K))."""
+    gated = hasattr(module, "gate_up_proj")
+    first = "gate_up_proj" if gated else "up_proj"
+    e_n, n2, h = getattr(module, first).shape
+    i = n2 // 2 if gated else n2
+    parts = {"gate": layout.gate, "up": layout.up, "down": layout.down} if gated else {"up": layout.up, "down": layout.down}
+    return gated, first, e_n, parts, {"gate": (i, h), "up": (i, h), "down": (h, i)}
+
+
+def _read_int4_experts(module: torch.nn.Module, name: str, tensors: CheckpointTensors, spec: QuantSpec, base: str,
+                       parts: dict[str, str], shapes: dict[str, tuple[int, int]]) -> bool:
+    """int4 experts (AWQ, GPTQ, compressed-tensors: one packed linear per expert and projection) into the canonical
+    buffers of experts.install_int4; gate and up fused along N, each keeping its own act-order permutation."""
+    path, fmt, e_n = tensors.path, spec.int4, module.num_experts
+    keys = {p: [f"{base}.{e}.{proj}" for e in range(e_n)] for p, proj in parts.items()}
+    packed = {fmt.packed_key(k) in tensors for ks in keys.values() for k in ks}
+    if True in packed and spec.scheme.w4a8:  # the experts would run with 16-bit activations: not what is declared
+        raise UnsupportedModel(f"{path}: {name}'s experts are declared {spec.scheme.name} (int4 weights × 8-bit "
+                               "activations); W4A8 MoE experts are not run yet, only dense W4A8 linears")
+    if packed == {False}:
+        if missing := [k for ks in keys.values() for k in ks if f"{k}.weight" not in tensors]:
+            raise UnsupportedModel(f"{path}: the experts of {name} need {fmt.packed_key(missing[0])} or {missing[0]}.weight "
+                                   f"(and {len(missing) - 1} more), which the checkpoint does not have")
+        _copy_float(module, {p: [tensors.get(f"{k}.weight") for k in ks] for p, ks in keys.items()}, "gate" in parts)
+        return False
+    if packed == {False, True}:
+        raise UnsupportedModel(f"{path}: {name}'s experts are partly packed in 4 bits ({fmt.packed_key(keys['down'][0])}) "
+                               "and partly not; one experts module is one scheme")
+    if spec.ignored(keys["down"][0]):
+        raise UnsupportedModel(f"{path}: {name}'s experts are packed in 4 bits but {spec.where} lists them as not quantized")
+    read = {p: [read_int4_weight(k, tensors, fmt, spec.scheme, shapes[p]) for k in ks] for p, ks in keys.items()}
+    if "gate" in parts:
+        fused = [_fuse_int4(g, u) for g, u in zip(read["gate"], read["up"])]
+        install_int4(module, spec.scheme, "gate_up_proj", _same_perm_form(fused))
+    else:
+        install_int4(module, spec.scheme, "up_proj", _same_perm_form(read["up"]))
+    install_int4(module, spec.scheme, "down_proj", _same_perm_form(read["down"]))
+    return True
+
+
+def _read_fp4_experts(module: torch.nn.Module, name: str, tensors: CheckpointTensors, spec: QuantSpec, base: str,
+                      parts: dict[str, str], shapes: dict[str, tuple[int, int]]) -> bool:
+    """NVFP4 experts (ModelOpt, compressed-tensors: one packed linear per expert and projection, each with its own
+    global scale) into fp4_experts.install_fp4_experts' buffers; the same presence rule as int4's."""
+    path, fmt, e_n = tensors.path, spec.fp4, module.num_experts
+    keys = {p: [f"{base}.{e}.{proj}" for e in range(e_n)] for p, proj in parts.items()}
+    packed = {fmt.is_packed(tensors, k) for ks in keys.values() for k in ks}
+    if packed == {False}:
+        _copy_float(module, {p: [_float_weight(tensors, k, fmt.packed_key(k), name) for k in ks]
+                             for p, ks in keys.items()}, "gate" in parts)
+        return False
+    if packed == {False, True}:
+        raise UnsupportedModel(f"{path}: {name}'s experts are partly packed in FP4 ({fmt.packed_key(keys['down'][0])}) "
+                               "and partly not; one experts module is one scheme")
+    if spec.ignored(keys["down"][0]):
+        raise UnsupportedModel(f"{path}: {name}'s experts are packed in FP4 but {spec.where} lists them as not quantized")
+    read = {p: [read_fp4_weight(k, tensors, fmt, shapes[p]) for k in ks] for p, ks in keys.items()}
+    install_fp4_experts(module, spec.scheme, read["down"], read["up"], read.get("gate"))
+    return True
+
+
+def _float_weight(tensors: CheckpointTensors, key: str, packed: str, name: str) -> torch.Tensor:
+    if f"{key}.weight" not in tensors:
+        raise UnsupportedModel(f"{tensors.path}: the experts of {name} need {packed} or {key}.weight, which the "
+                               "checkpoint does not have")
+    return tensors.get(f"{key}.weight")
+
+
+def _fuse_int4(gate: Int4Weight, up: Int4Weight) -> Int4Weight:
+    """Gate over up along N (exact: scales and zeros are per row). Their act-order permutations differ (each was
+    quantized alone), so a fused one holds both: perm [2, K], a shard each; none if neither has one."""
+    perm = None
+    if gate.perm is not None or up.perm is not None:
+        perm = torch.stack([_perm_or_identity(gate), _perm_or_identity(up)])
+    return Int4Weight(torch.cat([gate.q, up.q]), torch.cat([gate.scales, up.scales]), torch.cat([gate.zeros, up.zeros]),
+                      gate.group, perm)
+
+
+def _same_perm_form(weights: list[Int4Weight]) -> list[Int4Weight]:
+    """Every expert's weight with a perm of one shape if any has one (g_idx = k // G reads as none): the experts'
+    perms are stacked."""
+    shaped = next((w.perm for w in weights if w.perm is not None), None)
+    if shaped is None:
+        return weights
+    identity = torch.arange(shaped.shape[-1]).expand_as(shaped).contiguous()
+    return [w if w.perm is not None else Int4Weight(w.q, w.scales, w.zeros, w.group, identity) for w in weights]
+
+
+def _perm_or_identity(w: Int4Weight) -> torch.Tensor:
+    return w.perm if w.perm is not None else torch.arange(w.q.shape[1])
 
 
 def _shard(w: torch.Tensor, tensors: CheckpointTensors, key: str, s: Scheme, spec: QuantSpec,
@@ -140,11 +237,13 @@ def _copy_float(module: torch.nn.Module, loaded: dict[str, list[torch.Tensor]], 
         module.down_proj.copy_(torch.stack(loaded["down"]).to(module.down_proj.dtype))
 
 
-def write_experts(module: torch.nn.Module, name: str, scheme: Scheme, scale_name: str, layout: ExpertLayout,
-                  input_absmax: dict[str, float] | None, as_stored: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+def write_experts(module: torch.nn.Module, name: str, scheme: Scheme | Int4Scheme, scale_name: str, layout: ExpertLayout,
+                  input_absmax: dict[str, float] | None, as_stored: Callable[[torch.Tensor], torch.Tensor],
+                  int4: Int4Format | None = None, fp4: Fp4Format | None = None) -> dict[str, torch.Tensor]:
     """The float experts module `name` as a producer writes it quantized: per expert and projection, each with its
     own scales (stored as the format stores a linear's: `as_stored`), and the module's calibrated activation
-    scale for static schemes."""
+    scale for static schemes; with `int4` or `fp4`, each projection packed as that format packs a linear (its
+    own groups and act-order; its own NVFP4 global)."""
     gated = hasattr(module, "gate_up_proj")
     first = module.gate_up_proj if gated else module.up_proj
     i = first.shape[1] // 2 if gated else first.shape[1]
@@ -157,8 +256,16 @@ def write_experts(module: torch.nn.Module, name: str, scheme: Scheme, scale_name
         else:
             parts |= {layout.up: (first[e], "gate_up")}
         for proj, (w, calib) in parts.items():
-            q, s = quantize_weight(w, scheme)
             key = f"{base}.{e}.{proj}"
+            if int4 is not None:
+                q4 = quantize_int4_ordered(w.detach(), int4.group, scheme.sym, scheme.act_order)
+                packed = int4_tensors(stored_weight(q4, int4, w.dtype), int4, scheme.sym, w.dtype)
+                out.update({f"{key}.{suffix}": t for suffix, t in packed.items()})
+                continue
+            if fp4 is not None:
+                out.update({f"{key}.{suffix}": t for suffix, t in fp4_tensors(quantize_nvfp4(w.detach()), fp4).items()})
+                continue
+            q, s = quantize_weight(w, scheme)
             out[f"{key}.weight"] = q.contiguous()
             out[f"{key}.{scale_name}"] = as_stored(s)
             if not scheme.act_dynamic:

@@ -13,13 +13,17 @@ static-shape and sync-free, hence capturable:
   kernel reading FP8/INT8 weights directly is the next step.
 int4 weight-only experts (awq, gptq) take the same two forwards with the activations left in 16 bits and the
 weights dequantized from the canonical int4 layout (act-order undone in the weight, not applied to the rows).
+FP4 experts (either layout, gpt-oss's biased, transposed ones too) are fp4_experts.py's; both forwards here hand
+them over, so every caller of these forwards runs them right.
 """
 
 from __future__ import annotations
 
 import torch
 
-from pcg_core.quant.int4 import Int4Scheme, pack_nibbles, quantize_int4_ordered, unpack_nibbles
+from pcg_core.quant.fp4 import Fp4Scheme
+from pcg_core.quant.fp4_experts import fp4_experts_forward, grouped_fp4_experts_forward
+from pcg_core.quant.int4 import Int4Scheme, Int4Weight, pack_nibbles, quantize_int4_ordered, unpack_nibbles
 from pcg_core.quant.schemes import BLOCK, Scheme, dequantize_weight, expand_activation_scale, quantize_activation, quantize_weight
 
 PROJECTIONS = ("gate_up_proj", "up_proj", "down_proj")
@@ -93,13 +97,21 @@ def quantize_experts_int4(module: torch.nn.Module, scheme: Int4Scheme) -> None:
             continue
         group = scheme.group_for(w.shape[-1])
         qs = [quantize_int4_ordered(w[e].detach(), group, scheme.sym, scheme.act_order) for e in range(w.shape[0])]
-        dev = w.device
-        module._parameters.pop(name, None)
-        module.register_buffer(name, torch.stack([pack_nibbles(q.q, 1) for q in qs]).to(dev))
-        module.register_buffer(f"{name}_scales", torch.stack([q.scales for q in qs]).to(dev))
-        module.register_buffer(f"{name}_zeros", torch.stack([q.zeros for q in qs]).to(dev))
-        module.register_buffer(f"{name}_perm", torch.stack([q.perm for q in qs]).to(dev) if scheme.act_order else None)
-        setattr(module, f"{name}_group", group)
+        install_int4(module, scheme, name, qs)
+
+
+def install_int4(module: torch.nn.Module, scheme: Int4Scheme, name: str, weights: list[Int4Weight]) -> None:
+    """Projection `name` held as its experts' canonical int4 weights (one group for all): `<name>` int32
+    [E, N, K/8], `<name>_scales`/`<name>_zeros` [E, N, K/G], `<name>_perm` with act-order: [E, K], or [E, S, K]
+    when the N rows are S shards with a permutation each (a checkpoint's gate and up fused)."""
+    dev = getattr(module, name).device
+    perms = [w.perm for w in weights]
+    module._parameters.pop(name, None)
+    module.register_buffer(name, torch.stack([pack_nibbles(w.q, 1) for w in weights]).to(dev))
+    module.register_buffer(f"{name}_scales", torch.stack([w.scales for w in weights]).to(dev))
+    module.register_buffer(f"{name}_zeros", torch.stack([w.zeros for w in weights]).to(dev))
+    module.register_buffer(f"{name}_perm", None if perms[0] is None else torch.stack(perms).to(dev))
+    setattr(module, f"{name}_group", weights[0].group)
     module.quant_scheme = scheme
 
 
@@ -111,8 +123,12 @@ def _int4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, e:
     group = getattr(module, f"{name}_group")
     w = (unpack_nibbles(q, -1).float() - zeros.repeat_interleave(group, -1)) * scales.repeat_interleave(group, -1)
     perm = getattr(module, f"{name}_perm")
-    if perm is not None:  # column j of the stored weight is input channel perm[j]
-        w = torch.empty_like(w).scatter_(-1, perm[sel].unsqueeze(-2).expand_as(w), w)
+    if perm is not None:  # column j of the stored weight is input channel perm[j] (of its row shard)
+        perm = perm[sel]
+        shards = perm.shape[-2] if perm.dim() == w.dim() else 1
+        view = w.unflatten(-2, (shards, -1))  # [..., S, N/S, K]
+        index = (perm if perm.dim() == w.dim() else perm.unsqueeze(-2)).unsqueeze(-2).expand_as(view)
+        w = torch.empty_like(view).scatter_(-1, index, view).flatten(-3, -2)
     return w.to(dtype)
 
 
@@ -132,6 +148,8 @@ def _project(x: torch.Tensor, module: torch.nn.Module, name: str, e: int) -> tor
 
 def quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                               top_k_weights: torch.Tensor) -> torch.Tensor:
+    if isinstance(module.quant_scheme, Fp4Scheme):  # FP4 experts hold their own layout (fp4_experts.py)
+        return fp4_experts_forward(module, hidden_states, top_k_index, top_k_weights)
     out = torch.zeros_like(hidden_states, dtype=torch.float32)
     gated = getattr(module, "has_gate", True) and hasattr(module, "gate_up_proj")
     for e in range(module.num_experts):
@@ -168,6 +186,8 @@ def _all_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype) -> 
 
 def grouped_quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                                       top_k_weights: torch.Tensor) -> torch.Tensor:
+    if isinstance(module.quant_scheme, Fp4Scheme):
+        return grouped_fp4_experts_forward(module, hidden_states, top_k_index, top_k_weights)
     top_k = top_k_index.shape[-1]
     expert_ids, order = torch.sort(top_k_index.reshape(-1), stable=True)  # stable: one row order on every run
     rows = hidden_states[order // top_k]  # [S, H], S = tokens × top_k, grouped by expert

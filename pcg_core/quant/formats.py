@@ -32,7 +32,8 @@ SUPPORTED_FORMATS = (
     "w8a8_int8 (SGLang)",
     "awq (AutoAWQ gemm: 4-bit, zero points, group 32/64/128)",
     "gptq (4-bit, checkpoint_format gptq or gptq_v2, sym or not, group -1/32/64/128, desc_act)",
-    "compressed-tensors pack-quantized (W4A16: 4-bit int weights, sym or not, group or channel, actorder)",
+    "compressed-tensors pack-quantized (W4A16: 4-bit int weights, sym or not, group or channel, actorder; W4A8 / "
+    "W4AFP8: the same weights × int8 / FP8 activations per token, dynamic)",
     "compressed-tensors nvfp4-pack-quantized (NVFP4A16; NVFP4 W4A4 run as W4A16)",
 )
 INT4_GROUPS = {"awq": (32, 64, 128), "gptq": (-1, 32, 64, 128), "compressed-tensors": (-1, 32, 64, 128)}
@@ -207,9 +208,7 @@ def _ct_pack_quantized(qc: dict[str, Any], where: str) -> QuantSpec:
     """compressed-tensors W4A16 (its `pack-quantized` format): runs as the gptq family (llm-compressor makes it
     with GPTQ; the weights are the same int4 groups)."""
     here, w, a = _one_ct_group(qc, where)
-    if a is not None:
-        raise _refuse(here, f"4-bit weights × {a.get('num_bits')}-bit {a.get('type')} activations (W4A8) are not read "
-                            "yet; W4A16 (no input_activations) is")
+    acts = _w4a8_activations(a, here) if a is not None else None
     _four_bits("compressed-tensors pack-quantized", w.get("num_bits"), here)
     if w.get("type", "int") != "int" or w.get("dynamic"):
         raise _refuse(here, f"{w.get('type')} weights{' (dynamic)' if w.get('dynamic') else ''}: pack-quantized reads "
@@ -223,12 +222,27 @@ def _ct_pack_quantized(qc: dict[str, Any], where: str) -> QuantSpec:
         raise _refuse(here, f"actorder {actorder!r}: only group, weight, static or none")
     sym = bool(w.get("symmetric", True))
     act_order = actorder in (True, "group")  # weight/static: groups stay contiguous in K, no g_idx
-    scheme = Int4Scheme("gptq", group, sym=sym, act_order=act_order,
-                        description=f"compressed-tensors W4A16: int4 weights, {'symmetric' if sym else 'zero points'}, "
+    name, preset = {None: ("gptq", "W4A16"), "int8": ("w4a8", "W4A8"), "fp8": ("w4afp8", "W4AFP8")}[acts]
+    scheme = Int4Scheme(name, group, sym=sym, act_order=act_order, activations=acts,
+                        description=f"compressed-tensors {preset}: int4 weights, {'symmetric' if sym else 'zero points'}, "
                                     f"{'per channel' if group == -1 else f'group {group}'}"
-                                    f"{', act-order' if act_order else ''}")
+                                    f"{', act-order' if act_order else ''}"
+                                    f"{f', {acts} activations per token (dynamic)' if acts else ''}")
     return QuantSpec("compressed-tensors", scheme, tuple(qc.get("ignore") or ()), where=where,
                      int4=Int4Format("compressed-tensors", group))
+
+
+def _w4a8_activations(a: dict[str, Any], here: str) -> str:
+    """The 8-bit activation type ("int8" or "fp8") of a pack-quantized W4A8 / W4AFP8 declaration: per-token,
+    dynamic, symmetric, as compressed-tensors' presets write them; anything else is refused by name."""
+    want = {"num_bits": 8, "strategy": "token", "dynamic": True, "symmetric": True}
+    got = {k: a.get(k, True if k == "symmetric" else None) for k in want}
+    kind = a.get("type", "int")
+    if got != want or kind not in ("int", "float"):
+        raise _refuse(here, f"4-bit weights × activations {a}: pack-quantized reads 16-bit activations (W4A16, no "
+                            "input_activations) or 8-bit ones per token, dynamic and symmetric (W4A8: type int, "
+                            "W4AFP8: type float); static activation scales and other strategies are not read")
+    return "int8" if kind == "int" else "fp8"
 
 
 def _ct_nvfp4(qc: dict[str, Any], where: str) -> QuantSpec:

@@ -89,6 +89,8 @@ class Fp4Scheme:
 FP4_SCHEMES: dict[str, Fp4Scheme] = {s.name: s for s in (
     Fp4Scheme("fp4", NVFP4_BLOCK, "NVFP4 W4A16: e2m1 weights, an e4m3 scale per block of 16 and an fp32 global; "
                                   "activations stay 16-bit (ModelOpt NVFP4, compressed-tensors NVFP4A16/NVFP4)"),
+    Fp4Scheme("mxfp4", MXFP4_BLOCK, "MXFP4 W4A16: e2m1 weights, a power-of-two (e8m0) scale per block of 32, no "
+                                    "global; activations stay 16-bit (OCP MX, gpt-oss's experts)"),
 )}
 
 

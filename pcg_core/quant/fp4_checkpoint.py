@@ -56,6 +56,16 @@ class Fp4Format:
 def read_fp4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors, fmt: Fp4Format,
                     scheme: Fp4Scheme) -> Fp4Linear:
     """The linear `name` (as the files spell it) from its NVFP4 tensors; every error names the tensor."""
+    w = read_fp4_weight(name, tensors, fmt, (mod.out_features, mod.in_features))
+    bias = tensors.get(f"{name}.bias") if mod.bias is not None else None
+    out = Fp4Linear.from_weight(w, bias, mod.weight.dtype).to(mod.weight.device)
+    out.quant_scheme = scheme  # what the cell reads back: the name the matrix's quant axis uses
+    return out
+
+
+def read_fp4_weight(name: str, tensors: CheckpointTensors, fmt: Fp4Format, shape: tuple[int, int]) -> Fp4Weight:
+    """The canonical weight of the linear `name` (as the files spell it: a layer's linear or one expert's
+    projection), checked against the (N, K) the model expects."""
     path = tensors.path
 
     def need(suffix: str) -> torch.Tensor:
@@ -78,18 +88,15 @@ def read_fp4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors,
             w = ct_nvfp4_unpack(need("weight_packed"), need("weight_scale"), need("weight_global_scale"),
                                 need(act) if fmt.act_scale else None)
             if f"{name}.weight_shape" in tensors:  # not written by compressed-tensors' NVFP4 compressor; checked if there
-                shape = tuple(int(d) for d in tensors.get(f"{name}.weight_shape").tolist())
-                if shape != tuple(w.codes.shape):
-                    raise ConfigError(f"weight_shape {shape} does not match weight_packed's {tuple(w.codes.shape)}")
+                stored = tuple(int(d) for d in tensors.get(f"{name}.weight_shape").tolist())
+                if stored != tuple(w.codes.shape):
+                    raise ConfigError(f"weight_shape {stored} does not match weight_packed's {tuple(w.codes.shape)}")
     except ConfigError as e:
         raise UnsupportedModel(f"{path}: {name}: {e}") from e
-    if tuple(w.codes.shape) != (mod.out_features, mod.in_features):
+    if tuple(w.codes.shape) != tuple(shape):
         raise UnsupportedModel(f"{path}: {name}'s FP4 tensors hold a {tuple(w.codes.shape)} weight; the model's linear is "
-                               f"{(mod.out_features, mod.in_features)}")
-    bias = tensors.get(f"{name}.bias") if mod.bias is not None else None
-    out = Fp4Linear.from_weight(w, bias, mod.weight.dtype).to(mod.weight.device)
-    out.quant_scheme = scheme  # what the cell reads back: the name the matrix's quant axis uses
-    return out
+                               f"{tuple(shape)}")
+    return w
 
 
 # --- writing --------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import torch
 
 from pcg_core.errors import ConfigError
 from pcg_core.quant.nibbles import NIBBLES, PLAIN_ORDER, dequantize_codes, pack_nibbles, unpack_nibbles  # noqa: F401 (the int4 words, here too)
+from pcg_core.quant.w4a8 import ACTS as W4A8_ACTS, w4a8_linear  # registers pcg::w4a8_linear
 from pcg_core.quant.w4a16 import w4a16_linear  # registers pcg::w4a16_linear
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # column (within 8) held by nibble i of an AWQ word
@@ -29,9 +30,10 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # column (within 8) held by nibble i of an
 
 @dataclass(frozen=True)
 class Int4Scheme:
-    """A 4-bit weight-only (W4A16) scheme as a synthetic cell runs it: group size, symmetric or with zero points,
-    act-order. `act_dynamic` (no static activation scale to calibrate) and `kind` speak the 8-bit Scheme's words
-    where code asks them of any scheme."""
+    """A 4-bit integer weight scheme as a synthetic cell runs it: group size, symmetric or with zero points,
+    act-order, and `activations`: None for 16-bit ones (W4A16, the weight-only schemes), "int8" or "fp8" for W4A8
+    (quantized per token, dynamically, by pcg::w4a8_linear). `act_dynamic` (no static activation scale to
+    calibrate) and `kind` speak the 8-bit Scheme's words where code asks them of any scheme."""
 
     name: str
     group: int
@@ -40,6 +42,12 @@ class Int4Scheme:
     description: str
     kind: str = "int4"
     act_dynamic: bool = True
+    activations: str | None = None
+
+    @property
+    def w4a8(self) -> bool:
+        """Whether activations are quantized to 8 bits (W4A8Linear), not kept in 16 (Int4Linear)."""
+        return self.activations is not None
 
     def group_for(self, k: int) -> int:
         """The scheme's group, or at widths too small for it (tiny models: 48-wide experts) the largest of 64, 32
@@ -55,6 +63,12 @@ INT4_SCHEMES: dict[str, Int4Scheme] = {s.name: s for s in (
                description="int4 weights with zero points per group of 128, 16-bit activations (AutoAWQ gemm)"),
     Int4Scheme("gptq", 128, sym=True, act_order=True,
                description="int4 weights, symmetric per group of 128, act-order (GPTQ desc_act), 16-bit activations"),
+    Int4Scheme("w4a8", 128, sym=True, act_order=False, activations="int8",
+               description="int4 weights, symmetric per group of 128 × int8 activations, dynamic per token "
+                           "(compressed-tensors W4A8)"),
+    Int4Scheme("w4afp8", 128, sym=True, act_order=False, activations="fp8",
+               description="int4 weights, symmetric per group of 128 × FP8 e4m3 activations, dynamic per token "
+                           "(compressed-tensors W4AFP8)"),
 )}
 
 
@@ -267,3 +281,36 @@ class Int4Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, "
                 f"act_order={self.perm is not None}")
+
+
+class W4A8Linear(Int4Linear):
+    """Int4Linear's buffers with the activation quantized per token to 8 bits (`act`: "int8" or "fp8"): the
+    forward is one `pcg::w4a8_linear` call (w4a8.py), the 8-bit tensor cores on CUDA, the reference elsewhere.
+    Act-order permutes the activation first (an index_select): a per-token scale does not depend on K's order,
+    so quantizing the permuted row is quantizing the row."""
+
+    def __init__(self, in_features: int, out_features: int, group: int, bias: bool = False, act_order: bool = False,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16, act: str = "int8"):
+        super().__init__(in_features, out_features, group, bias, act_order, device, dtype)
+        if act not in W4A8_ACTS:
+            raise ValueError(f"W4A8 activations are one of {W4A8_ACTS}, got {act!r}")
+        self.act = act
+
+    @classmethod
+    def from_scheme(cls, linear: torch.nn.Linear, scheme: Int4Scheme) -> W4A8Linear:
+        if not scheme.w4a8:
+            raise ValueError(f"{scheme.name} keeps 16-bit activations: an Int4Linear runs it")
+        mod = super().from_scheme(linear, scheme)
+        mod.act = scheme.activations
+        return mod
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self.perm is not None:
+            x2 = x2.index_select(1, self.perm)
+        out = w4a8_linear(x2, self.qweight, self.scales, self.zeros, self.group, self.act, self.bias)
+        return out.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, act={self.act}"

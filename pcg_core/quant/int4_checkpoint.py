@@ -9,7 +9,8 @@ there in the shapes the declared group size implies; a linear stored in 16 bits 
 compressed-tensors `pack-quantized` (its PackedQuantizationCompressor, 4 bits): `weight_packed` int32 (N, K/8),
 signed codes + 8 in plain nibble order along K (the same words as our unsigned codes), `weight_scale` (N, K/G) in
 the model's dtype, `weight_zero_point` int32 (N/8, K/G) (asymmetric only; signed zero + 8, packed along N),
-`weight_shape` (2,) = (N, K), `weight_g_idx` (K,) with act-order "group".
+`weight_shape` (2,) = (N, K), `weight_g_idx` (K,) with act-order "group". W4A8 / W4AFP8 store the same tensors and
+declare `input_activations` (8 bits, per token, dynamic: no activation tensors on disk); they load into W4A8Linear.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import torch
 
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.quant.files import CheckpointTensors
-from pcg_core.quant.int4 import (NIBBLES, Int4Linear, Int4Scheme, Int4Weight, awq_pack, awq_unpack, gptq_pack,
-                                 gptq_unpack, original_codes, pack_nibbles, unpack_nibbles, with_act_order)
+from pcg_core.quant.int4 import (NIBBLES, Int4Linear, Int4Scheme, Int4Weight, W4A8Linear, awq_pack, awq_unpack,
+                                 gptq_pack, gptq_unpack, original_codes, pack_nibbles, unpack_nibbles, with_act_order)
 
 INT4_FORMATS = ("awq", "gptq", "gptq_v2", "compressed-tensors")
 # The tensor whose presence says a linear is quantized, per format.
@@ -86,13 +87,27 @@ def ct_unpack(packed: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tenso
 def read_int4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors, fmt: Int4Format,
                      scheme: Int4Scheme) -> Int4Linear:
     """The linear `name` (as the files spell it) from its int4 tensors; every error names the tensor."""
+    w = read_int4_weight(name, tensors, fmt, scheme, (mod.out_features, mod.in_features))
+    bias = tensors.get(f"{name}.bias") if mod.bias is not None else None
+    out = (W4A8Linear if scheme.w4a8 else Int4Linear).from_weight(w, bias, mod.weight.dtype).to(mod.weight.device)
+    if scheme.w4a8:
+        out.act = scheme.activations
+    out.quant_scheme = scheme  # what the cell reads back: the family name the matrix's quant axis uses
+    return out
+
+
+def read_int4_weight(name: str, tensors: CheckpointTensors, fmt: Int4Format, scheme: Int4Scheme,
+                     shape: tuple[int, int]) -> Int4Weight:
+    """The canonical weight of the linear `name` (as the files spell it: a layer's linear or one expert's
+    projection), checked against the (N, K) the model expects and the declared act-order."""
     path = tensors.path
 
     def need(suffix: str) -> torch.Tensor:
         return tensors.companion(fmt.packed_key(name), f"{name}.{suffix}", fmt.name)
 
     def maybe(suffix: str) -> torch.Tensor | None:
-        return tensors.optional(f"{name}.{suffix}")
+        """g_idx: optional without act-order; with it, missing would silently read as k // G (wrong weights)."""
+        return need(suffix) if scheme.act_order else tensors.optional(f"{name}.{suffix}")
 
     try:
         if fmt.name == "awq":
@@ -110,16 +125,13 @@ def read_int4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors
                           fmt.group)
     except ConfigError as e:
         raise UnsupportedModel(f"{path}: {name}: {e}") from e
-    if tuple(w.q.shape) != (mod.out_features, mod.in_features):
+    if tuple(w.q.shape) != tuple(shape):
         raise UnsupportedModel(f"{path}: {name}'s int4 tensors hold a {tuple(w.q.shape)} weight; the model's linear is "
-                               f"{(mod.out_features, mod.in_features)}")
+                               f"{tuple(shape)}")
     if w.perm is not None and not scheme.act_order:
         raise UnsupportedModel(f"{path}: {name} has an act-order g_idx, but the checkpoint declares none (desc_act / "
                                "actorder); the declaration or the files are wrong")
-    bias = tensors.get(f"{name}.bias") if mod.bias is not None else None
-    out = Int4Linear.from_weight(w, bias, mod.weight.dtype).to(mod.weight.device)
-    out.quant_scheme = scheme  # what the cell reads back: the family name the matrix's quant axis uses
-    return out
+    return w
 
 
 def _int32(t: torch.Tensor, what: str) -> torch.Tensor:
@@ -156,6 +168,9 @@ def common_group(scheme: Int4Scheme, in_features: list[int]) -> int:
 
 def declaration(fmt: str, scheme: Int4Scheme, group: int, ignore: tuple[str, ...]) -> dict:
     """config.json's quantization_config as each producer writes it."""
+    if scheme.w4a8 and fmt != "compressed-tensors":
+        raise ValueError(f"{scheme.name} (8-bit activations) is written as compressed-tensors pack-quantized only, not "
+                         f"{fmt}")
     if fmt == "awq":
         if scheme.sym or scheme.act_order:
             raise ValueError("AWQ checkpoints are asymmetric (zero points) without act-order")
@@ -169,7 +184,11 @@ def declaration(fmt: str, scheme: Int4Scheme, group: int, ignore: tuple[str, ...
         weights = {"num_bits": 4, "type": "int", "symmetric": scheme.sym, "dynamic": False,
                    "strategy": "channel" if group == -1 else "group", "group_size": None if group == -1 else group,
                    "actorder": "group" if scheme.act_order else None}
+        acts = None  # W4A16; W4A8 / W4AFP8 as compressed-tensors' presets declare their activations
+        if scheme.w4a8:
+            acts = {"num_bits": 8, "type": "int" if scheme.activations == "int8" else "float", "symmetric": True,
+                    "dynamic": True, "strategy": "token"}
         return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
                 "ignore": list(ignore), "kv_cache_scheme": None,
-                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}}}
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}}}
     raise ValueError(f"no int4 writer for format {fmt!r} (have: {', '.join(INT4_FORMATS)})")

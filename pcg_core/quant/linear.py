@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme
-from pcg_core.quant.int4 import Int4Linear, Int4Scheme
+from pcg_core.quant.fp4_experts import fp4_unsupported_reason, quantize_experts_fp4
+from pcg_core.quant.int4 import Int4Linear, Int4Scheme, W4A8Linear
 from pcg_core.quant.int8_mm import available as int8_kernel_available
 from pcg_core.quant.experts import check_quantizable, is_experts, quantize_experts
 from pcg_core.quant.schemes import BLOCK, Scheme, quantize_activation, quantize_weight, reference_linear, weight_scale_shape
@@ -120,6 +121,9 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Sche
     for mod in model.modules():  # experts this module cannot hold quantized: refused before any swap
         if is_experts(mod):
             check_quantizable(mod)
+    if isinstance(scheme, Int4Scheme) and scheme.w4a8 and any(is_experts(m) for m in model.modules()):
+        raise NotImplementedError(f"{scheme.name}: MoE experts with 8-bit activations (W4A8) are not quantized yet; "
+                                  "dense models are")
     for name, mod in list(model.named_modules()):
         if isinstance(scheme, Int4Scheme):  # weight-only: no activation scales
             if is_experts(mod):
@@ -127,7 +131,8 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Sche
                 swapped.append(name)
             elif type(mod) is torch.nn.Linear and not name.endswith(skip):
                 parent, _, attr = name.rpartition(".")
-                setattr(model.get_submodule(parent) if parent else model, attr, Int4Linear.from_scheme(mod, scheme))
+                layer = (W4A8Linear if scheme.w4a8 else Int4Linear).from_scheme(mod, scheme)
+                setattr(model.get_submodule(parent) if parent else model, attr, layer)
                 swapped.append(name)
             continue
         if is_experts(mod):
@@ -145,15 +150,23 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Sche
 
 
 def _quantize_fp4(model: torch.nn.Module, scheme: Fp4Scheme, skip: tuple[str, ...]) -> list[str]:
-    """Every dense linear swapped for an Fp4Linear (weight-only: no activation scales). MoE experts and widths the
-    e2m1 blocks do not divide are refused before any swap, so a model is never left half quantized."""
-    if any(is_experts(m) for m in model.modules()):
-        raise NotImplementedError(f"{scheme.name}: FP4 MoE experts are not quantized yet (the grouped FP4 path)")
-    linears = [(n, m) for n, m in model.named_modules() if type(m) is torch.nn.Linear and not n.endswith(skip)]
+    """Every dense linear swapped for an Fp4Linear (weight-only: no activation scales) and fused MoE experts held
+    in FP4 in place, either layout (fp4_experts.py). Experts it cannot hold and widths the e2m1 blocks do not
+    divide are refused before any swap, so a model is never left half quantized."""
+    experts = [(n, m) for n, m in model.named_modules() if is_experts(m)]
+    for name, mod in experts:
+        if why := fp4_unsupported_reason(mod, scheme):
+            raise NotImplementedError(f"{scheme.name}: MoE experts {name or '(root)'}: {why}")
+    inside = tuple(f"{n}." for n, _ in experts)
+    linears = [(n, m) for n, m in model.named_modules()
+               if type(m) is torch.nn.Linear and not n.endswith(skip) and not n.startswith(inside)]
     if bad := [(n, m.in_features) for n, m in linears if m.in_features % scheme.block]:
         raise NotImplementedError(f"{scheme.name}: {bad[0][0]} has K = {bad[0][1]}, not a multiple of the FP4 block "
                                   f"{scheme.block}")
     for name, mod in linears:
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, Fp4Linear.from_scheme(mod, scheme))
-    return [n for n, _ in linears]
+    for _, mod in experts:
+        quantize_experts_fp4(mod, scheme)
+    done = {n for n, _ in linears} | {n for n, _ in experts}
+    return [n for n, _ in model.named_modules() if n in done]

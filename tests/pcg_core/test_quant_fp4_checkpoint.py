@@ -272,17 +272,45 @@ def test_a_module_the_declaration_leaves_alone_must_not_be_packed(variant, key, 
         load_model(str(tmp_path), weights="real")
 
 
-def test_fp4_moe_experts_are_refused_not_loaded_in_16_bits(tmp_path):
+@pytest.mark.parametrize("variant", ["modelopt", "ct"])
+def test_moe_experts_load_back_exactly_the_weights_written(variant, tmp_path):
+    """Qwen3-MoE's experts as ModelOpt / compressed-tensors write them (one NVFP4 linear per expert and projection,
+    each with its own global) read into the fused FP4 expert buffers: gate's and up's rows keep their own globals;
+    a missing companion tensor is named."""
+    from pcg_core.quant.fp4_experts import fp4_dequantized
+
     data, model = _synthetic(MOE)
-    with pytest.raises(NotImplementedError, match="FP4 MoE experts"):
-        write_checkpoint(model, data, tmp_path, "modelopt", FP4)
-    with pytest.raises(NotImplementedError, match="FP4 path"):
-        quantize_model(model, FP4)
-    assert not any(isinstance(m, Fp4Linear) for m in model.modules())  # refused before any swap
-    # a published one: the dense model's tensors under a MoE config (the loader stops at the first experts module)
-    dense, dense_model = _synthetic(LLAMA)
-    write_checkpoint(dense_model, dense, tmp_path / "d", "modelopt", FP4)
-    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
-    (tmp_path / "d" / "config.json").write_text(json.dumps(dict(data, quantization_config=cfg["quantization_config"])))
-    with pytest.raises(UnsupportedModel, match="FP4 MoE experts are not read yet .*grouped FP4 path"):
-        load_model(str(tmp_path / "d"), weights="real")
+    data = data | {"moe_intermediate_size": 64}  # whole blocks of 16 (the tiny MoE's experts are 48 wide)
+    model = synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0, peaked=True)
+    with torch.no_grad():  # up's rows ×8: gate's and up's globals differ
+        for m in model.modules():
+            if hasattr(m, "gate_up_proj") and hasattr(m, "num_experts"):
+                m.gate_up_proj[:, m.gate_up_proj.shape[1] // 2:] *= 8
+    fmt, legacy, _ = VARIANTS[variant]
+    write_checkpoint(model, data, tmp_path, fmt, FP4, legacy=legacy)
+    lm = load_model(str(tmp_path), weights="real")
+    mods = dict(lm.model.named_modules())
+    experts = {n: m for n, m in model.named_modules() if hasattr(m, "gate_up_proj") and hasattr(m, "num_experts")}
+    assert experts
+    for name, flt in experts.items():
+        i = flt.gate_up_proj.shape[1] // 2
+        want = torch.stack([torch.cat([quantize_nvfp4(w[:i]).dequantize(), quantize_nvfp4(w[i:]).dequantize()])
+                            for w in flt.gate_up_proj.detach()])
+        assert mods[name].quant_scheme.name == "fp4"
+        assert torch.equal(fp4_dequantized(mods[name], "gate_up_proj", torch.float32), want), name
+        down = torch.stack([quantize_nvfp4(w).dequantize() for w in flt.down_proj.detach()])
+        assert torch.equal(fp4_dequantized(mods[name], "down_proj", torch.float32), down), name
+        glob = mods[name].gate_up_proj_global
+        assert not torch.equal(glob[:, :i], glob[:, i:])  # gate's and up's own globals
+    files = load_file(tmp_path / "model.safetensors")
+    key = next(k for k in files if k.endswith(".experts.3.down_proj.weight_scale"))
+    save_file({k: v for k, v in files.items() if k != key}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UnsupportedModel, match=key.replace(".", r"\.") + " is missing"):
+        load_model(str(tmp_path), weights="real")
+
+
+def test_fp4_moe_experts_quantized_in_memory_beside_the_linears():
+    data, model = _synthetic(MOE)
+    names = quantize_model(model, FP4)
+    experts = [n for n, m in model.named_modules() if getattr(m, "quant_scheme", None) is FP4 and not isinstance(m, Fp4Linear)]
+    assert experts and set(experts) <= set(names) and any(isinstance(m, Fp4Linear) for m in model.modules())

@@ -23,6 +23,8 @@ from pcg_core.quant.int4_checkpoint import Int4Format, ct_pack, ct_unpack, store
 
 CONFIGS = Path(__file__).resolve().parents[2] / "harness" / "models" / "configs"
 LLAMA, QWEN3, MOE = "meta-llama__Llama-3.1-8B-Instruct.json", "Qwen__Qwen3-0.6B.json", "Qwen__Qwen3-30B-A3B.json"
+# The tiny MoE's experts (48 wide) widened to what the formats' groups (32 and up) divide, two groups of 64 and up
+MOE_WIDTHS = {"hidden_size": 128, "moe_intermediate_size": 128}
 
 # (format, scheme as the writer takes it): each format's variants the loader must read
 VARIANTS = {
@@ -38,8 +40,8 @@ VARIANTS = {
 }
 
 
-def _synthetic(config: str = LLAMA, seed: int = 0):
-    data = shrink_config(read_config_file(CONFIGS / config), tiny=True, layers=2)
+def _synthetic(config: str = LLAMA, seed: int = 0, **override):
+    data = shrink_config(read_config_file(CONFIGS / config), tiny=True, layers=2) | override
     return data, synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=seed, peaked=True)
 
 
@@ -167,7 +169,7 @@ def test_planted_reader_faults_move_the_loaded_weights(fault, llama, tmp_path, m
     ({"quant_method": "gptq", "bits": 4, "group_size": 128, "lm_head": True}, "lm_head"),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
         "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
-        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}}, "W4A8"),
+        "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}}}}, "W4A8"),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
         "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "tensor"}}}}, "strategy 'tensor'"),
 ])
@@ -217,15 +219,84 @@ def test_a_module_the_declaration_leaves_alone_must_not_be_packed(llama, tmp_pat
         load_model(str(tmp_path), weights="real")
 
 
-def test_int4_moe_experts_are_refused_not_loaded_in_16_bits(tmp_path):
-    data, model = _synthetic(MOE)
-    with pytest.raises(NotImplementedError, match="4-bit MoE expert checkpoints are not written"):
-        write_checkpoint(model, data, tmp_path, "gptq", VARIANTS["gptq-asym-g32"][1])
-    # a published one: dense tensors packed, the experts' too (their names do not matter: the loader stops first)
-    dense, _ = _synthetic(LLAMA)
-    write_checkpoint(_synthetic(LLAMA)[1], dense, tmp_path / "d", "gptq", VARIANTS["gptq-asym-g32"][1])
-    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
-    moe_cfg = dict(data, quantization_config=cfg["quantization_config"])
-    (tmp_path / "d" / "config.json").write_text(json.dumps(moe_cfg))
-    with pytest.raises(UnsupportedModel, match="4-bit MoE expert checkpoints are not read yet"):
-        load_model(str(tmp_path / "d"), weights="real")
+def _expert_weights(model: torch.nn.Module, group: int, scheme: Int4Scheme, fmt: str) -> dict[str, torch.Tensor]:
+    """Each experts module's [E, N, K] weights (gate_up fused) as the checkpoint stands for them: every expert's
+    gate, up and down quantized alone (own groups and act-order), computed here from the float model."""
+    fmt_ = Int4Format(fmt, group)
+
+    def one(w: torch.Tensor) -> torch.Tensor:
+        return stored_weight(quantize_int4_ordered(w.detach(), group, scheme.sym, scheme.act_order), fmt_,
+                             w.dtype).original()
+
+    out = {}
+    for name, mod in model.named_modules():
+        if hasattr(mod, "gate_up_proj") and hasattr(mod, "num_experts"):
+            i = mod.gate_up_proj.shape[1] // 2
+            out[f"{name}.gate_up_proj"] = torch.stack([torch.cat([one(w[:i]), one(w[i:])]) for w in mod.gate_up_proj])
+            out[f"{name}.down_proj"] = torch.stack([one(w) for w in mod.down_proj])
+    return out
+
+
+@pytest.mark.parametrize("variant", ["awq-g32", "gptq-sym-actorder", "gptq_v2-asym-actorder", "ct-asym-actorder"])
+def test_moe_experts_load_back_exactly_the_weights_written(variant, tmp_path):
+    """Qwen3-MoE's experts as the producers write them (one packed linear per expert and projection, each with its
+    own act-order) read into the fused int4 expert buffers: gate and up each keep their permutation."""
+    from pcg_core.quant.experts import _int4_dequantized
+
+    data, model = _synthetic(MOE, **MOE_WIDTHS)
+    fmt, scheme = VARIANTS[variant]
+    write_checkpoint(model, data, tmp_path, fmt, scheme)
+    files = load_file(tmp_path / "model.safetensors")
+    assert any(".mlp.experts.0.gate_proj." in k for k in files) and not any(k.endswith("gate_up_proj") for k in files)
+    lm = load_model(str(tmp_path), weights="real")
+    group = ckpt.common_group(scheme, [m.in_features for m in model.modules() if type(m) is torch.nn.Linear] + [
+        w.shape[-1] for m in model.modules() if hasattr(m, "gate_up_proj") for w in (m.gate_up_proj, m.down_proj)])
+    want = _expert_weights(model, group, scheme, fmt)
+    mods = dict(lm.model.named_modules())
+    for key, w in want.items():
+        mod, _, proj = key.rpartition(".")
+        assert mods[mod].quant_scheme.name == scheme.name
+        got = _int4_dequantized(mods[mod], proj, torch.float32)
+        assert torch.equal(got, w.float()), key
+    if scheme.act_order:
+        perm = mods[next(iter(want)).rpartition(".")[0]].gate_up_proj_perm
+        assert perm.dim() == 3 and perm.shape[1] == 2 and not torch.equal(perm[:, 0], perm[:, 1])
+
+
+def test_moe_experts_planted_faults_move_the_weights(tmp_path):
+    """The same file read with gate and up's permutations swapped, or with one expert's g_idx dropped, gives other
+    weights: the check above can fail."""
+    from pcg_core.quant.experts import _int4_dequantized
+
+    data, model = _synthetic(MOE, **MOE_WIDTHS)
+    write_checkpoint(model, data, tmp_path, "gptq", VARIANTS["gptq-sym-actorder"][1])
+    lm = load_model(str(tmp_path), weights="real")
+    experts = next(m for m in lm.model.modules() if getattr(m, "gate_up_proj_perm", None) is not None)
+    good = _int4_dequantized(experts, "gate_up_proj", torch.float32)
+    experts.gate_up_proj_perm = experts.gate_up_proj_perm.flip(1)
+    assert not torch.equal(_int4_dequantized(experts, "gate_up_proj", torch.float32), good)
+    files = load_file(tmp_path / "model.safetensors")
+    key = next(k for k in files if k.endswith(".experts.1.down_proj.g_idx"))
+    files.pop(key)
+    save_file(files, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UnsupportedModel, match=r"experts\.1\.down_proj"):  # g_idx gone: no act-order there, and
+        load_model(str(tmp_path), weights="real")                          # the declaration says desc_act
+
+
+def test_moe_experts_missing_or_mixed_tensors_are_named(tmp_path):
+    data, model = _synthetic(MOE, **MOE_WIDTHS)
+    write_checkpoint(model, data, tmp_path, "awq", VARIANTS["awq-g32"][1])
+    files = load_file(tmp_path / "model.safetensors")
+    key = next(k for k in files if k.endswith(".experts.2.up_proj.scales"))
+    save_file({k: v for k, v in files.items() if k != key}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UnsupportedModel, match=r"experts\.2\.up_proj\.scales"):
+        load_model(str(tmp_path), weights="real")
+    # one expert's projection stored in 16 bits among packed ones: refused, never read as zeros
+    mixed = dict(files)
+    base = key.removesuffix(".scales")
+    for suffix in ("qweight", "qzeros", "scales"):
+        mixed.pop(f"{base}.{suffix}")
+    mixed[f"{base}.weight"] = torch.zeros(8, 8)
+    save_file(mixed, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UnsupportedModel, match="partly packed in 4 bits"):
+        load_model(str(tmp_path), weights="real")

@@ -213,14 +213,14 @@ def test_first_diverging_piece_is_named():
 
 
 def test_int4_cells_refuse_what_they_cannot_run_yet():
-    """awq/gptq run on dense and MoE models (synthetic, or a dense checkpoint in the format:
-    test_int4_checkpoint_cells.py). A card without such a checkpoint and an int4 MoE checkpoint are unsupported
-    before any weight is built; gpt-oss's transposed, biased experts once its synthetic model is built, before
+    """awq/gptq run on dense and MoE models (synthetic, or a checkpoint in the format:
+    test_int4_checkpoint_cells.py). A card without such a checkpoint (dense or MoE) is unsupported before any
+    weight is built; gpt-oss's transposed, biased experts once its synthetic model is built, before
     anything is quantized."""
     real = run_cell(CellSpec("llama-3.1-8b", weights="real", quant="awq"))
     assert real.status == Status.UNSUPPORTED and "declares no awq checkpoint" in real.reason
     moe = run_cell(CellSpec("qwen3-30b-a3b", weights="real", quant="gptq"))
-    assert moe.status == Status.UNSUPPORTED and "4-bit MoE expert checkpoints are not read yet" in moe.reason
+    assert moe.status == Status.UNSUPPORTED and "declares no gptq checkpoint" in moe.reason
     assert moe.metrics.quant_layers is None  # stopped before quantizing anything
     oss = run_cell(CellSpec("gpt-oss-120b", tiny=True, quant="awq", max_tokens=64, max_new_tokens=2))
     assert oss.status == Status.UNSUPPORTED and "transposed or biased" in oss.reason, oss.reason

@@ -1,0 +1,302 @@
+"""FP4 MoE experts (NVFP4, MXFP4): transformers' fused expert tensors held as e2m1 codes with block scales, and
+the two forwards over them, as experts.py does for the 8-bit and int4 schemes.
+
+Every projection is held in the canonical orientation [E, N out, K in], whatever the module's own layout:
+- `<name>` uint8 [E, N, K/2]: codes two a byte along K, low nibble first (Fp4Linear's `weight_packed`);
+- `<name>_scale` float32 [E, N, K/B]: block scales (e4m3 values for NVFP4, powers of two for MXFP4);
+- `<name>_global` float32 [E, N] (NVFP4) or None (MXFP4): a multiplier per output row, so gate and up keep their
+  own globals when a checkpoint stores them as two linears (ModelOpt, compressed-tensors); one value per expert
+  and projection when quantized here.
+W = (e2m1[code] · scale) · global, as Fp4Weight.dequantize. gpt-oss's experts (GptOssExperts: transposed [E, in,
+out] weights, gate/up interleaved along out, biases, its clamped swiglu) are held the same way, transposed once at
+quantization: its checkpoint rows ARE the canonical rows, and its `_apply_gate` reads the interleave as before.
+Biases stay float parameters.
+
+Both forwards dequantize (weight-only: activations stay 16-bit), are static-shape and sync-free, so capturable:
+`fp4_experts_forward` (the reference, every device: each expert on every token in float32, weighted by its
+routing weight) and `grouped_fp4_experts_forward` (rows sorted by expert, two torch._grouped_mm over weights
+dequantized to the activations' dtype). experts.py's forwards dispatch here for an Fp4Scheme.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from pcg_core.errors import UnsupportedModel
+from pcg_core.quant.e2m1 import e2m1_table, pack_e2m1, unpack_e2m1
+from pcg_core.quant.fp4 import (FP4_SCHEMES, MXFP4_BLOCK, NVFP4_BLOCK, Fp4Scheme, Fp4Weight, interleave_gate_up,
+                                mxfp4_experts_pack, mxfp4_experts_weight,
+                                quantize_mxfp4, quantize_nvfp4)
+
+PROJECTIONS = ("gate_up_proj", "up_proj", "down_proj")
+GPT_OSS_KEYS = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias", "down_proj_blocks",
+                "down_proj_scales", "down_proj_bias")
+
+
+class Tensors(Protocol):
+    """What a checkpoint reader offers (files.CheckpointTensors): `key in t` and `t.get(key)`."""
+
+    def __contains__(self, key: str) -> bool: ...
+
+    def get(self, key: str) -> torch.Tensor: ...
+
+
+def _projections(module: torch.nn.Module) -> list[str]:
+    return [n for n in PROJECTIONS if isinstance(getattr(module, n, None), torch.Tensor)]
+
+
+def _is_fp4(module: torch.nn.Module) -> bool:
+    return isinstance(getattr(module, "quant_scheme", None), Fp4Scheme)
+
+
+def _in_out(module: torch.nn.Module, name: str) -> tuple[int, int]:
+    """(N out, K in) of projection `name` of a float module, in either layout."""
+    w = getattr(module, name)
+    return (w.shape[2], w.shape[1]) if getattr(module, "is_transposed", False) else (w.shape[1], w.shape[2])
+
+
+def fp4_unsupported_reason(module: torch.nn.Module, scheme: Fp4Scheme) -> str | None:
+    """Why this experts module cannot be held in `scheme`, or None: a forward of its own that would read the
+    buffers as floats, a norm after each expert (not in these forwards), or an input width the blocks do not
+    divide."""
+    kind = type(module).__name__
+    if why := getattr(module, "not_quantizable_reason", None):
+        return why
+    if getattr(module, "has_post_expert_norm", False):
+        return f"{kind}: a norm after each expert is not in the FP4 experts' forwards yet"
+    for name in _projections(module):
+        n, k = _in_out(module, name)
+        if k % scheme.block:
+            return (f"{kind}.{name}: input width K = {k} is not a multiple of the {scheme.name} block {scheme.block} "
+                    f"(e2m1 codes share a scale over whole blocks)")
+    return None
+
+
+# --- holding ---------------------------------------------------------------------------------------------------
+
+
+def quantize_fp4_weight(w: torch.Tensor, block: int) -> tuple[Fp4Weight, torch.Tensor | None]:
+    """The reference quantizer over canonical [E, N, K] weights: MXFP4 blockwise (no global), NVFP4 per expert
+    (each expert's own global, as a per-expert checkpoint has it). Returns the stacked weight and the globals
+    [E, N] (None for MXFP4)."""
+    if block == MXFP4_BLOCK:
+        return quantize_mxfp4(w), None
+    if block != NVFP4_BLOCK:
+        raise ValueError(f"FP4 experts take blocks of {NVFP4_BLOCK} or {MXFP4_BLOCK}, not {block}")
+    qs = [quantize_nvfp4(w[e]) for e in range(w.shape[0])]
+    return _stack(qs)
+
+
+def _stack(ws: Sequence[Fp4Weight]) -> tuple[Fp4Weight, torch.Tensor | None]:
+    """Per-expert weights (N, K) stacked to (E, N, K), their globals as rows [E, N] (None if none has one)."""
+    if not ws or len({w.block for w in ws}) != 1 or len({tuple(w.codes.shape) for w in ws}) != 1:
+        raise ValueError("per-expert FP4 weights must be as many as the experts, of one shape and one block")
+    codes, scales = torch.stack([w.codes for w in ws]), torch.stack([w.scales for w in ws])
+    n = codes.shape[1]
+    if all(w.global_scale is None for w in ws):
+        return Fp4Weight(codes, scales, ws[0].block), None
+    g = torch.tensor([1.0 if w.global_scale is None else w.global_scale for w in ws], dtype=torch.float32)
+    return Fp4Weight(codes, scales, ws[0].block), g[:, None].expand(-1, n).contiguous()
+
+
+def install_fp4_projection(module: torch.nn.Module, name: str, w: Fp4Weight, global_rows: torch.Tensor | None,
+                           scheme: Fp4Scheme) -> None:
+    """Projection `name` becomes the canonical buffers (module docstring) from w (E, N, K) and its row globals."""
+    if w.codes.dim() != 3 or w.block != scheme.block:
+        raise ValueError(f"{name}: FP4 experts want (E, N, K) codes in blocks of {scheme.block}, got "
+                         f"{tuple(w.codes.shape)} in blocks of {w.block}")
+    if global_rows is not None and tuple(global_rows.shape) != tuple(w.codes.shape[:2]):
+        raise ValueError(f"{name}: globals {tuple(global_rows.shape)} are not one per row {tuple(w.codes.shape[:2])}")
+    dev = getattr(module, name).device
+    module._parameters.pop(name, None)
+    module.register_buffer(name, pack_e2m1(w.codes).to(dev))
+    module.register_buffer(f"{name}_scale", w.scales.float().to(dev))
+    module.register_buffer(f"{name}_global", None if global_rows is None else global_rows.float().to(dev))
+    module.register_buffer("fp4_e2m1", e2m1_table(dev), persistent=False)
+    module.fp4_block = scheme.block
+    module.quant_scheme = scheme
+
+
+def _check(module: torch.nn.Module, scheme: Fp4Scheme) -> None:
+    if why := fp4_unsupported_reason(module, scheme):
+        raise NotImplementedError(why)
+
+
+def quantize_experts_fp4(module: torch.nn.Module, scheme: Fp4Scheme) -> None:
+    """Quantize a float experts module in place, either layout ([E, N, K] Qwen3-MoE/Mixtral, or gpt-oss's
+    transposed, biased, interleaved one): each projection by the reference quantizer of the scheme's block."""
+    _check(module, scheme)
+    transposed = getattr(module, "is_transposed", False)
+    for name in _projections(module):
+        w = getattr(module, name).detach().float()
+        install_fp4_projection(module, name, *quantize_fp4_weight(w.transpose(1, 2) if transposed else w,
+                                                                  scheme.block), scheme)
+
+
+def install_fp4_experts(module: torch.nn.Module, scheme: Fp4Scheme, down: Sequence[Fp4Weight],
+                        up: Sequence[Fp4Weight], gate: Sequence[Fp4Weight] | None = None) -> None:
+    """A float experts module takes per-expert FP4 weights as a checkpoint stores them (ModelOpt's and
+    compressed-tensors' `experts.<e>.{gate,up,down}_proj`, each unpacked by fp4.py into an (N, K) Fp4Weight):
+    gate and up rows become the module's gate_up_proj (concatenated, or interleaved for gpt-oss's layout), each
+    row keeping its linear's own global."""
+    _check(module, scheme)
+    e = module.num_experts
+    if any(len(ws) != e for ws in (down, up, *([gate] if gate is not None else []))):
+        raise ValueError(f"{type(module).__name__}: expected {e} per-expert weights for every projection")
+    parts: dict[str, tuple[Fp4Weight, torch.Tensor | None]] = {"down_proj": _stack(down)}
+    if gate is not None:
+        (g, gg), (u, ug) = _stack(gate), _stack(up)
+        glob = None if gg is None and ug is None else \
+            _gate_up(module, _ones_if_none(gg, g)[..., None], _ones_if_none(ug, u)[..., None])[..., 0]
+        parts["gate_up_proj"] = (Fp4Weight(_gate_up(module, g.codes, u.codes), _gate_up(module, g.scales, u.scales),
+                                           g.block), glob)
+    else:
+        parts["up_proj"] = _stack(up)
+    for name, (w, _) in parts.items():  # every projection checked before any is replaced
+        if not isinstance(getattr(module, name, None), torch.Tensor):
+            raise ValueError(f"{type(module).__name__} has no {name}")
+        if tuple(w.codes.shape[1:]) != _in_out(module, name):
+            raise ValueError(f"{type(module).__name__}.{name}: per-expert weights are {tuple(w.codes.shape[1:])} "
+                             f"(N, K); the module's are {_in_out(module, name)}")
+    for name, (w, glob) in parts.items():
+        install_fp4_projection(module, name, w, glob, scheme)
+
+
+def _gate_up(module: torch.nn.Module, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate_up rows [E, 2I, …] in the module's order: gate then up (transformers' chunk), or interleaved (gpt-oss)."""
+    if getattr(module, "is_concatenated", True):
+        return torch.cat((gate, up), dim=1)
+    return interleave_gate_up(gate, up)
+
+
+def _ones_if_none(g: torch.Tensor | None, w: Fp4Weight) -> torch.Tensor:
+    return torch.ones(w.codes.shape[:2]) if g is None else g
+
+
+# --- gpt-oss's on-disk MXFP4 experts ---------------------------------------------------------------------------
+
+
+def load_gpt_oss_mxfp4(module: torch.nn.Module, gate_up_blocks: torch.Tensor, gate_up_scales: torch.Tensor,
+                       down_blocks: torch.Tensor, down_scales: torch.Tensor, gate_up_bias: torch.Tensor | None = None,
+                       down_bias: torch.Tensor | None = None) -> None:
+    """A float GptOssExperts takes its checkpoint's MXFP4 tensors (fp4.py's layout notes): the blocks' rows are
+    the canonical rows (gate/up interleaved), so codes and e8m0 scales are held as stored. Biases (bf16 on disk)
+    are copied into the module's float bias parameters."""
+    scheme = FP4_SCHEMES["mxfp4"]
+    _check(module, scheme)
+    parts = []
+    for name, blocks, scales, bias in (("gate_up_proj", gate_up_blocks, gate_up_scales, gate_up_bias),
+                                       ("down_proj", down_blocks, down_scales, down_bias)):
+        w = mxfp4_experts_weight(blocks, scales, name)
+        want = (module.num_experts, *_in_out(module, name))
+        if tuple(w.codes.shape) != want:
+            raise UnsupportedModel(f"gpt-oss MXFP4: {name}_blocks hold (E, R, C) = {tuple(w.codes.shape)}; the model "
+                                   f"wants {want}")
+        param = getattr(module, f"{name}_bias")
+        if bias is not None and tuple(bias.shape) != tuple(param.shape):
+            raise UnsupportedModel(f"gpt-oss MXFP4: {name}_bias is {tuple(bias.shape)}; expected {tuple(param.shape)}")
+        parts.append((name, w, bias, param))
+    for name, w, bias, param in parts:  # both checked before either is replaced
+        if bias is not None:
+            with torch.no_grad():
+                param.copy_(bias.to(param.dtype))
+        install_fp4_projection(module, name, w, None, scheme)
+
+
+def read_gpt_oss_mxfp4(module: torch.nn.Module, tensors: Tensors, prefix: str) -> None:
+    """load_gpt_oss_mxfp4 from a checkpoint reader (files.CheckpointTensors): `<prefix>gate_up_proj_blocks` …
+    (prefix ends with "experts."). A missing tensor is an error naming it; the biases are required, as gpt-oss
+    always stores them."""
+    missing = [prefix + k for k in GPT_OSS_KEYS if prefix + k not in tensors]
+    if missing:
+        raise UnsupportedModel(f"gpt-oss MXFP4 experts: {', '.join(missing)} missing from the checkpoint")
+    t = {k: tensors.get(prefix + k) for k in GPT_OSS_KEYS}
+    load_gpt_oss_mxfp4(module, t["gate_up_proj_blocks"], t["gate_up_proj_scales"], t["down_proj_blocks"],
+                       t["down_proj_scales"], t["gate_up_proj_bias"], t["down_proj_bias"])
+
+
+def gpt_oss_mxfp4_tensors(module: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The gpt-oss on-disk tensors of a GptOssExperts (synthetic checkpoints): a float module quantized by the
+    reference MXFP4 quantizer, one already held in MXFP4 packed as it is. Biases in bf16, as gpt-oss ships them."""
+    out = {}
+    for name in ("gate_up_proj", "down_proj"):
+        if _is_fp4(module):
+            if module.fp4_block != MXFP4_BLOCK:
+                raise ValueError(f"gpt-oss's format is MXFP4; these experts are held in {module.quant_scheme.name}")
+            w = Fp4Weight(unpack_e2m1(getattr(module, name)).cpu(), getattr(module, f"{name}_scale").cpu(), MXFP4_BLOCK)
+        else:
+            w = quantize_mxfp4(getattr(module, name).detach().float().cpu().transpose(1, 2))
+        out[f"{prefix}{name}_blocks"], out[f"{prefix}{name}_scales"] = mxfp4_experts_pack(w)
+        out[f"{prefix}{name}_bias"] = getattr(module, f"{name}_bias").detach().cpu().to(torch.bfloat16)
+    return out
+
+
+# --- forwards ----------------------------------------------------------------------------------------------------
+
+
+def fp4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, e: int | None = None) -> torch.Tensor:
+    """Expert e's (or every expert's) canonical weight [(E,) N, K] of projection `name` in `dtype`: the products
+    of Fp4Weight.dequantize in its order, sync-free elementwise work on the device."""
+    sel = slice(None) if e is None else e
+    packed, scale = getattr(module, name)[sel], getattr(module, f"{name}_scale")[sel]
+    v = module.fp4_e2m1[unpack_e2m1(packed).long()].unflatten(-1, (-1, module.fp4_block)) * scale[..., None]
+    glob = getattr(module, f"{name}_global")
+    if glob is not None:
+        v = v * glob[sel][..., None, None]
+    return v.flatten(-2).to(dtype)
+
+
+def _bias(module: torch.nn.Module, name: str) -> torch.Tensor | None:
+    return getattr(module, f"{name}_bias", None) if getattr(module, "has_bias", False) else None
+
+
+def _first(module: torch.nn.Module) -> tuple[str, bool]:
+    gated = getattr(module, "has_gate", True) and hasattr(module, "gate_up_proj")
+    return ("gate_up_proj" if gated else "up_proj"), gated
+
+
+def fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The reference: every expert on every token, weights dequantized in float32, biases added in float32, the
+    module's own gate (`_apply_gate`: gpt-oss's clamped, interleaved swiglu) or activation in the input dtype."""
+    first, gated = _first(module)
+    x = hidden_states.float()
+    out = torch.zeros_like(hidden_states, dtype=torch.float32)
+    for e in range(module.num_experts):
+        weight = (top_k_weights * (top_k_index == e)).sum(dim=-1, keepdim=True)  # [T, 1], 0 if not routed
+        h = x @ fp4_dequantized(module, first, torch.float32, e).t()
+        if (b := _bias(module, first)) is not None:
+            h = h + b[e].float()
+        h = h.to(hidden_states.dtype)
+        proj = module._apply_gate(h) if gated else module.act_fn(h)
+        y = proj.float() @ fp4_dequantized(module, "down_proj", torch.float32, e).t()
+        if (b := _bias(module, "down_proj")) is not None:
+            y = y + b[e].float()
+        out += y * weight.float()
+    return out.to(hidden_states.dtype)
+
+
+def grouped_fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                                top_k_weights: torch.Tensor) -> torch.Tensor:
+    """Rows sorted by expert (stable: one order on every run) and two grouped GEMMs over every expert's weight
+    dequantized to the activations' dtype; each row's bias gathered by its expert id."""
+    first, gated = _first(module)
+    top_k = top_k_index.shape[-1]
+    expert_ids, order = torch.sort(top_k_index.reshape(-1), stable=True)
+    rows = hidden_states[order // top_k]  # [S, H], S = tokens × top_k
+    counts = torch.histc(expert_ids.float() if rows.device.type == "cpu" else expert_ids.int(), bins=module.num_experts,
+                         min=0, max=module.num_experts - 1)
+    offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    proj = torch._grouped_mm(rows, fp4_dequantized(module, first, rows.dtype).transpose(1, 2), offs=offsets)
+    if (b := _bias(module, first)) is not None:
+        proj = proj + b[expert_ids].to(proj.dtype)
+    proj = module._apply_gate(proj) if gated else module.act_fn(proj)
+    out = torch._grouped_mm(proj, fp4_dequantized(module, "down_proj", rows.dtype).transpose(1, 2), offs=offsets)
+    if (b := _bias(module, "down_proj")) is not None:
+        out = out + b[expert_ids].to(out.dtype)
+    out = out.float() * top_k_weights.reshape(-1)[order, None].float()
+    unsorted = torch.empty_like(out).index_copy_(0, order, out)  # a permutation: every row written once
+    return unsorted.view(-1, top_k, out.shape[-1]).sum(dim=1).to(hidden_states.dtype)
