@@ -12,7 +12,8 @@ targets (≤ 1.3× at M = 8, ≤ 1.25× at M = 4096; meets_target judges every q
 kernel or index_select) at each small M and
 prints the best: how GEMM_CONFIGS and PERM_IN_KERNEL_MAX_M are to be chosen; then the same for the NVFP4
 kernel (fp4_w4a16.GEMM_CONFIGS). --scan-threshold times both paths at M = 16…256 (where they cross is
-THRESHOLD_M) and act-order's activation permute, ours vs index_select, up to M = 4096 (TRITON_PERMUTE_MAX_M).
+THRESHOLD_M) and act-order's activation permute — ours spread over K, ours walking rows, index_select — up to
+M = 4096 (TRITON_PERMUTE_MAX_M, ROW_PERMUTE_MIN_M).
 """
 
 from __future__ import annotations
@@ -164,12 +165,13 @@ def scan_threshold(n: int, k: int, repeat: int) -> list[dict]:
                                       for s in int4), flush=True)
     layer = int4["gptq"]  # act-order on the dequantize path: the activation permuted by our kernel or index_select
     args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None)
-    variants = {"x_permuted_triton": 1 << 30, "x_permuted_torch": 0}
+    # (triton_permute, rows_permute): ours spread over K, index_select, ours walking whole rows
+    variants = {"x_permuted_triton": (1 << 30, 1 << 62), "x_permuted_torch": (0, 1 << 62), "x_permuted_rows": (0, 1)}
     for m in PERMUTE_TOKENS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         row = {"m": m, **{f"gptq_dequant_{v}_ms": replay_ms(
-            lambda t, tp=tp: w4a16.triton_linear(t, *args, threshold=0, triton_permute=tp), x, repeat)
-            for v, tp in variants.items()}}
+            lambda t, tp=tp, rp=rp: w4a16.triton_linear(t, *args, threshold=0, triton_permute=tp, rows_permute=rp),
+            x, repeat) for v, (tp, rp) in variants.items()}}
         rows.append(row)
         print(f"M={m:>4} gptq act-order dequant: " + " ".join(f"{v} {row[f'gptq_dequant_{v}_ms']:.4f}" for v in variants),
               flush=True)

@@ -21,7 +21,7 @@ from pcg_core.quant import FP4_SCHEMES, INT4_SCHEMES, SCHEMES
 QUANTIZATION = ("none", *SCHEMES, *INT4_SCHEMES, *FP4_SCHEMES)  # schemes the runtime can execute
 # Checkpoint formats the loader reads (quant_method values, and ModelOpt's hf_quant_config.json), onto those schemes:
 # modelopt and compressed-tensors carry NVFP4 (fp4) as well as the 8-bit schemes.
-QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8", "awq", "gptq")
+QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8", "awq", "gptq", "mxfp4")
 # What the loader cannot read yet in a real checkpoint of each scheme, by model-card feature (synthetic weights
 # are quantized in memory). Empty for the 8-bit schemes since per-expert MoE checkpoints are read
 # (quant/expert_checkpoint.py).
@@ -29,13 +29,14 @@ QUANT_CHECKPOINT_LIMITS: dict[str, str] = {}
 # int4 experts' per-expert checkpoint tensors are read too (quant/expert_checkpoint.py), gate and up with their own
 # act-order each.
 INT4_CHECKPOINT_LIMITS: dict[str, str] = {}
-# FP4 experts run quantized (synthetic weights, either layout: quant/fp4_experts.py), and NVFP4 per-expert
-# checkpoint tensors (ModelOpt, compressed-tensors) are read; gpt-oss's own MXFP4 format: SCHEME_CHECKPOINTS.
+# FP4 experts run quantized (synthetic weights, either layout: quant/fp4_experts.py), and their checkpoint tensors
+# are read: NVFP4 per expert (ModelOpt, compressed-tensors) and gpt-oss's own MXFP4 blocks.
 FP4_CHECKPOINT_LIMITS: dict[str, str] = {}
 # W4A8 (int4 weights × 8-bit activations) runs dense linears only: its MoE experts are refused, synthetic or real.
 W4A8_MOE = "W4A8 MoE experts (int4 weights × 8-bit activations) are not quantized yet; dense models run"
 # Schemes the runtime runs whose own checkpoint format the loader does not read yet (the request verdict's reason).
-SCHEME_CHECKPOINTS = {"mxfp4": "gpt-oss's MXFP4 checkpoints are not read yet (synthetic weights are quantized in memory)"}
+# (Empty since gpt-oss's MXFP4 format is read: quant/checkpoint.py, fp4_experts.py.)
+SCHEME_CHECKPOINTS: dict[str, str] = {}
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
 
 

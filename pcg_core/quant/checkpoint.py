@@ -24,6 +24,7 @@ from pcg_core.quant.experts import is_experts
 from pcg_core.quant.files import EIGHT_BIT, CheckpointTensors, shaped
 from pcg_core.quant.formats import HF_QUANT_CONFIG, QuantSpec, declaration
 from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme, quantize_nvfp4
+from pcg_core.quant.fp4_experts import gpt_oss_mxfp4_tensors, read_gpt_oss_mxfp4
 from pcg_core.quant.fp4_checkpoint import Fp4Format, declaration as fp4_declaration, fp4_tensors, read_fp4_linear
 from pcg_core.quant.int4 import Int4Linear, Int4Scheme, quantize_int4_ordered
 from pcg_core.quant.int4_checkpoint import (Int4Format, common_group, declaration as int4_declaration, int4_tensors,
@@ -46,6 +47,10 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     path = Path(path)
     tensors, report, layout = CheckpointTensors(path), LoadReport(), layout_for(model)
     for name, mod in list(model.named_modules()):
+        if is_experts(mod) and spec.format == "mxfp4":
+            if _mxfp4_experts(mod, layout.file_key(name), tensors):
+                report.quantized.append(name)
+            continue  # experts stored in 16 bits: _load_rest copies their parameters
         if is_experts(mod):
             (report.quantized if read_experts(mod, name, tensors, spec, layout) else report.unquantized).append(name)
             continue
@@ -64,7 +69,7 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
         if w.dtype not in EIGHT_BIT:
             report.unquantized.append(name)
             continue
-        if spec.int4 is not None or spec.fp4 is not None:  # a mixed-precision file the declaration does not say
+        if spec.int4 is not None or spec.fp4 is not None or spec.format == "mxfp4":  # what the declaration does not say
             raise UnsupportedModel(f"{path}: {key} is stored in {w.dtype}, but {spec.where} declares {spec.format} "
                                    f"{spec.scheme.name} (4-bit) weights")
         if spec.ignored(layout.file_key(name)):
@@ -75,10 +80,24 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     _check_all_used(tensors, layers, report)
     if not report.quantized:
         four = spec.int4 or spec.fp4
-        stored = f"packed in 4 bits ({four.packed_key('<linear>')})" if four else "stored in 8 bits"
+        stored = (f"packed in 4 bits ({four.packed_key('<linear>')})" if four else "stored in 8 bits"
+                  if spec.format != "mxfp4" else "an MoE expert module in MXFP4 (<experts>.gate_up_proj_blocks)")
         raise UnsupportedModel(f"{path}: {spec.where} declares {spec.format} ({spec.scheme.name}) but no linear layer's weight "
                                f"is {stored}; the declaration or the files are wrong")
     return report
+
+
+def _mxfp4_experts(mod: torch.nn.Module, name: str, tensors: CheckpointTensors) -> bool:
+    """gpt-oss's experts `name` (as the files spell it) from their MXFP4 blocks, scales and biases: True; False
+    when the files hold them in 16 bits (`gate_up_proj`)."""
+    prefix = f"{name}."
+    if f"{prefix}gate_up_proj_blocks" not in tensors:
+        if f"{prefix}gate_up_proj" not in tensors:
+            raise UnsupportedModel(f"{tensors.path}: the experts of {name} need {prefix}gate_up_proj_blocks (MXFP4) or "
+                                   f"{prefix}gate_up_proj (16-bit), which the checkpoint does not have")
+        return False
+    read_gpt_oss_mxfp4(mod, tensors, prefix)
+    return True
 
 
 def _swap(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
@@ -186,7 +205,13 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     linears = {n: m for n, m in model.named_modules() if type(m) is torch.nn.Linear and not n.endswith(ignore)}
     experts = {n: m for n, m in model.named_modules() if is_experts(m)}
     fp4 = None
-    if isinstance(scheme, Int4Scheme):
+    if fmt == "mxfp4":  # gpt-oss's own format: the experts' blocks/scales tensors, every linear in 16 bits
+        if not isinstance(scheme, Fp4Scheme) or scheme.name != "mxfp4" or not experts:
+            raise ValueError("the mxfp4 format holds MoE experts (gpt-oss) in the mxfp4 scheme")
+        int4, linears = None, {}
+        qc, legacy_cfg = {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", *ignore]}, None
+    elif isinstance(scheme, Int4Scheme):
         widths = [m.in_features for m in linears.values()] + [w.shape[-1] for m in experts.values()
                                                               for w in (m.down_proj, getattr(m, "gate_up_proj", m.down_proj))]
         int4 = Int4Format(fmt, common_group(scheme, widths))
@@ -206,6 +231,9 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
 
     tensors: dict[str, torch.Tensor] = {}
     for name, mod in experts.items():
+        if fmt == "mxfp4":
+            tensors.update(gpt_oss_mxfp4_tensors(mod, f"{layout.file_key(name)}."))
+            continue
         tensors.update(write_experts(mod, name, scheme, scale_name, layout, input_absmax, as_stored, int4, fp4))
     for key, t in model.state_dict().items():
         mod = key.rpartition(".")[0]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pcg_core.errors import UnsupportedModel
-from pcg_core.quant.fp4 import NVFP4_BLOCK, Fp4Scheme
+from pcg_core.quant.fp4 import FP4_SCHEMES, NVFP4_BLOCK, Fp4Scheme
 from pcg_core.quant.fp4_checkpoint import Fp4Format
 from pcg_core.quant.int4 import Int4Scheme
 from pcg_core.quant.int4_checkpoint import Int4Format
@@ -35,6 +35,7 @@ SUPPORTED_FORMATS = (
     "compressed-tensors pack-quantized (W4A16: 4-bit int weights, sym or not, group or channel, actorder; W4A8 / "
     "W4AFP8: the same weights × int8 / FP8 activations per token, dynamic)",
     "compressed-tensors nvfp4-pack-quantized (NVFP4A16; NVFP4 W4A4 run as W4A16)",
+    "mxfp4 (gpt-oss: MoE experts as e2m1 blocks + e8m0 scales per 32, everything else 16-bit)",
 )
 INT4_GROUPS = {"awq": (32, 64, 128), "gptq": (-1, 32, 64, 128), "compressed-tensors": (-1, 32, 64, 128)}
 
@@ -101,6 +102,8 @@ def detect(config_data: dict[str, Any], model_dir: str | Path | None = None) -> 
         return _awq(qc, where)
     if method == "gptq":
         return _gptq(qc, where)
+    if method == "mxfp4":  # gpt-oss: the experts' blocks/scales tensors; the modules it lists stay 16-bit
+        return QuantSpec("mxfp4", FP4_SCHEMES["mxfp4"], tuple(qc.get("modules_to_not_convert") or ()), where=where)
     raise _refuse(where, f"quant_method {method or '(none)'!r} is not supported yet")
 
 

@@ -57,6 +57,11 @@ PERM_IN_KERNEL_MAX_M = 1
 # Act-order outside the GEMM: the activation permuted by our gather kernel up to this M, by index_select above
 # (the sweep on the H100: ours 0.0260 vs 0.0278 ms at M = 8 with the GEMM; index_select ahead from M = 16 on).
 TRITON_PERMUTE_MAX_M = 8
+# From this M on, the gather kernel walks whole rows (ROW_PERMUTE_ROWS per program) so that each row is read from
+# memory once: index_select took 0.044 ms for 4096×4096 bf16 on the H100 where 64 MiB of traffic is ~0.02.
+# Untimed yet: off (index_select) until `--scan-threshold` measures it on the GPU.
+ROW_PERMUTE_MIN_M = 1 << 62
+ROW_PERMUTE_ROWS = 2
 # (BLOCK_N, BLOCK_K, num_warps) of the dequantize-to-scratch kernel.
 DEQUANT_CONFIG = (64, 128, 4)
 REDUCE_BLOCK = 1024
@@ -151,15 +156,19 @@ if triton is not None:
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _permute_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-        """out[m, k] = x[m, perm[k]]: one perm block serves BLOCK_M rows; the stores are contiguous."""
-        rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    def _permute_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, STEPS, BLOCK_M: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
+        """out[m, k] = x[m, perm[k]]: one perm block serves BLOCK_M rows; the stores are contiguous. A program
+        walks STEPS blocks of K: 1 spreads K over programs (few rows), all of K keeps its rows in L1 while the
+        gathers hit them (many rows: each row read from memory once)."""
         rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        kmask = rk < K
-        src = tl.load(perm_ptr + rk, mask=kmask, other=0)
-        mask = (rm[:, None] < M) & kmask[None, :]
-        v = tl.load(x_ptr + rm[:, None] * stride_xm + src[None, :], mask=mask)
-        tl.store(out_ptr + rm[:, None] * K + rk[None, :], v, mask=mask)
+        for i in range(STEPS):
+            rk = (tl.program_id(0) * STEPS + i) * BLOCK_K + tl.arange(0, BLOCK_K)
+            kmask = rk < K
+            src = tl.load(perm_ptr + rk, mask=kmask, other=0)
+            mask = (rm[:, None] < M) & kmask[None, :]
+            v = tl.load(x_ptr + rm[:, None] * stride_xm + src[None, :], mask=mask)
+            tl.store(out_ptr + rm[:, None] * K + rk[None, :], v, mask=mask)
 
     @triton.jit
     def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qw, stride_s, stride_o,
@@ -208,17 +217,22 @@ def launch_splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch
                                                             HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK)
 
 
-def permute_activation(x: torch.Tensor, perm: torch.Tensor, triton_max_m: int = TRITON_PERMUTE_MAX_M) -> torch.Tensor:
+def permute_activation(x: torch.Tensor, perm: torch.Tensor, triton_max_m: int = TRITON_PERMUTE_MAX_M,
+                       rows_min_m: int = ROW_PERMUTE_MIN_M) -> torch.Tensor:
     """x[:, perm] as a new contiguous (M, K) tensor (act-order's activation in the weight's K order): our gather
-    kernel up to `triton_max_m` rows, index_select above."""
+    kernel spread over K up to `triton_max_m` rows, walking whole rows from `rows_min_m` on, index_select
+    between."""
     m, k = x.shape
-    if m > triton_max_m:
+    if triton_max_m < m < rows_min_m:
         return x.index_select(1, perm)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if m:
+    if m and m <= triton_max_m:
         block_m = min(16, triton.next_power_of_2(m))
-        _permute_kernel[(triton.cdiv(k, 512), triton.cdiv(m, block_m))](x, perm, out, m, k, x.stride(0),
+        _permute_kernel[(triton.cdiv(k, 512), triton.cdiv(m, block_m))](x, perm, out, m, k, x.stride(0), 1,
                                                                          BLOCK_M=block_m, BLOCK_K=512)
+    elif m:
+        _permute_kernel[(1, triton.cdiv(m, ROW_PERMUTE_ROWS))](x, perm, out, m, k, x.stride(0), triton.cdiv(k, 512),
+                                                               BLOCK_M=ROW_PERMUTE_ROWS, BLOCK_K=512)
     return out
 
 
@@ -234,10 +248,10 @@ def launch_dequant(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Ten
 def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                   perm: torch.Tensor | None = None, bias: torch.Tensor | None = None, threshold: int = THRESHOLD_M,
                   config: tuple[int, ...] | None = None, perm_in_kernel: int = PERM_IN_KERNEL_MAX_M,
-                  triton_permute: int = TRITON_PERMUTE_MAX_M) -> torch.Tensor:
+                  triton_permute: int = TRITON_PERMUTE_MAX_M, rows_permute: int = ROW_PERMUTE_MIN_M) -> torch.Tensor:
     """The Triton path on whatever device the kernels launch on (CUDA; CPU tensors under TRITON_INTERPRET=1).
-    `threshold`, `config`, `perm_in_kernel` and `triton_permute` override the module constants (the benchmark's
-    sweeps, tests)."""
+    `threshold`, `config`, `perm_in_kernel`, `triton_permute` and `rows_permute` override the module constants
+    (the benchmark's sweeps, tests)."""
     m, k = x.shape
     n = qweight.shape[0]
     x = x.contiguous()
@@ -248,7 +262,7 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     fitted = gemm_config(m, k, group, config) if m <= threshold else None
     if fitted is not None:
         if perm is not None and m > perm_in_kernel:
-            x, perm = permute_activation(x, perm, triton_permute), None
+            x, perm = permute_activation(x, perm, triton_permute, rows_permute), None
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
         if m:
             launch_gemm(x, qweight, scales, zeros, group, perm, bias, out, fitted)
@@ -259,7 +273,7 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     w = torch.empty(n, k, device=x.device, dtype=x.dtype)  # the scratch: a shape-sized block from the pool
     launch_dequant(qweight, scales, zeros, group, w, block_k)
     if perm is not None:
-        x = permute_activation(x, perm, triton_permute)
+        x = permute_activation(x, perm, triton_permute, rows_permute)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 

@@ -314,3 +314,35 @@ def test_fp4_moe_experts_quantized_in_memory_beside_the_linears():
     names = quantize_model(model, FP4)
     experts = [n for n, m in model.named_modules() if getattr(m, "quant_scheme", None) is FP4 and not isinstance(m, Fp4Linear)]
     assert experts and set(experts) <= set(names) and any(isinstance(m, Fp4Linear) for m in model.modules())
+
+
+def test_gpt_oss_mxfp4_checkpoint_loads_back_exactly_the_experts_written(tmp_path):
+    """gpt-oss's own format (`quant_method: mxfp4`: the experts' blocks, e8m0 scales and bf16 biases; every linear
+    in 16 bits) read into the FP4 expert buffers: the same weights the in-memory mxfp4 quantizer holds; a missing
+    tensor is named; the dense linears stay nn.Linear."""
+    import copy
+
+    from pcg_core.quant.fp4_experts import fp4_dequantized, quantize_experts_fp4
+
+    data, model = _synthetic("openai__gpt-oss-120b.json")
+    mx = FP4_SCHEMES["mxfp4"]
+    write_checkpoint(model, data, tmp_path, "mxfp4", mx)
+    spec = detect(json.loads((tmp_path / "config.json").read_text()))
+    assert spec.format == "mxfp4" and spec.scheme is mx and spec.int4 is None and spec.fp4 is None
+    files = load_file(tmp_path / "model.safetensors")
+    assert any(k.endswith("experts.gate_up_proj_blocks") for k in files) and files[Q + ".weight"].dtype == torch.float32
+    lm = load_model(str(tmp_path), weights="real")
+    mods = dict(lm.model.named_modules())
+    experts = {n: m for n, m in model.named_modules() if hasattr(m, "gate_up_proj_bias")}
+    assert experts
+    for name, flt in experts.items():
+        want = copy.deepcopy(flt)
+        quantize_experts_fp4(want, mx)
+        for proj in ("gate_up_proj", "down_proj"):
+            assert torch.equal(fp4_dequantized(mods[name], proj, torch.float32), fp4_dequantized(want, proj, torch.float32))
+            assert torch.equal(getattr(mods[name], f"{proj}_bias"), getattr(flt, f"{proj}_bias").bfloat16().float())
+    assert type(mods[Q]) is torch.nn.Linear
+    key = next(k for k in files if k.endswith("layers.1.mlp.experts.down_proj_scales"))
+    save_file({k: v for k, v in files.items() if k != key}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UnsupportedModel, match=key.replace(".", r"\.") + " missing"):
+        load_model(str(tmp_path), weights="real")

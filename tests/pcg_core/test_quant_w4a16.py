@@ -160,13 +160,14 @@ def test_interpreted_paths_forced_and_ragged_edges(m, n, threshold, dtype):
 
 
 @interpreted
-@pytest.mark.parametrize("m,k", [(1, 256), (20, 640), (8, 1024)])
+@pytest.mark.parametrize("m,k", [(1, 256), (20, 640), (8, 1024), (5, 1100)])
 def test_interpreted_permute_kernel_gathers_the_columns(m, k):
     """Our act-order gather against x[:, perm] (M over one row block, K over one column block)."""
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).half()
     perm = torch.randperm(k, generator=torch.Generator().manual_seed(k))
-    assert torch.equal(w4a16.permute_activation(x, perm, triton_max_m=m), x[:, perm])
-    assert not torch.equal(w4a16.permute_activation(x, perm.flip(0), triton_max_m=m), x[:, perm])
+    for spread, rows in ((m, 1 << 30), (0, 1)):  # K spread over programs; whole rows a program
+        assert torch.equal(w4a16.permute_activation(x, perm, spread, rows), x[:, perm])
+        assert not torch.equal(w4a16.permute_activation(x, perm.flip(0), spread, rows), x[:, perm])
 
 
 @interpreted

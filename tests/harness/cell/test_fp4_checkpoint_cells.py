@@ -54,3 +54,15 @@ def test_fp4_cells_refuse_what_they_cannot_run_yet_before_loading():
     moe = run_cell(CellSpec("qwen3-30b-a3b", weights="real", quant="fp4"))  # MoE checkpoints are read (above)
     assert moe.status == Status.UNSUPPORTED and "declares no fp4 checkpoint" in moe.reason
     assert moe.metrics.quant_layers is None  # stopped before quantizing anything
+
+
+@pytest.mark.slow
+def test_gpt_oss_mxfp4_checkpoint_cell_passes(tmp_path):
+    """gpt-oss in its own format (experts in MXFP4 blocks, linears 16-bit), loaded and judged like any cell."""
+    data = shrink_config(read_config_file(CARDS_DIR / "configs" / "openai__gpt-oss-120b.json"), tiny=True, layers=2)
+    float_model = synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0, peaked=True)
+    write_checkpoint(float_model, data, tmp_path, "mxfp4", FP4_SCHEMES["mxfp4"])
+    out = run_cell(CellSpec(str(tmp_path), weights="real", quant="mxfp4", graph="breakable", max_tokens=64,
+                            max_new_tokens=2))
+    assert out.status == Status.PASS, out.reason
+    assert out.metrics.quant_layers == 2  # the two layers' experts; every linear stays 16-bit
