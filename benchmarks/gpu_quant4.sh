@@ -4,6 +4,8 @@
 #   tests  — the W4A16 kernels and Int4Linear/Fp4Linear on CUDA vs the reference, under capture (test_quant_gpu.py)
 #   micro  — benchmarks/w4a16_gemm.py: bf16 vs awq/gptq layers, 8192×4096, M = 8/64/512/4096, then the threshold scan
 #   sweep  — benchmarks/w4a16_gemm.py --sweep: the small-M GEMM configurations (how GEMM_CONFIGS is chosen)
+#   w4a8   — benchmarks/w4a8_gemm.py: bf16 vs w4a8/w4afp8 at M = 8/64/512/4096, the large-M sweep (configurations ×
+#            rescale variants, cuBLASLt's block-scaled FP8), the threshold scan
 #   cells  — `pcgh cell` on CUDA, synthetic weights quantized in memory: $QUANTS × $CELLS × {piecewise, breakable, full}
 #   ckpt   — checkpoints written in each real format at real widths (benchmarks/quant_checkpoint.py), then
 #            `pcgh cell --weights real` on each × {piecewise, breakable}
@@ -11,8 +13,15 @@
 source "$(dirname "$0")/gpu_env.sh"
 phases=${*:-tests micro cells ckpt}
 tests() {
-  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/pcg_core/test_quant_gpu.py -k "int4 or w4a16 or fp4" \
-    2>&1 | tee "$OUT/quant4_tests.txt" | tail -15
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/pcg_core/test_quant_gpu.py tests/pcg_core/test_quant_w4a8.py \
+    tests/pcg_core/test_quant_fp4_experts.py -k "int4 or w4a16 or fp4 or w4a8" 2>&1 | tee "$OUT/quant4_tests.txt" | tail -15
+}
+w4a8() {
+  timeout ${W4A8_TIMEOUT:-100} python3 benchmarks/w4a8_gemm.py --out "$OUT/w4a8_gemm.json" 2>&1 | tee "$OUT/w4a8_gemm.txt" | tail -8
+  timeout ${W4A8_SWEEP_TIMEOUT:-200} python3 benchmarks/w4a8_gemm.py --sweep-large --out "$OUT/w4a8_sweep_large.json" 2>&1 \
+    | tee "$OUT/w4a8_sweep_large.txt" | grep -v '^  ' | tail -8
+  timeout ${W4A8_SCAN_TIMEOUT:-100} python3 benchmarks/w4a8_gemm.py --scan-threshold --out "$OUT/w4a8_scan.json" 2>&1 \
+    | tee "$OUT/w4a8_scan.txt" | tail -9
 }
 micro() {
   timeout ${MICRO_TIMEOUT:-200} python3 benchmarks/w4a16_gemm.py --out "$OUT/w4a16_gemm.json" 2>&1 | tee "$OUT/w4a16_gemm.txt" | tail -12

@@ -6,6 +6,7 @@ activation-quant kernel; --out writes JSON. Reads no clocks and sets none: the G
 
     PYTHONPATH=. python benchmarks/w4a8_gemm.py [--n 8192 --k 4096 --tokens 8,64,512,4096 --out r.json]
     PYTHONPATH=. python benchmarks/w4a8_gemm.py --sweep            # GEMM_CONFIGS candidates at each M, both activations
+    PYTHONPATH=. python benchmarks/w4a8_gemm.py --sweep-large      # large-M configs × rescale variants, cuBLASLt FP8
     PYTHONPATH=. python benchmarks/w4a8_gemm.py --scan-threshold   # codes converted in registers vs 8-bit scratch
 
 --sweep times each candidate GEMM configuration on the quantized activation (the quant kernel is the same for
@@ -38,6 +39,12 @@ SWEEP_CANDIDATES = [  # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps, stages)
 ]
 SWEEP_TOKENS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 4096]
 SCAN_TOKENS = [32, 64, 96, 128, 192, 256, 512, 1024]
+LARGE_TOKENS = [4096]
+LARGE_CANDIDATES = [
+    (64, 128, 128, 1, 4, 4), (64, 128, 128, 1, 8, 3), (128, 128, 128, 1, 8, 3), (128, 128, 128, 1, 8, 4),
+    (128, 128, 64, 1, 8, 4), (128, 256, 128, 1, 8, 3), (256, 128, 128, 1, 8, 3), (128, 256, 64, 1, 8, 4),
+]
+VARIANTS = [(False, False), (True, False), (False, True), (True, True)]  # (defer, fast_cvt)
 
 
 def layers(n: int, k: int) -> tuple[torch.nn.Linear, dict[str, W4A8Linear]]:
@@ -71,6 +78,9 @@ def compare(n: int, k: int, tokens: list[int], repeat: int) -> list[dict]:
             row[f"{name}_ratio"] = row[f"{name}_ms"] / row["bf16_ms"]
             row[f"{name}_quant_ms"] = replay_ms(_quant_only(layer, m, k), x, repeat)
             row[f"{name}_rel_err"] = rel_err(layer, x)
+            if w4a8.scaled_mm_fits(x, layer.act, layer.group, n, k) and m > w4a8.THRESHOLD_M:  # the Triton GEMM beside it
+                args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.act)
+                row[f"{name}_triton_ms"] = replay_ms(lambda t, a=args: w4a8.triton_linear(t, *a, scaled_mm=False), x, repeat)
         if m in TARGETS:
             row["target_ratio"] = TARGETS[m]
             row["meets_target"] = all(row[f"{s}_ratio"] <= TARGETS[m] for s in quant)
@@ -78,6 +88,7 @@ def compare(n: int, k: int, tokens: list[int], repeat: int) -> list[dict]:
         print(f"{m:>6} {row['bf16_ms']:>8.4f} "
               + " ".join(f"{row[f'{s}_ms']:>8.4f} ({row[f'{s}_ratio']:.2f}×, quant {row[f'{s}_quant_ms']:.4f})"
                          for s in quant)
+              + "".join(f" [{s} Triton {row[f'{s}_triton_ms']:.4f}]" for s in quant if f"{s}_triton_ms" in row)
               + (f"   target ≤ {TARGETS[m]}×: {'met' if row['meets_target'] else 'MISSED'}" if m in TARGETS else ""),
               flush=True)
     return rows
@@ -113,6 +124,42 @@ def sweep(n: int, k: int, repeat: int) -> dict:
     return best
 
 
+def sweep_large(n: int, k: int, repeat: int) -> dict:
+    """The large-M GEMM on the 8-bit scratch: each large candidate × each rescale variant (VARIANTS), and for FP8
+    the block-scaled cuBLASLt GEMM beside them (block_scaled_mm)."""
+    _, quant = layers(n, k)
+    best = {}
+    for name, layer in quant.items():
+        for m in LARGE_TOKENS:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            xq, sx = w4a8.quantize_act(x, layer.act)
+            sx = sx[:, 0].contiguous()
+            weight = torch.empty(n, k, device="cuda", dtype=xq.dtype)
+            w4a8.launch_to_8bit(layer.qweight, layer.zeros, layer.group, weight)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            times = {}
+            for cfg in dict.fromkeys([w4a8.gemm_config(m, k, layer.group), *LARGE_CANDIDATES]):
+                fitted = w4a8.gemm_config(m, k, layer.group, cfg)
+                for variant in VARIANTS:
+                    try:
+                        times[(cfg, variant)] = replay_ms(lambda t, c=fitted, v=variant: w4a8.launch_gemm(
+                            t, sx, weight, layer.scales, layer.zeros, layer.group, None, out, c, v), xq, repeat)
+                    except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped
+                        print(f"  {name} M={m} {cfg} {variant}: {type(e).__name__}: {str(e)[:120]}")
+            if w4a8.scaled_mm_fits(x, layer.act, layer.group, n, k, True):
+                try:
+                    times["scaled_mm"] = replay_ms(lambda t: w4a8.block_scaled_mm(
+                        t, sx, weight, layer.scales, None, torch.bfloat16), xq, repeat)
+                except Exception as e:  # noqa: BLE001 - cuBLASLt without 1×128 × 1×128 block scaling: reported
+                    print(f"  {name} M={m} scaled_mm: {type(e).__name__}: {str(e)[:200]}")
+            key, ms = min(times.items(), key=lambda kv: kv[1])
+            best[f"{name}/{m}"] = {"best": str(key), "ms": ms,
+                                   "all": {str(c): t for c, t in sorted(times.items(), key=lambda kv: kv[1])}}
+            top = sorted(times.items(), key=lambda kv: kv[1])[:4]
+            print(f"{name} M={m:>5}: " + "; ".join(f"{c} {t:.4f}" for c, t in top), flush=True)
+    return best
+
+
 def scan_threshold(n: int, k: int, repeat: int, tokens: list[int]) -> list[dict]:
     """Both paths of each layer by M: codes converted in the GEMM's registers vs into an 8-bit scratch first."""
     _, quant = layers(n, k)
@@ -122,12 +169,15 @@ def scan_threshold(n: int, k: int, repeat: int, tokens: list[int]) -> list[dict]
         row = {"m": m}
         for name, layer in quant.items():
             args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.act)
-            for path, threshold in (("fused", 1 << 62), ("convert", 0)):
+            paths = [("fused", 1 << 62, False), ("convert", 0, False)]
+            if w4a8.scaled_mm_fits(x, layer.act, layer.group, n, k, True):
+                paths.append(("scaled_mm", 0, True))
+            for path, threshold, smm in paths:
                 row[f"{name}_{path}_ms"] = replay_ms(
-                    lambda t, a=args, th=threshold: w4a8.triton_linear(t, *a, threshold=th), x, repeat)
+                    lambda t, a=args, th=threshold, sm=smm: w4a8.triton_linear(t, *a, threshold=th, scaled_mm=sm), x, repeat)
         rows.append(row)
-        print(f"M={m:>5} " + " ".join(f"{s}: fused {row[f'{s}_fused_ms']:.4f} convert {row[f'{s}_convert_ms']:.4f}"
-                                       for s in quant), flush=True)
+        print(f"M={m:>5} " + " ".join(f"{s}: " + " ".join(f"{p} {row[f'{s}_{p}_ms']:.4f}" for p in ("fused", "convert", "scaled_mm")
+                                                          if f"{s}_{p}_ms" in row) for s in quant), flush=True)
     return rows
 
 
@@ -138,6 +188,8 @@ def main() -> None:
     ap.add_argument("--tokens", default="8,64,512,4096")
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--sweep", action="store_true", help="time GEMM_CONFIGS candidates at each M")
+    ap.add_argument("--sweep-large", action="store_true",
+                    help="the large-M GEMM: large candidates × rescale variants, and cuBLASLt's block-scaled FP8")
     ap.add_argument("--scan-threshold", action="store_true", help="in-register conversion vs 8-bit scratch by M")
     ap.add_argument("--out", type=Path, help="write the results as JSON")
     a = ap.parse_args()
@@ -152,9 +204,11 @@ def main() -> None:
               "convert_config": w4a8.CONVERT_CONFIG}
     if a.sweep:
         result["sweep"] = sweep(a.n, a.k, a.repeat)
+    if a.sweep_large:
+        result["sweep_large"] = sweep_large(a.n, a.k, a.repeat)
     if a.scan_threshold:
         result["scan_threshold"] = scan_threshold(a.n, a.k, a.repeat, SCAN_TOKENS)
-    if not (a.sweep or a.scan_threshold):
+    if not (a.sweep or a.sweep_large or a.scan_threshold):
         print(f"{a.n}×{a.k}, CUDA-graph replay, median of {a.repeat} (ms; ratio to bf16; the activation-quant kernel alone)")
         print(f"{'M':>6} {'bf16':>8} {'w4a8 (int8 acts)':>40} {'w4afp8 (fp8 acts)':>40}")
         result["rows"] = compare(a.n, a.k, [int(t) for t in a.tokens.split(",")], a.repeat)

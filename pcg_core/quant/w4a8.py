@@ -60,6 +60,13 @@ MIN_BLOCK_K = 32
 # scratch at M = 64 0.028 vs 0.046 ms, 256 0.067 vs 0.068, 512 0.101 vs 0.086, 1024 0.195 vs 0.140 (int8; fp8
 # crossed near 96). `benchmarks/w4a8_gemm.py --scan-threshold` times both paths by M on the H200.
 THRESHOLD_M = 128
+# (defer, fast_cvt): the GEMM's rescale variants (_w4a8_gemm_kernel), swept by `benchmarks/w4a8_gemm.py --sweep`.
+VARIANT = (False, False)
+# FP8 activations, groups of 128, above THRESHOLD_M: cuBLASLt's FP8 GEMM with 1×128 block scales on both operands
+# (`torch._scaled_mm`; the per-token scale repeated per group on the activation side, the group scales on the
+# weight's) computes exactly this op's sum — per-group partials promoted to float32 and scaled — on the 8-bit
+# scratch. False: the Triton GEMM for every M.
+SCALED_MM_FP8 = True
 CONVERT_CONFIG = (64, 128, 4)  # (BLOCK_N, BLOCK_K, num_warps) of the conversion kernel
 NIBBLES_BLOCK = 16  # the conversion's smallest BLOCK_K: two int32 words of codes per row
 QUANT_BLOCK = 1024  # columns per step of the activation-quant kernel
@@ -136,10 +143,22 @@ if triton is not None:
             tl.store(q_ptr + row * stride_q + k0 + cols, q, mask=mask)
 
     @triton.jit
+    def _partial_f32(part, IS_FP8: tl.constexpr, FAST_CVT: tl.constexpr):
+        """A tile's partial in float32. FAST_CVT turns the int32 sum into a float by adding it to 1.5·2^23's bit
+        pattern and subtracting 1.5·2^23: exact for |part| < 2^22 (a tile's |Σ| ≤ BLOCK_K · 128 · 15), an
+        integer add and a float subtract instead of the conversion instruction (a quarter-rate one)."""
+        if IS_FP8:
+            return part
+        if FAST_CVT:
+            return (part + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+        return part.to(tl.float32)
+
+    @triton.jit
     def _w4a8_gemm_kernel(xq_ptr, sx_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr,
                           M, N, K, stride_xm, stride_qw, stride_s, stride_om, stride_split,
                           GROUP: tl.constexpr, IS_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                          W8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                          W8: tl.constexpr, DEFER: tl.constexpr, FAST_CVT: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -152,6 +171,10 @@ if triton is not None:
         shifts = (rk % 8) * 4  # nibble i of a word holds K index 8·word + i (plain order)
         steps = K // (SPLIT_K * BLOCK_K)  # SPLIT_K · BLOCK_K divides K (gemm_config)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        # DEFER: the previous tile's partial is rescaled while this tile's MMA runs (it is not waited for in the
+        # iteration that issues it); its first round adds a zero partial.
+        prev = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32 if IS_FP8 else tl.int32)
+        s_prev = tl.zeros((BLOCK_N,), dtype=tl.float32)
         # One flat loop (Triton pipelines the innermost loop's loads): each BLOCK_K tile lies inside one group
         # (BLOCK_K divides GROUP), its exact partial rescaled by that group's scale as it leaves the tensor cores.
         for i in range(steps):
@@ -174,7 +197,14 @@ if triton is not None:
             else:
                 part = tl.dot(w, xt, out_dtype=tl.int32)
             s = tl.load(s_ptr + bn * stride_s + g)
-            acc += part.to(tl.float32) * s[:, None]
+            if DEFER:
+                acc += _partial_f32(prev, IS_FP8, FAST_CVT) * s_prev[:, None]
+                prev = part
+                s_prev = s
+            else:
+                acc += _partial_f32(part, IS_FP8, FAST_CVT) * s[:, None]
+        if DEFER:
+            acc += _partial_f32(prev, IS_FP8, FAST_CVT) * s_prev[:, None]
         acc = acc * tl.load(sx_ptr + bm)[None, :]  # the per-token activation scale, once
         mask = (rn[:, None] < N) & (rm[None, :] < M)
         if SPLIT_K == 1:
@@ -224,18 +254,22 @@ def launch_to_8bit(qweight: torch.Tensor, zeros: torch.Tensor, group: int, out: 
 
 
 def launch_gemm(xq: torch.Tensor, sx: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                group: int, bias: torch.Tensor | None, out: torch.Tensor, config: tuple[int, ...]) -> None:
+                group: int, bias: torch.Tensor | None, out: torch.Tensor, config: tuple[int, ...],
+                variant: tuple[bool, bool] | None = None) -> None:
     """out (M, N) = (xq · (q − z)ᵀ per group · s) · sx (+ bias); `config` as gemm_config returns it (fitted).
-    `qweight` is the packed int32 (N, K/8) codes, or (the large-M path) q − z already in xq's 8-bit dtype (N, K)."""
+    `qweight` is the packed int32 (N, K/8) codes, or (the large-M path) q − z already in xq's 8-bit dtype (N, K).
+    `variant` (defer, fast_cvt) overrides VARIANT (the benchmark's sweep)."""
     m, k = xq.shape
     n = qweight.shape[0]
     w8 = qweight.dtype == xq.dtype
+    defer, fast_cvt = variant or VARIANT
     bm, bn, bk, split, warps, stages = config
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, bm))
     ws = out if split == 1 else torch.empty(split, m, n, device=xq.device, dtype=torch.float32)
     _w4a8_gemm_kernel[grid](xq, sx, qweight, scales, zeros, qweight if bias is None else bias, ws, m, n, k,
                             xq.stride(0), qweight.stride(0), scales.stride(0), n, m * n, GROUP=group,
-                            IS_FP8=xq.dtype == FP8, HAS_BIAS=bias is not None, SPLIT_K=split, W8=w8, BLOCK_M=bm,
+                            IS_FP8=xq.dtype == FP8, HAS_BIAS=bias is not None, SPLIT_K=split, W8=w8, DEFER=defer,
+                            FAST_CVT=fast_cvt, BLOCK_M=bm,
                             BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     if split > 1:
         launch_splitk_reduce(ws, bias, out, split, qweight)
@@ -243,9 +277,9 @@ def launch_gemm(xq: torch.Tensor, sx: torch.Tensor, qweight: torch.Tensor, scale
 
 def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                   act: str, bias: torch.Tensor | None = None, config: tuple[int, ...] | None = None,
-                  threshold: int = THRESHOLD_M) -> torch.Tensor:
+                  threshold: int = THRESHOLD_M, scaled_mm: bool | None = None) -> torch.Tensor:
     """The Triton path on whatever device the kernels launch on (CUDA; CPU tensors under TRITON_INTERPRET=1);
-    `config` and `threshold` override the table and THRESHOLD_M (the benchmark's sweep, tests)."""
+    `config`, `threshold` and `scaled_mm` override the table, THRESHOLD_M and SCALED_MM_FP8 (benchmark, tests)."""
     m, k = x.shape
     n = qweight.shape[0]
     group = k if group == -1 else group
@@ -263,9 +297,35 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
         if m > threshold:  # the weight in 8 bits once, not once per M tile: a shape-sized scratch from the pool
             w8 = torch.empty(n, k, device=x.device, dtype=QDTYPE[act])
             launch_to_8bit(qweight, zeros, group, w8)
+            if scaled_mm_fits(x, act, group, n, k, scaled_mm):
+                return block_scaled_mm(xq, sx, w8, scales, bias, x.dtype)
             qweight = w8
         launch_gemm(xq, sx, qweight, scales, zeros, group, bias, out, fitted)
     return out
+
+
+def scaled_mm_fits(x: torch.Tensor, act: str, group: int, n: int, k: int, enabled: bool | None = None) -> bool:
+    """Whether the large-M path is cuBLASLt's block-scaled FP8 GEMM (SCALED_MM_FP8): FP8 activations, groups of
+    128 (its block), CUDA, K and N multiples of 16."""
+    on = SCALED_MM_FP8 if enabled is None else enabled
+    return on and act == "fp8" and group == 128 and x.is_cuda and n % 16 == 0 and k % 128 == 0
+
+
+def block_scaled_mm(xq: torch.Tensor, sx: torch.Tensor, w8: torch.Tensor, scales: torch.Tensor,
+                    bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """(M, N) = Σ_g sx · s_g · (xq_g · w8_gᵀ) (+ bias) through `torch._scaled_mm` with 1×128 blocks on both sides:
+    the activation's scale per (token, group) is its per-token scale repeated, column-major (M, K/128); the
+    weight's is `scales` (N, K/128) handed over as (K/128, N) row-major, the layout cuBLASLt reads. M is padded
+    to a multiple of 4 (the block-scaled kernels' requirement, as linear.py's block FP8)."""
+    m, k = xq.shape
+    pad = (-m) % 4
+    if pad:
+        xq = torch.nn.functional.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(FP8)
+        sx = torch.nn.functional.pad(sx, (0, pad), value=1.0)
+    sa = sx[None, :].expand(k // 128, m + pad).contiguous().t()
+    sb = scales.t().contiguous()
+    out = torch._scaled_mm(xq, w8.t(), scale_a=sa, scale_b=sb, out_dtype=dtype)[:m]
+    return out if bias is None else out + bias
 
 
 # --- the op ---------------------------------------------------------------------------------------------------

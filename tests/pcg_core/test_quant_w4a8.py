@@ -382,7 +382,7 @@ def test_interpreted_conversion_to_8_bits_is_exact(act, group, sym):
 
 
 def _gemm(x: torch.Tensor, q: Int4Weight, act: str, config: tuple, qweight=None, scales=None, sx=None,
-          bias=None, convert: bool = False) -> torch.Tensor:
+          bias=None, convert: bool = False, variant: tuple[bool, bool] | None = None) -> torch.Tensor:
     """The GEMM kernel alone on the reference's quantized activation (so fp8 is tested despite the interpreter's
     cast, see above), on the packed codes or (convert) their 8-bit conversion; the keyword arguments plant faults."""
     m, k = x.shape
@@ -396,7 +396,7 @@ def _gemm(x: torch.Tensor, q: Int4Weight, act: str, config: tuple, qweight=None,
         w4a8.launch_to_8bit(qw, z, group, w8)
         qw = w8
     w4a8.launch_gemm(xq, s[:, 0].contiguous() if sx is None else sx, qw, sc if scales is None else scales, z, group,
-                     bias, out, w4a8.gemm_config(m, k, group, config))
+                     bias, out, w4a8.gemm_config(m, k, group, config), variant)
     return out
 
 
@@ -415,6 +415,24 @@ def test_interpreted_gemm_paths_and_ragged_edges(act, m, n, config, convert):
     got = _gemm(x, q, act, config, bias=bias, convert=convert)
     err = rel(got, _independent(x, q, act, bias))
     assert err < RTOL[torch.float16], f"{act} M={m} N={n} {config} convert={convert}: {err:.3g}"
+
+
+@interpreted
+@pytest.mark.parametrize("act", ["int8", "fp8"])
+@pytest.mark.parametrize("variant", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("config,convert", [((16, 64, 128, 4, 4, 4), False), ((64, 64, 32, 1, 4, 4), True),
+                                            ((128, 128, 128, 1, 8, 3), True)])
+def test_interpreted_rescale_variants_match_the_reference(act, variant, config, convert):
+    """The deferred rescale (the previous tile's partial scaled while this one's MMA runs; BLOCK_K 32 puts four
+    tiles in each group) and the integer-add conversion: the same sum as the plain loop."""
+    q = _weight(200, 512, 128, sym=act == "int8", seed=11)
+    q.scales = q.scales * torch.linspace(0.5, 2.0, q.scales.shape[1])  # a group scale misapplied would show
+    x = _x(40, 512, dtype=torch.float16)
+    got = _gemm(x, q, act, config, convert=convert, variant=variant)
+    err = rel(got, _independent(x, q, act))
+    assert err < RTOL[torch.float16], f"{act} {variant} {config}: {err:.3g}"
+    if act == "int8" and variant[1]:  # the conversion is exact: the same bits as the conversion instruction's
+        assert torch.equal(got, _gemm(x, q, act, config, convert=convert, variant=(variant[0], False)))
 
 
 @interpreted
@@ -534,3 +552,46 @@ def test_gpu_replay_is_bitwise_eager(w4a8_layers, name, m):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("m", [130, 4096])
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_fp8_large_m_paths_match_and_the_block_scaled_gemm_catches_faults(w4a8_layers, m):
+    """Above THRESHOLD_M FP8 runs cuBLASLt's block-scaled GEMM (M = 130 pads to 132) or the Triton one: both the
+    reference; the block-scaled GEMM with the group scales one group off, or the activation scale dropped, is not."""
+    layer = w4a8_layers["w4afp8"]
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    scales = (layer.scales * torch.linspace(0.5, 2.0, 32, device="cuda")).contiguous()
+    args = (layer.qweight, scales, layer.zeros, 128, "fp8")
+    want = w4a8.reference(x, *args)
+    for scaled_mm in (True, False):
+        got = w4a8.triton_linear(x, *args, scaled_mm=scaled_mm)
+        assert rel(got, want) < RTOL[torch.bfloat16], f"M={m} scaled_mm={scaled_mm}: {rel(got, want):.3g}"
+    xq = torch.empty(m, 4096, device="cuda", dtype=w4a8.FP8)
+    sx = torch.empty(m, device="cuda")
+    w4a8.launch_act_quant(x, "fp8", xq, sx)
+    w8 = torch.empty(8192, 4096, device="cuda", dtype=w4a8.FP8)
+    w4a8.launch_to_8bit(layer.qweight, layer.zeros, 128, w8)
+    assert rel(w4a8.block_scaled_mm(xq, sx, w8, scales, None, torch.bfloat16), want) < RTOL[torch.bfloat16]
+    off = w4a8.block_scaled_mm(xq, sx, w8, scales.roll(1, dims=1).contiguous(), None, torch.bfloat16)
+    assert rel(off, want) > RTOL[torch.bfloat16]
+    assert rel(w4a8.block_scaled_mm(xq, torch.ones_like(sx), w8, scales, None, torch.bfloat16), want) > RTOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("variant", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("name", ["w4a8", "w4afp8"])
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_rescale_variants_match_the_reference(w4a8_layers, name, variant):
+    layer = w4a8_layers[name]
+    x = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    want = w4a8.reference(x, layer.qweight, layer.scales, layer.zeros, layer.group, layer.act)
+    xq = torch.empty(1024, 4096, device="cuda", dtype=w4a8.QDTYPE[layer.act])
+    sx = torch.empty(1024, device="cuda")
+    w4a8.launch_act_quant(x, layer.act, xq, sx)
+    w8 = torch.empty(8192, 4096, device="cuda", dtype=xq.dtype)
+    w4a8.launch_to_8bit(layer.qweight, layer.zeros, 128, w8)
+    got = torch.empty(1024, 8192, device="cuda", dtype=torch.bfloat16)
+    w4a8.launch_gemm(xq, sx, w8, layer.scales, layer.zeros, 128, None, got, w4a8.gemm_config(1024, 4096, 128), variant)
+    assert rel(got, want) < RTOL[torch.bfloat16], f"{name} {variant}: {rel(got, want):.3g}"
