@@ -165,10 +165,13 @@ def scan_threshold(n: int, k: int, repeat: int) -> list[dict]:
                                       for s in int4), flush=True)
     layer = int4["gptq"]  # act-order on the dequantize path: the activation permuted by our kernel or index_select
     args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None)
-    # (triton_permute, rows_permute): ours spread over K, index_select, ours walking whole rows
+    # (triton_permute, rows_permute): ours spread over K, index_select, ours a whole row per program (tl.gather)
     variants = {"x_permuted_triton": (1 << 30, 1 << 62), "x_permuted_torch": (0, 1 << 62), "x_permuted_rows": (0, 1)}
     for m in PERMUTE_TOKENS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        want = x.index_select(1, layer.perm)
+        for v, (tp, rp) in variants.items():  # each gather is the permutation (a wrong one must not be timed)
+            assert torch.equal(w4a16.permute_activation(x, layer.perm, tp, rp), want), f"{v} M={m}: not x[:, perm]"
         row = {"m": m, **{f"gptq_dequant_{v}_ms": replay_ms(
             lambda t, tp=tp, rp=rp: w4a16.triton_linear(t, *args, threshold=0, triton_permute=tp, rows_permute=rp),
             x, repeat) for v, (tp, rp) in variants.items()}}

@@ -57,11 +57,13 @@ PERM_IN_KERNEL_MAX_M = 1
 # Act-order outside the GEMM: the activation permuted by our gather kernel up to this M, by index_select above
 # (the sweep on the H100: ours 0.0260 vs 0.0278 ms at M = 8 with the GEMM; index_select ahead from M = 16 on).
 TRITON_PERMUTE_MAX_M = 8
-# From this M on, the gather kernel walks whole rows (ROW_PERMUTE_ROWS per program) so that each row is read from
-# memory once: index_select took 0.044 ms for 4096×4096 bf16 on the H100 where 64 MiB of traffic is ~0.02.
-# Untimed yet: off (index_select) until `--scan-threshold` measures it on the GPU.
+# From this M on, whole rows are permuted in one program each (`_permute_rows_kernel`: a contiguous load, the
+# permutation through shared memory by tl.gather, a contiguous store): index_select took 0.044 ms for 4096×4096
+# bf16 on the H100 where 64 MiB of traffic is ~0.015. (Walking rows with per-element global gathers instead measured
+# 0.4697 vs index_select's 0.4394 ms for the whole act-order linear at M = 4096 on the H200: dropped.) Untimed yet:
+# off (index_select) until `--scan-threshold` measures it on the GPU.
 ROW_PERMUTE_MIN_M = 1 << 62
-ROW_PERMUTE_ROWS = 2
+ROW_PERMUTE_ELEMENTS = 16384  # rows per program: as many as keep BLOCK_M · next_pow2(K) at most this
 # (BLOCK_N, BLOCK_K, num_warps) of the dequantize-to-scratch kernel.
 DEQUANT_CONFIG = (64, 128, 4)
 REDUCE_BLOCK = 1024
@@ -171,6 +173,19 @@ if triton is not None:
             tl.store(out_ptr + rm[:, None] * K + rk[None, :], v, mask=mask)
 
     @triton.jit
+    def _permute_rows_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        """out[m, k] = x[m, perm[k]] for BLOCK_M whole rows (BLOCK_K ≥ K): rows read and written contiguously,
+        the permutation applied on chip (tl.gather), each row read from memory once."""
+        rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rk = tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        src = tl.load(perm_ptr + rk, mask=kmask, other=0).to(tl.int32)
+        mask = (rm[:, None] < M) & kmask[None, :]
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mask, other=0.0)
+        v = tl.gather(x, tl.broadcast_to(src[None, :], (BLOCK_M, BLOCK_K)), axis=1)
+        tl.store(out_ptr + rm[:, None] * K + rk[None, :], v, mask=mask)
+
+    @triton.jit
     def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qw, stride_s, stride_o,
                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
@@ -220,7 +235,7 @@ def launch_splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch
 def permute_activation(x: torch.Tensor, perm: torch.Tensor, triton_max_m: int = TRITON_PERMUTE_MAX_M,
                        rows_min_m: int = ROW_PERMUTE_MIN_M) -> torch.Tensor:
     """x[:, perm] as a new contiguous (M, K) tensor (act-order's activation in the weight's K order): our gather
-    kernel spread over K up to `triton_max_m` rows, walking whole rows from `rows_min_m` on, index_select
+    kernel spread over K up to `triton_max_m` rows, whole rows per program from `rows_min_m` on, index_select
     between."""
     m, k = x.shape
     if triton_max_m < m < rows_min_m:
@@ -231,8 +246,10 @@ def permute_activation(x: torch.Tensor, perm: torch.Tensor, triton_max_m: int = 
         _permute_kernel[(triton.cdiv(k, 512), triton.cdiv(m, block_m))](x, perm, out, m, k, x.stride(0), 1,
                                                                          BLOCK_M=block_m, BLOCK_K=512)
     elif m:
-        _permute_kernel[(1, triton.cdiv(m, ROW_PERMUTE_ROWS))](x, perm, out, m, k, x.stride(0), triton.cdiv(k, 512),
-                                                               BLOCK_M=ROW_PERMUTE_ROWS, BLOCK_K=512)
+        block_k = triton.next_power_of_2(k)
+        block_m = max(1, min(triton.next_power_of_2(m), ROW_PERMUTE_ELEMENTS // block_k))
+        _permute_rows_kernel[(triton.cdiv(m, block_m),)](x, perm, out, m, k, x.stride(0), BLOCK_M=block_m,
+                                                         BLOCK_K=block_k, num_warps=8)
     return out
 
 

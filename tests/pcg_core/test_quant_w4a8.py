@@ -357,7 +357,7 @@ def test_interpreted_activation_quant_kernel(act, m, k):
 @pytest.mark.parametrize("m", [1, 8, 33, 100])
 @pytest.mark.parametrize("group", [32, 64, 128, -1])
 @pytest.mark.parametrize("sym", [True, False])
-@pytest.mark.parametrize("threshold", [w4a8.THRESHOLD_M, 0])
+@pytest.mark.parametrize("threshold", [None, 0])
 def test_interpreted_int8_kernels_match_the_reference(m, group, sym, threshold):
     """The whole Triton path (quantize, GEMM; split-K 4 at M ≤ 16, 2 up to 64) against the reference, with the
     codes converted in the GEMM's registers or (threshold 0: the large-M path) into an 8-bit scratch first."""
@@ -382,7 +382,7 @@ def test_interpreted_conversion_to_8_bits_is_exact(act, group, sym):
 
 
 def _gemm(x: torch.Tensor, q: Int4Weight, act: str, config: tuple, qweight=None, scales=None, sx=None,
-          bias=None, convert: bool = False, variant: tuple[bool, bool] | None = None) -> torch.Tensor:
+          bias=None, convert: bool = False) -> torch.Tensor:
     """The GEMM kernel alone on the reference's quantized activation (so fp8 is tested despite the interpreter's
     cast, see above), on the packed codes or (convert) their 8-bit conversion; the keyword arguments plant faults."""
     m, k = x.shape
@@ -396,7 +396,7 @@ def _gemm(x: torch.Tensor, q: Int4Weight, act: str, config: tuple, qweight=None,
         w4a8.launch_to_8bit(qw, z, group, w8)
         qw = w8
     w4a8.launch_gemm(xq, s[:, 0].contiguous() if sx is None else sx, qw, sc if scales is None else scales, z, group,
-                     bias, out, w4a8.gemm_config(m, k, group, config), variant)
+                     bias, out, w4a8.gemm_config(m, k, group, config))
     return out
 
 
@@ -419,20 +419,25 @@ def test_interpreted_gemm_paths_and_ragged_edges(act, m, n, config, convert):
 
 @interpreted
 @pytest.mark.parametrize("act", ["int8", "fp8"])
-@pytest.mark.parametrize("variant", [(True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("config,convert", [((16, 64, 128, 4, 4, 4), False), ((64, 64, 32, 1, 4, 4), True),
-                                            ((128, 128, 128, 1, 8, 3), True)])
-def test_interpreted_rescale_variants_match_the_reference(act, variant, config, convert):
-    """The deferred rescale (the previous tile's partial scaled while this one's MMA runs; BLOCK_K 32 puts four
-    tiles in each group) and the integer-add conversion: the same sum as the plain loop."""
-    q = _weight(200, 512, 128, sym=act == "int8", seed=11)
-    q.scales = q.scales * torch.linspace(0.5, 2.0, q.scales.shape[1])  # a group scale misapplied would show
-    x = _x(40, 512, dtype=torch.float16)
-    got = _gemm(x, q, act, config, convert=convert, variant=variant)
-    err = rel(got, _independent(x, q, act))
-    assert err < RTOL[torch.float16], f"{act} {variant} {config}: {err:.3g}"
-    if act == "int8" and variant[1]:  # the conversion is exact: the same bits as the conversion instruction's
-        assert torch.equal(got, _gemm(x, q, act, config, convert=convert, variant=(variant[0], False)))
+@pytest.mark.parametrize("m,n,config", [(40, 200, (32, 64, 32, 2, 4, 3, False)), (300, 256, (128, 128, 128, 8, 8, 3, False)),
+                                        (65, 130, (64, 64, 64, 1, 4, 3, False))])
+def test_interpreted_w8_gemm_matches_the_reference(act, m, n, config):
+    """_w8_gemm_kernel (activation on the left, grouped tile order) on the 8-bit scratch, ragged M and N, BLOCK_K
+    below the group (several tiles per group); the group scales one group off fail."""
+    q = _weight(n, 512, 128, sym=act == "int8", seed=11)
+    q.scales = q.scales * torch.linspace(0.5, 2.0, q.scales.shape[1])
+    x = _x(m, 512, dtype=torch.float16)
+    xq, sx = w4a8.quantize_act(x, act)
+    qw, sc, z, g = _args(q)
+    w8 = torch.empty(q.q.shape, dtype=xq.dtype)
+    w4a8.launch_to_8bit(qw, z, g, w8)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(7)).half()
+    got = torch.empty(m, n, dtype=x.dtype)
+    w4a8.launch_w8_gemm(xq, sx[:, 0].contiguous(), w8, sc, g, bias, got, config)
+    err = rel(got, _independent(x, q, act, bias))
+    assert err < RTOL[torch.float16], f"{act} M={m} N={n} {config}: {err:.3g}"
+    w4a8.launch_w8_gemm(xq, sx[:, 0].contiguous(), w8, sc.roll(1, dims=1).contiguous(), g, bias, got, config)
+    assert rel(got, _independent(x, q, act, bias)) > FAULT
 
 
 @interpreted
@@ -558,7 +563,7 @@ def test_gpu_replay_is_bitwise_eager(w4a8_layers, name, m):
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_fp8_large_m_paths_match_and_the_block_scaled_gemm_catches_faults(w4a8_layers, m):
-    """Above THRESHOLD_M FP8 runs cuBLASLt's block-scaled GEMM (M = 130 pads to 132) or the Triton one: both the
+    """Above SCALED_MM_MIN_M FP8 runs cuBLASLt's block-scaled GEMM (M = 130 pads to 132) or the Triton one: both the
     reference; the block-scaled GEMM with the group scales one group off, or the activation scale dropped, is not."""
     layer = w4a8_layers["w4afp8"]
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
@@ -579,11 +584,12 @@ def test_gpu_fp8_large_m_paths_match_and_the_block_scaled_gemm_catches_faults(w4
     assert rel(w4a8.block_scaled_mm(xq, torch.ones_like(sx), w8, scales, None, torch.bfloat16), want) > RTOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("variant", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("kernel", ["w4a8 ws", "w8", "w8 tma", "w8 ws"])
 @pytest.mark.parametrize("name", ["w4a8", "w4afp8"])
 @pytest.mark.gpu
 @needs_gpu
-def test_gpu_rescale_variants_match_the_reference(w4a8_layers, name, variant):
+def test_gpu_large_m_gemm_variants_match_the_reference(w4a8_layers, name, kernel):
+    """The large-M variants the sweep times, compiled: warp-specialized, activation-left, through TMA."""
     layer = w4a8_layers[name]
     x = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
     want = w4a8.reference(x, layer.qweight, layer.scales, layer.zeros, layer.group, layer.act)
@@ -593,5 +599,9 @@ def test_gpu_rescale_variants_match_the_reference(w4a8_layers, name, variant):
     w8 = torch.empty(8192, 4096, device="cuda", dtype=xq.dtype)
     w4a8.launch_to_8bit(layer.qweight, layer.zeros, 128, w8)
     got = torch.empty(1024, 8192, device="cuda", dtype=torch.bfloat16)
-    w4a8.launch_gemm(xq, sx, w8, layer.scales, layer.zeros, 128, None, got, w4a8.gemm_config(1024, 4096, 128), variant)
-    assert rel(got, want) < RTOL[torch.bfloat16], f"{name} {variant}: {rel(got, want):.3g}"
+    if kernel == "w4a8 ws":
+        w4a8.launch_gemm(xq, sx, w8, layer.scales, layer.zeros, 128, None, got, w4a8.gemm_config(1024, 4096, 128), True)
+    else:
+        cfg = (128, 128, 128, 8, 4 if "ws" in kernel else 8, 3, "ws" in kernel)
+        w4a8.launch_w8_gemm(xq, sx, w8, layer.scales, 128, None, got, cfg, tma="tma" in kernel)
+    assert rel(got, want) < RTOL[torch.bfloat16], f"{name} {kernel}: {rel(got, want):.3g}"
