@@ -3,8 +3,8 @@ first --layers layers), for `pcgh cell --model DIR --weights real --quant SCHEME
 each format is checked at trimmed real widths on the GPU machine, where nothing is downloaded.
 
     PYTHONPATH=. python benchmarks/quant_checkpoint.py --model llama-3.1-8b --layers 2 --format awq --scheme awq --out /tmp/ck
-    formats: awq, gptq, gptq_v2, compressed-tensors (int4 schemes: pack-quantized; 8-bit: float/int-quantized),
-    fp8, modelopt, w8a8_int8 — the pairs pcg_core.quant.write_checkpoint writes
+    formats: awq, gptq, gptq_v2, compressed-tensors (int4 schemes: pack-quantized, W4A8/W4AFP8 only there;
+    8-bit: float/int-quantized), fp8, modelopt, w8a8_int8 — the pairs pcg_core.quant.write_checkpoint writes
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def main() -> None:
     p.add_argument("--model", required=True, help="model card id")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--format", required=True)
-    p.add_argument("--scheme", required=True, help="awq, gptq, or an 8-bit scheme")
+    p.add_argument("--scheme", required=True, help="awq, gptq, w4a8, w4afp8 (MoE experts too), or an 8-bit scheme")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()

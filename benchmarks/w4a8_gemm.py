@@ -6,7 +6,7 @@ activation-quant kernel; --out writes JSON. Reads no clocks and sets none: the G
 
     PYTHONPATH=. python benchmarks/w4a8_gemm.py [--n 8192 --k 4096 --tokens 8,64,512,4096 --out r.json]
     PYTHONPATH=. python benchmarks/w4a8_gemm.py --sweep            # GEMM_CONFIGS candidates at each M, both activations
-    PYTHONPATH=. python benchmarks/w4a8_gemm.py --sweep-large      # large-M GEMM variants, cuBLASLt FP8
+    PYTHONPATH=. python benchmarks/w4a8_gemm.py --sweep-large      # large-M configurations, cuBLASLt's FP8
     PYTHONPATH=. python benchmarks/w4a8_gemm.py --scan-threshold   # codes converted in registers vs 8-bit scratch
 
 --sweep times each candidate GEMM configuration on the quantized activation (the quant kernel is the same for
@@ -43,12 +43,6 @@ LARGE_TOKENS = [4096]
 LARGE_CANDIDATES = [
     (64, 128, 128, 1, 4, 4), (64, 128, 128, 1, 8, 3), (128, 128, 128, 1, 8, 3), (128, 128, 128, 1, 8, 4),
     (128, 128, 64, 1, 8, 4), (128, 256, 128, 1, 8, 3), (256, 128, 128, 1, 8, 3), (128, 256, 64, 1, 8, 4),
-]
-# _w8_gemm_kernel's (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages, warp_specialize), each with and without TMA
-W8_CANDIDATES = [
-    (128, 128, 128, 8, 8, 3, False), (128, 128, 128, 8, 8, 4, False), (128, 256, 128, 8, 8, 3, False),
-    (256, 128, 128, 8, 8, 3, False), (128, 256, 64, 8, 8, 4, False), (128, 128, 128, 8, 4, 4, False),
-    (128, 128, 128, 8, 4, 3, True), (128, 128, 128, 8, 8, 3, True), (128, 256, 128, 8, 8, 3, True),
 ]
 
 
@@ -130,9 +124,8 @@ def sweep(n: int, k: int, repeat: int) -> dict:
 
 
 def sweep_large(n: int, k: int, repeat: int) -> dict:
-    """The large-M GEMM on the 8-bit scratch: _w4a8_gemm_kernel's large candidates with and without warp
-    specialization, _w8_gemm_kernel's (activation on the left, grouped tile order) with and without TMA, and for
-    FP8 the block-scaled cuBLASLt GEMM beside them (block_scaled_mm)."""
+    """The large-M GEMM on the 8-bit scratch: the large candidates, and for FP8 the block-scaled cuBLASLt GEMM
+    beside them (block_scaled_mm)."""
     _, quant = layers(n, k)
     best = {}
     for name, layer in quant.items():
@@ -146,19 +139,11 @@ def sweep_large(n: int, k: int, repeat: int) -> dict:
             times = {}
             for cfg in dict.fromkeys([w4a8.gemm_config(m, k, layer.group), *LARGE_CANDIDATES]):
                 fitted = w4a8.gemm_config(m, k, layer.group, cfg)
-                for ws in (False, True):
-                    try:
-                        times[("w4a8", cfg, ws)] = replay_ms(lambda t, c=fitted, v=ws: w4a8.launch_gemm(
-                            t, sx, weight, layer.scales, layer.zeros, layer.group, None, out, c, v), xq, repeat)
-                    except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped
-                        print(f"  {name} M={m} {cfg} ws={ws}: {type(e).__name__}: {str(e)[:120]}")
-            for cfg in W8_CANDIDATES:
-                for tma in (False, True):
-                    try:
-                        times[("w8", cfg, tma)] = replay_ms(lambda t, c=cfg, v=tma: w4a8.launch_w8_gemm(
-                            t, sx, weight, layer.scales, layer.group, None, out, c, v), xq, repeat)
-                    except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped
-                        print(f"  {name} M={m} w8 {cfg} tma={tma}: {type(e).__name__}: {str(e)[:120]}")
+                try:
+                    times[cfg] = replay_ms(lambda t, c=fitted: w4a8.launch_gemm(
+                        t, sx, weight, layer.scales, layer.zeros, layer.group, None, out, c), xq, repeat)
+                except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped
+                    print(f"  {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}")
             if w4a8.scaled_mm_fits(x, layer.act, layer.group, n, k):
                 try:
                     times["scaled_mm"] = replay_ms(lambda t: w4a8.block_scaled_mm(
@@ -202,7 +187,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--sweep", action="store_true", help="time GEMM_CONFIGS candidates at each M")
     ap.add_argument("--sweep-large", action="store_true",
-                    help="the large-M GEMM: both kernels' candidates and variants, and cuBLASLt's block-scaled FP8")
+                    help="the large-M GEMM's candidates, and cuBLASLt's block-scaled FP8")
     ap.add_argument("--scan-threshold", action="store_true", help="in-register conversion vs 8-bit scratch by M")
     ap.add_argument("--out", type=Path, help="write the results as JSON")
     a = ap.parse_args()
@@ -214,7 +199,7 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "python": platform.python_version(), "n": a.n, "k": a.k, "repeat": a.repeat,
               "gemm_configs": w4a8.GEMM_CONFIGS, "quant_block": w4a8.QUANT_BLOCK, "threshold_m": w4a8.THRESHOLD_M, "scaled_mm_min_m": w4a8.SCALED_MM_MIN_M,
-              "w8_config": w4a8.W8_CONFIG, "w8_tma": w4a8.W8_TMA,
+              
               "convert_config": w4a8.CONVERT_CONFIG}
     if a.sweep:
         result["sweep"] = sweep(a.n, a.k, a.repeat)

@@ -27,13 +27,11 @@ QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8", "awq", "g
 # (quant/expert_checkpoint.py).
 QUANT_CHECKPOINT_LIMITS: dict[str, str] = {}
 # int4 experts' per-expert checkpoint tensors are read too (quant/expert_checkpoint.py), gate and up with their own
-# act-order each.
+# act-order each; W4A8 / W4AFP8 experts (8-bit token activations) as well, synthetic or real.
 INT4_CHECKPOINT_LIMITS: dict[str, str] = {}
 # FP4 experts run quantized (synthetic weights, either layout: quant/fp4_experts.py), and their checkpoint tensors
 # are read: NVFP4 per expert (ModelOpt, compressed-tensors) and gpt-oss's own MXFP4 blocks.
 FP4_CHECKPOINT_LIMITS: dict[str, str] = {}
-# W4A8 (int4 weights × 8-bit activations) runs dense linears only: its MoE experts are refused, synthetic or real.
-W4A8_MOE = "W4A8 MoE experts (int4 weights × 8-bit activations) are not quantized yet; dense models run"
 # Schemes the runtime runs whose own checkpoint format the loader does not read yet (the request verdict's reason).
 # (Empty since gpt-oss's MXFP4 format is read: quant/checkpoint.py, fp4_experts.py.)
 SCHEME_CHECKPOINTS: dict[str, str] = {}
@@ -48,8 +46,6 @@ def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION
     have, features = list(supported), list(features)
     if quant not in have:
         return f"quantization {quant!r} is not supported by the runtime yet (supported: {', '.join(have)})"
-    if quant in INT4_SCHEMES and INT4_SCHEMES[quant].w4a8 and "moe" in features:
-        return f"quantization {quant}: {W4A8_MOE}"
     if quant != "none" and real_weights:
         reasons = checkpoint_limits(quant) if limits is None else limits
         for f in features:
@@ -61,7 +57,7 @@ def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION
 def checkpoint_limits(quant: str) -> dict[str, str]:
     """What the loader cannot read yet in a real checkpoint of scheme `quant`, by model-card feature."""
     if quant in INT4_SCHEMES:
-        return {**INT4_CHECKPOINT_LIMITS, "moe": W4A8_MOE} if INT4_SCHEMES[quant].w4a8 else dict(INT4_CHECKPOINT_LIMITS)
+        return dict(INT4_CHECKPOINT_LIMITS)
     if quant in FP4_SCHEMES:
         return dict(FP4_CHECKPOINT_LIMITS)
     return dict(QUANT_CHECKPOINT_LIMITS)

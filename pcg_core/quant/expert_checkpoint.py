@@ -106,13 +106,12 @@ def _experts_shape(module: torch.nn.Module, layout: ExpertLayout) -> tuple[bool,
 def _read_int4_experts(module: torch.nn.Module, name: str, tensors: CheckpointTensors, spec: QuantSpec, base: str,
                        parts: dict[str, str], shapes: dict[str, tuple[int, int]]) -> bool:
     """int4 experts (AWQ, GPTQ, compressed-tensors: one packed linear per expert and projection) into the canonical
-    buffers of experts.install_int4; gate and up fused along N, each keeping its own act-order permutation."""
+    buffers of experts.install_int4; gate and up fused along N, each keeping its own act-order permutation. A
+    compressed-tensors W4A8 / W4AFP8 declaration (8-bit token activations, none on disk) gives W4A8 experts: the
+    declared scheme, installed with them, carries the activation type their forwards quantize to."""
     path, fmt, e_n = tensors.path, spec.int4, module.num_experts
     keys = {p: [f"{base}.{e}.{proj}" for e in range(e_n)] for p, proj in parts.items()}
     packed = {fmt.packed_key(k) in tensors for ks in keys.values() for k in ks}
-    if True in packed and spec.scheme.w4a8:  # the experts would run with 16-bit activations: not what is declared
-        raise UnsupportedModel(f"{path}: {name}'s experts are declared {spec.scheme.name} (int4 weights × 8-bit "
-                               "activations); W4A8 MoE experts are not run yet, only dense W4A8 linears")
     if packed == {False}:
         if missing := [k for ks in keys.values() for k in ks if f"{k}.weight" not in tensors]:
             raise UnsupportedModel(f"{path}: the experts of {name} need {fmt.packed_key(missing[0])} or {missing[0]}.weight "

@@ -11,8 +11,11 @@ static-shape and sync-free, hence capturable:
   dequantized to the activations' dtype, as transformers' grouped_mm path runs a 16-bit model. Each token
   only meets its own experts; the weight dequantization is one elementwise pass inductor fuses. A grouped
   kernel reading FP8/INT8 weights directly is the next step.
-int4 weight-only experts (awq, gptq) take the same two forwards with the activations left in 16 bits and the
-weights dequantized from the canonical int4 layout (act-order undone in the weight, not applied to the rows).
+int4 experts take the same two forwards with the weights dequantized from the canonical int4 layout (act-order
+undone in the weight, not applied to the rows): weight-only ones (awq, gptq) with the activations left in 16 bits,
+W4A8 ones (w4a8, w4afp8: the scheme's `activations`) with each projection's input quantized per token to int8 or
+FP8 first, exactly as W4A8Linear's pcg::w4a8_linear does (w4a8.quantize_act): per-token scales are per row, so
+the grouped path's sorted rows quantize as the reference's do.
 FP4 experts (either layout, gpt-oss's biased, transposed ones too) are fp4_experts.py's; both forwards here hand
 them over, so every caller of these forwards runs them right.
 """
@@ -25,6 +28,7 @@ from pcg_core.quant.fp4 import Fp4Scheme
 from pcg_core.quant.fp4_experts import fp4_experts_forward, grouped_fp4_experts_forward
 from pcg_core.quant.int4 import Int4Scheme, Int4Weight, pack_nibbles, quantize_int4_ordered, unpack_nibbles
 from pcg_core.quant.schemes import BLOCK, Scheme, dequantize_weight, expand_activation_scale, quantize_activation, quantize_weight
+from pcg_core.quant.w4a8 import quantize_act
 
 PROJECTIONS = ("gate_up_proj", "up_proj", "down_proj")
 
@@ -85,7 +89,7 @@ def install(module: torch.nn.Module, scheme: Scheme, name: str, q: torch.Tensor,
     module.quant_scheme = scheme
 
 
-# int4 weight-only experts ------------------------------------------------------------------------------------
+# int4 experts: weight-only (awq, gptq) and W4A8 (w4a8, w4afp8) -----------------------------------------------
 def quantize_experts_int4(module: torch.nn.Module, scheme: Int4Scheme) -> None:
     """Each expert's projection quantized as an int4 linear is (its own groups, zeros and act-order), held in the
     canonical layout stacked over experts: `<name>` int32 [E, N, K/8] (codes packed along K), `<name>_scales`
@@ -103,7 +107,9 @@ def quantize_experts_int4(module: torch.nn.Module, scheme: Int4Scheme) -> None:
 def install_int4(module: torch.nn.Module, scheme: Int4Scheme, name: str, weights: list[Int4Weight]) -> None:
     """Projection `name` held as its experts' canonical int4 weights (one group for all): `<name>` int32
     [E, N, K/8], `<name>_scales`/`<name>_zeros` [E, N, K/G], `<name>_perm` with act-order: [E, K], or [E, S, K]
-    when the N rows are S shards with a permutation each (a checkpoint's gate and up fused)."""
+    when the N rows are S shards with a permutation each (a checkpoint's gate and up fused). The scheme, set as
+    `quant_scheme`, tells the forwards the activations: its `activations` (None, "int8" or "fp8"); a per-token
+    scale does not depend on K's order, so act-order stays undone in the weight for W4A8 too."""
     dev = getattr(module, name).device
     perms = [w.perm for w in weights]
     module._parameters.pop(name, None)
@@ -132,14 +138,26 @@ def _int4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, e:
     return w.to(dtype)
 
 
-def _weight_only(module: torch.nn.Module) -> bool:
+def _is_int4(module: torch.nn.Module) -> bool:
+    """int4 experts (install_int4's canonical buffers), weight-only or W4A8 alike."""
     return isinstance(module.quant_scheme, Int4Scheme)
+
+
+def _int4_activation(x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+    """x [T, K] as int4 experts' projections take it, in float32: a W4A8 scheme's per-token 8-bit quantization
+    (`activations`: "int8" or "fp8") multiplied back by its scale, as pcg::w4a8_linear's reference does; a
+    weight-only scheme's x as it is."""
+    act = module.quant_scheme.activations
+    if act is None:
+        return x.float()
+    xq, sx = quantize_act(x, act)
+    return xq.float() * sx
 
 
 def _project(x: torch.Tensor, module: torch.nn.Module, name: str, e: int) -> torch.Tensor:
     """x [T, K] through expert e's projection `name`, activations quantized as the scheme does (float32 out)."""
-    if _weight_only(module):
-        return x.float() @ _int4_dequantized(module, name, torch.float32, e).t()
+    if _is_int4(module):
+        return _int4_activation(x, module) @ _int4_dequantized(module, name, torch.float32, e).t()
     s: Scheme = module.quant_scheme
     xq, sx = quantize_activation(x, s, getattr(module, f"{name}_input_scale", None))
     w = dequantize_weight(getattr(module, name)[e], getattr(module, f"{name}_scale")[e], s)
@@ -164,15 +182,15 @@ def quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tens
 
 def _fake_quant(x: torch.Tensor, module: torch.nn.Module, name: str) -> torch.Tensor:
     """x [S, K] quantized as the scheme does before projection `name` and dequantized again, in x's dtype."""
-    if _weight_only(module):
-        return x
+    if _is_int4(module):
+        return x if module.quant_scheme.activations is None else _int4_activation(x, module).to(x.dtype)
     xq, sx = quantize_activation(x, module.quant_scheme, getattr(module, f"{name}_input_scale", None))
     return (xq.float() * expand_activation_scale(sx, x.shape[-1])).to(x.dtype)
 
 
 def _all_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype) -> torch.Tensor:
     """Every expert's weight of projection `name` dequantized: [E, N, K] in `dtype`."""
-    if _weight_only(module):
+    if _is_int4(module):
         return _int4_dequantized(module, name, dtype)
     s: Scheme = module.quant_scheme
     q, scale = getattr(module, name), getattr(module, f"{name}_scale").float()

@@ -10,7 +10,8 @@ compressed-tensors `pack-quantized` (its PackedQuantizationCompressor, 4 bits): 
 signed codes + 8 in plain nibble order along K (the same words as our unsigned codes), `weight_scale` (N, K/G) in
 the model's dtype, `weight_zero_point` int32 (N/8, K/G) (asymmetric only; signed zero + 8, packed along N),
 `weight_shape` (2,) = (N, K), `weight_g_idx` (K,) with act-order "group". W4A8 / W4AFP8 store the same tensors and
-declare `input_activations` (8 bits, per token, dynamic: no activation tensors on disk); they load into W4A8Linear.
+declare `input_activations` (8 bits, per token, dynamic: no activation tensors on disk); they load into W4A8Linear
+(MoE experts' per-expert tensors into W4A8 experts: expert_checkpoint.py, experts.py).
 """
 
 from __future__ import annotations

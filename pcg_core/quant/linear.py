@@ -110,7 +110,7 @@ def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
 def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Scheme, skip: tuple[str, ...] = ("lm_head",),
                    input_absmax: dict[str, float] | None = None) -> list[str]:
     """Swap every nn.Linear of `model` (but those whose name ends with one of `skip`) for a QuantLinear holding
-    its weight quantized (Int4Linear, Fp4Linear for the 4-bit weight-only schemes), and quantize fused MoE experts
+    its weight quantized (Int4Linear, W4A8Linear, Fp4Linear for the 4-bit schemes), and quantize fused MoE experts
     in place (experts.py): what a synthetic cell runs. Returns the names quantized. A static scheme needs the
     calibrated input absmax (calibrate.record_input_absmax)."""
     if not scheme.act_dynamic and input_absmax is None:
@@ -121,11 +121,8 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Sche
     for mod in model.modules():  # experts this module cannot hold quantized: refused before any swap
         if is_experts(mod):
             check_quantizable(mod)
-    if isinstance(scheme, Int4Scheme) and scheme.w4a8 and any(is_experts(m) for m in model.modules()):
-        raise NotImplementedError(f"{scheme.name}: MoE experts with 8-bit activations (W4A8) are not quantized yet; "
-                                  "dense models are")
     for name, mod in list(model.named_modules()):
-        if isinstance(scheme, Int4Scheme):  # weight-only: no activation scales
+        if isinstance(scheme, Int4Scheme):  # int4 (W4A16 or W4A8): no activation scales to calibrate
             if is_experts(mod):
                 quantize_experts(mod, scheme)
                 swapped.append(name)

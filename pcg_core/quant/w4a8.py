@@ -60,13 +60,11 @@ MIN_BLOCK_K = 32
 # scratch at M = 64 0.028 vs 0.046 ms, 256 0.067 vs 0.068, 512 0.101 vs 0.086, 1024 0.195 vs 0.140 (int8; fp8
 # crossed near 96). `benchmarks/w4a8_gemm.py --scan-threshold` times both paths by M on the H200.
 THRESHOLD_M = {"int8": 128, "fp8": 64}  # by activation type (the H200 scan: FP8's conversion in registers is slower)
-# The large-M GEMM on the scratch: None, _w4a8_gemm_kernel's W8 path with GEMM_CONFIGS; or _w8_gemm_kernel with
-# this (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages, warp_specialize) and W8_TMA (tiles through descriptors).
-W8_CONFIG: tuple[int, int, int, int, int, int, bool] | None = None
-W8_TMA = False
-# Rescale variants tried at M = 4096 on the H200 (2026-12-03) and dropped: rescaling the previous tile's partial
-# while this tile's MMA runs (0.3958 vs 0.3791 ms), and an integer-add int32 → float conversion (0.3948).
-WARP_SPECIALIZE = False  # Triton's warp specialization of the K loop: timed by --sweep-large
+# Large-M variants timed at M = 4096 on the H200 (2026-12-03, benchmarks/results/2026-12-03-h200-quant4/) and
+# dropped, the plain loop on the scratch being 0.379 ms (int8): rescaling the previous tile's partial while this
+# tile's MMA runs (0.396), an integer-add int32 → float conversion (0.395), the activation as the left operand
+# with grouped tile order (≥ 0.466, TMA descriptors and warp specialization included); Triton 3.6 does not
+# warp-specialize this loop (the pass fails).
 # FP8 activations, groups of 128, above SCALED_MM_MIN_M: cuBLASLt's FP8 GEMM with 1×128 block scales on both operands
 # (`torch._scaled_mm`; the per-token scale repeated per group on the activation side, the group scales on the
 # weight's) computes exactly this op's sum — per-group partials promoted to float32 and scaled — on the 8-bit
@@ -152,8 +150,7 @@ if triton is not None:
     def _w4a8_gemm_kernel(xq_ptr, sx_ptr, qw_ptr, s_ptr, z_ptr, bias_ptr, out_ptr,
                           M, N, K, stride_xm, stride_qw, stride_s, stride_om, stride_split,
                           GROUP: tl.constexpr, IS_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                          W8: tl.constexpr, WS: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                          W8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -168,8 +165,7 @@ if triton is not None:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         # One flat loop (Triton pipelines the innermost loop's loads): each BLOCK_K tile lies inside one group
         # (BLOCK_K divides GROUP), its exact partial rescaled by that group's scale as it leaves the tensor cores.
-        # WS: Triton's warp specialization (loads in a producer partition) — a variant the sweep times.
-        for i in tl.range(steps, warp_specialize=WS):
+        for i in range(steps):
             k0 = (pid_k * steps + i) * BLOCK_K
             g = k0 // GROUP
             if W8:  # q − z already in 8 bits (the large-M path's scratch, _to_8bit_kernel)
@@ -199,50 +195,6 @@ if triton is not None:
         else:
             tl.store(out_ptr + pid_k * stride_split + rm[None, :] * stride_om + rn[:, None], acc, mask=mask)
 
-
-    @triton.jit
-    def _w8_gemm_kernel(xq_ptr, sx_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, M, N, K, stride_s,
-                        GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, IS_FP8: tl.constexpr, WS: tl.constexpr,
-                        TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_M: tl.constexpr):
-        """The large-M GEMM on the 8-bit scratch with the activation as the left operand (tiles (BLOCK_M, BLOCK_N),
-        stores along N), M tiles grouped by GROUP_M for L2 reuse of the weight; TMA: the tiles loaded through
-        tensor descriptors. A variant of _w4a8_gemm_kernel's W8 path that the sweep times."""
-        pid = tl.program_id(0)
-        tiles_m = tl.cdiv(M, BLOCK_M)
-        tiles_n = tl.cdiv(N, BLOCK_N)
-        per_group = GROUP_M * tiles_n
-        first_m = (pid // per_group) * GROUP_M
-        size_m = tl.minimum(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % per_group) % size_m
-        pid_n = (pid % per_group) // size_m
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        bm = rm % M
-        bn = rn % N
-        rk = tl.arange(0, BLOCK_K)
-        if TMA:
-            x_desc = tl.make_tensor_descriptor(xq_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-            w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for i in tl.range(K // BLOCK_K, warp_specialize=WS):
-            k0 = i * BLOCK_K
-            if TMA:
-                x = x_desc.load([pid_m * BLOCK_M, k0])
-                w = w_desc.load([pid_n * BLOCK_N, k0])
-            else:
-                x = tl.load(xq_ptr + bm[:, None] * K + (k0 + rk)[None, :])
-                w = tl.load(w_ptr + bn[:, None] * K + (k0 + rk)[None, :])
-            if IS_FP8:
-                part = tl.dot(x, w.T)
-            else:
-                part = tl.dot(x, w.T, out_dtype=tl.int32)
-            acc += part.to(tl.float32) * tl.load(s_ptr + bn * stride_s + k0 // GROUP)[None, :]
-        acc = acc * tl.load(sx_ptr + bm)[:, None]
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + bn).to(tl.float32)[None, :]
-        mask = (rm[:, None] < M) & (rn[None, :] < N)
-        tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _to_8bit_kernel(qw_ptr, z_ptr, out_ptr, N, stride_qw, stride_s, stride_o, GROUP: tl.constexpr,
@@ -283,40 +235,21 @@ def launch_to_8bit(qweight: torch.Tensor, zeros: torch.Tensor, group: int, out: 
 
 
 def launch_gemm(xq: torch.Tensor, sx: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                group: int, bias: torch.Tensor | None, out: torch.Tensor, config: tuple[int, ...],
-                warp_specialize: bool | None = None) -> None:
+                group: int, bias: torch.Tensor | None, out: torch.Tensor, config: tuple[int, ...]) -> None:
     """out (M, N) = (xq · (q − z)ᵀ per group · s) · sx (+ bias); `config` as gemm_config returns it (fitted).
-    `qweight` is the packed int32 (N, K/8) codes, or (the large-M path) q − z already in xq's 8-bit dtype (N, K).
-    `warp_specialize` overrides WARP_SPECIALIZE (the benchmark's sweep)."""
+    `qweight` is the packed int32 (N, K/8) codes, or (the large-M path) q − z already in xq's 8-bit dtype (N, K)."""
     m, k = xq.shape
     n = qweight.shape[0]
     w8 = qweight.dtype == xq.dtype
-    ws = WARP_SPECIALIZE if warp_specialize is None else warp_specialize
     bm, bn, bk, split, warps, stages = config
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, bm))
     ws = out if split == 1 else torch.empty(split, m, n, device=xq.device, dtype=torch.float32)
     _w4a8_gemm_kernel[grid](xq, sx, qweight, scales, zeros, qweight if bias is None else bias, ws, m, n, k,
                             xq.stride(0), qweight.stride(0), scales.stride(0), n, m * n, GROUP=group,
-                            IS_FP8=xq.dtype == FP8, HAS_BIAS=bias is not None, SPLIT_K=split, W8=w8, WS=ws,
-                            BLOCK_M=bm,
+                            IS_FP8=xq.dtype == FP8, HAS_BIAS=bias is not None, SPLIT_K=split, W8=w8, BLOCK_M=bm,
                             BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     if split > 1:
         launch_splitk_reduce(ws, bias, out, split, qweight)
-
-
-def launch_w8_gemm(xq: torch.Tensor, sx: torch.Tensor, w8: torch.Tensor, scales: torch.Tensor, group: int,
-                   bias: torch.Tensor | None, out: torch.Tensor, config: tuple[int, ...], tma: bool = False) -> None:
-    """_w8_gemm_kernel: out (M, N) from the 8-bit scratch; config (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps,
-    stages, warp_specialize), BLOCK_K dividing the group."""
-    m, k = xq.shape
-    n = w8.shape[0]
-    bm, bn, bk, group_m, warps, stages, ws = config
-    if tma:
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=xq.device))
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _w8_gemm_kernel[grid](xq, sx, w8, scales, w8 if bias is None else bias, out, m, n, k, scales.stride(0),
-                          GROUP=group, HAS_BIAS=bias is not None, IS_FP8=xq.dtype == FP8, WS=ws, TMA=tma, BLOCK_M=bm,
-                          BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, num_warps=warps, num_stages=stages)
 
 
 def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
@@ -345,9 +278,6 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
             smm = SCALED_MM_FP8 and m > SCALED_MM_MIN_M if scaled_mm is None else scaled_mm
             if smm and scaled_mm_fits(x, act, group, n, k):
                 return block_scaled_mm(xq, sx, w8, scales, bias, x.dtype)
-            if W8_CONFIG is not None and group % W8_CONFIG[2] == 0:
-                launch_w8_gemm(xq, sx, w8, scales, group, bias, out, W8_CONFIG, W8_TMA)
-                return out
             qweight = w8
         launch_gemm(xq, sx, qweight, scales, zeros, group, bias, out, fitted)
     return out

@@ -90,7 +90,7 @@ def test_int8_kernel_equals_int_mm_with_the_same_epilogue(m, n, k):
     assert torch.equal(got, want), float((got.float() - want.float()).abs().max())
 
 
-@pytest.mark.parametrize("name", [*SCHEMES, "awq", "gptq"])
+@pytest.mark.parametrize("name", [*SCHEMES, "awq", "gptq", "w4a8", "w4afp8"])
 def test_grouped_quantized_experts_track_the_dense_reference(name):
     """The CUDA expert path (grouped GEMMs over bf16-dequantized weights) against the float32 dense reference on
     the same quantized experts, and its replay bitwise equal to eager."""
@@ -107,7 +107,7 @@ def test_grouped_quantized_experts_track_the_dense_reference(name):
     w = torch.rand(40, 2, generator=g, device="cuda").bfloat16()
     with record_input_absmax(mod) as absmax:
         mod(x, idx, w)
-    s = get_scheme(name)  # the int4 ones: weight-only experts (quantize_experts_int4)
+    s = get_scheme(name)  # the int4 ones: quantize_experts_int4 (w4a8/w4afp8: activations fake-quantized per token)
     quantize_experts(mod, s, None if s.act_dynamic else {k: absmax[f".{k}"] for k in ("gate_up", "down")})
     want = quantized_experts_forward(mod, x, idx, w).float()
     got = grouped_quantized_experts_forward(mod, x, idx, w)

@@ -20,7 +20,7 @@ from triton_interpreter import interpreted, rel, run_interpreted_tests
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant import w4a8
 from pcg_core.quant.formats import detect
-from pcg_core.quant.int4 import INT4_SCHEMES, PLAIN_ORDER, Int4Linear, Int4Scheme, Int4Weight, W4A8Linear, pack_nibbles, quantize_int4, unpack_nibbles
+from pcg_core.quant.int4 import INT4_SCHEMES, PLAIN_ORDER, Int4Weight, W4A8Linear, pack_nibbles, quantize_int4, unpack_nibbles
 from pcg_core.quant.schemes import SCHEMES, get_scheme, quantize_activation
 
 # Kernel vs the float32 reference, relative (Frobenius). int8: the kernel quantizes the activation bitwise as the
@@ -122,7 +122,8 @@ def test_the_module_forward_is_the_op_and_act_order_permutes_first(act_order):
         W4A8Linear(128, 40, 32, act="int4")
 
 
-def test_quantize_model_swaps_in_w4a8_linears_and_refuses_moe_experts():
+def test_quantize_model_swaps_in_w4a8_linears():
+    """Dense linears become W4A8Linears (MoE experts: test_quant_w4a8_experts.py)."""
     from pcg_core.quant.linear import quantize_model
 
     model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
@@ -131,17 +132,6 @@ def test_quantize_model_swaps_in_w4a8_linears_and_refuses_moe_experts():
     assert model[0].group == 128 and model[2].group == 64  # group_for at a width the scheme's group does not divide
     assert model[0].quant_scheme.name == "w4afp8"
     model(torch.randn(3, 256))
-
-    from pathlib import Path
-
-    from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
-
-    configs = Path(__file__).resolve().parents[2] / "harness" / "models" / "configs"
-    data = shrink_config(read_config_file(configs / "Qwen__Qwen3-30B-A3B.json"), tiny=True, layers=1)
-    moe = synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0)
-    with pytest.raises(NotImplementedError, match="W4A8"):
-        quantize_model(moe, get_scheme("w4a8"))
-    assert not any(isinstance(m, Int4Linear) for m in moe.modules())  # refused before any swap
 
 
 def test_the_fake_implementation_gives_shape_and_dtype_and_dynamo_traces_the_module():
@@ -242,27 +232,6 @@ def test_a_checkpoint_round_trip_loads_the_buffers_written(name, llama, tmp_path
     assert type(lm.model.lm_head) is torch.nn.Linear
 
 
-def test_a_w4a8_moe_checkpoint_is_refused_not_run_with_16_bit_activations(tmp_path):
-    """The loader reads int4 experts; declared W4A8 they would silently run W4A16: refused, naming the experts."""
-    from pathlib import Path
-
-    from pcg_core.model.loader import build_config, load_model, read_config_file, shrink_config, synthetic_model
-    from pcg_core.quant.checkpoint import write_checkpoint
-
-    configs = Path(__file__).resolve().parents[2] / "harness" / "models" / "configs"
-    data = shrink_config(read_config_file(configs / "Qwen__Qwen3-30B-A3B.json"), tiny=True, layers=2)
-    data |= {"hidden_size": 128, "moe_intermediate_size": 128}
-    model = synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0, peaked=True)
-    write_checkpoint(model, data, tmp_path, "compressed-tensors", Int4Scheme("gptq", 128, sym=True, act_order=False,
-                                                                             description=""))  # then declared W4A8
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg["quantization_config"]["config_groups"]["group_0"]["input_activations"] = {
-        "num_bits": 8, "type": "int", "symmetric": True, "dynamic": True, "strategy": "token"}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModel, match=r"experts are declared w4a8 .*W4A8 MoE experts are not run yet"):
-        load_model(str(tmp_path), weights="real")
-
-
 @pytest.mark.parametrize("name", ["w4a8", "w4afp8"])
 def test_compressed_tensors_parses_our_declaration(name):
     pytest.importorskip("compressed_tensors")
@@ -312,7 +281,7 @@ def test_w4a8_is_written_as_compressed_tensors_only():
         declaration("gptq", INT4_SCHEMES["w4a8"], 128, ())
 
 
-def test_capabilities_run_w4a8_dense_and_refuse_its_moe():
+def test_capabilities_run_w4a8_dense_and_moe():
     from pcg_core.capabilities import QUANTIZATION, capabilities, quant_unsupported_reason
     from pcg_core.known import KNOWN_QUANTIZATION
 
@@ -320,8 +289,8 @@ def test_capabilities_run_w4a8_dense_and_refuse_its_moe():
         assert name in QUANTIZATION and name in KNOWN_QUANTIZATION and name in capabilities()["quant_schemes"]
         assert quant_unsupported_reason(name, features=["gqa"]) is None
         assert quant_unsupported_reason(name, features=["gqa"], real_weights=True) is None
-        assert "W4A8 MoE experts" in quant_unsupported_reason(name, features=["moe"])
-        assert "W4A8 MoE experts" in capabilities()["quant_schemes"][name]["checkpoint_limits"]["moe"]
+        assert quant_unsupported_reason(name, features=["moe"]) is None
+        assert "moe" not in capabilities()["quant_schemes"][name]["checkpoint_limits"]
     assert quant_unsupported_reason("gptq", features=["moe"]) is None
 
 
@@ -415,29 +384,6 @@ def test_interpreted_gemm_paths_and_ragged_edges(act, m, n, config, convert):
     got = _gemm(x, q, act, config, bias=bias, convert=convert)
     err = rel(got, _independent(x, q, act, bias))
     assert err < RTOL[torch.float16], f"{act} M={m} N={n} {config} convert={convert}: {err:.3g}"
-
-
-@interpreted
-@pytest.mark.parametrize("act", ["int8", "fp8"])
-@pytest.mark.parametrize("m,n,config", [(40, 200, (32, 64, 32, 2, 4, 3, False)), (300, 256, (128, 128, 128, 8, 8, 3, False)),
-                                        (65, 130, (64, 64, 64, 1, 4, 3, False))])
-def test_interpreted_w8_gemm_matches_the_reference(act, m, n, config):
-    """_w8_gemm_kernel (activation on the left, grouped tile order) on the 8-bit scratch, ragged M and N, BLOCK_K
-    below the group (several tiles per group); the group scales one group off fail."""
-    q = _weight(n, 512, 128, sym=act == "int8", seed=11)
-    q.scales = q.scales * torch.linspace(0.5, 2.0, q.scales.shape[1])
-    x = _x(m, 512, dtype=torch.float16)
-    xq, sx = w4a8.quantize_act(x, act)
-    qw, sc, z, g = _args(q)
-    w8 = torch.empty(q.q.shape, dtype=xq.dtype)
-    w4a8.launch_to_8bit(qw, z, g, w8)
-    bias = torch.randn(n, generator=torch.Generator().manual_seed(7)).half()
-    got = torch.empty(m, n, dtype=x.dtype)
-    w4a8.launch_w8_gemm(xq, sx[:, 0].contiguous(), w8, sc, g, bias, got, config)
-    err = rel(got, _independent(x, q, act, bias))
-    assert err < RTOL[torch.float16], f"{act} M={m} N={n} {config}: {err:.3g}"
-    w4a8.launch_w8_gemm(xq, sx[:, 0].contiguous(), w8, sc.roll(1, dims=1).contiguous(), g, bias, got, config)
-    assert rel(got, _independent(x, q, act, bias)) > FAULT
 
 
 @interpreted
@@ -582,26 +528,3 @@ def test_gpu_fp8_large_m_paths_match_and_the_block_scaled_gemm_catches_faults(w4
     off = w4a8.block_scaled_mm(xq, sx, w8, scales.roll(1, dims=1).contiguous(), None, torch.bfloat16)
     assert rel(off, want) > RTOL[torch.bfloat16]
     assert rel(w4a8.block_scaled_mm(xq, torch.ones_like(sx), w8, scales, None, torch.bfloat16), want) > RTOL[torch.bfloat16]
-
-
-@pytest.mark.parametrize("kernel", ["w4a8 ws", "w8", "w8 tma", "w8 ws"])
-@pytest.mark.parametrize("name", ["w4a8", "w4afp8"])
-@pytest.mark.gpu
-@needs_gpu
-def test_gpu_large_m_gemm_variants_match_the_reference(w4a8_layers, name, kernel):
-    """The large-M variants the sweep times, compiled: warp-specialized, activation-left, through TMA."""
-    layer = w4a8_layers[name]
-    x = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
-    want = w4a8.reference(x, layer.qweight, layer.scales, layer.zeros, layer.group, layer.act)
-    xq = torch.empty(1024, 4096, device="cuda", dtype=w4a8.QDTYPE[layer.act])
-    sx = torch.empty(1024, device="cuda")
-    w4a8.launch_act_quant(x, layer.act, xq, sx)
-    w8 = torch.empty(8192, 4096, device="cuda", dtype=xq.dtype)
-    w4a8.launch_to_8bit(layer.qweight, layer.zeros, 128, w8)
-    got = torch.empty(1024, 8192, device="cuda", dtype=torch.bfloat16)
-    if kernel == "w4a8 ws":
-        w4a8.launch_gemm(xq, sx, w8, layer.scales, layer.zeros, 128, None, got, w4a8.gemm_config(1024, 4096, 128), True)
-    else:
-        cfg = (128, 128, 128, 8, 4 if "ws" in kernel else 8, 3, "ws" in kernel)
-        w4a8.launch_w8_gemm(xq, sx, w8, layer.scales, 128, None, got, cfg, tma="tma" in kernel)
-    assert rel(got, want) < RTOL[torch.bfloat16], f"{name} {kernel}: {rel(got, want):.3g}"
