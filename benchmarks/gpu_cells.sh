@@ -12,10 +12,11 @@ grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' | timeout ${LIST_TIMEOUT:-540} xargs 
   i=$0 spec=$1 attention=$2 graph=$3 compiler=${4:-eager} quant=${5:-none} tokens=${6:-256}
   model=${spec%%:*}; layers=${spec##*:}
   if [[ $layers == tiny ]]; then size=(--tiny); else size=(--layers "$layers"); fi
+  t0=$SECONDS
   timeout ${CELL_TIMEOUT:-500} python3 -m harness.cli cell --model "$model" "${size[@]}" --attention "$attention" \
     --graph "$graph" --compiler "$compiler" --quant "$quant" --device ${DEVICE:-cuda} --max-tokens "$tokens" --json \
     > "$OUT/'"$name"'/$i.json" 2> "$OUT/'"$name"'/$i.err"
-  echo "cell $i ($spec $attention $graph $compiler $quant): rc $?"' 
+  rc=$?; echo "cell $i ($spec $attention $graph $compiler $quant): rc $rc, $((SECONDS - t0)) s"' 
 # a list cut by LIST_TIMEOUT leaves its running cells behind (xargs dies, its children do not): they would hold
 # the GPU's memory under the next list
 pkill -TERM -f "harness.cli cell" && sleep 5; pkill -KILL -f "harness.cli cell"

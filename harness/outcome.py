@@ -206,6 +206,8 @@ class CellMetrics(_Model):
     speedup: dict[int, float | None] = Field(default_factory=dict)
     # run_cell's own time, load to latency: the record's duration_s adds the worker process around it.
     cell_s: float | None = Field(default=None, validation_alias=AliasChoices("cell_s", "duration_s"))
+    # Seconds in each phase run_cell reports (load, eager, capture, run, latency): where a cell's time goes.
+    phase_s: dict[str, float] = Field(default_factory=dict)
 
     def graph_latencies(self) -> dict[int, float]:
         """Graph latency (ms) per token count, the measured ones only."""

@@ -364,7 +364,20 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
     on_phase(name) is told when each phase starts (load, eager, capture, run, latency), so a parent process
     can tell where a child that died without a result was.
     """
-    phase = on_phase or (lambda name: None)
+    running: list = []  # [name, start] of the phase whose clock runs
+
+    def close_phase() -> None:
+        """The running phase's seconds into metrics.phase_s: where a cell's time goes."""
+        if running:
+            metrics.phase_s[running[0]] = round(time.perf_counter() - running[1], 3)
+            running.clear()
+
+    def phase(name: str) -> None:
+        close_phase()
+        running.extend([name, time.perf_counter()])
+        if on_phase is not None:
+            on_phase(name)
+
     capture = CaptureConfig(backend=spec.graph, compiler=spec.compiler, max_tokens=spec.max_tokens)
     config = EngineConfig(device=spec.device, dtype=spec.dtype, attention=spec.attention, capture=capture)
     metrics = recorded_settings(spec)
@@ -391,5 +404,6 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
             status, reason = stop.status, f"latency: {stop.reason}; judge: {status}{': ' + reason if reason else ''}"[:2000]
     except _Stop as stop:
         status, reason = stop.status, stop.reason
+    close_phase()
     metrics.cell_s = round(time.perf_counter() - t0, 3)
     return CellOutcome(status=status, reason=reason, metrics=metrics, duration_s=metrics.cell_s)
