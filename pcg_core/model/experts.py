@@ -29,11 +29,18 @@ def _dense_masked_experts(self, hidden_states: torch.Tensor, top_k_index: torch.
     return out.to(hidden_states.dtype)
 
 
+def quantized_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                      top_k_weights: torch.Tensor) -> torch.Tensor:
+    """Experts quantized in place (pcg_core.quant.experts): the grouped path on CUDA in bf16, the reference
+    elsewhere. Shared by every experts module that holds transformers' layout (transformers' and our own)."""
+    if hidden_states.device.type == "cuda" and hidden_states.dtype == torch.bfloat16:
+        return grouped_quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+    return quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+
+
 def pcg_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    if getattr(self, "quant_scheme", None) is not None:  # quantized in place (pcg_core.quant.experts)
-        if hidden_states.device.type == "cuda" and hidden_states.dtype == torch.bfloat16:
-            return grouped_quantized_experts_forward(self, hidden_states, top_k_index, top_k_weights)
-        return quantized_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    if getattr(self, "quant_scheme", None) is not None:
+        return quantized_forward(self, hidden_states, top_k_index, top_k_weights)
     weights = self.gate_up_proj if self.has_gate else self.up_proj
     if getattr(self, "is_transposed", False) or getattr(self, "has_bias", False) or not getattr(self, "is_concatenated", True):
         return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)

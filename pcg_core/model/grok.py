@@ -13,7 +13,8 @@ serves it):
   temperature);
 - ffn = (dense MLP + MoE) / √2 (`residual_moe`), both GELU(tanh)-gated; router logits in float32, soft-capped
   30·tanh(l/30), top-2 of the capped logits weighted by their softmax over all experts (not renormalised).
-Experts run densely masked (every expert on every token, zero weight where not routed): static shapes, capturable.
+Experts run densely masked (every expert on every token, zero weight where not routed): static shapes, capturable;
+held in transformers' fused experts layout, so every quantization scheme quantizes them as it does transformers'.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from pcg_core.attention.op import ATTN_IMPLEMENTATION  # noqa: F401 - registers pcg::attention
 from pcg_core.attention.reference import attention_math, length_temperature
+from pcg_core.model.experts import quantized_forward
 
 MODEL_TYPE = "pcg_grok1"
 ARCHITECTURE = "Grok1ForCausalLM"
@@ -141,18 +143,44 @@ class Grok1Router(nn.Module):
         self.weight = nn.Parameter(torch.empty(experts, hidden))
 
 
-class Grok1MoE(nn.Module):
-    # The 8-bit schemes quantize transformers' experts modules and run them through their own kernels; this
-    # forward reads its weights as floats, so a scheme must refuse it rather than hand it quantized codes.
-    not_quantizable_reason = "Grok-2's experts (our own module's dense-masked path) are not quantized yet"
+class Grok1Experts(nn.Module):
+    """The experts in transformers' fused layout (gate_up_proj [E, 2I, H], gate first; down_proj [E, H, I]) and its
+    calling convention (hidden [T, H], top_k_index, top_k_weights), so pcg_core.quant.experts quantizes them and
+    runs them quantized as any transformers experts module. Unquantized they run densely masked: every expert on
+    every token, zero weight where not routed (static shapes, capturable)."""
+
+    has_gate = True
 
     def __init__(self, config: Grok1Config):
         super().__init__()
         e, h, i = config.num_local_experts, config.hidden_size, config.moe_intermediate_size
-        self.top_k, self.cap, self.num_experts = config.num_experts_per_tok, config.router_logit_softcapping, e
-        self.gate = Grok1Router(h, e)
+        self.num_experts = e
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
+
+    def act_fn(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate="tanh")
+
+    def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+    def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "quant_scheme", None) is not None:
+            return quantized_forward(self, x, top_k_index, top_k_weights)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for e in range(self.num_experts):
+            w = (top_k_weights * (top_k_index == e)).sum(-1, keepdim=True)
+            out += F.linear(self._apply_gate(F.linear(x, self.gate_up_proj[e])), self.down_proj[e]).float() * w
+        return out.to(x.dtype)
+
+
+class Grok1MoE(nn.Module):
+    def __init__(self, config: Grok1Config):
+        super().__init__()
+        self.top_k, self.cap = config.num_experts_per_tok, config.router_logit_softcapping
+        self.gate = Grok1Router(config.hidden_size, config.num_local_experts)
+        self.experts = Grok1Experts(config)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert indices [T, k], their weights [T, k] float32)."""
@@ -164,12 +192,7 @@ class Grok1MoE(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         idx, weights = self.route(x)
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        for e in range(self.gate_up_proj.shape[0]):
-            w = (weights * (idx == e)).sum(-1, keepdim=True)
-            gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-            out += F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[e]).float() * w
-        return out.to(x.dtype).reshape(shape)
+        return self.experts(x, idx, weights).reshape(shape)
 
 
 class Grok1DecoderLayer(nn.Module):
@@ -203,7 +226,7 @@ class Grok1PreTrainedModel(PreTrainedModel):
             nn.init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, Grok1RMSNorm):
             nn.init.ones_(module.weight)
-        elif isinstance(module, Grok1MoE):
+        elif isinstance(module, Grok1Experts):
             nn.init.normal_(module.gate_up_proj, mean=0.0, std=std)
             nn.init.normal_(module.down_proj, mean=0.0, std=std)
         elif isinstance(module, (Grok1Head, Grok1Router)):
