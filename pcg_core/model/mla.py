@@ -21,7 +21,6 @@ import types
 import torch
 
 from pcg_core.attention.op import ATTN_IMPLEMENTATION  # noqa: F401 - registers pcg::attention
-from pcg_core.quant.schemes import dequantize_weight
 
 MLA_PARAMETERS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
 
@@ -42,12 +41,11 @@ def install_mla(model: torch.nn.Module) -> int:
 
 
 def _dense_weight(linear: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
-    """kv_b_proj's weight as a matrix to absorb: an 8-bit one (QuantLinear: DeepSeek's FP8 checkpoints quantize it)
-    dequantized, in the piece, each forward."""
-    scheme = getattr(linear, "scheme", None)
-    if scheme is None:
-        return linear.weight
-    return dequantize_weight(linear.weight, linear.weight_scale, scheme).to(dtype)
+    """kv_b_proj's weight as a matrix to absorb: a quantized one (8-bit: DeepSeek's FP8 checkpoints quantize it;
+    int4, FP4) dequantized, in the piece, each forward — the serving engines absorb the dequantized weight too, its
+    activation never quantized."""
+    dequantized = getattr(linear, "dequantized_weight", None)
+    return linear.weight if dequantized is None else dequantized().to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:

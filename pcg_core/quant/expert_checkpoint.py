@@ -56,9 +56,11 @@ def read_experts(module: torch.nn.Module, name: str, tensors: CheckpointTensors,
     """Fill the experts module `name` from its per-expert tensors. Returns True if they are quantized (the module
     then holds quantized buffers), False if stored in 16 bits (copied into its parameters as they are)."""
     path, s = tensors.path, spec.scheme
-    if not quantizable(module):  # the [E, N, K] layout the per-expert files are fused into
-        raise UnsupportedModel(f"{path}: {name} ({type(module).__name__}) holds transposed or biased experts; its quantized "
-                               "checkpoint layout is not read yet")
+    if not quantizable(module):
+        raise UnsupportedModel(f"{path}: {name} ({type(module).__name__}) cannot hold quantized experts: "
+                               f"{getattr(module, 'not_quantizable_reason', None) or 'a norm after each expert'}")
+    if why := per_expert_layout_refusal(module, f"a {spec.format} ({s.name}) checkpoint"):
+        raise UnsupportedModel(f"{path}: {name}: {why}")
     gated, first, e_n, parts, shapes = _experts_shape(module, layout)
     base = layout.file_key(name)
     if spec.int4 is not None:
@@ -91,6 +93,19 @@ def read_experts(module: torch.nn.Module, name: str, tensors: CheckpointTensors,
     install(module, s, "down_proj", torch.stack([q for q, _, _ in down]), torch.stack([sc for _, sc, _ in down]),
             _largest([x for _, _, x in down]))
     return True
+
+
+def per_expert_layout_refusal(module: torch.nn.Module, what: str) -> str | None:
+    """Why `what` (a checkpoint of one linear per expert and projection) cannot be read into or written from this
+    experts module, or None. gpt-oss's transposed, biased experts with gate/up interleaved are quantized in memory
+    (experts.py), but their per-expert files are neither read nor written: interleaving a gate and an up file
+    breaks 128-row block scales and act-order's per-shard permutations, and the biases would have to be read beside
+    them. Their own quantized format, MXFP4 (checkpoint.py), is read."""
+    if not (getattr(module, "is_transposed", False) or getattr(module, "has_bias", False)):
+        return None
+    return (f"{type(module).__name__} holds transposed, biased experts (gpt-oss's layout): {what} of them is not read "
+            "or written yet; their quantized checkpoints are read in gpt-oss's own format (quant_method mxfp4), and the "
+            "8-bit and int4 schemes run on them with synthetic weights, quantized in memory")
 
 
 def _experts_shape(module: torch.nn.Module, layout: ExpertLayout) -> tuple[bool, str, int, dict[str, str], dict[str, tuple[int, int]]]:
@@ -242,7 +257,10 @@ def write_experts(module: torch.nn.Module, name: str, scheme: Scheme | Int4Schem
     """The float experts module `name` as a producer writes it quantized: per expert and projection, each with its
     own scales (stored as the format stores a linear's: `as_stored`), and the module's calibrated activation
     scale for static schemes; with `int4` or `fp4`, each projection packed as that format packs a linear (its
-    own groups and act-order; its own NVFP4 global)."""
+    own groups and act-order; its own NVFP4 global). gpt-oss's layout is refused (per_expert_layout_refusal),
+    never written as if it were [E, N, K]."""
+    if why := per_expert_layout_refusal(module, f"a per-expert {scheme.name} checkpoint"):
+        raise NotImplementedError(f"{name}: {why}")
     gated = hasattr(module, "gate_up_proj")
     first = module.gate_up_proj if gated else module.up_proj
     i = first.shape[1] // 2 if gated else first.shape[1]

@@ -2,9 +2,13 @@
 and two forwards over them.
 
 The weights are quantized per expert with the scheme's granularity (a per-tensor scale per expert and
-projection, per channel, or 128×128 blocks). Both forwards quantize the activations as the scheme does before
-each projection (per token and per 128-group scales are per row, so routing rows apart changes nothing) and are
-static-shape and sync-free, hence capturable:
+projection, per channel, or 128×128 blocks), always in the canonical [E, N out, K in] orientation a linear layer
+has (expert_layout.py): gpt-oss's transposed [E, K, N] experts are turned first, so blocks and int4 groups run
+along the input; their biases stay float parameters, added after each projection (float32 in the reference, the
+activations' dtype in the grouped path, as fp4_experts.py and transformers' grouped path add them), and gate/up
+stay in the module's row order for its own `_apply_gate` (gpt-oss's interleaved, clamped swiglu). Both forwards
+quantize the activations as the scheme does before each projection (per token and per 128-group scales are per
+row, so routing rows apart changes nothing) and are static-shape and sync-free, hence capturable:
 - `quantized_experts_forward`, the reference (every device): the dense path of pcg_core.model.experts, every
   expert on every token weighted by its routing weight, weights dequantized in float32;
 - `grouped_quantized_experts_forward` (CUDA): rows sorted by expert and two grouped GEMMs over the weights
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from pcg_core.quant.expert_layout import add_bias, canonical_weight, first_projection
 from pcg_core.quant.fp4 import Fp4Scheme
 from pcg_core.quant.fp4_experts import fp4_experts_forward, grouped_fp4_experts_forward
 from pcg_core.quant.int4 import Int4Scheme, Int4Weight, pack_nibbles, quantize_int4_ordered, unpack_nibbles
@@ -51,7 +56,7 @@ def quantize_experts(module: torch.nn.Module, scheme: Scheme | Int4Scheme, input
         w = getattr(module, name, None)
         if not isinstance(w, torch.Tensor):
             continue
-        qs = [quantize_weight(w[e], scheme) for e in range(w.shape[0])]
+        qs = [quantize_weight(canonical_weight(module, name, e), scheme) for e in range(w.shape[0])]
         input_scale = None
         if not scheme.act_dynamic:
             key = "down" if name == "down_proj" else "gate_up"
@@ -62,18 +67,17 @@ def quantize_experts(module: torch.nn.Module, scheme: Scheme | Int4Scheme, input
 
 
 def quantizable(module: torch.nn.Module) -> bool:
-    """Whether the experts' layout is one this module quantizes: [E, N, K] weights, no biases, no norm after, and
-    no forward of its own that would read quantized buffers as floats (`not_quantizable_reason`)."""
-    if getattr(module, "not_quantizable_reason", None):
-        return False
-    return not any(getattr(module, flag, False) for flag in ("is_transposed", "has_bias", "has_post_expert_norm"))
+    """Whether the experts are ones this module quantizes: either layout ([E, N, K], or transposed), with or
+    without biases, but no norm after each expert and no forward of its own that would read quantized buffers
+    as floats (`not_quantizable_reason`)."""
+    return not (getattr(module, "not_quantizable_reason", None) or getattr(module, "has_post_expert_norm", False))
 
 
 def check_quantizable(module: torch.nn.Module) -> None:
     if not quantizable(module):
         raise NotImplementedError(getattr(module, "not_quantizable_reason", None) or
-                                  f"{type(module).__name__}: transposed or biased expert weights, or a norm after the "
-                                  f"experts, are not quantized yet")
+                                  f"{type(module).__name__}: a norm after each expert is not in the quantized experts' "
+                                  f"forwards yet")
 
 
 def install(module: torch.nn.Module, scheme: Scheme, name: str, q: torch.Tensor, scale: torch.Tensor,
@@ -93,14 +97,16 @@ def install(module: torch.nn.Module, scheme: Scheme, name: str, q: torch.Tensor,
 def quantize_experts_int4(module: torch.nn.Module, scheme: Int4Scheme) -> None:
     """Each expert's projection quantized as an int4 linear is (its own groups, zeros and act-order), held in the
     canonical layout stacked over experts: `<name>` int32 [E, N, K/8] (codes packed along K), `<name>_scales`
-    and `<name>_zeros` float32 [E, N, K/G], `<name>_perm` [E, K] with act-order."""
+    and `<name>_zeros` float32 [E, N, K/G], `<name>_perm` [E, K] with act-order. Transposed experts are turned
+    first (expert_layout.canonical_weight), so the groups run along K, the input."""
     check_quantizable(module)
     for name in PROJECTIONS:
         w = getattr(module, name, None)
         if not isinstance(w, torch.Tensor):
             continue
-        group = scheme.group_for(w.shape[-1])
-        qs = [quantize_int4_ordered(w[e].detach(), group, scheme.sym, scheme.act_order) for e in range(w.shape[0])]
+        ws = [canonical_weight(module, name, e) for e in range(w.shape[0])]
+        group = scheme.group_for(ws[0].shape[-1])
+        qs = [quantize_int4_ordered(we, group, scheme.sym, scheme.act_order) for we in ws]
         install_int4(module, scheme, name, qs)
 
 
@@ -166,17 +172,17 @@ def _project(x: torch.Tensor, module: torch.nn.Module, name: str, e: int) -> tor
 
 def quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                               top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The reference: every expert on every token weighted by its routing weight (0 where not routed), each
+    projection in float32 (_project) plus its bias, the module's own gate or activation in the input dtype."""
     if isinstance(module.quant_scheme, Fp4Scheme):  # FP4 experts hold their own layout (fp4_experts.py)
         return fp4_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+    first, gated = first_projection(module)
     out = torch.zeros_like(hidden_states, dtype=torch.float32)
-    gated = getattr(module, "has_gate", True) and hasattr(module, "gate_up_proj")
     for e in range(module.num_experts):
         weight = (top_k_weights * (top_k_index == e)).sum(dim=-1, keepdim=True)  # [T, 1], 0 if not routed
-        if gated:
-            proj = module._apply_gate(_project(hidden_states, module, "gate_up_proj", e).to(hidden_states.dtype))
-        else:
-            proj = module.act_fn(_project(hidden_states, module, "up_proj", e).to(hidden_states.dtype))
-        out += _project(proj, module, "down_proj", e) * weight.float()
+        h = add_bias(_project(hidden_states, module, first, e), module, first, e).to(hidden_states.dtype)
+        proj = module._apply_gate(h) if gated else module.act_fn(h)
+        out += add_bias(_project(proj, module, "down_proj", e), module, "down_proj", e) * weight.float()
     return out.to(hidden_states.dtype)
 
 
@@ -212,30 +218,29 @@ def grouped_quantized_experts_forward(module: torch.nn.Module, hidden_states: to
     counts = torch.histc(expert_ids.float() if rows.device.type == "cpu" else expert_ids.int(), bins=module.num_experts,
                          min=0, max=module.num_experts - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
-    gated = getattr(module, "has_gate", True) and hasattr(module, "gate_up_proj")
-    first = "gate_up_proj" if gated else "up_proj"
+    first, gated = first_projection(module)
     proj = torch._grouped_mm(_fake_quant(rows, module, first),
                              _all_dequantized(module, first, rows.dtype).transpose(1, 2), offs=offsets)
+    proj = add_bias(proj, module, first, expert_ids)  # each row's expert's bias: a gather, static shapes
     proj = module._apply_gate(proj) if gated else module.act_fn(proj)
     out = torch._grouped_mm(_fake_quant(proj, module, "down_proj"),
                             _all_dequantized(module, "down_proj", rows.dtype).transpose(1, 2), offs=offsets)
+    out = add_bias(out, module, "down_proj", expert_ids)
     out = out.float() * top_k_weights.reshape(-1)[order, None].float()
     unsorted = torch.empty_like(out).index_copy_(0, order, out)  # a permutation: every row written once
     return unsorted.view(-1, top_k, out.shape[-1]).sum(dim=1).to(hidden_states.dtype)
 
 
 def intermediate_absmax(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor) -> float:
-    """Largest |input| of the down projection over the tokens each float expert is routed: its calibration."""
-    gated = getattr(module, "has_gate", True) and hasattr(module, "gate_up_proj")
+    """Largest |input| of the down projection over the tokens each float expert is routed (either layout, bias
+    added): its calibration."""
+    first, gated = first_projection(module)
     worst = 0.0
     for e in range(module.num_experts):
         rows = (top_k_index == e).any(dim=-1)
         if not bool(rows.any()):
             continue
-        x = hidden_states[rows]
-        if gated:
-            proj = module._apply_gate(torch.nn.functional.linear(x, module.gate_up_proj[e]))
-        else:
-            proj = module.act_fn(torch.nn.functional.linear(x, module.up_proj[e]))
+        h = add_bias(torch.nn.functional.linear(hidden_states[rows], canonical_weight(module, first, e)), module, first, e)
+        proj = module._apply_gate(h) if gated else module.act_fn(h)
         worst = max(worst, float(proj.abs().max()))
     return worst

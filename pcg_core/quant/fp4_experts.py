@@ -27,6 +27,7 @@ import torch
 
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.e2m1 import e2m1_table, pack_e2m1, unpack_e2m1
+from pcg_core.quant.expert_layout import add_bias, first_projection, in_out
 from pcg_core.quant.fp4 import (FP4_SCHEMES, MXFP4_BLOCK, NVFP4_BLOCK, Fp4Scheme, Fp4Weight, interleave_gate_up,
                                 mxfp4_experts_pack, mxfp4_experts_weight,
                                 quantize_mxfp4, quantize_nvfp4)
@@ -52,12 +53,6 @@ def _is_fp4(module: torch.nn.Module) -> bool:
     return isinstance(getattr(module, "quant_scheme", None), Fp4Scheme)
 
 
-def _in_out(module: torch.nn.Module, name: str) -> tuple[int, int]:
-    """(N out, K in) of projection `name` of a float module, in either layout."""
-    w = getattr(module, name)
-    return (w.shape[2], w.shape[1]) if getattr(module, "is_transposed", False) else (w.shape[1], w.shape[2])
-
-
 def fp4_unsupported_reason(module: torch.nn.Module, scheme: Fp4Scheme) -> str | None:
     """Why this experts module cannot be held in `scheme`, or None: a forward of its own that would read the
     buffers as floats, a norm after each expert (not in these forwards), or an input width the blocks do not
@@ -68,7 +63,7 @@ def fp4_unsupported_reason(module: torch.nn.Module, scheme: Fp4Scheme) -> str | 
     if getattr(module, "has_post_expert_norm", False):
         return f"{kind}: a norm after each expert is not in the FP4 experts' forwards yet"
     for name in _projections(module):
-        n, k = _in_out(module, name)
+        n, k = in_out(module, name)
         if k % scheme.block:
             return (f"{kind}.{name}: input width K = {k} is not a multiple of the {scheme.name} block {scheme.block} "
                     f"(e2m1 codes share a scale over whole blocks)")
@@ -158,9 +153,9 @@ def install_fp4_experts(module: torch.nn.Module, scheme: Fp4Scheme, down: Sequen
     for name, (w, _) in parts.items():  # every projection checked before any is replaced
         if not isinstance(getattr(module, name, None), torch.Tensor):
             raise ValueError(f"{type(module).__name__} has no {name}")
-        if tuple(w.codes.shape[1:]) != _in_out(module, name):
+        if tuple(w.codes.shape[1:]) != in_out(module, name):
             raise ValueError(f"{type(module).__name__}.{name}: per-expert weights are {tuple(w.codes.shape[1:])} "
-                             f"(N, K); the module's are {_in_out(module, name)}")
+                             f"(N, K); the module's are {in_out(module, name)}")
     for name, (w, glob) in parts.items():
         install_fp4_projection(module, name, w, glob, scheme)
 
@@ -191,7 +186,7 @@ def load_gpt_oss_mxfp4(module: torch.nn.Module, gate_up_blocks: torch.Tensor, ga
     for name, blocks, scales, bias in (("gate_up_proj", gate_up_blocks, gate_up_scales, gate_up_bias),
                                        ("down_proj", down_blocks, down_scales, down_bias)):
         w = mxfp4_experts_weight(blocks, scales, name)
-        want = (module.num_experts, *_in_out(module, name))
+        want = (module.num_experts, *in_out(module, name))
         if tuple(w.codes.shape) != want:
             raise UnsupportedModel(f"gpt-oss MXFP4: {name}_blocks hold (E, R, C) = {tuple(w.codes.shape)}; the model "
                                    f"wants {want}")
@@ -249,32 +244,18 @@ def fp4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, e: i
     return v.flatten(-2).to(dtype)
 
 
-def _bias(module: torch.nn.Module, name: str) -> torch.Tensor | None:
-    return getattr(module, f"{name}_bias", None) if getattr(module, "has_bias", False) else None
-
-
-def _first(module: torch.nn.Module) -> tuple[str, bool]:
-    gated = getattr(module, "has_gate", True) and hasattr(module, "gate_up_proj")
-    return ("gate_up_proj" if gated else "up_proj"), gated
-
-
 def fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                         top_k_weights: torch.Tensor) -> torch.Tensor:
     """The reference: every expert on every token, weights dequantized in float32, biases added in float32, the
     module's own gate (`_apply_gate`: gpt-oss's clamped, interleaved swiglu) or activation in the input dtype."""
-    first, gated = _first(module)
+    first, gated = first_projection(module)
     x = hidden_states.float()
     out = torch.zeros_like(hidden_states, dtype=torch.float32)
     for e in range(module.num_experts):
         weight = (top_k_weights * (top_k_index == e)).sum(dim=-1, keepdim=True)  # [T, 1], 0 if not routed
-        h = x @ fp4_dequantized(module, first, torch.float32, e).t()
-        if (b := _bias(module, first)) is not None:
-            h = h + b[e].float()
-        h = h.to(hidden_states.dtype)
+        h = add_bias(x @ fp4_dequantized(module, first, torch.float32, e).t(), module, first, e).to(hidden_states.dtype)
         proj = module._apply_gate(h) if gated else module.act_fn(h)
-        y = proj.float() @ fp4_dequantized(module, "down_proj", torch.float32, e).t()
-        if (b := _bias(module, "down_proj")) is not None:
-            y = y + b[e].float()
+        y = add_bias(proj.float() @ fp4_dequantized(module, "down_proj", torch.float32, e).t(), module, "down_proj", e)
         out += y * weight.float()
     return out.to(hidden_states.dtype)
 
@@ -283,7 +264,7 @@ def grouped_fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Te
                                 top_k_weights: torch.Tensor) -> torch.Tensor:
     """Rows sorted by expert (stable: one order on every run) and two grouped GEMMs over every expert's weight
     dequantized to the activations' dtype; each row's bias gathered by its expert id."""
-    first, gated = _first(module)
+    first, gated = first_projection(module)
     top_k = top_k_index.shape[-1]
     expert_ids, order = torch.sort(top_k_index.reshape(-1), stable=True)
     rows = hidden_states[order // top_k]  # [S, H], S = tokens × top_k
@@ -291,12 +272,10 @@ def grouped_fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Te
                          min=0, max=module.num_experts - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
     proj = torch._grouped_mm(rows, fp4_dequantized(module, first, rows.dtype).transpose(1, 2), offs=offsets)
-    if (b := _bias(module, first)) is not None:
-        proj = proj + b[expert_ids].to(proj.dtype)
+    proj = add_bias(proj, module, first, expert_ids)
     proj = module._apply_gate(proj) if gated else module.act_fn(proj)
     out = torch._grouped_mm(proj, fp4_dequantized(module, "down_proj", rows.dtype).transpose(1, 2), offs=offsets)
-    if (b := _bias(module, "down_proj")) is not None:
-        out = out + b[expert_ids].to(out.dtype)
+    out = add_bias(out, module, "down_proj", expert_ids)
     out = out.float() * top_k_weights.reshape(-1)[order, None].float()
     unsorted = torch.empty_like(out).index_copy_(0, order, out)  # a permutation: every row written once
     return unsorted.view(-1, top_k, out.shape[-1]).sum(dim=1).to(hidden_states.dtype)

@@ -272,6 +272,11 @@ class Int4Linear(torch.nn.Module):
     def weight_int4(self) -> Int4Weight:
         return Int4Weight(unpack_nibbles(self.qweight, 1), self.scales, self.zeros, self.group, self.perm)
 
+    def dequantized_weight(self) -> torch.Tensor:
+        """W (N, K) float32 in the checkpoint's K order (act-order undone), on the device: for callers that use the
+        weight as a matrix (MLA's absorbed kv_b_proj) rather than through the layer."""
+        return self.weight_int4().original()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         out = w4a16_linear(x.reshape(-1, self.in_features), self.qweight, self.scales, self.zeros, self.group,

@@ -16,7 +16,8 @@ from pcg_core.quant.fp4_experts import fp4_unsupported_reason, quantize_experts_
 from pcg_core.quant.int4 import Int4Linear, Int4Scheme, W4A8Linear
 from pcg_core.quant.int8_mm import available as int8_kernel_available
 from pcg_core.quant.experts import check_quantizable, is_experts, quantize_experts
-from pcg_core.quant.schemes import BLOCK, Scheme, quantize_activation, quantize_weight, reference_linear, weight_scale_shape
+from pcg_core.quant.schemes import (BLOCK, Scheme, dequantize_weight, quantize_activation, quantize_weight, reference_linear,
+                                     weight_scale_shape)
 
 
 class QuantLinear(torch.nn.Module):
@@ -47,6 +48,10 @@ class QuantLinear(torch.nn.Module):
         if mod.bias is not None:
             mod.bias.copy_(linear.bias)
         return mod
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """W (N, K) float32: for callers that use the weight as a matrix (MLA's absorbed kv_b_proj)."""
+        return dequantize_weight(self.weight, self.weight_scale, self.scheme).float()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme.name}"

@@ -120,19 +120,31 @@ def test_planted_mla_faults_are_caught(deepseek, fault, monkeypatch):
     assert _gap(_ours(lm, PROMPT, backend="disabled"), want) > 1e-3, fault
 
 
-def test_quantized_kv_b_proj_is_absorbed_dequantized(deepseek):
-    """DeepSeek's FP8 checkpoints quantize kv_b_proj: the absorbed forward must use the weight it stands for, not
-    its raw 8-bit codes."""
-    from pcg_core.quant import QuantLinear, get_scheme
+@pytest.mark.parametrize("scheme", ["fp8_block", "gptq", "w4a8", "fp4"])
+def test_quantized_kv_b_proj_is_absorbed_dequantized(deepseek, scheme):
+    """DeepSeek's FP8 checkpoints quantize kv_b_proj, and a 4-bit model quantizes it too: the absorbed forward must
+    use the weight it stands for (act-order undone), not its raw codes — nor fail on a layer without `.weight`."""
+    from pcg_core.quant import get_scheme
+    from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme
+    from pcg_core.quant.int4 import INT4_SCHEMES, Int4Linear, W4A8Linear
+    from pcg_core.quant.linear import QuantLinear
     from pcg_core.quant.schemes import dequantize_weight
 
+    s = get_scheme(scheme)
     lm, _ = deepseek
     quant, dense = copy.copy(lm), copy.copy(lm)
     quant.model, dense.model = copy.deepcopy(lm.model), copy.deepcopy(lm.model)
     for qm, dm in zip(quant.model.modules(), dense.model.modules()):
         if mla.is_mla_attention(qm):
-            qm.kv_b_proj = QuantLinear.from_linear(qm.kv_b_proj, get_scheme("fp8_block"))
-            w = dequantize_weight(qm.kv_b_proj.weight, qm.kv_b_proj.weight_scale, qm.kv_b_proj.scheme)
+            if isinstance(s, Fp4Scheme):
+                qm.kv_b_proj = Fp4Linear.from_scheme(qm.kv_b_proj, s)
+                w = qm.kv_b_proj.weight_fp4().dequantize()
+            elif scheme in INT4_SCHEMES:
+                qm.kv_b_proj = (W4A8Linear if s.w4a8 else Int4Linear).from_scheme(qm.kv_b_proj, s)
+                w = qm.kv_b_proj.weight_int4().original()
+            else:
+                qm.kv_b_proj = QuantLinear.from_linear(qm.kv_b_proj, s)
+                w = dequantize_weight(qm.kv_b_proj.weight, qm.kv_b_proj.weight_scale, qm.kv_b_proj.scheme)
             dm.kv_b_proj.weight.copy_(w)
     got, want = _ours(quant, PROMPT), _ours(dense, PROMPT)
     assert _gap(got, want) < 1e-4

@@ -215,17 +215,17 @@ def test_first_diverging_piece_is_named():
 
 
 def test_int4_cells_refuse_what_they_cannot_run_yet():
-    """awq/gptq run on dense and MoE models (synthetic, or a checkpoint in the format:
-    test_int4_checkpoint_cells.py). A card without such a checkpoint (dense or MoE) is unsupported before any
-    weight is built; gpt-oss's transposed, biased experts once its synthetic model is built, before
-    anything is quantized."""
+    """awq/gptq run on dense and MoE models (synthetic, gpt-oss's transposed, biased experts included:
+    tests/pcg_core/test_quant_gpt_oss_experts.py; or a checkpoint in the format: test_int4_checkpoint_cells.py). A
+    card without such a checkpoint (dense or MoE, gpt-oss's too: its card declares MXFP4 only) is unsupported
+    before any weight is built."""
     real = run_cell(CellSpec("llama-3.1-8b", weights="real", quant="awq"))
     assert real.status == Status.UNSUPPORTED and "declares no awq checkpoint" in real.reason
     moe = run_cell(CellSpec("qwen3-30b-a3b", weights="real", quant="gptq"))
     assert moe.status == Status.UNSUPPORTED and "declares no gptq checkpoint" in moe.reason
     assert moe.metrics.quant_layers is None  # stopped before quantizing anything
-    oss = run_cell(CellSpec("gpt-oss-120b", tiny=True, quant="awq", max_tokens=64, max_new_tokens=2))
-    assert oss.status == Status.UNSUPPORTED and "transposed or biased" in oss.reason, oss.reason
+    oss = run_cell(CellSpec("gpt-oss-120b", weights="real", quant="awq"))
+    assert oss.status == Status.UNSUPPORTED and "declares no awq checkpoint" in oss.reason, oss.reason
     assert oss.metrics.quant_layers is None
 
 

@@ -1,0 +1,45 @@
+"""How a fused experts module lays out its float weights, read the same way by every quantizer and forward
+(experts.py: 8-bit and int4; fp4_experts.py: FP4).
+
+transformers' experts hold each projection as [E, N out, K in] (Qwen3-MoE, Mixtral), or transposed as [E, K in,
+N out] (`is_transposed`: gpt-oss's GptOssExperts), optionally with a bias per expert and output (`has_bias`:
+`<name>_bias` [E, N]). Quantized experts always hold the canonical [E, N, K] rows, as a linear layer holds its
+weight (so 128×128 blocks and int4 groups run along K, the input), keep the biases as the module's float
+parameters, and add them after each projection. Gate and up stay in the module's row order (concatenated, or
+gpt-oss's interleave): its own `_apply_gate` reads them, as it does unquantized.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def first_projection(module: torch.nn.Module) -> tuple[str, bool]:
+    """(name of the first projection, whether it is gated): gate_up_proj, or up_proj for ungated experts."""
+    gated = getattr(module, "has_gate", True) and hasattr(module, "gate_up_proj")
+    return ("gate_up_proj" if gated else "up_proj"), gated
+
+
+def in_out(module: torch.nn.Module, name: str) -> tuple[int, int]:
+    """(N out, K in) of projection `name` of a float module, in either layout."""
+    w = getattr(module, name)
+    return (w.shape[2], w.shape[1]) if getattr(module, "is_transposed", False) else (w.shape[1], w.shape[2])
+
+
+def canonical_weight(module: torch.nn.Module, name: str, e: int) -> torch.Tensor:
+    """Expert e's float weight of projection `name` as a linear layer holds it: [N out, K in], contiguous, in the
+    module's dtype (transposed layouts turned)."""
+    w = getattr(module, name)[e].detach()
+    return (w.t() if getattr(module, "is_transposed", False) else w).contiguous()
+
+
+def expert_bias(module: torch.nn.Module, name: str) -> torch.Tensor | None:
+    """Projection `name`'s biases [E, N] (float parameters, never quantized), or None when the experts have none."""
+    return getattr(module, f"{name}_bias", None) if getattr(module, "has_bias", False) else None
+
+
+def add_bias(y: torch.Tensor, module: torch.nn.Module, name: str, experts: int | torch.Tensor) -> torch.Tensor:
+    """y [T, N] out of projection `name` plus the bias of expert `experts` (one id, or each row's id: the grouped
+    path's sorted expert ids, a static-shape gather), in y's dtype; y itself when the experts have no bias."""
+    b = expert_bias(module, name)
+    return y if b is None else y + b[experts].to(y.dtype)
