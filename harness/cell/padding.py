@@ -6,7 +6,9 @@ MoE model one such rounding can flip a router's choice of experts, which moves a
 padding *leak* — padding rows reaching real ones, in the model or the attention backend — would widen it just the
 same and hide itself. Rounding and a leak part in float32: there the same forwards differ by ~1e-6 from rounding,
 while a leak keeps its size. So the noisy cases run again on a float32 copy of the model, padded as the graph pads
-and unpadded, and only a padding shown exact there counts as noise.
+and unpadded, and only a padding shown exact there counts as noise. A quantized model runs as its float twin
+(pcg_core/quant/twin.py: weights dequantized, no activation quantizer): its quantizers turn a 1e-7 rounding change
+into a whole step, in float32 too, while each of them is row-local, so padding cannot leak through them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from harness.cell.diagnose import lockstep_stats, nan_max
 from harness.cell.prompts import Case
 from pcg_core.config import EngineConfig
 from pcg_core.engine import Engine, PackedBatch
+from pcg_core.quant.twin import float_twin
 
 # Max per-row relative difference of hidden states, float32 eager padded vs unpadded, for padding to count as
 # exact: GEMM summation orders differ by ~1e-7 relative per op; a leak of a padding row at 1e-4 of a real row's
@@ -55,11 +58,12 @@ def _float32_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 @torch.no_grad()
 def float32_padding_rel(model: torch.nn.Module, config: EngineConfig, bucket_for: Callable[[int], int | None],
-                        cases: list[Case]) -> float:
+                        cases: list[Case], quantized: bool = False) -> float:
     """Worst per-row relative difference of any forward's hidden states in `cases`, eager padded to `bucket_for`'s
-    buckets vs unpadded, on a float32 copy of `model` with `config`'s attention backend and KV capacity (NaN if a
-    row is NaN). The copy is freed before returning; the caller's model is not touched."""
-    model32 = _float32_copy(model)
+    buckets vs unpadded, on a float32 copy of `model` (`quantized`: its float twin) with `config`'s attention
+    backend and KV capacity (NaN if a row is NaN). The copy is freed before returning; the caller's model is not
+    touched."""
+    model32 = float_twin(model) if quantized else _float32_copy(model)
     try:
         cfg = replace(config, dtype="float32", capture=replace(config.capture, backend="disabled"))
         ref, other = Engine(model32, cfg), Engine(model32, cfg)

@@ -264,13 +264,15 @@ def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Output
 
 def _padding_exact(cell: _Cell, graph: Engine, cases: list[Case]) -> bool | None:
     """Is eager's padding exact in float32 (padding.py) for `cases`? True, False (a leak), or None when not asked
-    (no case; a float32 cell; a quantized one, whose float32 twin is another model) or when the check could not
-    run (why in padding_check_error). The worst difference measured is kept in padding_rel_fp32."""
-    if not cases or cell.spec.quant != "none" or cell.spec.dtype == "float32":
+    (no case; an unquantized float32 cell, whose eager noise is already float32's) or when the check could not run
+    (why in padding_check_error). A quantized cell is checked on its float twin, in any dtype: its quantizers make
+    float32 noisy too. The worst difference measured is kept in padding_rel_fp32."""
+    quantized = cell.spec.quant != "none"
+    if not cases or (not quantized and cell.spec.dtype == "float32"):
         return None
     m = cell.metrics
     try:
-        rel = float32_padding_rel(cell.lm.model, graph.config, graph.bucket_for, cases)
+        rel = float32_padding_rel(cell.lm.model, graph.config, graph.bucket_for, cases, quantized=quantized)
     except Exception as e:  # noqa: BLE001 - out of memory, a backend without float32: nothing is allowed for
         m.padding_check_error = f"{type(e).__name__}: {e}"[:1000]
         return None
@@ -293,11 +295,14 @@ def _excuse_padding(cell: _Cell, graph: Engine, judgement: Judgement, stats: dic
     if not exact:
         return exact
     m = cell.metrics
+    quantized = cell.spec.quant != "none"
     judgement.status = Status.PASS
     judgement.reason = (f"padding, not the graph: {judgement.reason}; the graph equals eager at its padding at every "
-                        f"forward ({same:.3g} ≤ {SAME_PADDING_RTOL_EAGER:g}) and in float32 eager padded as the graph "
-                        f"pads matches unpadded ({m.padding_rel_fp32:.3g} per row ≤ {FP32_PADDING_RTOL:g}): "
-                        f"half-precision rounding at the padded shapes (padding noise {m.padding_noise:.3g})")[:2000]
+                        f"forward ({same:.3g} ≤ {SAME_PADDING_RTOL_EAGER:g}) and in float32 eager "
+                        f"{'(the float twin: weights dequantized, no activation quantizer) ' if quantized else ''}"
+                        f"padded as the graph pads matches unpadded ({m.padding_rel_fp32:.3g} per row ≤ "
+                        f"{FP32_PADDING_RTOL:g}): {'rounding steps of the quantizers' if quantized else 'half-precision rounding'}"
+                        f" at the padded shapes (padding noise {m.padding_noise:.3g})")[:2000]
     return exact
 
 

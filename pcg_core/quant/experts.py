@@ -30,7 +30,7 @@ import torch
 
 from pcg_core.quant.expert_layout import add_bias, canonical_weight, first_projection
 from pcg_core.quant.fp4 import Fp4Scheme
-from pcg_core.quant.fp4_experts import fp4_experts_forward, grouped_fp4_experts_forward
+from pcg_core.quant.fp4_experts import fp4_dequantized, fp4_experts_forward, grouped_fp4_experts_forward
 from pcg_core.quant.int4 import Int4Scheme, Int4Weight, pack_nibbles, quantize_int4_ordered, unpack_nibbles
 from pcg_core.quant.schemes import BLOCK, Scheme, dequantize_weight, expand_activation_scale, quantize_activation, quantize_weight
 from pcg_core.quant.w4a8 import quantize_act
@@ -206,6 +206,16 @@ def _all_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype) -> 
     elif s.weights == "tensor":
         scale = scale.view(-1, 1, 1)
     return (q.float() * scale).to(dtype)  # channel scales are [E, N, 1] already
+
+
+def dequantized_experts_weight(module: torch.nn.Module, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """Every expert's weight of projection `name` as the float module held it (its own layout: transposed experts
+    turned back), dequantized: what a float twin of the experts holds (harness/cell/padding.py)."""
+    if isinstance(module.quant_scheme, Fp4Scheme):
+        w = fp4_dequantized(module, name, dtype)
+    else:
+        w = _all_dequantized(module, name, dtype)
+    return w.transpose(1, 2).contiguous() if getattr(module, "is_transposed", False) else w
 
 
 def grouped_quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,

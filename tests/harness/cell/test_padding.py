@@ -127,16 +127,35 @@ def test_the_excuse_needs_every_failing_case_proven_and_the_graph_equal_at_its_p
     assert asked == ([n for n in failed if n not in proven] if same == 0.0 else [])
 
 
-def test_float32_cells_and_quantized_cells_skip_the_check(monkeypatch):
+def test_unquantized_float32_cells_skip_the_check_and_quantized_cells_run_it_on_the_twin(monkeypatch):
     import harness.cell.run as run
 
     calls = []
-    monkeypatch.setattr(run, "float32_padding_rel", lambda *a, **k: calls.append(1) or 0.0)
+    monkeypatch.setattr(run, "float32_padding_rel", lambda *a, **k: calls.append(k.get("quantized")) or 0.0)
     r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, max_tokens=64, max_new_tokens=3))
     assert r.status == Status.PASS and r.metrics.padding_rel_fp32 is None and not calls
     cell, _, _ = _judged(["a"], 0.0)
-    for dtype, quant, asked in (("bfloat16", "fp8_block", False), ("float32", "none", False), ("bfloat16", "none", True)):
+    for dtype, quant, asked in (("bfloat16", "fp8_block", True), ("float32", "w4a8", True), ("float32", "none", False),
+                                ("bfloat16", "none", True)):
+        calls.clear()
         cell.spec = CellSpec(model="qwen3-0.6b", dtype=dtype, quant=quant)
         cell.metrics.padding_rel_fp32, cell.lm = None, type("LM", (), {"model": None})()
         got = run._padding_exact(cell, type("G", (), {"config": None, "bucket_for": None})(), cell.cases)
         assert (got is not None) == asked and bool(calls) == asked, (dtype, quant)
+        assert calls == ([quant != "none"] if asked else [])  # a quantized model is checked as its float twin
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("half_only", [False, True])
+def test_a_padding_leak_in_a_quantized_cell_is_told_from_its_quantizers_noise(monkeypatch, half_only):
+    """Quantized, the float32 check runs on the float twin: a leak (in every dtype) still shows there and fails
+    the cell; one absent in float32 is padding noise, as for an unquantized cell."""
+    _plant(monkeypatch, 0.5, half_only=half_only)
+    r = _cell(quant="fp8_per_token")
+    m = r.metrics
+    assert m.padding_noise > 0.1 and m.padding_rel_fp32 is not None, (m.padding_noise, m.padding_rel_fp32)
+    if half_only:
+        assert m.padding_rel_fp32 <= FP32_PADDING_RTOL and r.status == Status.PASS, r.reason
+    else:
+        assert m.padding_rel_fp32 > FP32_PADDING_RTOL and r.status == Status.FAIL_ACCURACY, r.reason
+        assert "padding reaches real rows" in r.reason

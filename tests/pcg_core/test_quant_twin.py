@@ -1,0 +1,75 @@
+"""pcg_core/quant/twin.py: the float twin of a quantized model — every quantized layer the float layer it stands
+for — which the judge's float32 padding check runs for quantized cells (harness/cell/padding.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from harness.cards import find_card
+from pcg_core import CaptureConfig, Engine, EngineConfig
+from pcg_core.model import load_model
+from pcg_core.quant import get_scheme, quantize_model
+from pcg_core.quant.twin import float_twin
+
+WEIGHT_ONLY = ["awq", "gptq", "fp4"]  # on CPU in float32 the quantized model is its twin's math exactly
+WITH_ACTIVATIONS = ["fp8_per_token", "fp8_block", "int8_w8a8", "w4a8", "w4afp8"]
+
+
+def _quantized(model: str, scheme: str):
+    lm = load_model(find_card(model).config, tiny=True, dtype=torch.float32, device="cpu", seed=0)
+    q = copy.deepcopy(lm.model)
+    quantize_model(q, get_scheme(scheme))
+    return lm, q
+
+
+def _logprobs(model: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
+    """Prompt logprobs through an eager engine (the model's attention runs inside one)."""
+    engine = Engine(model, EngineConfig(attention="sdpa", capture=CaptureConfig(backend="disabled", max_tokens=64),
+                                        kv_slots=256))
+    return torch.tensor(engine.generate([prompt], max_new_tokens=1, prompt_logprobs=True)[0].prompt_logprobs[1:])
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max())
+
+
+def _holds_codes(model: torch.nn.Module) -> bool:
+    return any(getattr(m, "quant_scheme", None) is not None for m in model.modules())
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "gpt-oss-120b"])
+@pytest.mark.parametrize("scheme", WEIGHT_ONLY + WITH_ACTIVATIONS)
+def test_the_twin_is_the_quantized_model_without_its_quantizers(model, scheme):
+    """No quantized layer is left; weight-only, the twin computes what the quantized model computes; with 8-bit
+    activations it differs from it (their quantization is gone), and from the float model (the weights are the
+    dequantized ones)."""
+    lm, q = _quantized(model, scheme)
+    twin = float_twin(q)
+    assert _holds_codes(q) and not _holds_codes(twin)  # the caller's model is untouched
+    assert all(p.dtype == torch.float32 for p in twin.parameters())
+    prompt = torch.randint(0, lm.config.vocab_size, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    got, quant, base = _logprobs(twin, prompt), _logprobs(q, prompt), _logprobs(lm.model, prompt)
+    if scheme in WEIGHT_ONLY:
+        assert _gap(got, quant) < 1e-4, _gap(got, quant)
+    else:  # its activation quantizers gone (at these tiny, peaked widths they move logprobs by up to ~3)
+        assert _gap(got, quant) > 1e-3
+    assert _gap(got, base) > 1e-4  # the dequantized weights, not the float ones
+
+
+def test_a_twin_built_from_the_wrong_weights_is_told_apart():
+    """Planted: a twin whose experts keep their quantized codes read as floats (the dequantization skipped)."""
+    from pcg_core.quant import twin as twin_mod
+
+    lm, q = _quantized("qwen3-30b-a3b", "awq")
+    prompt = list(range(3, 15))
+    good = _logprobs(float_twin(q), prompt)
+    real = twin_mod.dequantized_experts_weight
+    try:
+        twin_mod.dequantized_experts_weight = lambda m, name, dtype: real(m, name, dtype).flip(-1)
+        bad = _logprobs(float_twin(q), prompt)
+    finally:
+        twin_mod.dequantized_experts_weight = real
+    assert _gap(bad, good) > 1e-3
