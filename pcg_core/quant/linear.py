@@ -145,10 +145,19 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Sche
         if type(mod) is not torch.nn.Linear or name.endswith(skip):
             continue
         parent, _, attr = name.rpartition(".")
-        static = None if scheme.act_dynamic else torch.tensor(max(input_absmax[name], 1e-6) / scheme.qmax)
+        static = None if scheme.act_dynamic else _static_scale(input_absmax, name, scheme)
         setattr(model.get_submodule(parent) if parent else model, attr, QuantLinear.from_linear(mod, scheme, static))
         swapped.append(name)
     return swapped
+
+
+def _static_scale(input_absmax: dict[str, float], name: str, scheme: Scheme) -> torch.Tensor:
+    """A static scheme's input scale for linear `name` from its calibrated absmax. A linear the calibration never
+    ran (MLA's absorbed kv_b_proj: its weight is read as a matrix, its forward never called) has no range to scale
+    by: NaN, so that a call would show at once instead of running on a made-up scale."""
+    if name not in input_absmax:
+        return torch.tensor(float("nan"))
+    return torch.tensor(max(input_absmax[name], 1e-6) / scheme.qmax)
 
 
 def _quantize_fp4(model: torch.nn.Module, scheme: Fp4Scheme, skip: tuple[str, ...]) -> list[str]:

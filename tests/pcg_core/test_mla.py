@@ -174,3 +174,25 @@ def test_the_prefill_benchmark_times_one_function_two_ways(capsys):
     rows = main(["--tiny", "--device", "cpu"])
     assert len(rows) == 2 and all(r["rel_diff"] < 1e-4 for r in rows)
     assert rows[0]["values_read_per_token"] == {"absorbed": 40, "expanded": 4 * (16 + 8 + 16)}
+
+
+def test_a_linear_calibration_never_ran_gets_a_nan_static_scale_not_a_made_up_one():
+    """MLA's absorbed kv_b_proj is never called, so a static scheme's calibration sees no input for it: its scale
+    is NaN (a call would show at once), while its weight is still absorbed dequantized."""
+    from pcg_core.quant import get_scheme, quantize_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.Linear(16, 8))
+    quantize_model(model, get_scheme("fp8_per_tensor"), skip=(), input_absmax={"0": 3.0})
+    assert float(model[0].input_scale) == pytest.approx(3.0 / 448) and torch.isnan(model[1].input_scale)
+    assert torch.isnan(model[1](torch.randn(2, 16))).all()
+    assert torch.isfinite(model[1].dequantized_weight()).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quant", ["fp8_per_tensor", "gptq", "w4a8", "fp4"])
+def test_quantized_deepseek_cells_pass(quant):
+    from harness.cell import CellSpec, run_cell
+
+    r = run_cell(CellSpec(model="deepseek-v3", tiny=True, quant=quant, device="cpu", graph="piecewise", max_tokens=32,
+                          max_new_tokens=4))
+    assert r.status == "pass", r.reason
