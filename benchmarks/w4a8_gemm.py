@@ -198,9 +198,8 @@ def main() -> None:
 
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "python": platform.python_version(), "n": a.n, "k": a.k, "repeat": a.repeat,
-              "gemm_configs": w4a8.GEMM_CONFIGS, "quant_block": w4a8.QUANT_BLOCK, "threshold_m": w4a8.THRESHOLD_M, "scaled_mm_min_m": w4a8.SCALED_MM_MIN_M,
-              
-              "convert_config": w4a8.CONVERT_CONFIG}
+              "gemm_configs": w4a8.GEMM_CONFIGS, "quant_block": w4a8.QUANT_BLOCK, "threshold_m": w4a8.THRESHOLD_M,
+              "scaled_mm_min_m": w4a8.SCALED_MM_MIN_M, "convert_config": w4a8.CONVERT_CONFIG}
     if a.sweep:
         result["sweep"] = sweep(a.n, a.k, a.repeat)
     if a.sweep_large:

@@ -158,19 +158,16 @@ if triton is not None:
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _permute_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, STEPS, BLOCK_M: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
-        """out[m, k] = x[m, perm[k]]: one perm block serves BLOCK_M rows; the stores are contiguous. A program
-        walks STEPS blocks of K: 1 spreads K over programs (few rows), all of K keeps its rows in L1 while the
-        gathers hit them (many rows: each row read from memory once)."""
+    def _permute_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        """out[m, k] = x[m, perm[k]]: one perm block serves BLOCK_M rows, K spread over programs (few rows); the
+        stores are contiguous."""
         rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        for i in range(STEPS):
-            rk = (tl.program_id(0) * STEPS + i) * BLOCK_K + tl.arange(0, BLOCK_K)
-            kmask = rk < K
-            src = tl.load(perm_ptr + rk, mask=kmask, other=0)
-            mask = (rm[:, None] < M) & kmask[None, :]
-            v = tl.load(x_ptr + rm[:, None] * stride_xm + src[None, :], mask=mask)
-            tl.store(out_ptr + rm[:, None] * K + rk[None, :], v, mask=mask)
+        rk = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        src = tl.load(perm_ptr + rk, mask=kmask, other=0)
+        mask = (rm[:, None] < M) & kmask[None, :]
+        v = tl.load(x_ptr + rm[:, None] * stride_xm + src[None, :], mask=mask)
+        tl.store(out_ptr + rm[:, None] * K + rk[None, :], v, mask=mask)
 
     @triton.jit
     def _permute_rows_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -243,7 +240,7 @@ def permute_activation(x: torch.Tensor, perm: torch.Tensor, triton_max_m: int = 
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if m and m <= triton_max_m:
         block_m = min(16, triton.next_power_of_2(m))
-        _permute_kernel[(triton.cdiv(k, 512), triton.cdiv(m, block_m))](x, perm, out, m, k, x.stride(0), 1,
+        _permute_kernel[(triton.cdiv(k, 512), triton.cdiv(m, block_m))](x, perm, out, m, k, x.stride(0),
                                                                          BLOCK_M=block_m, BLOCK_K=512)
     elif m:
         block_k = triton.next_power_of_2(k)
