@@ -93,68 +93,41 @@ def compare(n: int, k: int, tokens: list[int], repeat: int) -> list[dict]:
     return rows
 
 
-def sweep(n: int, k: int, repeat: int) -> dict:
-    """Each candidate (and the table's own) at each M, the GEMM alone on a quantized activation."""
+def sweep(n: int, k: int, repeat: int, tokens: list[int], candidates: list[tuple[int, ...]]) -> dict:
+    """Each candidate (and the table's own) at each M, the GEMM alone on a quantized activation — on the 8-bit
+    scratch above THRESHOLD_M, where FP8 also times cuBLASLt's block-scaled GEMM (block_scaled_mm) beside them."""
     _, quant = layers(n, k)
     best = {}
     for name, layer in quant.items():
-        for m in SWEEP_TOKENS:
+        for m in tokens:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             xq, sx = w4a8.quantize_act(x, layer.act)
             sx = sx[:, 0].contiguous()
             weight = layer.qweight
-            if m > w4a8.THRESHOLD_M[layer.act]:
+            scratch = m > w4a8.THRESHOLD_M[layer.act]
+            if scratch:
                 weight = torch.empty(n, k, device="cuda", dtype=xq.dtype)
                 w4a8.launch_to_8bit(layer.qweight, layer.zeros, layer.group, weight)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             table = w4a8.gemm_config(m, k, layer.group)
             times = {}
-            for cfg in dict.fromkeys([table, *SWEEP_CANDIDATES]):
+            for cfg in dict.fromkeys([table, *candidates]):
                 fitted = w4a8.gemm_config(m, k, layer.group, cfg)
                 try:
                     times[cfg] = replay_ms(lambda t, c=fitted: w4a8.launch_gemm(
                         t, sx, weight, layer.scales, layer.zeros, layer.group, None, out, c), xq, repeat)
                 except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped
                     print(f"  {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}")
-            cfg, ms = min(times.items(), key=lambda kv: kv[1])
-            best[f"{name}/{m}"] = {"config": cfg, "ms": ms, "table_config": table, "table_ms": times.get(table),
-                                   "all": {str(c): t for c, t in sorted(times.items(), key=lambda kv: kv[1])}}
-            print(f"{name} M={m:>5}: best {cfg} {ms:.4f} ms (table {table}: {times.get(table)})", flush=True)
-    return best
-
-
-def sweep_large(n: int, k: int, repeat: int) -> dict:
-    """The large-M GEMM on the 8-bit scratch: the large candidates, and for FP8 the block-scaled cuBLASLt GEMM
-    beside them (block_scaled_mm)."""
-    _, quant = layers(n, k)
-    best = {}
-    for name, layer in quant.items():
-        for m in LARGE_TOKENS:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            xq, sx = w4a8.quantize_act(x, layer.act)
-            sx = sx[:, 0].contiguous()
-            weight = torch.empty(n, k, device="cuda", dtype=xq.dtype)
-            w4a8.launch_to_8bit(layer.qweight, layer.zeros, layer.group, weight)
-            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            times = {}
-            for cfg in dict.fromkeys([w4a8.gemm_config(m, k, layer.group), *LARGE_CANDIDATES]):
-                fitted = w4a8.gemm_config(m, k, layer.group, cfg)
-                try:
-                    times[cfg] = replay_ms(lambda t, c=fitted: w4a8.launch_gemm(
-                        t, sx, weight, layer.scales, layer.zeros, layer.group, None, out, c), xq, repeat)
-                except Exception as e:  # noqa: BLE001 - a candidate that does not compile is skipped
-                    print(f"  {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}")
-            if w4a8.scaled_mm_fits(x, layer.act, layer.group, n, k):
+            if scratch and w4a8.scaled_mm_fits(x, layer.act, layer.group, n, k):
                 try:
                     times["scaled_mm"] = replay_ms(lambda t: w4a8.block_scaled_mm(
                         t, sx, weight, layer.scales, None, torch.bfloat16), xq, repeat)
                 except Exception as e:  # noqa: BLE001 - cuBLASLt without 1×128 × 1×128 block scaling: reported
                     print(f"  {name} M={m} scaled_mm: {type(e).__name__}: {str(e)[:200]}")
-            key, ms = min(times.items(), key=lambda kv: kv[1])
-            best[f"{name}/{m}"] = {"best": str(key), "ms": ms,
+            cfg, ms = min(times.items(), key=lambda kv: kv[1])
+            best[f"{name}/{m}"] = {"config": cfg, "ms": ms, "table_config": table, "table_ms": times.get(table),
                                    "all": {str(c): t for c, t in sorted(times.items(), key=lambda kv: kv[1])}}
-            top = sorted(times.items(), key=lambda kv: kv[1])[:4]
-            print(f"{name} M={m:>5}: " + "; ".join(f"{c} {t:.4f}" for c, t in top), flush=True)
+            print(f"{name} M={m:>5}: best {cfg} {ms:.4f} ms (table {table}: {times.get(table)})", flush=True)
     return best
 
 
@@ -201,9 +174,9 @@ def main() -> None:
               "gemm_configs": w4a8.GEMM_CONFIGS, "quant_block": w4a8.QUANT_BLOCK, "threshold_m": w4a8.THRESHOLD_M,
               "scaled_mm_min_m": w4a8.SCALED_MM_MIN_M, "convert_config": w4a8.CONVERT_CONFIG}
     if a.sweep:
-        result["sweep"] = sweep(a.n, a.k, a.repeat)
+        result["sweep"] = sweep(a.n, a.k, a.repeat, SWEEP_TOKENS, SWEEP_CANDIDATES)
     if a.sweep_large:
-        result["sweep_large"] = sweep_large(a.n, a.k, a.repeat)
+        result["sweep_large"] = sweep(a.n, a.k, a.repeat, LARGE_TOKENS, LARGE_CANDIDATES)
     if a.scan_threshold:
         result["scan_threshold"] = scan_threshold(a.n, a.k, a.repeat, SCAN_TOKENS)
     if not (a.sweep or a.sweep_large or a.scan_threshold):
