@@ -46,7 +46,7 @@ FP4_SWEEP_CANDIDATES = [  # BLOCK_K ≤ 64 keeps the decoded tile out of spills 
     (64, 128, 64, 1, 8, 3), (64, 64, 64, 1, 8, 4), (64, 128, 64, 2, 8, 3),
 ]
 SCAN_TOKENS = [16, 32, 48, 64, 96, 128, 192, 256]
-PERMUTE_TOKENS = [128, 512, 4096]
+PERMUTE_TOKENS = [128, 512, 1024, 2048, 4096]
 
 
 def layers(n: int, k: int, fp4: bool = False) -> tuple[torch.nn.Linear, dict[str, Int4Linear | Fp4Linear]]:
@@ -163,6 +163,15 @@ def scan_threshold(n: int, k: int, repeat: int) -> list[dict]:
         rows.append(row)
         print(f"M={m:>4} " + " ".join(f"{s}: gemm {row[f'{s}_gemm_ms']:.4f} dequant {row[f'{s}_dequant_ms']:.4f}"
                                       for s in int4), flush=True)
+    return rows
+
+
+def scan_permute(n: int, k: int, repeat: int) -> list[dict]:
+    """Act-order's activation permute on the dequantize path, the whole linear timed per gather — ours spread over
+    K, index_select, ours a whole row per program (tl.gather) — beside bf16 at the same M: how TRITON_PERMUTE_MAX_M
+    and ROW_PERMUTE_MIN_M are to be chosen."""
+    bf16, int4 = layers(n, k)
+    rows = []
     layer = int4["gptq"]  # act-order on the dequantize path: the activation permuted by our kernel or index_select
     args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None)
     # (triton_permute, rows_permute): ours spread over K, index_select, ours a whole row per program (tl.gather)
@@ -172,12 +181,12 @@ def scan_threshold(n: int, k: int, repeat: int) -> list[dict]:
         want = x.index_select(1, layer.perm)
         for v, (tp, rp) in variants.items():  # each gather is the permutation (a wrong one must not be timed)
             assert torch.equal(w4a16.permute_activation(x, layer.perm, tp, rp), want), f"{v} M={m}: not x[:, perm]"
-        row = {"m": m, **{f"gptq_dequant_{v}_ms": replay_ms(
+        row = {"m": m, "bf16_ms": replay_ms(lambda t: bf16(t), x, repeat), **{f"gptq_dequant_{v}_ms": replay_ms(
             lambda t, tp=tp, rp=rp: w4a16.triton_linear(t, *args, threshold=0, triton_permute=tp, rows_permute=rp),
             x, repeat) for v, (tp, rp) in variants.items()}}
         rows.append(row)
-        print(f"M={m:>4} gptq act-order dequant: " + " ".join(f"{v} {row[f'gptq_dequant_{v}_ms']:.4f}" for v in variants),
-              flush=True)
+        print(f"M={m:>4} bf16 {row['bf16_ms']:.4f}; gptq act-order dequant: "
+              + " ".join(f"{v} {row[f'gptq_dequant_{v}_ms']:.4f}" for v in variants), flush=True)
     return rows
 
 
@@ -189,6 +198,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--sweep", action="store_true", help="time GEMM_CONFIGS candidates at M ≤ 64")
     ap.add_argument("--scan-threshold", action="store_true", help="fused GEMM vs dequant+cuBLAS at M = 16…256")
+    ap.add_argument("--scan-permute", action="store_true", help="act-order's activation permute, by gather, at large M")
     ap.add_argument("--out", type=Path, help="write the results as JSON")
     a = ap.parse_args()
     if not w4a16.available():
@@ -200,14 +210,17 @@ def main() -> None:
               "python": platform.python_version(), "n": a.n, "k": a.k, "repeat": a.repeat,
               "threshold_m": w4a16.THRESHOLD_M, "perm_in_kernel_max_m": w4a16.PERM_IN_KERNEL_MAX_M,
               "gemm_configs": w4a16.GEMM_CONFIGS, "dequant_config": w4a16.DEQUANT_CONFIG,
-              "triton_permute_max_m": w4a16.TRITON_PERMUTE_MAX_M, "fp4_gemm_configs": fp4_w4a16.GEMM_CONFIGS,
+              "triton_permute_max_m": w4a16.TRITON_PERMUTE_MAX_M,
+              "row_permute_min_m": w4a16.ROW_PERMUTE_MIN_M, "fp4_gemm_configs": fp4_w4a16.GEMM_CONFIGS,
               "fp4_threshold_m": fp4_w4a16.THRESHOLD_M}
     if a.sweep:
         result["sweep"] = sweep(a.n, a.k, a.repeat)
         result["sweep_fp4"] = sweep_fp4(a.n, a.k, a.repeat)
     if a.scan_threshold:
         result["scan_threshold"] = scan_threshold(a.n, a.k, a.repeat)
-    if not (a.sweep or a.scan_threshold):
+    if a.scan_threshold or a.scan_permute:
+        result["scan_permute"] = scan_permute(a.n, a.k, a.repeat)
+    if not (a.sweep or a.scan_threshold or a.scan_permute):
         print(f"{a.n}×{a.k}, CUDA-graph replay, median of {a.repeat} (ms; ratio to bf16)")
         print(f"{'M':>6} {'path':>15} {'bf16':>8} {'awq g128 asym':>17} {'gptq g128':>17} {'gptq g128 act':>17}"
               f" {'nvfp4':>17}")
