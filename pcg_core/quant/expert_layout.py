@@ -11,6 +11,8 @@ gpt-oss's interleave): its own `_apply_gate` reads them, as it does unquantized.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -43,3 +45,22 @@ def add_bias(y: torch.Tensor, module: torch.nn.Module, name: str, experts: int |
     path's sorted expert ids, a static-shape gather), in y's dtype; y itself when the experts have no bias."""
     b = expert_bias(module, name)
     return y if b is None else y + b[experts].to(y.dtype)
+
+
+# float32 elements of one chunk's transients (1 GiB) when every expert's weight is dequantized at once (the
+# grouped forwards, a float twin): one elementwise pass over all experts took several times the 16-bit result in
+# float32 and int64 temporaries (~90 GB for DeepSeek-V3's 256 gate_up experts in FP8 blocks), so a GPU held one or two
+# such cells; by chunks the peak is the result plus one chunk's temporaries.
+DEQUANT_CHUNK_ELEMENTS = 1 << 28
+
+
+def dequantize_by_chunks(dequantize: Callable[[slice], torch.Tensor], experts: int, rows: int, cols: int,
+                         dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[experts, rows, cols] in `dtype`, filled chunk by chunk of experts with dequantize(experts slice) (each
+    chunk's math as over all experts at once: the same values bitwise). Static shapes and sync-free: capturable."""
+    out = torch.empty(experts, rows, cols, dtype=dtype, device=device)
+    step = max(1, DEQUANT_CHUNK_ELEMENTS // max(1, rows * cols))
+    for start in range(0, experts, step):
+        chunk = slice(start, min(start + step, experts))
+        out[chunk] = dequantize(chunk)
+    return out

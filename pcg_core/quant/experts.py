@@ -13,8 +13,9 @@ row, so routing rows apart changes nothing) and are static-shape and sync-free, 
   expert on every token weighted by its routing weight, weights dequantized in float32;
 - `grouped_quantized_experts_forward` (CUDA): rows sorted by expert and two grouped GEMMs over the weights
   dequantized to the activations' dtype, as transformers' grouped_mm path runs a 16-bit model. Each token
-  only meets its own experts; the weight dequantization is one elementwise pass inductor fuses. A grouped
-  kernel reading FP8/INT8 weights directly is the next step.
+  only meets its own experts; the weights are dequantized chunk by chunk of experts into the 16-bit operand
+  (expert_layout.dequantize_by_chunks), so the float32 temporaries are one chunk's. A grouped kernel reading
+  FP8/INT8 weights directly is the next step.
 int4 experts take the same two forwards with the weights dequantized from the canonical int4 layout (act-order
 undone in the weight, not applied to the rows): weight-only ones (awq, gptq) with the activations left in 16 bits,
 W4A8 ones (w4a8, w4afp8: the scheme's `activations`) with each projection's input quantized per token to int8 or
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from pcg_core.quant.expert_layout import add_bias, canonical_weight, first_projection
+from pcg_core.quant.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection
 from pcg_core.quant.fp4 import Fp4Scheme
 from pcg_core.quant.fp4_experts import fp4_dequantized, fp4_experts_forward, grouped_fp4_experts_forward
 from pcg_core.quant.int4 import Int4Scheme, Int4Weight, pack_nibbles, quantize_int4_ordered, unpack_nibbles
@@ -127,9 +128,10 @@ def install_int4(module: torch.nn.Module, scheme: Int4Scheme, name: str, weights
     module.quant_scheme = scheme
 
 
-def _int4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, e: int | None = None) -> torch.Tensor:
-    """Expert e's (or every expert's, [E, N, K]) weight of projection `name` dequantized in the checkpoint's own
-    K order (act-order's permutation undone, so the activation is not permuted): sync-free elementwise work."""
+def _int4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, e: int | slice | None = None) -> torch.Tensor:
+    """Expert e's (or a slice of experts', or every expert's: [E, N, K]) weight of projection `name` dequantized in
+    the checkpoint's own K order (act-order's permutation undone, so the activation is not permuted): sync-free
+    elementwise work."""
     sel = slice(None) if e is None else e
     q, scales, zeros = (getattr(module, f"{name}{suffix}")[sel] for suffix in ("", "_scales", "_zeros"))
     group = getattr(module, f"{name}_group")
@@ -195,11 +197,22 @@ def _fake_quant(x: torch.Tensor, module: torch.nn.Module, name: str) -> torch.Te
 
 
 def _all_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype) -> torch.Tensor:
-    """Every expert's weight of projection `name` dequantized: [E, N, K] in `dtype`."""
+    """Every expert's weight of projection `name` dequantized: [E, N, K] in `dtype`, by chunks of experts
+    (expert_layout.dequantize_by_chunks: float32 temporaries of one chunk at a time)."""
+    q = getattr(module, name)
+    e, n = q.shape[:2]
     if _is_int4(module):
-        return _int4_dequantized(module, name, dtype)
+        k = q.shape[2] * 8  # codes packed 8 per int32 along K
+        return dequantize_by_chunks(lambda sel: _int4_dequantized(module, name, dtype, sel), e, n, k, dtype, q.device)
+    return dequantize_by_chunks(lambda sel: _8bit_dequantized(module, name, dtype, sel), e, n, q.shape[2], dtype,
+                                q.device)
+
+
+def _8bit_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, sel: slice) -> torch.Tensor:
+    """The experts `sel`'s weights of projection `name` (8-bit schemes) dequantized: [C, N, K] in `dtype`, the
+    float32 product of code and scale rounded once."""
     s: Scheme = module.quant_scheme
-    q, scale = getattr(module, name), getattr(module, f"{name}_scale").float()
+    q, scale = getattr(module, name)[sel], getattr(module, f"{name}_scale")[sel].float()
     if s.weights == "block":
         e, n, k = q.shape
         scale = scale.repeat_interleave(BLOCK, 1).repeat_interleave(BLOCK, 2)[:, :n, :k]

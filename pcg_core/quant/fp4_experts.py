@@ -27,7 +27,7 @@ import torch
 
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.e2m1 import e2m1_table, pack_e2m1, unpack_e2m1
-from pcg_core.quant.expert_layout import add_bias, first_projection, in_out
+from pcg_core.quant.expert_layout import add_bias, dequantize_by_chunks, first_projection, in_out
 from pcg_core.quant.fp4 import (FP4_SCHEMES, MXFP4_BLOCK, NVFP4_BLOCK, Fp4Scheme, Fp4Weight, interleave_gate_up,
                                 mxfp4_experts_pack, mxfp4_experts_weight,
                                 quantize_mxfp4, quantize_nvfp4)
@@ -233,9 +233,18 @@ def gpt_oss_mxfp4_tensors(module: torch.nn.Module, prefix: str = "") -> dict[str
 
 
 def fp4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, e: int | None = None) -> torch.Tensor:
-    """Expert e's (or every expert's) canonical weight [(E,) N, K] of projection `name` in `dtype`: the products
-    of Fp4Weight.dequantize in its order, sync-free elementwise work on the device."""
-    sel = slice(None) if e is None else e
+    """Expert e's (or every expert's, by chunks of experts: expert_layout.dequantize_by_chunks) canonical weight
+    [(E,) N, K] of projection `name` in `dtype`: the products of Fp4Weight.dequantize in its order, sync-free
+    elementwise work on the device."""
+    if e is not None:
+        return _fp4_dequantized(module, name, dtype, e)
+    packed = getattr(module, name)
+    experts, n, k = packed.shape[0], packed.shape[1], packed.shape[2] * 2  # two E2M1 codes per byte along K
+    return dequantize_by_chunks(lambda sel: _fp4_dequantized(module, name, dtype, sel), experts, n, k, dtype,
+                                packed.device)
+
+
+def _fp4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, sel: int | slice) -> torch.Tensor:
     packed, scale = getattr(module, name)[sel], getattr(module, f"{name}_scale")[sel]
     v = module.fp4_e2m1[unpack_e2m1(packed).long()].unflatten(-1, (-1, module.fp4_block)) * scale[..., None]
     glob = getattr(module, f"{name}_global")
