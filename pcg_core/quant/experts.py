@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+import pcg_core.quant.moe_gemm as moe_gemm
 from pcg_core.quant.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection
 from pcg_core.quant.fp4 import Fp4Scheme
 from pcg_core.quant.fp4_experts import fp4_dequantized, fp4_experts_forward, grouped_fp4_experts_forward
@@ -231,6 +232,34 @@ def dequantized_experts_weight(module: torch.nn.Module, name: str, dtype: torch.
     return w.transpose(1, 2).contiguous() if getattr(module, "is_transposed", False) else w
 
 
+# The grouped path's GEMMs by moe_gemm's kernel over the codes as held (no 16-bit copy of every expert per forward)
+# where it takes the layout, else dequantize + torch._grouped_mm. Off until the compiled kernel has passed on the
+# GPU (test_quant_gpu.py, benchmarks/moe_gemm.py): the interpreter does not compile it.
+FUSED_MOE_GEMM = False
+
+
+def expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights | None:
+    """Projection `name` of 8-bit or int4 experts as moe_gemm reads them; None for FP4 (its own path)."""
+    scheme = module.quant_scheme
+    if isinstance(scheme, Int4Scheme):
+        return moe_gemm.ExpertWeights("int4", getattr(module, name), getattr(module, f"{name}_scales"), "none",
+                                      getattr(module, f"{name}_zeros"), getattr(module, f"{name}_group"),
+                                      getattr(module, f"{name}_perm"))
+    if isinstance(scheme, Scheme):
+        return moe_gemm.ExpertWeights("8bit", getattr(module, name), getattr(module, f"{name}_scale"), scheme.weights)
+    return None
+
+
+def _grouped_projection(module: torch.nn.Module, name: str, rows: torch.Tensor, counts: torch.Tensor,
+                        offsets: torch.Tensor) -> torch.Tensor:
+    """rows [S, K] sorted by expert through projection `name` of each row's expert, in the rows' dtype."""
+    if FUSED_MOE_GEMM and moe_gemm.available(rows) and (w := expert_weights(module, name)) is not None:
+        out = moe_gemm.grouped_linear(rows, counts, w)
+        if out is not None:
+            return out
+    return torch._grouped_mm(rows, _all_dequantized(module, name, rows.dtype).transpose(1, 2), offs=offsets)
+
+
 def grouped_quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                                       top_k_weights: torch.Tensor) -> torch.Tensor:
     if isinstance(module.quant_scheme, Fp4Scheme):
@@ -242,12 +271,10 @@ def grouped_quantized_experts_forward(module: torch.nn.Module, hidden_states: to
                          min=0, max=module.num_experts - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
     first, gated = first_projection(module)
-    proj = torch._grouped_mm(_fake_quant(rows, module, first),
-                             _all_dequantized(module, first, rows.dtype).transpose(1, 2), offs=offsets)
+    proj = _grouped_projection(module, first, _fake_quant(rows, module, first), counts, offsets)
     proj = add_bias(proj, module, first, expert_ids)  # each row's expert's bias: a gather, static shapes
     proj = module._apply_gate(proj) if gated else module.act_fn(proj)
-    out = torch._grouped_mm(_fake_quant(proj, module, "down_proj"),
-                            _all_dequantized(module, "down_proj", rows.dtype).transpose(1, 2), offs=offsets)
+    out = _grouped_projection(module, "down_proj", _fake_quant(proj, module, "down_proj"), counts, offsets)
     out = add_bias(out, module, "down_proj", expert_ids)
     out = out.float() * top_k_weights.reshape(-1)[order, None].float()
     unsorted = torch.empty_like(out).index_copy_(0, order, out)  # a permutation: every row written once

@@ -90,14 +90,20 @@ def test_int8_kernel_equals_int_mm_with_the_same_epilogue(m, n, k):
     assert torch.equal(got, want), float((got.float() - want.float()).abs().max())
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["dequantized", "moe_gemm"])
 @pytest.mark.parametrize("name", [*SCHEMES, "awq", "gptq", "w4a8", "w4afp8"])
-def test_grouped_quantized_experts_track_the_dense_reference(name):
-    """The CUDA expert path (grouped GEMMs over bf16-dequantized weights) against the float32 dense reference on
-    the same quantized experts, and its replay bitwise equal to eager."""
+def test_grouped_quantized_experts_track_the_dense_reference(name, fused, monkeypatch):
+    """The CUDA expert path (grouped GEMMs over bf16-dequantized weights, or moe_gemm's kernel over the codes)
+    against the float32 dense reference on the same quantized experts, and its replay bitwise equal to eager."""
     from pcg_helpers import tiny_model
 
-    from pcg_core.quant import record_input_absmax
+    from pcg_core.quant import experts, moe_gemm, record_input_absmax
     from pcg_core.quant.experts import grouped_quantized_experts_forward, is_experts, quantize_experts, quantized_experts_forward
+
+    monkeypatch.setattr(experts, "FUSED_MOE_GEMM", fused)
+    calls = []
+    real = moe_gemm.grouped_linear
+    monkeypatch.setattr(moe_gemm, "grouped_linear", lambda *a, **k: calls.append(1) or real(*a, **k))
 
     lm = tiny_model("qwen3-moe", dtype=torch.bfloat16, device="cuda")
     mod = next(m for m in lm.model.modules() if is_experts(m))
@@ -124,6 +130,7 @@ def test_grouped_quantized_experts_track_the_dense_reference(name):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, got)
+    assert bool(calls) == fused, "the kernel ran where asked, and only there"
 
 
 @pytest.mark.parametrize("name", ["awq", "gptq"])
@@ -349,3 +356,60 @@ def test_fp4_every_table_row_compiles_and_matches(fp4_layers):
                                           layer.block, layer.bias, threshold=1 << 30, config=cfg)
             rel = _fp4_rel(layer, x, got)
             assert rel < W4A16_RTOL, f"{name} {cfg} M={m}: {rel:.3g}"
+
+
+# --- moe_gemm: the grouped GEMM over quantized experts' codes (quant/moe_gemm.py) at Qwen3-30B-A3B's widths --------
+
+
+@pytest.fixture(scope="module")
+def moe_weights():
+    """gate_up of 128 experts (1536×2048) in each format moe_gemm takes, random codes, and a top-8 routing of 512
+    tokens (rows sorted by expert)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import moe_gemm as bench  # benchmarks/moe_gemm.py: the same stand-ins the timing uses
+
+    from pcg_core.quant import experts
+
+    e, n, k = bench.SHAPES["qwen3-30b"]
+    mods = {name: bench.stand_in(name, e, n, k) for name in [*SCHEMES, "awq", "gptq"]}
+    weights = {name: (mod, experts.expert_weights(mod, "gate_up_proj")) for name, mod in mods.items()}
+    return weights, bench.routed(512, e, k)
+
+
+@pytest.mark.parametrize("rows", [1, 37, 4096])
+@pytest.mark.parametrize("name", [*SCHEMES, "awq", "gptq"])
+def test_moe_gemm_equals_the_dequantizing_path(moe_weights, name, rows):
+    """moe_gemm against dequantize-every-expert + torch._grouped_mm (the same bf16 weights, another summation
+    order), every configuration row, a replay bitwise equal to eager, and the rows given to the neighbouring
+    experts caught."""
+    from pcg_core.quant import experts, moe_gemm
+
+    weights, (x, counts, _) = moe_weights
+    mod, w = weights[name]
+    x = x[:rows]
+    counts = torch.bincount(torch.repeat_interleave(torch.arange(counts.numel(), device="cuda"), counts)[:rows],
+                            minlength=counts.numel()).int()
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+    want = torch._grouped_mm(x, experts._all_dequantized(mod, "gate_up_proj", x.dtype).transpose(1, 2), offs=offsets).float()
+    for _, cfg in moe_gemm.CONFIGS:
+        got = moe_gemm.grouped_linear(x, counts, w, config=cfg)
+        rel = float((got.float() - want).norm() / want.norm())
+        assert rel < KERNEL_RTOL, f"{name} {cfg} rows={rows}: {rel:.3g}"
+    eager = moe_gemm.grouped_linear(x, counts, w)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        moe_gemm.grouped_linear(x, counts, w)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe_gemm.grouped_linear(x, counts, w)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    if rows > 1:
+        wrong = moe_gemm.grouped_linear(x, counts.roll(1), w).float()
+        assert float((wrong - want).norm() / want.norm()) > 0.1, "rows given to other experts went unnoticed"

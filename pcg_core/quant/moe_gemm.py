@@ -1,0 +1,201 @@
+"""A grouped GEMM over quantized experts that reads the codes as they are held: out[S, N] = rows[S, K] · W[e(s)]ᵀ,
+rows sorted by expert, each tile of an expert's weight dequantized in registers (float32, rounded once to the
+activations' dtype, exactly the weight the dequantize-then-`torch._grouped_mm` path builds) and fed to the tensor
+cores, fp32 accumulation.
+
+Why: the grouped path of experts.py dequantizes every expert's weight to 16 bits on every forward (DeepSeek-V3's
+one MoE layer: 22 GiB written and read per forward, whatever the token count), which dominates a quantized MoE
+cell's forward and memory; serving engines run fused MoE kernels over the quantized weights instead.
+
+Capturable: the rows of each expert are cut into blocks of BLOCK_M rows (its last block short); `block_table`
+lays the blocks out with torch ops of static shape (cumsum, searchsorted), for as many blocks as any routing can
+need (⌈S/BLOCK_M⌉ + min(E, S)), and a block past the routing's own count exits at once. No atomics: every output
+tile is written by one program in a fixed order, so a replay equals eager bitwise.
+
+Weights, the canonical [E, N, K] rows of experts.py (`ExpertWeights`):
+- "float": W itself (16-bit);
+- "8bit": FP8 e4m3 or int8 codes × a float32 scale per expert ("tensor", [E]), per row ("channel", [E, N, 1]) or per
+  128×128 block ("block", [E, ⌈N/128⌉, ⌈K/128⌉]);
+- "int4": codes packed 8 per int32 along K ([E, N, K/8]), float32 scales and zeros per group ([E, N, K/G]), the
+  product (q − z)·s; act-order's permutation ([E, K], one per expert) read on the activation's side, as
+  w4a16's fused GEMM reads it.
+Anything else (act-order per row shard, K not a multiple of a tile) returns None: the caller keeps its own path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU machines and CI: the callers' dequantizing paths run
+    triton = None
+
+SCALE_BLOCK = 128  # the 8-bit block schemes' 128×128 weight blocks (schemes.BLOCK)
+SCALE_KINDS = {"none": 0, "tensor": 1, "channel": 2, "block": 3}
+FORMATS = {"float": 0, "8bit": 1, "int4": 2}
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by the most rows an expert gets on average (S / E); fixed,
+# never autotuned, so a capture never benchmarks. Untimed yet: benchmarks/moe_gemm.py measures them on the GPU.
+CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
+    (16, (16, 64, 128, 4, 3)),
+    (64, (32, 64, 128, 4, 3)),
+    (1 << 62, (64, 128, 64, 8, 3)),
+)
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One projection of quantized experts as held: `codes` [E, N, K] (or int4's [E, N, K/8]), the scale (and
+    int4's zeros, group and act-order `perm`) the module holds beside them."""
+
+    format: Literal["float", "8bit", "int4"]
+    codes: torch.Tensor
+    scale: torch.Tensor | None = None
+    scale_kind: Literal["none", "tensor", "channel", "block"] = "none"
+    zeros: torch.Tensor | None = None
+    group: int = 0
+    perm: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(E, N, K) of the weight these codes stand for."""
+        e, n, k = self.codes.shape
+        return e, n, k * 8 if self.format == "int4" else k
+
+
+def available(x: torch.Tensor) -> bool:
+    """The kernel runs where Triton launches: CUDA (or CPU tensors under TRITON_INTERPRET=1)."""
+    return triton is not None and (x.device.type == "cuda" or _interpreting())
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def config_for(rows: int, experts: int) -> tuple[int, int, int, int, int]:
+    per_expert = -(-rows // max(1, experts))
+    return next(cfg for top, cfg in CONFIGS if per_expert <= top)
+
+
+def block_table(counts: torch.Tensor, rows: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(expert, first row, end row) per block of at most `block_m` sorted rows, int32, for the most blocks any
+    routing of `rows` rows over len(counts) experts can need; a block past the routing's count has end ≤ first.
+    Static shapes, no host sync."""
+    experts = counts.numel()
+    counts = counts.to(torch.int64)
+    ends = torch.cumsum(counts, 0)
+    starts = ends - counts
+    blocks = (counts + block_m - 1) // block_m
+    block_ends = torch.cumsum(blocks, 0)
+    nb = -(-rows // block_m) + min(experts, rows)
+    b = torch.arange(nb, device=counts.device)
+    owner = torch.searchsorted(block_ends, b, right=True)  # the expert whose blocks cover b; `experts` past the last
+    e = owner.clamp(max=experts - 1)
+    first = starts[e] + (b - (block_ends[e] - blocks[e])) * block_m
+    end = torch.where(owner < experts, ends[e], torch.zeros_like(first))
+    return e.to(torch.int32), first.to(torch.int32), end.to(torch.int32)
+
+
+def grouped_linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights,
+                   config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor | None:
+    """rows [S, K] sorted by expert (counts [E] rows each) through each row's expert's weight: [S, N] in the rows'
+    dtype; None for a layout the kernel does not take (the caller's own path runs)."""
+    e, n, k = w.shape
+    s = rows.shape[0]
+    bm, bn, bk, warps, stages = config or config_for(s, e)
+    group = w.group if w.format == "int4" else SCALE_BLOCK if w.scale_kind == "block" else k
+    while bk > 16 and (k % bk or group % bk):  # a tile inside one int4 group or 128-column scale block
+        bk //= 2
+    if k % bk or group % bk or rows.shape[1] != k or (w.perm is not None and w.perm.shape != (e, k)):
+        return None
+    out = torch.empty(s, n, device=rows.device, dtype=rows.dtype)
+    if s == 0:
+        return out
+    expert, first, end = block_table(counts, s, bm)
+    rows = rows.contiguous()
+    codes = w.codes.contiguous()
+    scale = codes if w.scale is None else w.scale.float().contiguous()
+    zeros = scale if w.zeros is None else w.zeros.float().contiguous()
+    perm = expert if w.perm is None else w.perm.to(torch.int32).contiguous()
+    scale_row = scale.stride(1) if scale.dim() > 1 else 0
+    grid = (expert.numel(), triton.cdiv(n, bn))
+    _moe_gemm_kernel[grid](rows, codes, scale, zeros, perm, out, expert, first, end, n, k, rows.stride(0),
+                           codes.stride(0), codes.stride(1), scale.stride(0), scale_row,
+                           FORMAT=FORMATS[w.format], SCALE=SCALE_KINDS[w.scale_kind], GROUP=max(w.group, 1),
+                           HAS_PERM=w.perm is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                           num_stages=stages)
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _spread8(words):
+        """[R, C] words → [R, 8C], each word repeated 8 times in place (w4a16's helper)."""
+        words = tl.interleave(words, words)
+        words = tl.interleave(words, words)
+        return tl.interleave(words, words)
+
+    @triton.jit
+    def _weight_tile(w_ptr, s_ptr, z_ptr, e, bn, k0, stride_we, stride_wn, stride_se, stride_sn, dtype,
+                     FORMAT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Expert e's weight rows `bn`, columns k0…k0+BLOCK_K, dequantized in float32 and rounded once to `dtype`."""
+        rk = k0 + tl.arange(0, BLOCK_K)
+        base = w_ptr + e.to(tl.int64) * stride_we + bn[:, None].to(tl.int64) * stride_wn
+        if FORMAT == 0:
+            w = tl.load(base + rk[None, :]).to(dtype)
+        elif FORMAT == 1:
+            c = tl.load(base + rk[None, :]).to(tl.float32)
+            if SCALE == 1:
+                w = c * tl.load(s_ptr + e)
+            elif SCALE == 2:
+                w = c * tl.load(s_ptr + e * stride_se + bn * stride_sn)[:, None]
+            else:  # a tile lies inside one 128-column block: BLOCK_K divides 128
+                w = c * tl.load(s_ptr + e * stride_se + (bn // 128) * stride_sn + k0 // 128)[:, None]
+            w = w.to(dtype)
+        else:
+            rw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+            words = _spread8(tl.load(base + rw[None, :]))
+            q = ((words >> ((rk % 8) * 4)[None, :]) & 0xF).to(tl.float32)
+            g = k0 // GROUP  # the tile lies inside one group: BLOCK_K divides GROUP
+            s = tl.load(s_ptr + e * stride_se + bn * stride_sn + g)
+            z = tl.load(z_ptr + e * stride_se + bn * stride_sn + g)
+            w = ((q - z[:, None]) * s[:, None]).to(dtype)
+        return w
+
+    @triton.jit
+    def _moe_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, expert_ptr, first_ptr, end_ptr, N, K,
+                         stride_xm, stride_we, stride_wn, stride_se, stride_sn,
+                         FORMAT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, HAS_PERM: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_b = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        first = tl.load(first_ptr + pid_b)
+        end = tl.load(end_ptr + pid_b)
+        if first < end:
+            e = tl.load(expert_ptr + pid_b)
+            rm = first + tl.arange(0, BLOCK_M)
+            mmask = rm < end
+            bm = tl.where(mmask, rm, first)  # rows past the block's end read a valid row, masked at the store
+            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            bn = rn % N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            dtype = x_ptr.dtype.element_ty
+            for k0 in range(0, K, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                if HAS_PERM:  # act-order: the activation's channels in the weight's order
+                    kx = tl.load(perm_ptr + e.to(tl.int64) * K + rk)
+                else:
+                    kx = rk
+                xt = tl.load(x_ptr + bm[:, None].to(tl.int64) * stride_xm + kx[None, :])
+                w = _weight_tile(w_ptr, s_ptr, z_ptr, e, bn, k0, stride_we, stride_wn, stride_se, stride_sn, dtype,
+                                 FORMAT, SCALE, GROUP, BLOCK_K)
+                acc = tl.dot(xt, tl.trans(w), acc)
+            mask = mmask[:, None] & (rn[None, :] < N)
+            tl.store(out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], acc.to(dtype), mask=mask)
