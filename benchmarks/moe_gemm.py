@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 
 from pcg_core.quant import experts, moe_gemm
+from pcg_core.quant.e2m1 import e2m1_table
+from pcg_core.quant.fp4 import FP4_SCHEMES
 from pcg_core.quant.int4 import INT4_SCHEMES
 from pcg_core.quant.schemes import get_scheme
 from quant_gemm import replay_ms  # benchmarks/, the script's own folder
@@ -26,7 +28,8 @@ from quant_gemm import replay_ms  # benchmarks/, the script's own folder
 DEVICE = "cuda"  # the script runs on the GPU; a CPU dry run (TRITON_INTERPRET=1) sets it
 SHAPES = {"qwen3-30b": (128, 1536, 2048), "deepseek-v3": (256, 4096, 7168)}  # (E, N = 2·moe_intermediate, K = hidden)
 TOP_K = 8
-FORMATS = ["fp8_per_token", "fp8_block", "int8_w8a8", "awq", "gptq"]
+FORMATS = ["fp8_per_token", "fp8_block", "int8_w8a8", "awq", "gptq", "fp4", "mxfp4"]  # timed
+ALL_FORMATS = ["fp8_per_tensor", *FORMATS]  # stand_in builds each (the GPU test checks every one)
 SWEEP = [(16, 64, 128, 4, 3), (16, 128, 128, 4, 3), (32, 64, 128, 4, 3), (32, 128, 64, 4, 3), (64, 64, 128, 4, 3),
          (64, 128, 64, 8, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3)]
 
@@ -38,6 +41,16 @@ def stand_in(name: str, e: int, n: int, k: int) -> torch.nn.Module:
     mod = torch.nn.Module()
     scheme = get_scheme(name)
     mod.quant_scheme = scheme
+    if name in FP4_SCHEMES:
+        block = scheme.block
+        mod.register_buffer("gate_up_proj", torch.randint(0, 256, (e, n, k // 2), generator=g, device=DEVICE,
+                                                          dtype=torch.uint8))
+        mod.register_buffer("gate_up_proj_scale", torch.rand(e, n, k // block, generator=g, device=DEVICE) * 0.01)
+        glob = torch.rand(e, n, generator=g, device=DEVICE) + 0.5 if name == "fp4" else None  # NVFP4's row globals
+        mod.register_buffer("gate_up_proj_global", glob)
+        mod.register_buffer("fp4_e2m1", e2m1_table(torch.device(DEVICE)), persistent=False)
+        mod.fp4_block = block
+        return mod
     if name in INT4_SCHEMES:
         group = 128
         codes = torch.randint(-2**31, 2**31 - 1, (e, n, k // 8), generator=g, device=DEVICE, dtype=torch.int32)
@@ -76,14 +89,14 @@ def measure(shape: str, tokens: list[int], repeat: int) -> list[dict]:
         for t in tokens:
             rows, counts, offsets = routed(t, e, k)
             fused = moe_gemm.grouped_linear(rows, counts, w)
-            dequant = torch._grouped_mm(rows, experts._all_dequantized(mod, "gate_up_proj", rows.dtype).transpose(1, 2),
+            dequant = torch._grouped_mm(rows, experts.dequantized_experts_weight(mod, "gate_up_proj", rows.dtype).transpose(1, 2),
                                         offs=offsets)
             err = float((fused.float() - dequant.float()).norm() / dequant.float().norm())
             assert err < 1e-2, f"{shape} {name} T={t}: the kernel is {err:.3g} from the dequantizing path"
             row = {"shape": shape, "format": name, "tokens": t, "rel_err": err,
                    "bf16_ms": replay_ms(lambda r: torch._grouped_mm(r, floats.transpose(1, 2), offs=offsets), rows, repeat),
                    "dequant_ms": replay_ms(lambda r: torch._grouped_mm(
-                       r, experts._all_dequantized(mod, "gate_up_proj", r.dtype).transpose(1, 2), offs=offsets), rows, repeat),
+                       r, experts.dequantized_experts_weight(mod, "gate_up_proj", r.dtype).transpose(1, 2), offs=offsets), rows, repeat),
                    "fused_ms": replay_ms(lambda r: moe_gemm.grouped_linear(r, counts, w), rows, repeat)}
             out.append(row)
             print(f"{shape:>12} {name:>14} T={t:>5}: bf16 {row['bf16_ms']:8.4f}  dequant+grouped {row['dequant_ms']:8.4f} "

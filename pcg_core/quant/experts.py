@@ -32,7 +32,8 @@ import torch
 import pcg_core.quant.moe_gemm as moe_gemm
 from pcg_core.quant.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection
 from pcg_core.quant.fp4 import Fp4Scheme
-from pcg_core.quant.fp4_experts import fp4_dequantized, fp4_experts_forward, grouped_fp4_experts_forward
+from pcg_core.quant.fp4_experts import (fp4_dequantized, fp4_expert_weights, fp4_experts_forward,
+                                        grouped_fp4_experts_forward)
 from pcg_core.quant.int4 import Int4Scheme, Int4Weight, pack_nibbles, quantize_int4_ordered, unpack_nibbles
 from pcg_core.quant.schemes import BLOCK, Scheme, dequantize_weight, expand_activation_scale, quantize_activation, quantize_weight
 from pcg_core.quant.w4a8 import quantize_act
@@ -232,14 +233,8 @@ def dequantized_experts_weight(module: torch.nn.Module, name: str, dtype: torch.
     return w.transpose(1, 2).contiguous() if getattr(module, "is_transposed", False) else w
 
 
-# The grouped path's GEMMs by moe_gemm's kernel over the codes as held (no 16-bit copy of every expert per forward)
-# where it takes the layout, else dequantize + torch._grouped_mm. Off until the compiled kernel has passed on the
-# GPU (test_quant_gpu.py, benchmarks/moe_gemm.py): the interpreter does not compile it.
-FUSED_MOE_GEMM = False
-
-
 def expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights | None:
-    """Projection `name` of 8-bit or int4 experts as moe_gemm reads them; None for FP4 (its own path)."""
+    """Projection `name` of 8-bit, int4 or FP4 experts as moe_gemm reads them."""
     scheme = module.quant_scheme
     if isinstance(scheme, Int4Scheme):
         return moe_gemm.ExpertWeights("int4", getattr(module, name), getattr(module, f"{name}_scales"), "none",
@@ -247,14 +242,16 @@ def expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights
                                       getattr(module, f"{name}_perm"))
     if isinstance(scheme, Scheme):
         return moe_gemm.ExpertWeights("8bit", getattr(module, name), getattr(module, f"{name}_scale"), scheme.weights)
-    return None
+    return fp4_expert_weights(module, name)
 
 
 def _grouped_projection(module: torch.nn.Module, name: str, rows: torch.Tensor, counts: torch.Tensor,
                         offsets: torch.Tensor) -> torch.Tensor:
-    """rows [S, K] sorted by expert through projection `name` of each row's expert, in the rows' dtype."""
-    if FUSED_MOE_GEMM and moe_gemm.available(rows) and (w := expert_weights(module, name)) is not None:
-        out = moe_gemm.grouped_linear(rows, counts, w)
+    """rows [S, K] sorted by expert through projection `name` of each row's expert, in the rows' dtype: moe_gemm's
+    kernel over the codes as held where it is enabled and takes the layout, else every expert dequantized and
+    torch._grouped_mm."""
+    if moe_gemm.ENABLED and moe_gemm.available(rows):
+        out = moe_gemm.grouped_linear(rows, counts, expert_weights(module, name))
         if out is not None:
             return out
     return torch._grouped_mm(rows, _all_dequantized(module, name, rows.dtype).transpose(1, 2), offs=offsets)

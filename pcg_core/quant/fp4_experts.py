@@ -25,6 +25,7 @@ from typing import Protocol
 
 import torch
 
+import pcg_core.quant.moe_gemm as moe_gemm
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.e2m1 import e2m1_table, pack_e2m1, unpack_e2m1
 from pcg_core.quant.expert_layout import add_bias, dequantize_by_chunks, first_projection, in_out
@@ -269,6 +270,23 @@ def fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, to
     return out.to(hidden_states.dtype)
 
 
+def fp4_expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights:
+    """Projection `name` as moe_gemm reads it: the packed codes, block scales, value table and row globals held."""
+    return moe_gemm.ExpertWeights("fp4", getattr(module, name), getattr(module, f"{name}_scale"), group=module.fp4_block,
+                                  table=module.fp4_e2m1, global_rows=getattr(module, f"{name}_global"))
+
+
+def _grouped_projection(module: torch.nn.Module, name: str, rows: torch.Tensor, counts: torch.Tensor,
+                        offsets: torch.Tensor) -> torch.Tensor:
+    """rows sorted by expert through projection `name`: moe_gemm's kernel over the codes where it is enabled,
+    else every expert dequantized (by chunks) and torch._grouped_mm."""
+    if moe_gemm.ENABLED and moe_gemm.available(rows):
+        out = moe_gemm.grouped_linear(rows, counts, fp4_expert_weights(module, name))
+        if out is not None:
+            return out
+    return torch._grouped_mm(rows, fp4_dequantized(module, name, rows.dtype).transpose(1, 2), offs=offsets)
+
+
 def grouped_fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                                 top_k_weights: torch.Tensor) -> torch.Tensor:
     """Rows sorted by expert (stable: one order on every run) and two grouped GEMMs over every expert's weight
@@ -280,10 +298,10 @@ def grouped_fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Te
     counts = torch.histc(expert_ids.float() if rows.device.type == "cpu" else expert_ids.int(), bins=module.num_experts,
                          min=0, max=module.num_experts - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
-    proj = torch._grouped_mm(rows, fp4_dequantized(module, first, rows.dtype).transpose(1, 2), offs=offsets)
+    proj = _grouped_projection(module, first, rows, counts, offsets)
     proj = add_bias(proj, module, first, expert_ids)
     proj = module._apply_gate(proj) if gated else module.act_fn(proj)
-    out = torch._grouped_mm(proj, fp4_dequantized(module, "down_proj", rows.dtype).transpose(1, 2), offs=offsets)
+    out = _grouped_projection(module, "down_proj", proj, counts, offsets)
     out = add_bias(out, module, "down_proj", expert_ids)
     out = out.float() * top_k_weights.reshape(-1)[order, None].float()
     unsorted = torch.empty_like(out).index_copy_(0, order, out)  # a permutation: every row written once

@@ -18,7 +18,10 @@ Weights, the canonical [E, N, K] rows of experts.py (`ExpertWeights`):
   128×128 block ("block", [E, ⌈N/128⌉, ⌈K/128⌉]);
 - "int4": codes packed 8 per int32 along K ([E, N, K/8]), float32 scales and zeros per group ([E, N, K/G]), the
   product (q − z)·s; act-order's permutation ([E, K], one per expert) read on the activation's side, as
-  w4a16's fused GEMM reads it.
+  w4a16's fused GEMM reads it;
+- "fp4": E2M1 codes two per byte along K, low nibble first ([E, N, K/2]), looked up in the module's 16-value
+  `table`, times a float32 scale per block of `group` (16 NVFP4, 32 MXFP4: [E, N, K/B]) and NVFP4's per-row
+  global ([E, N]), in fp4_experts' order.
 Anything else (act-order per row shard, K not a multiple of a tile) returns None: the caller keeps its own path.
 """
 
@@ -35,9 +38,13 @@ try:
 except ImportError:  # CPU machines and CI: the callers' dequantizing paths run
     triton = None
 
+# The experts' grouped forwards (experts.py, fp4_experts.py) run this kernel where it takes the layout. Off until
+# the compiled kernel has passed on the GPU (test_quant_gpu.py, benchmarks/moe_gemm.py): the interpreter does not
+# compile it.
+ENABLED = False
 SCALE_BLOCK = 128  # the 8-bit block schemes' 128×128 weight blocks (schemes.BLOCK)
 SCALE_KINDS = {"none": 0, "tensor": 1, "channel": 2, "block": 3}
-FORMATS = {"float": 0, "8bit": 1, "int4": 2}
+FORMATS = {"float": 0, "8bit": 1, "int4": 2, "fp4": 3}
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by the most rows an expert gets on average (S / E); fixed,
 # never autotuned, so a capture never benchmarks. Untimed yet: benchmarks/moe_gemm.py measures them on the GPU.
 CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
@@ -49,22 +56,25 @@ CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
 
 @dataclass(frozen=True)
 class ExpertWeights:
-    """One projection of quantized experts as held: `codes` [E, N, K] (or int4's [E, N, K/8]), the scale (and
-    int4's zeros, group and act-order `perm`) the module holds beside them."""
+    """One projection of quantized experts as held: `codes` [E, N, K] (int4's [E, N, K/8], FP4's [E, N, K/2]), the
+    scale (int4's zeros and act-order `perm`; FP4's value table and row globals) the module holds beside them;
+    `group`: int4's group, FP4's scale block."""
 
-    format: Literal["float", "8bit", "int4"]
+    format: Literal["float", "8bit", "int4", "fp4"]
     codes: torch.Tensor
     scale: torch.Tensor | None = None
     scale_kind: Literal["none", "tensor", "channel", "block"] = "none"
     zeros: torch.Tensor | None = None
     group: int = 0
     perm: torch.Tensor | None = None
+    table: torch.Tensor | None = None
+    global_rows: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
         """(E, N, K) of the weight these codes stand for."""
         e, n, k = self.codes.shape
-        return e, n, k * 8 if self.format == "int4" else k
+        return e, n, k * {"int4": 8, "fp4": 2}.get(self.format, 1)
 
 
 def available(x: torch.Tensor) -> bool:
@@ -109,7 +119,7 @@ def grouped_linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights,
     e, n, k = w.shape
     s = rows.shape[0]
     bm, bn, bk, warps, stages = config or config_for(s, e)
-    group = w.group if w.format == "int4" else SCALE_BLOCK if w.scale_kind == "block" else k
+    group = w.group if w.format == "int4" else SCALE_BLOCK if w.scale_kind == "block" else k  # FP4: scales gathered
     while bk > 16 and (k % bk or group % bk):  # a tile inside one int4 group or 128-column scale block
         bk //= 2
     if k % bk or group % bk or rows.shape[1] != k or (w.perm is not None and w.perm.shape != (e, k)):
@@ -122,13 +132,16 @@ def grouped_linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights,
     codes = w.codes.contiguous()
     scale = codes if w.scale is None else w.scale.float().contiguous()
     zeros = scale if w.zeros is None else w.zeros.float().contiguous()
+    if w.format == "fp4":
+        zeros = w.table.float().contiguous()  # the kernel's second per-format operand: FP4's value table
+    glob = scale if w.global_rows is None else w.global_rows.float().contiguous()
     perm = expert if w.perm is None else w.perm.to(torch.int32).contiguous()
     scale_row = scale.stride(1) if scale.dim() > 1 else 0
     grid = (expert.numel(), triton.cdiv(n, bn))
-    _moe_gemm_kernel[grid](rows, codes, scale, zeros, perm, out, expert, first, end, n, k, rows.stride(0),
-                           codes.stride(0), codes.stride(1), scale.stride(0), scale_row,
+    _moe_gemm_kernel[grid](rows, codes, scale, zeros, glob, perm, out, expert, first, end, n, k, rows.stride(0),
+                           codes.stride(0), codes.stride(1), scale.stride(0), scale_row, glob.stride(0),
                            FORMAT=FORMATS[w.format], SCALE=SCALE_KINDS[w.scale_kind], GROUP=max(w.group, 1),
-                           HAS_PERM=w.perm is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                           HAS_PERM=w.perm is not None, HAS_GLOBAL=w.global_rows is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
                            num_stages=stages)
     return out
 
@@ -143,8 +156,9 @@ if triton is not None:
         return tl.interleave(words, words)
 
     @triton.jit
-    def _weight_tile(w_ptr, s_ptr, z_ptr, e, bn, k0, stride_we, stride_wn, stride_se, stride_sn, dtype,
-                     FORMAT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _weight_tile(w_ptr, s_ptr, z_ptr, g_ptr, e, bn, k0, stride_we, stride_wn, stride_se, stride_sn, stride_ge,
+                     dtype: tl.constexpr, FORMAT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
+                     HAS_GLOBAL: tl.constexpr, BLOCK_K: tl.constexpr):
         """Expert e's weight rows `bn`, columns k0…k0+BLOCK_K, dequantized in float32 and rounded once to `dtype`."""
         rk = k0 + tl.arange(0, BLOCK_K)
         base = w_ptr + e.to(tl.int64) * stride_we + bn[:, None].to(tl.int64) * stride_wn
@@ -159,6 +173,13 @@ if triton is not None:
             else:  # a tile lies inside one 128-column block: BLOCK_K divides 128
                 w = c * tl.load(s_ptr + e * stride_se + (bn // 128) * stride_sn + k0 // 128)[:, None]
             w = w.to(dtype)
+        elif FORMAT == 3:  # FP4: z_ptr is the E2M1 value table; the scale gathered per element (blocks of GROUP)
+            b = tl.load(base + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :]).to(tl.int32)
+            v = tl.load(z_ptr + tl.interleave(b & 0xF, b >> 4))  # column 2j: byte j's low nibble, 2j + 1: its high
+            w = v * tl.load(s_ptr + e * stride_se + bn[:, None] * stride_sn + (rk // GROUP)[None, :])
+            if HAS_GLOBAL:
+                w = w * tl.load(g_ptr + e * stride_ge + bn)[:, None]
+            w = w.to(dtype)
         else:
             rw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
             words = _spread8(tl.load(base + rw[None, :]))
@@ -170,10 +191,11 @@ if triton is not None:
         return w
 
     @triton.jit
-    def _moe_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, expert_ptr, first_ptr, end_ptr, N, K,
-                         stride_xm, stride_we, stride_wn, stride_se, stride_sn,
+    def _moe_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, perm_ptr, out_ptr, expert_ptr, first_ptr, end_ptr, N, K,
+                         stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge,
                          FORMAT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, HAS_PERM: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         HAS_GLOBAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
         pid_b = tl.program_id(0)
         pid_n = tl.program_id(1)
         first = tl.load(first_ptr + pid_b)
@@ -194,8 +216,8 @@ if triton is not None:
                 else:
                     kx = rk
                 xt = tl.load(x_ptr + bm[:, None].to(tl.int64) * stride_xm + kx[None, :])
-                w = _weight_tile(w_ptr, s_ptr, z_ptr, e, bn, k0, stride_we, stride_wn, stride_se, stride_sn, dtype,
-                                 FORMAT, SCALE, GROUP, BLOCK_K)
+                w = _weight_tile(w_ptr, s_ptr, z_ptr, g_ptr, e, bn, k0, stride_we, stride_wn, stride_se, stride_sn,
+                                 stride_ge, dtype, FORMAT, SCALE, GROUP, HAS_GLOBAL, BLOCK_K)
                 acc = tl.dot(xt, tl.trans(w), acc)
             mask = mmask[:, None] & (rn[None, :] < N)
             tl.store(out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], acc.to(dtype), mask=mask)

@@ -97,10 +97,10 @@ def test_grouped_quantized_experts_track_the_dense_reference(name, fused, monkey
     against the float32 dense reference on the same quantized experts, and its replay bitwise equal to eager."""
     from pcg_helpers import tiny_model
 
-    from pcg_core.quant import experts, moe_gemm, record_input_absmax
+    from pcg_core.quant import moe_gemm, record_input_absmax
     from pcg_core.quant.experts import grouped_quantized_experts_forward, is_experts, quantize_experts, quantized_experts_forward
 
-    monkeypatch.setattr(experts, "FUSED_MOE_GEMM", fused)
+    monkeypatch.setattr(moe_gemm, "ENABLED", fused)
     calls = []
     real = moe_gemm.grouped_linear
     monkeypatch.setattr(moe_gemm, "grouped_linear", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -374,13 +374,13 @@ def moe_weights():
     from pcg_core.quant import experts
 
     e, n, k = bench.SHAPES["qwen3-30b"]
-    mods = {name: bench.stand_in(name, e, n, k) for name in [*SCHEMES, "awq", "gptq"]}
+    mods = {name: bench.stand_in(name, e, n, k) for name in bench.ALL_FORMATS}
     weights = {name: (mod, experts.expert_weights(mod, "gate_up_proj")) for name, mod in mods.items()}
     return weights, bench.routed(512, e, k)
 
 
 @pytest.mark.parametrize("rows", [1, 37, 4096])
-@pytest.mark.parametrize("name", [*SCHEMES, "awq", "gptq"])
+@pytest.mark.parametrize("name", [*SCHEMES, "awq", "gptq", "fp4", "mxfp4"])
 def test_moe_gemm_equals_the_dequantizing_path(moe_weights, name, rows):
     """moe_gemm against dequantize-every-expert + torch._grouped_mm (the same bf16 weights, another summation
     order), every configuration row, a replay bitwise equal to eager, and the rows given to the neighbouring
@@ -393,7 +393,8 @@ def test_moe_gemm_equals_the_dequantizing_path(moe_weights, name, rows):
     counts = torch.bincount(torch.repeat_interleave(torch.arange(counts.numel(), device="cuda"), counts)[:rows],
                             minlength=counts.numel()).int()
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-    want = torch._grouped_mm(x, experts._all_dequantized(mod, "gate_up_proj", x.dtype).transpose(1, 2), offs=offsets).float()
+    want = torch._grouped_mm(x, experts.dequantized_experts_weight(mod, "gate_up_proj", x.dtype).transpose(1, 2),
+                             offs=offsets).float()
     for _, cfg in moe_gemm.CONFIGS:
         got = moe_gemm.grouped_linear(x, counts, w, config=cfg)
         rel = float((got.float() - want).norm() / want.norm())

@@ -12,6 +12,7 @@ import torch
 from triton_interpreter import interpreted, rel, run_interpreted_tests
 
 from pcg_core.quant import moe_gemm
+from pcg_core.quant.e2m1 import e2m1_table, unpack_e2m1
 from pcg_core.quant.int4 import pack_nibbles
 from pcg_core.quant.moe_gemm import ExpertWeights, block_table, grouped_linear
 from pcg_core.quant.schemes import BLOCK, FP8
@@ -84,6 +85,19 @@ def _int4(act_order: bool, g: torch.Generator, group: int = 64) -> tuple[ExpertW
     return ExpertWeights("int4", codes, scales, "none", zeros, group, perm), weights
 
 
+def _fp4(block: int, with_global: bool, g: torch.Generator) -> tuple[ExpertWeights, torch.Tensor]:
+    """Random E2M1 bytes (two codes each, low nibble first, as pack_e2m1 writes them), positive block scales and
+    NVFP4's row globals; the dense weight decoded by the module's own reader (unpack_e2m1, the value table)."""
+    packed = torch.randint(0, 256, (E, N, K // 2), generator=g, dtype=torch.uint8)
+    scales = torch.rand(E, N, K // block, generator=g) + 0.25
+    glob = torch.rand(E, N, generator=g) + 0.5 if with_global else None
+    table = e2m1_table(torch.device("cpu"))
+    dense = table[unpack_e2m1(packed).long()] * scales.repeat_interleave(block, 2)
+    if glob is not None:
+        dense = dense * glob[..., None]
+    return ExpertWeights("fp4", packed, scales, group=block, table=table, global_rows=glob), dense
+
+
 def _cases() -> dict[str, tuple[ExpertWeights, torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
     w = torch.randn(E, N, K, generator=g)
@@ -93,6 +107,8 @@ def _cases() -> dict[str, tuple[ExpertWeights, torch.Tensor]]:
             cases[f"{kind}_{scale_kind}"] = _eightbit(kind, scale_kind, g)
     cases["int4"] = _int4(False, g)
     cases["int4_act_order"] = _int4(True, g)
+    cases["nvfp4"] = _fp4(16, True, g)
+    cases["mxfp4"] = _fp4(32, False, g)
     return cases
 
 
@@ -124,7 +140,7 @@ def test_interpreted_no_rows_and_layouts_it_declines():
 
 @interpreted
 @pytest.mark.parametrize("fault", ["rows to the next expert", "next expert's scales", "act-order ignored",
-                                   "block scale of the wrong column block"])
+                                   "block scale of the wrong column block", "FP4 nibbles swapped", "FP4 global dropped"])
 def test_interpreted_planted_faults_fail(fault):
     x, counts, ids = _routing()
     cases = _cases()
@@ -137,9 +153,18 @@ def test_interpreted_planted_faults_fail(fault):
     elif fault == "act-order ignored":
         w, dense = cases["int4_act_order"]
         got = grouped_linear(x, counts, ExpertWeights("int4", w.codes, w.scale, "none", w.zeros, w.group), config=CONFIGS[0])
-    else:
+    elif fault == "block scale of the wrong column block":
         w, dense = cases["fp8_block"]
         got = grouped_linear(x, counts, ExpertWeights("8bit", w.codes, w.scale.flip(2), "block"), config=CONFIGS[0])
+    elif fault == "FP4 nibbles swapped":
+        w, dense = cases["mxfp4"]
+        swapped = (w.codes << 4) | (w.codes >> 4)
+        got = grouped_linear(x, counts, ExpertWeights("fp4", swapped, w.scale, group=w.group, table=w.table),
+                             config=CONFIGS[0])
+    else:
+        w, dense = cases["nvfp4"]
+        got = grouped_linear(x, counts, ExpertWeights("fp4", w.codes, w.scale, group=w.group, table=w.table),
+                             config=CONFIGS[0])
     assert rel(got, _reference(x, ids, dense)) > 0.05, fault
 
 
@@ -154,23 +179,30 @@ def test_the_kernel_under_the_interpreter():
 
 
 @interpreted
-@pytest.mark.parametrize("name", ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "gptq", "w4a8"])
+@pytest.mark.parametrize("name", ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "gptq", "w4a8",
+                                  "fp4"])
 def test_interpreted_grouped_forward_by_the_kernel_equals_the_reference(name, monkeypatch):
-    """experts.py's grouped forward with its GEMMs by this kernel (FUSED_MOE_GEMM) against the dense reference on a
-    tiny Qwen3-MoE layer, float32; the kernel must have run (not the dequantizing fallback)."""
+    """The experts' grouped forward (experts.py; FP4: fp4_experts.py) with its GEMMs by this kernel (ENABLED)
+    against the dense reference on a tiny Qwen3-MoE layer, float32; the kernel must have run (not the dequantizing
+    fallback), and rows given to other experts must show."""
     from pcg_helpers import routed_experts
 
     from pcg_core.quant import experts
+    from pcg_core.quant.fp4_experts import quantize_experts_fp4
     from pcg_core.quant.schemes import get_scheme
 
     mod, x, idx, w = routed_experts("qwen3-moe")
-    experts.quantize_experts(mod, get_scheme(name), input_absmax={"gate_up": 4.0, "down": 4.0})
+    scheme = get_scheme(name)
+    if name == "fp4":
+        quantize_experts_fp4(mod, scheme)
+    else:
+        experts.quantize_experts(mod, scheme, input_absmax={"gate_up": 4.0, "down": 4.0})
     want = experts.quantized_experts_forward(mod, x, idx, w)
-    monkeypatch.setattr(experts, "FUSED_MOE_GEMM", True)
+    monkeypatch.setattr(moe_gemm, "ENABLED", True)
     calls = []
     real = moe_gemm.grouped_linear
     monkeypatch.setattr(moe_gemm, "grouped_linear", lambda *a, **k: calls.append(1) or real(*a, **k))
     got = experts.grouped_quantized_experts_forward(mod, x, idx, w)
     assert len(calls) == 2 and rel(got, want) < 1e-5, (name, rel(got, want))
     monkeypatch.setattr(moe_gemm, "grouped_linear", lambda rows, counts, wt, **k: real(rows, counts.roll(1), wt, **k))
-    assert rel(experts.grouped_quantized_experts_forward(mod, x, idx, w), want) > 0.05  # planted: rows to other experts
+    assert rel(experts.grouped_quantized_experts_forward(mod, x, idx, w), want) > 0.05
