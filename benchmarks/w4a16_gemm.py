@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -46,7 +47,7 @@ FP4_SWEEP_CANDIDATES = [  # BLOCK_K ≤ 64 keeps the decoded tile out of spills 
     (64, 128, 64, 1, 8, 3), (64, 64, 64, 1, 8, 4), (64, 128, 64, 2, 8, 3),
 ]
 SCAN_TOKENS = [16, 32, 48, 64, 96, 128, 192, 256]
-PERMUTE_TOKENS = [128, 512, 1024, 2048, 4096]
+PERMUTE_TOKENS = [4096, 2048, 1024, 512, 128]  # the target's M first
 
 
 def layers(n: int, k: int, fp4: bool = False) -> tuple[torch.nn.Linear, dict[str, Int4Linear | Fp4Linear]]:
@@ -170,23 +171,29 @@ def scan_permute(n: int, k: int, repeat: int) -> list[dict]:
     """Act-order's activation permute on the dequantize path, the whole linear timed per gather — ours spread over
     K, index_select, ours a whole row per program (tl.gather) — beside bf16 at the same M: how TRITON_PERMUTE_MAX_M
     and ROW_PERMUTE_MIN_M are to be chosen."""
+    t0 = time.perf_counter()
     bf16, int4 = layers(n, k)
+    print(f"layers built in {time.perf_counter() - t0:.1f} s", flush=True)
     rows = []
     layer = int4["gptq"]  # act-order on the dequantize path: the activation permuted by our kernel or index_select
     args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None)
     # (triton_permute, rows_permute): ours spread over K, index_select, ours a whole row per program (tl.gather)
     variants = {"x_permuted_triton": (1 << 30, 1 << 62), "x_permuted_torch": (0, 1 << 62), "x_permuted_rows": (0, 1)}
-    for m in PERMUTE_TOKENS:
+    for m in PERMUTE_TOKENS:  # printed as measured: a scan cut by a timeout keeps what it timed
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         want = x.index_select(1, layer.perm)
+        row = {"m": m, "bf16_ms": replay_ms(lambda t: bf16(t), x, repeat)}
+        print(f"M={m:>4} bf16 {row['bf16_ms']:.4f}", flush=True)
         for v, (tp, rp) in variants.items():  # each gather is the permutation (a wrong one must not be timed)
+            t0 = time.perf_counter()
             assert torch.equal(w4a16.permute_activation(x, layer.perm, tp, rp), want), f"{v} M={m}: not x[:, perm]"
-        row = {"m": m, "bf16_ms": replay_ms(lambda t: bf16(t), x, repeat), **{f"gptq_dequant_{v}_ms": replay_ms(
-            lambda t, tp=tp, rp=rp: w4a16.triton_linear(t, *args, threshold=0, triton_permute=tp, rows_permute=rp),
-            x, repeat) for v, (tp, rp) in variants.items()}}
+            row[f"gptq_dequant_{v}_ms"] = replay_ms(
+                lambda t, tp=tp, rp=rp: w4a16.triton_linear(t, *args, threshold=0, triton_permute=tp, rows_permute=rp),
+                x, repeat)
+            print(f"M={m:>4} gptq act-order dequant, {v}: {row[f'gptq_dequant_{v}_ms']:.4f} ms "
+                  f"({row[f'gptq_dequant_{v}_ms'] / row['bf16_ms']:.3f}× bf16; {time.perf_counter() - t0:.1f} s with "
+                  "the compile)", flush=True)
         rows.append(row)
-        print(f"M={m:>4} bf16 {row['bf16_ms']:.4f}; gptq act-order dequant: "
-              + " ".join(f"{v} {row[f'gptq_dequant_{v}_ms']:.4f}" for v in variants), flush=True)
     return rows
 
 
