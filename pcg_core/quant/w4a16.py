@@ -64,6 +64,13 @@ TRITON_PERMUTE_MAX_M = 8
 # off (index_select) until `--scan-threshold` measures it on the GPU.
 ROW_PERMUTE_MIN_M = 1 << 62
 ROW_PERMUTE_ELEMENTS = 16384  # rows per program: as many as keep BLOCK_M · next_pow2(K) at most this
+# Act-order on the dequantize path from this M on: the weight written back in the activation's own K order
+# (`_dequant_unpermute_kernel`: each program holds BLOCK_N whole rows of codes and group scales on chip and reads
+# them through the inverse permutation, tl.gather, so the stores stay contiguous), and the activation is not
+# permuted at all. (Scattering the stores instead measured 25-40x slower.) Untimed yet: off until
+# `w4a16_gemm.py --scan-permute` measures it against index_select on the GPU.
+UNPERMUTE_WEIGHT_MIN_M = 1 << 62
+UNPERMUTE_CONFIG = (16, 4)  # (BLOCK_N rows held on chip, num_warps); BLOCK_K as the dequantize kernel's
 # (BLOCK_N, BLOCK_K, num_warps) of the dequantize-to-scratch kernel.
 DEQUANT_CONFIG = (64, 128, 4)
 REDUCE_BLOCK = 1024
@@ -200,6 +207,31 @@ if triton is not None:
         tl.store(out_ptr + rn[:, None] * stride_o + rk[None, :], w.to(out_ptr.dtype.element_ty),
                  mask=rn[:, None] < N)
 
+    @triton.jit
+    def _dequant_unpermute_kernel(qw_ptr, s_ptr, z_ptr, inv_ptr, out_ptr, N, K, stride_qw, stride_s, stride_o,
+                                  GROUP: tl.constexpr, WORDS: tl.constexpr, GROUPS: tl.constexpr,
+                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """out[n, c] = W[n, inv[c]] dequantized (the stored weight's column inv[c] is input channel c), for
+        BLOCK_N whole rows: their packed codes and group scales loaded once, contiguously, and gathered on chip
+        (tl.gather) per block of output columns; the same float32 math as _dequant_kernel, contiguous stores."""
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        bn = rn % N
+        rw = tl.arange(0, WORDS)
+        words = tl.load(qw_ptr + bn[:, None] * stride_qw + rw[None, :], mask=(rw < K // 8)[None, :], other=0)
+        rg = tl.arange(0, GROUPS)
+        gmask = (rg < K // GROUP)[None, :]
+        s = tl.load(s_ptr + bn[:, None] * stride_s + rg[None, :], mask=gmask, other=0.0)
+        b = -tl.load(z_ptr + bn[:, None] * stride_s + rg[None, :], mask=gmask, other=0.0) * s
+        for c0 in range(0, K, BLOCK_K):
+            rc = c0 + tl.arange(0, BLOCK_K)
+            src = tl.load(inv_ptr + rc).to(tl.int32)
+            word = tl.gather(words, tl.broadcast_to((src // 8)[None, :], (BLOCK_N, BLOCK_K)), axis=1)
+            q = (word >> ((src % 8) * 4)[None, :]) & 0xF
+            g = tl.broadcast_to((src // GROUP)[None, :], (BLOCK_N, BLOCK_K))
+            w = q.to(tl.float32) * tl.gather(s, g, axis=1) + tl.gather(b, g, axis=1)
+            tl.store(out_ptr + rn[:, None] * stride_o + rc[None, :], w.to(out_ptr.dtype.element_ty),
+                     mask=rn[:, None] < N)
+
 
 def launch_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                 perm: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor,
@@ -259,13 +291,26 @@ def launch_dequant(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Ten
                           GROUP=group, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
 
 
+def launch_dequant_unpermuted(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
+                              perm: torch.Tensor, out: torch.Tensor, block_k: int) -> None:
+    """out (N, K) = the weight dequantized in the activation's own K order (act-order undone in the weight)."""
+    n, k = out.shape
+    block_n, warps = UNPERMUTE_CONFIG
+    inv = torch.argsort(perm)  # output column c reads the stored column holding input channel c
+    _dequant_unpermute_kernel[(triton.cdiv(n, block_n),)](
+        qweight, scales, zeros, inv, out, n, k, qweight.stride(0), scales.stride(0), out.stride(0), GROUP=group,
+        WORDS=triton.next_power_of_2(k // 8), GROUPS=triton.next_power_of_2(k // group), BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=warps)
+
+
 def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                   perm: torch.Tensor | None = None, bias: torch.Tensor | None = None, threshold: int = THRESHOLD_M,
                   config: tuple[int, ...] | None = None, perm_in_kernel: int = PERM_IN_KERNEL_MAX_M,
-                  triton_permute: int = TRITON_PERMUTE_MAX_M, rows_permute: int = ROW_PERMUTE_MIN_M) -> torch.Tensor:
+                  triton_permute: int = TRITON_PERMUTE_MAX_M, rows_permute: int = ROW_PERMUTE_MIN_M,
+                  unpermute_weight: int = UNPERMUTE_WEIGHT_MIN_M) -> torch.Tensor:
     """The Triton path on whatever device the kernels launch on (CUDA; CPU tensors under TRITON_INTERPRET=1).
-    `threshold`, `config`, `perm_in_kernel`, `triton_permute` and `rows_permute` override the module constants
-    (the benchmark's sweeps, tests)."""
+    `threshold`, `config`, `perm_in_kernel`, `triton_permute`, `rows_permute` and `unpermute_weight` override the
+    module constants (the benchmark's sweeps, tests)."""
     m, k = x.shape
     n = qweight.shape[0]
     x = x.contiguous()
@@ -285,6 +330,9 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     if block_k is None:
         return _reference(x, qweight, scales, zeros, group, perm, bias)
     w = torch.empty(n, k, device=x.device, dtype=x.dtype)  # the scratch: a shape-sized block from the pool
+    if perm is not None and m >= unpermute_weight:
+        launch_dequant_unpermuted(qweight, scales, zeros, group, perm, w, block_k)
+        return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
     launch_dequant(qweight, scales, zeros, group, w, block_k)
     if perm is not None:
         x = permute_activation(x, perm, triton_permute, rows_permute)
