@@ -196,6 +196,38 @@ def test_w4a16_kernel_matches_the_reference_at_a_real_width(int4_layers, name, m
     assert rel < W4A16_RTOL, f"{name} M={m}: {rel:.3g}"
 
 
+@pytest.mark.parametrize("m", [129, 512, 4096])
+def test_w4a16_act_order_by_the_weight_unpermuted(int4_layers, m):
+    """The dequantize path with act-order undone in the weight (_dequant_unpermute_kernel) instead of the activation
+    permuted: the reference's answer at a real width, a replay bitwise equal to eager, and the inverse permutation
+    given for the permutation caught."""
+    from pcg_core.quant import w4a16
+
+    layer = int4_layers["gptq"]
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    want = layer.weight_int4().reference_linear(x).float()
+
+    def run(t, perm=layer.perm):
+        return w4a16.triton_linear(t, layer.qweight, layer.scales, layer.zeros, layer.group, perm, None, threshold=0,
+                                   unpermute_weight=0)
+
+    eager = run(x)
+    assert float((eager.float() - want).norm() / want.norm()) < W4A16_RTOL
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run(x)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    wrong = run(x, torch.argsort(layer.perm)).float()
+    assert float((wrong - want).norm() / want.norm()) > 0.1
+
+
 @pytest.mark.parametrize("m", [8, 64, 512])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_w4a16_bias_and_fp16_activations(int4_layers, dtype, m):
