@@ -250,10 +250,8 @@ def _grouped_projection(module: torch.nn.Module, name: str, rows: torch.Tensor, 
     """rows [S, K] sorted by expert through projection `name` of each row's expert, in the rows' dtype: moe_gemm's
     kernel over the codes as held where it is enabled and takes the layout, else every expert dequantized and
     torch._grouped_mm."""
-    if moe_gemm.ENABLED and moe_gemm.available(rows):
-        out = moe_gemm.grouped_linear(rows, counts, expert_weights(module, name))
-        if out is not None:
-            return out
+    if moe_gemm.ENABLED and moe_gemm.available(rows) and moe_gemm.takes(w := expert_weights(module, name), rows.shape[1]):
+        return moe_gemm.linear(rows, counts, w)
     return torch._grouped_mm(rows, _all_dequantized(module, name, rows.dtype).transpose(1, 2), offs=offsets)
 
 

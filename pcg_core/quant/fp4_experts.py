@@ -280,10 +280,8 @@ def _grouped_projection(module: torch.nn.Module, name: str, rows: torch.Tensor, 
                         offsets: torch.Tensor) -> torch.Tensor:
     """rows sorted by expert through projection `name`: moe_gemm's kernel over the codes where it is enabled,
     else every expert dequantized (by chunks) and torch._grouped_mm."""
-    if moe_gemm.ENABLED and moe_gemm.available(rows):
-        out = moe_gemm.grouped_linear(rows, counts, fp4_expert_weights(module, name))
-        if out is not None:
-            return out
+    if moe_gemm.ENABLED and moe_gemm.available(rows) and moe_gemm.takes(w := fp4_expert_weights(module, name), rows.shape[1]):
+        return moe_gemm.linear(rows, counts, w)
     return torch._grouped_mm(rows, fp4_dequantized(module, name, rows.dtype).transpose(1, 2), offs=offsets)
 
 

@@ -22,13 +22,15 @@ Weights, the canonical [E, N, K] rows of experts.py (`ExpertWeights`):
 - "fp4": E2M1 codes two per byte along K, low nibble first ([E, N, K/2]), looked up in the module's 16-value
   `table`, times a float32 scale per block of `group` (16 NVFP4, 32 MXFP4: [E, N, K/B]) and NVFP4's per-row
   global ([E, N]), in fp4_experts' order.
-Anything else (act-order per row shard, K not a multiple of a tile) returns None: the caller keeps its own path.
+Anything else (act-order per row shard, K or a group not a multiple of 16) is not taken (`takes`): the caller
+keeps its own path. Callers inside a traced forward go through the custom op `pcg::moe_grouped_linear` (`linear`):
+opaque to dynamo, as every kernel a graph captures is; its tile configuration is chosen from the concrete row
+count when it runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -54,11 +56,10 @@ CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class ExpertWeights:
+class ExpertWeights(NamedTuple):
     """One projection of quantized experts as held: `codes` [E, N, K] (int4's [E, N, K/8], FP4's [E, N, K/2]), the
     scale (int4's zeros and act-order `perm`; FP4's value table and row globals) the module holds beside them;
-    `group`: int4's group, FP4's scale block."""
+    `group`: int4's group, FP4's scale block. A NamedTuple: built inside traced forwards, which dynamo follows."""
 
     format: Literal["float", "8bit", "int4", "fp4"]
     codes: torch.Tensor
@@ -112,18 +113,28 @@ def block_table(counts: torch.Tensor, rows: int, block_m: int) -> tuple[torch.Te
     return e.to(torch.int32), first.to(torch.int32), end.to(torch.int32)
 
 
+def takes(w: ExpertWeights, k: int) -> bool:
+    """Whether the kernel runs this projection for rows of width k: a tile of 16 columns or more fits K and lies
+    inside one int4 group (or 128-column scale block); act-order one permutation per expert. Shapes only, so
+    it is the same for every row count."""
+    e, _, kw = w.shape
+    group = w.group if w.format == "int4" else SCALE_BLOCK if w.scale_kind == "block" else kw
+    return (triton is not None and kw == k and k % 16 == 0 and group % 16 == 0
+            and (w.perm is None or tuple(w.perm.shape) == (e, kw)))
+
+
 def grouped_linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights,
                    config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor | None:
     """rows [S, K] sorted by expert (counts [E] rows each) through each row's expert's weight: [S, N] in the rows'
     dtype; None for a layout the kernel does not take (the caller's own path runs)."""
+    if not takes(w, rows.shape[1]):
+        return None
     e, n, k = w.shape
     s = rows.shape[0]
     bm, bn, bk, warps, stages = config or config_for(s, e)
     group = w.group if w.format == "int4" else SCALE_BLOCK if w.scale_kind == "block" else k  # FP4: scales gathered
     while bk > 16 and (k % bk or group % bk):  # a tile inside one int4 group or 128-column scale block
         bk //= 2
-    if k % bk or group % bk or rows.shape[1] != k or (w.perm is not None and w.perm.shape != (e, k)):
-        return None
     out = torch.empty(s, n, device=rows.device, dtype=rows.dtype)
     if s == 0:
         return out
@@ -141,9 +152,35 @@ def grouped_linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights,
     _moe_gemm_kernel[grid](rows, codes, scale, zeros, glob, perm, out, expert, first, end, n, k, rows.stride(0),
                            codes.stride(0), codes.stride(1), scale.stride(0), scale_row, glob.stride(0),
                            FORMAT=FORMATS[w.format], SCALE=SCALE_KINDS[w.scale_kind], GROUP=max(w.group, 1),
-                           HAS_PERM=w.perm is not None, HAS_GLOBAL=w.global_rows is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-                           num_stages=stages)
+                           HAS_PERM=w.perm is not None, HAS_GLOBAL=w.global_rows is not None, BLOCK_M=bm,
+                           BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     return out
+
+
+@torch.library.custom_op("pcg::moe_grouped_linear", mutates_args=())
+def moe_grouped_linear(rows: torch.Tensor, counts: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor | None,
+                       zeros: torch.Tensor | None, table: torch.Tensor | None, global_rows: torch.Tensor | None,
+                       perm: torch.Tensor | None, fmt: str, scale_kind: str, group: int) -> torch.Tensor:
+    """grouped_linear as an op (`ExpertWeights`' fields spread): where Triton launches (CUDA, or CPU tensors under
+    TRITON_INTERPRET=1) and the layout is taken — callers check `available` and `takes` first."""
+    out = grouped_linear(rows, counts, ExpertWeights(fmt, codes, scale, scale_kind, zeros, group, perm, table,
+                                                     global_rows))
+    if out is None:
+        raise NotImplementedError(f"pcg::moe_grouped_linear: {fmt} experts of this layout are not taken (check "
+                                  "moe_gemm.takes first)")
+    return out
+
+
+@moe_grouped_linear.register_fake
+def _moe_grouped_linear_fake(rows, counts, codes, scale, zeros, table, global_rows, perm, fmt, scale_kind, group):
+    torch._check(rows.dim() == 2, lambda: f"pcg::moe_grouped_linear takes rows (S, K), got {rows.dim()} dimensions")
+    return rows.new_empty(rows.shape[0], codes.shape[1])
+
+
+def linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights) -> torch.Tensor:
+    """The op on w: rows [S, K] sorted by expert through each row's expert's weight."""
+    return moe_grouped_linear(rows, counts, w.codes, w.scale, w.zeros, w.table, w.global_rows, w.perm, w.format,
+                              w.scale_kind, w.group)
 
 
 if triton is not None:

@@ -204,5 +204,14 @@ def test_interpreted_grouped_forward_by_the_kernel_equals_the_reference(name, mo
     monkeypatch.setattr(moe_gemm, "grouped_linear", lambda *a, **k: calls.append(1) or real(*a, **k))
     got = experts.grouped_quantized_experts_forward(mod, x, idx, w)
     assert len(calls) == 2 and rel(got, want) < 1e-5, (name, rel(got, want))
+    # as a piecewise capture traces it: dynamo, the whole forward one graph, the token count dynamic — the op opaque
+    torch._dynamo.reset()
+    traced = torch.compile(experts.grouped_quantized_experts_forward, backend="eager", fullgraph=True, dynamic=False)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(idx, 0)
+    torch._dynamo.mark_dynamic(w, 0)
+    assert torch.equal(traced(mod, x, idx, w), got)
+    fewer = experts.grouped_quantized_experts_forward(mod, x[:9], idx[:9], w[:9])
+    assert torch.equal(traced(mod, x[:9], idx[:9], w[:9]), fewer)
     monkeypatch.setattr(moe_gemm, "grouped_linear", lambda rows, counts, wt, **k: real(rows, counts.roll(1), wt, **k))
     assert rel(experts.grouped_quantized_experts_forward(mod, x, idx, w), want) > 0.05
