@@ -30,12 +30,13 @@ from __future__ import annotations
 import torch
 
 import pcg_core.quant.moe_gemm as moe_gemm
-from pcg_core.quant.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection
+from pcg_core.quant.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection, in_out
 from pcg_core.quant.fp4 import Fp4Scheme
 from pcg_core.quant.fp4_experts import (fp4_dequantized, fp4_expert_weights, fp4_experts_forward,
                                         grouped_fp4_experts_forward)
 from pcg_core.quant.int4 import Int4Scheme, Int4Weight, pack_nibbles, quantize_int4_ordered, unpack_nibbles
-from pcg_core.quant.schemes import BLOCK, Scheme, dequantize_weight, expand_activation_scale, quantize_activation, quantize_weight
+from pcg_core.quant.schemes import (BLOCK, Scheme, dequantize_weight, expand_activation_scale, quantize_activation,
+                                    quantize_weight, weight_scale_shape)
 from pcg_core.quant.w4a8 import quantize_act
 
 PROJECTIONS = ("gate_up_proj", "up_proj", "down_proj")
@@ -59,14 +60,18 @@ def quantize_experts(module: torch.nn.Module, scheme: Scheme | Int4Scheme, input
         w = getattr(module, name, None)
         if not isinstance(w, torch.Tensor):
             continue
-        qs = [quantize_weight(canonical_weight(module, name, e), scheme) for e in range(w.shape[0])]
+        experts, (n, k) = w.shape[0], in_out(module, name)
+        q = torch.empty(experts, n, k, dtype=scheme.qdtype, device=w.device)  # filled expert by expert: no list
+        scale = torch.empty(experts, *weight_scale_shape(scheme, n, k), device=w.device)  # of copies to stack
+        for e in range(experts):
+            q[e], scale[e] = quantize_weight(canonical_weight(module, name, e), scheme)
         input_scale = None
         if not scheme.act_dynamic:
             key = "down" if name == "down_proj" else "gate_up"
             if input_absmax is None or key not in input_absmax:
                 raise ValueError(f"{scheme.name} has static activation scales: calibrate the experts' {key} input first")
             input_scale = torch.tensor(max(input_absmax[key], 1e-6) / scheme.qmax)
-        install(module, scheme, name, torch.stack([q for q, _ in qs]), torch.stack([s for _, s in qs]), input_scale)
+        install(module, scheme, name, q, scale, input_scale)
 
 
 def quantizable(module: torch.nn.Module) -> bool:
@@ -107,10 +112,19 @@ def quantize_experts_int4(module: torch.nn.Module, scheme: Int4Scheme) -> None:
         w = getattr(module, name, None)
         if not isinstance(w, torch.Tensor):
             continue
-        ws = [canonical_weight(module, name, e) for e in range(w.shape[0])]
-        group = scheme.group_for(ws[0].shape[-1])
-        qs = [quantize_int4_ordered(we, group, scheme.sym, scheme.act_order) for we in ws]
-        install_int4(module, scheme, name, qs)
+        experts, (n, k) = w.shape[0], in_out(module, name)
+        group = scheme.group_for(k)
+        # expert by expert into the packed buffers: no list of every expert's unpacked codes to stack
+        packed = torch.empty(experts, n, k // 8, dtype=torch.int32, device=w.device)
+        scales = torch.empty(experts, n, k // group, device=w.device)
+        zeros = torch.empty_like(scales)
+        perm = torch.empty(experts, k, dtype=torch.int64, device=w.device) if scheme.act_order else None
+        for e in range(experts):
+            q = quantize_int4_ordered(canonical_weight(module, name, e), group, scheme.sym, scheme.act_order)
+            packed[e], scales[e], zeros[e] = pack_nibbles(q.q, 1), q.scales, q.zeros
+            if perm is not None:
+                perm[e] = q.perm
+        _register_int4(module, scheme, name, packed, scales, zeros, perm, group)
 
 
 def install_int4(module: torch.nn.Module, scheme: Int4Scheme, name: str, weights: list[Int4Weight]) -> None:
@@ -119,14 +133,21 @@ def install_int4(module: torch.nn.Module, scheme: Int4Scheme, name: str, weights
     when the N rows are S shards with a permutation each (a checkpoint's gate and up fused). The scheme, set as
     `quant_scheme`, tells the forwards the activations: its `activations` (None, "int8" or "fp8"); a per-token
     scale does not depend on K's order, so act-order stays undone in the weight for W4A8 too."""
-    dev = getattr(module, name).device
     perms = [w.perm for w in weights]
+    _register_int4(module, scheme, name, torch.stack([pack_nibbles(w.q, 1) for w in weights]),
+                   torch.stack([w.scales for w in weights]), torch.stack([w.zeros for w in weights]),
+                   None if perms[0] is None else torch.stack(perms), weights[0].group)
+
+
+def _register_int4(module: torch.nn.Module, scheme: Int4Scheme, name: str, packed: torch.Tensor, scales: torch.Tensor,
+                   zeros: torch.Tensor, perm: torch.Tensor | None, group: int) -> None:
+    dev = getattr(module, name).device
     module._parameters.pop(name, None)
-    module.register_buffer(name, torch.stack([pack_nibbles(w.q, 1) for w in weights]).to(dev))
-    module.register_buffer(f"{name}_scales", torch.stack([w.scales for w in weights]).to(dev))
-    module.register_buffer(f"{name}_zeros", torch.stack([w.zeros for w in weights]).to(dev))
-    module.register_buffer(f"{name}_perm", None if perms[0] is None else torch.stack(perms).to(dev))
-    setattr(module, f"{name}_group", weights[0].group)
+    module.register_buffer(name, packed.to(dev))
+    module.register_buffer(f"{name}_scales", scales.to(dev))
+    module.register_buffer(f"{name}_zeros", zeros.to(dev))
+    module.register_buffer(f"{name}_perm", None if perm is None else perm.to(dev))
+    setattr(module, f"{name}_group", group)
     module.quant_scheme = scheme
 
 

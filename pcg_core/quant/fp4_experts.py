@@ -28,7 +28,7 @@ import torch
 import pcg_core.quant.moe_gemm as moe_gemm
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.e2m1 import e2m1_table, pack_e2m1, unpack_e2m1
-from pcg_core.quant.expert_layout import add_bias, dequantize_by_chunks, first_projection, in_out
+from pcg_core.quant.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection, in_out
 from pcg_core.quant.fp4 import (FP4_SCHEMES, MXFP4_BLOCK, NVFP4_BLOCK, Fp4Scheme, Fp4Weight, interleave_gate_up,
                                 mxfp4_experts_pack, mxfp4_experts_weight,
                                 quantize_mxfp4, quantize_nvfp4)
@@ -74,16 +74,14 @@ def fp4_unsupported_reason(module: torch.nn.Module, scheme: Fp4Scheme) -> str | 
 # --- holding ---------------------------------------------------------------------------------------------------
 
 
-def quantize_fp4_weight(w: torch.Tensor, block: int) -> tuple[Fp4Weight, torch.Tensor | None]:
-    """The reference quantizer over canonical [E, N, K] weights: MXFP4 blockwise (no global), NVFP4 per expert
-    (each expert's own global, as a per-expert checkpoint has it). Returns the stacked weight and the globals
-    [E, N] (None for MXFP4)."""
+def quantize_fp4_expert(w: torch.Tensor, block: int) -> Fp4Weight:
+    """The reference quantizer of one expert's canonical [N, K] weight: MXFP4 blockwise (no global), NVFP4 with
+    the expert's own global (as a per-expert checkpoint has it)."""
     if block == MXFP4_BLOCK:
-        return quantize_mxfp4(w), None
+        return quantize_mxfp4(w)
     if block != NVFP4_BLOCK:
         raise ValueError(f"FP4 experts take blocks of {NVFP4_BLOCK} or {MXFP4_BLOCK}, not {block}")
-    qs = [quantize_nvfp4(w[e]) for e in range(w.shape[0])]
-    return _stack(qs)
+    return quantize_nvfp4(w)
 
 
 def _stack(ws: Sequence[Fp4Weight]) -> tuple[Fp4Weight, torch.Tensor | None]:
@@ -106,10 +104,15 @@ def install_fp4_projection(module: torch.nn.Module, name: str, w: Fp4Weight, glo
                          f"{tuple(w.codes.shape)} in blocks of {w.block}")
     if global_rows is not None and tuple(global_rows.shape) != tuple(w.codes.shape[:2]):
         raise ValueError(f"{name}: globals {tuple(global_rows.shape)} are not one per row {tuple(w.codes.shape[:2])}")
+    _register(module, name, pack_e2m1(w.codes), w.scales, global_rows, scheme)
+
+
+def _register(module: torch.nn.Module, name: str, packed: torch.Tensor, scales: torch.Tensor,
+              global_rows: torch.Tensor | None, scheme: Fp4Scheme) -> None:
     dev = getattr(module, name).device
     module._parameters.pop(name, None)
-    module.register_buffer(name, pack_e2m1(w.codes).to(dev))
-    module.register_buffer(f"{name}_scale", w.scales.float().to(dev))
+    module.register_buffer(name, packed.to(dev))
+    module.register_buffer(f"{name}_scale", scales.float().to(dev))
     module.register_buffer(f"{name}_global", None if global_rows is None else global_rows.float().to(dev))
     module.register_buffer("fp4_e2m1", e2m1_table(dev), persistent=False)
     module.fp4_block = scheme.block
@@ -125,11 +128,21 @@ def quantize_experts_fp4(module: torch.nn.Module, scheme: Fp4Scheme) -> None:
     """Quantize a float experts module in place, either layout ([E, N, K] Qwen3-MoE/Mixtral, or gpt-oss's
     transposed, biased, interleaved one): each projection by the reference quantizer of the scheme's block."""
     _check(module, scheme)
-    transposed = getattr(module, "is_transposed", False)
     for name in _projections(module):
-        w = getattr(module, name).detach().float()
-        install_fp4_projection(module, name, *quantize_fp4_weight(w.transpose(1, 2) if transposed else w,
-                                                                  scheme.block), scheme)
+        # expert by expert into the packed buffers: the whole projection in float32 (and the quantizer's
+        # temporaries of it) was ~100 GB for DeepSeek-V3's 256 gate_up experts
+        experts = getattr(module, name).shape[0]
+        n, k = in_out(module, name)
+        dev = getattr(module, name).device
+        packed = torch.empty(experts, n, k // 2, dtype=torch.uint8, device=dev)
+        scales = torch.empty(experts, n, k // scheme.block, device=dev)
+        globs = []
+        for e in range(experts):
+            q = quantize_fp4_expert(canonical_weight(module, name, e).float(), scheme.block)
+            packed[e], scales[e] = pack_e2m1(q.codes), q.scales
+            globs.append(q.global_scale)
+        glob = None if globs[0] is None else torch.tensor(globs, device=dev)[:, None].expand(-1, n).contiguous()
+        _register(module, name, packed, scales, glob, scheme)
 
 
 def install_fp4_experts(module: torch.nn.Module, scheme: Fp4Scheme, down: Sequence[Fp4Weight],
