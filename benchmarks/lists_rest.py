@@ -1,7 +1,9 @@
 """The lines of a gpu_cells.sh list whose cell has no recorded outcome yet in the given `pcgh cell --json` files:
 what the next device call runs after a list was cut by its timeout (cells not started, or killed, come back).
+With --passed only passing outcomes count (a cell that ran out of memory or failed on a bug since fixed comes
+back too). Lines of other JSON files (no "spec") are skipped.
 
-    python benchmarks/lists_rest.py LIST RESULTS.jsonl [...] > REST
+    python benchmarks/lists_rest.py [--passed] LIST RESULTS.jsonl [...] > REST
 """
 
 from __future__ import annotations
@@ -21,21 +23,27 @@ def line_key(line: str) -> tuple:
     return key(model, layers, attention, graph, compiler, quant, tokens)
 
 
-def recorded(paths: list[str]) -> set[tuple]:
+def recorded(paths: list[str], passed: bool = False) -> set[tuple]:
     done = set()
     for path in paths:
         for line in open(path):
             if line.strip().startswith("{"):
-                s = json.loads(line)["spec"]
+                obj = json.loads(line)
+                if "spec" not in obj or (passed and obj.get("status") != "pass"):
+                    continue
+                s = obj["spec"]
                 layers = "tiny" if s["tiny"] else str(s["layers"])
-                done.add(key(s["model"], layers, s["attention"], s["graph"], s["compiler"], s["quant"], s["max_tokens"]))
+                done.add(key(s["model"], layers, s.get("attention", "sdpa"), s["graph"], s.get("compiler", "eager"),
+                             s.get("quant", "none"), s["max_tokens"]))
     return done
 
 
 def main(argv: list[str]) -> int:
+    passed = bool(argv) and argv[0] == "--passed"
+    argv = argv[1:] if passed else argv
     if len(argv) < 2:
         raise SystemExit(__doc__)
-    done = recorded(argv[1:])
+    done = recorded(argv[1:], passed)
     seen = set()
     for line in open(argv[0]):
         text = line.strip()
