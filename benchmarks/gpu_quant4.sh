@@ -9,7 +9,11 @@
 #   cells  — `pcgh cell` on CUDA, synthetic weights quantized in memory: $QUANTS × $CELLS × {piecewise, breakable, full}
 #   ckpt   — checkpoints written in each real format at real widths (benchmarks/quant_checkpoint.py), then
 #            `pcgh cell --weights real` on each × {piecewise, breakable}
+#   moe    — moe_gemm (the grouped GEMM over quantized experts' codes) and act-order's weight-unpermute on CUDA
+#            (test_quant_gpu.py), then benchmarks/moe_gemm.py: bf16 grouped vs dequantize + grouped vs moe_gemm
+#   permute — benchmarks/w4a16_gemm.py --scan-permute: act-order at large M, each way of meeting the permutation
 # Usage on the GPU machine, from the repo root: bash benchmarks/gpu_quant4.sh [tests] [micro] [sweep] [cells] [ckpt]
+#   [moe] [permute]
 source "$(dirname "$0")/gpu_env.sh"
 phases=${*:-tests micro cells ckpt}
 tests() {
@@ -33,6 +37,15 @@ sweep() {
 cells() {
   CELLS=${CELLS:-"llama-3.1-8b:4 qwen3-8b:4"} QUANTS=${QUANTS:-"awq gptq fp4"} bash "$(dirname "$0")/gpu_quant.sh" cells
   for f in "$OUT"/quant_cells.*; do mv "$f" "${f/quant_cells/quant4_cells}"; done
+}
+moe() {
+  timeout ${MOE_TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/pcg_core/test_quant_gpu.py \
+    -k "moe_gemm or grouped or unpermuted" 2>&1 | tee "$OUT/moe_tests.txt" | tail -8
+  timeout ${MOE_BENCH_TIMEOUT:-300} python3 benchmarks/moe_gemm.py --out "$OUT/moe_gemm.json" 2>&1 | tee "$OUT/moe_gemm.txt" | tail -16
+}
+permute() {
+  timeout ${PERMUTE_TIMEOUT:-240} python3 benchmarks/w4a16_gemm.py --scan-permute --out "$OUT/w4a16_permute.json" 2>&1 \
+    | tee "$OUT/w4a16_permute.txt" | tail -12
 }
 ckpt() {
   local dir=/tmp/pcg-ckpt; rm -rf "$dir"; mkdir -p "$dir"
