@@ -284,9 +284,9 @@ def fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, to
 
 
 def fp4_expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights:
-    """Projection `name` as moe_gemm reads it: the packed codes, block scales, value table and row globals held."""
+    """Projection `name` as moe_gemm reads it: the packed codes, block scales and row globals held."""
     return moe_gemm.ExpertWeights("fp4", getattr(module, name), getattr(module, f"{name}_scale"), group=module.fp4_block,
-                                  table=module.fp4_e2m1, global_rows=getattr(module, f"{name}_global"))
+                                  global_rows=getattr(module, f"{name}_global"))
 
 
 def _grouped_projection(module: torch.nn.Module, name: str, rows: torch.Tensor, counts: torch.Tensor,

@@ -19,9 +19,9 @@ Weights, the canonical [E, N, K] rows of experts.py (`ExpertWeights`):
 - "int4": codes packed 8 per int32 along K ([E, N, K/8]), float32 scales and zeros per group ([E, N, K/G]), the
   product (q − z)·s; act-order's permutation ([E, K], one per expert) read on the activation's side, as
   w4a16's fused GEMM reads it;
-- "fp4": E2M1 codes two per byte along K, low nibble first ([E, N, K/2]), looked up in the module's 16-value
-  `table`, times a float32 scale per block of `group` (16 NVFP4, 32 MXFP4: [E, N, K/B]) and NVFP4's per-row
-  global ([E, N]), in fp4_experts' order.
+- "fp4": E2M1 codes two per byte along K, low nibble first ([E, N, K/2]), decoded to their values, times a
+  float32 scale per block of `group` (16 NVFP4, 32 MXFP4: [E, N, K/B]) and NVFP4's per-row global ([E, N]), in
+  fp4_experts' order.
 Anything else (act-order per row shard, K or a group not a multiple of 16) is not taken (`takes`): the caller
 keeps its own path. Callers inside a traced forward go through the custom op `pcg::moe_grouped_linear` (`linear`):
 opaque to dynamo, as every kernel a graph captures is; its tile configuration is chosen from the concrete row
@@ -58,7 +58,7 @@ CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
 
 class ExpertWeights(NamedTuple):
     """One projection of quantized experts as held: `codes` [E, N, K] (int4's [E, N, K/8], FP4's [E, N, K/2]), the
-    scale (int4's zeros and act-order `perm`; FP4's value table and row globals) the module holds beside them;
+    scale (int4's zeros and act-order `perm`; FP4's row globals) the module holds beside them;
     `group`: int4's group, FP4's scale block. A NamedTuple: built inside traced forwards, which dynamo follows."""
 
     format: Literal["float", "8bit", "int4", "fp4"]
@@ -68,7 +68,6 @@ class ExpertWeights(NamedTuple):
     zeros: torch.Tensor | None = None
     group: int = 0
     perm: torch.Tensor | None = None
-    table: torch.Tensor | None = None
     global_rows: torch.Tensor | None = None
 
     @property
@@ -143,8 +142,6 @@ def grouped_linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights,
     codes = w.codes.contiguous()
     scale = codes if w.scale is None else w.scale.float().contiguous()
     zeros = scale if w.zeros is None else w.zeros.float().contiguous()
-    if w.format == "fp4":
-        zeros = w.table.float().contiguous()  # the kernel's second per-format operand: FP4's value table
     glob = scale if w.global_rows is None else w.global_rows.float().contiguous()
     perm = expert if w.perm is None else w.perm.to(torch.int32).contiguous()
     scale_row = scale.stride(1) if scale.dim() > 1 else 0
@@ -152,19 +149,19 @@ def grouped_linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights,
     _moe_gemm_kernel[grid](rows, codes, scale, zeros, glob, perm, out, expert, first, end, n, k, rows.stride(0),
                            codes.stride(0), codes.stride(1), scale.stride(0), scale_row, glob.stride(0),
                            FORMAT=FORMATS[w.format], SCALE=SCALE_KINDS[w.scale_kind], GROUP=max(w.group, 1),
-                           HAS_PERM=w.perm is not None, HAS_GLOBAL=w.global_rows is not None, BLOCK_M=bm,
+                           HAS_PERM=w.perm is not None, HAS_GLOBAL=w.global_rows is not None,
+                           LOG2_GROUP=max(w.group, 1).bit_length() - 1, IEEE=rows.dtype == torch.float32, BLOCK_M=bm,
                            BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     return out
 
 
 @torch.library.custom_op("pcg::moe_grouped_linear", mutates_args=())
 def moe_grouped_linear(rows: torch.Tensor, counts: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor | None,
-                       zeros: torch.Tensor | None, table: torch.Tensor | None, global_rows: torch.Tensor | None,
+                       zeros: torch.Tensor | None, global_rows: torch.Tensor | None,
                        perm: torch.Tensor | None, fmt: str, scale_kind: str, group: int) -> torch.Tensor:
     """grouped_linear as an op (`ExpertWeights`' fields spread): where Triton launches (CUDA, or CPU tensors under
     TRITON_INTERPRET=1) and the layout is taken — callers check `available` and `takes` first."""
-    out = grouped_linear(rows, counts, ExpertWeights(fmt, codes, scale, scale_kind, zeros, group, perm, table,
-                                                     global_rows))
+    out = grouped_linear(rows, counts, ExpertWeights(fmt, codes, scale, scale_kind, zeros, group, perm, global_rows))
     if out is None:
         raise NotImplementedError(f"pcg::moe_grouped_linear: {fmt} experts of this layout are not taken (check "
                                   "moe_gemm.takes first)")
@@ -172,14 +169,14 @@ def moe_grouped_linear(rows: torch.Tensor, counts: torch.Tensor, codes: torch.Te
 
 
 @moe_grouped_linear.register_fake
-def _moe_grouped_linear_fake(rows, counts, codes, scale, zeros, table, global_rows, perm, fmt, scale_kind, group):
+def _moe_grouped_linear_fake(rows, counts, codes, scale, zeros, global_rows, perm, fmt, scale_kind, group):
     torch._check(rows.dim() == 2, lambda: f"pcg::moe_grouped_linear takes rows (S, K), got {rows.dim()} dimensions")
     return rows.new_empty(rows.shape[0], codes.shape[1])
 
 
 def linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights) -> torch.Tensor:
     """The op on w: rows [S, K] sorted by expert through each row's expert's weight."""
-    return moe_grouped_linear(rows, counts, w.codes, w.scale, w.zeros, w.table, w.global_rows, w.perm, w.format,
+    return moe_grouped_linear(rows, counts, w.codes, w.scale, w.zeros, w.global_rows, w.perm, w.format,
                               w.scale_kind, w.group)
 
 
@@ -193,12 +190,41 @@ if triton is not None:
         return tl.interleave(words, words)
 
     @triton.jit
+    def _repeat_columns(x, LOG2: tl.constexpr):
+        """[R, C] → [R, C · 2^LOG2], each column repeated in place (LOG2 ≤ 5): block scales widened to the tile."""
+        if LOG2 >= 1:
+            x = tl.interleave(x, x)
+        if LOG2 >= 2:
+            x = tl.interleave(x, x)
+        if LOG2 >= 3:
+            x = tl.interleave(x, x)
+        if LOG2 >= 4:
+            x = tl.interleave(x, x)
+        if LOG2 >= 5:
+            x = tl.interleave(x, x)
+        return x
+
+    @triton.jit
+    def _e2m1(c):
+        """E2M1 codes (int32 0…15) → their float32 values, exactly: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and the negatives
+        (decoded with arithmetic: a table lookup per element is a scattered load the pipeline stages in shared
+        memory)."""
+        mag = c & 7
+        ex = mag >> 1
+        m = (mag & 1).to(tl.float32)
+        v = tl.where(ex == 0, m * 0.5, (2.0 + m) * (1 << ex).to(tl.float32) * 0.25)
+        return tl.where(c >= 8, -v, v)
+
+    @triton.jit
     def _weight_tile(w_ptr, s_ptr, z_ptr, g_ptr, e, bn, k0, stride_we, stride_wn, stride_se, stride_sn, stride_ge,
                      dtype: tl.constexpr, FORMAT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr,
-                     HAS_GLOBAL: tl.constexpr, BLOCK_K: tl.constexpr):
+                     LOG2_GROUP: tl.constexpr, HAS_GLOBAL: tl.constexpr, BLOCK_K: tl.constexpr):
         """Expert e's weight rows `bn`, columns k0…k0+BLOCK_K, dequantized in float32 and rounded once to `dtype`."""
         rk = k0 + tl.arange(0, BLOCK_K)
-        base = w_ptr + e.to(tl.int64) * stride_we + bn[:, None].to(tl.int64) * stride_wn
+        e = e.to(tl.int64)
+        bn = bn.to(tl.int64)
+        base = w_ptr + e * stride_we + bn[:, None] * stride_wn
+        srow = s_ptr + e * stride_se + bn * stride_sn  # the rows' scales (8-bit channel/block, int4, FP4)
         if FORMAT == 0:
             w = tl.load(base + rk[None, :]).to(dtype)
         elif FORMAT == 1:
@@ -206,14 +232,18 @@ if triton is not None:
             if SCALE == 1:
                 w = c * tl.load(s_ptr + e)
             elif SCALE == 2:
-                w = c * tl.load(s_ptr + e * stride_se + bn * stride_sn)[:, None]
+                w = c * tl.load(srow)[:, None]
             else:  # a tile lies inside one 128-column block: BLOCK_K divides 128
                 w = c * tl.load(s_ptr + e * stride_se + (bn // 128) * stride_sn + k0 // 128)[:, None]
             w = w.to(dtype)
-        elif FORMAT == 3:  # FP4: z_ptr is the E2M1 value table; the scale gathered per element (blocks of GROUP)
+        elif FORMAT == 3:  # FP4: a block of GROUP columns per scale (NVFP4 16, MXFP4 32)
             b = tl.load(base + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :]).to(tl.int32)
-            v = tl.load(z_ptr + tl.interleave(b & 0xF, b >> 4))  # column 2j: byte j's low nibble, 2j + 1: its high
-            w = v * tl.load(s_ptr + e * stride_se + bn[:, None] * stride_sn + (rk // GROUP)[None, :])
+            v = _e2m1(tl.interleave(b & 0xF, b >> 4))  # column 2j: byte j's low nibble, 2j + 1: its high
+            if BLOCK_K >= GROUP:  # the tile's blocks' scales, each widened over its GROUP columns
+                sb = tl.load(srow[:, None] + (k0 // GROUP + tl.arange(0, BLOCK_K // GROUP))[None, :])
+                w = v * _repeat_columns(sb, LOG2_GROUP)
+            else:  # the tile inside one block
+                w = v * tl.load(srow + k0 // GROUP)[:, None]
             if HAS_GLOBAL:
                 w = w * tl.load(g_ptr + e * stride_ge + bn)[:, None]
             w = w.to(dtype)
@@ -222,7 +252,7 @@ if triton is not None:
             words = _spread8(tl.load(base + rw[None, :]))
             q = ((words >> ((rk % 8) * 4)[None, :]) & 0xF).to(tl.float32)
             g = k0 // GROUP  # the tile lies inside one group: BLOCK_K divides GROUP
-            s = tl.load(s_ptr + e * stride_se + bn * stride_sn + g)
+            s = tl.load(srow + g)
             z = tl.load(z_ptr + e * stride_se + bn * stride_sn + g)
             w = ((q - z[:, None]) * s[:, None]).to(dtype)
         return w
@@ -231,8 +261,8 @@ if triton is not None:
     def _moe_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, perm_ptr, out_ptr, expert_ptr, first_ptr, end_ptr, N, K,
                          stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_ge,
                          FORMAT: tl.constexpr, SCALE: tl.constexpr, GROUP: tl.constexpr, HAS_PERM: tl.constexpr,
-                         HAS_GLOBAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr):
+                         HAS_GLOBAL: tl.constexpr, LOG2_GROUP: tl.constexpr, IEEE: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         pid_b = tl.program_id(0)
         pid_n = tl.program_id(1)
         first = tl.load(first_ptr + pid_b)
@@ -254,7 +284,10 @@ if triton is not None:
                     kx = rk
                 xt = tl.load(x_ptr + bm[:, None].to(tl.int64) * stride_xm + kx[None, :])
                 w = _weight_tile(w_ptr, s_ptr, z_ptr, g_ptr, e, bn, k0, stride_we, stride_wn, stride_se, stride_sn,
-                                 stride_ge, dtype, FORMAT, SCALE, GROUP, HAS_GLOBAL, BLOCK_K)
-                acc = tl.dot(xt, tl.trans(w), acc)
+                                 stride_ge, dtype, FORMAT, SCALE, GROUP, LOG2_GROUP, HAS_GLOBAL, BLOCK_K)
+                if IEEE:  # float32 rows in float32 (the default would round them to TF32)
+                    acc = tl.dot(xt, tl.trans(w), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(xt, tl.trans(w), acc)
             mask = mmask[:, None] & (rn[None, :] < N)
             tl.store(out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], acc.to(dtype), mask=mask)

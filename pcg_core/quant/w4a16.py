@@ -71,6 +71,7 @@ ROW_PERMUTE_ELEMENTS = 16384  # rows per program: as many as keep BLOCK_M · nex
 # `w4a16_gemm.py --scan-permute` measures it against index_select on the GPU.
 UNPERMUTE_WEIGHT_MIN_M = 1 << 62
 UNPERMUTE_CONFIG = (16, 4)  # (BLOCK_N rows held on chip, num_warps); BLOCK_K as the dequantize kernel's
+UNPERMUTE_ELEMENTS = 8192  # packed words held per program at most (BLOCK_N lowered for wide K)
 # (BLOCK_N, BLOCK_K, num_warps) of the dequantize-to-scratch kernel.
 DEQUANT_CONFIG = (64, 128, 4)
 REDUCE_BLOCK = 1024
@@ -179,14 +180,17 @@ if triton is not None:
     @triton.jit
     def _permute_rows_kernel(x_ptr, perm_ptr, out_ptr, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
         """out[m, k] = x[m, perm[k]] for BLOCK_M whole rows (BLOCK_K ≥ K): rows read and written contiguously,
-        the permutation applied on chip (tl.gather), each row read from memory once."""
+        the permutation applied on chip (a 1-D tl.gather, which Triton lowers through shared memory; a 2-D one
+        becomes warp shuffles), each row read from memory once."""
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rk = tl.arange(0, BLOCK_K)
         kmask = rk < K
         src = tl.load(perm_ptr + rk, mask=kmask, other=0).to(tl.int32)
         mask = (rm[:, None] < M) & kmask[None, :]
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mask, other=0.0)
-        v = tl.gather(x, tl.broadcast_to(src[None, :], (BLOCK_M, BLOCK_K)), axis=1)
+        x = tl.reshape(x, [BLOCK_M * BLOCK_K])
+        index = tl.reshape(tl.arange(0, BLOCK_M)[:, None] * BLOCK_K + src[None, :], [BLOCK_M * BLOCK_K])
+        v = tl.reshape(tl.gather(x, index, axis=0), [BLOCK_M, BLOCK_K])  # 1-D: through shared memory
         tl.store(out_ptr + rm[:, None] * K + rk[None, :], v, mask=mask)
 
     @triton.jit
@@ -213,25 +217,33 @@ if triton is not None:
                                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """out[n, c] = W[n, inv[c]] dequantized (the stored weight's column inv[c] is input channel c), for
         BLOCK_N whole rows: their packed codes and group scales loaded once, contiguously, and gathered on chip
-        (tl.gather) per block of output columns; the same float32 math as _dequant_kernel, contiguous stores."""
+        per block of output columns; the same float32 math as _dequant_kernel, contiguous stores. The gathers are
+        1-D (row · width + column): Triton lowers a 1-D tl.gather through shared memory, a 2-D one to warp
+        shuffles whose count grows with the row width squared."""
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        bn = rn % N
+        bn = (rn % N).to(tl.int64)
+        rows = tl.arange(0, BLOCK_N)[:, None]
         rw = tl.arange(0, WORDS)
         words = tl.load(qw_ptr + bn[:, None] * stride_qw + rw[None, :], mask=(rw < K // 8)[None, :], other=0)
+        words = tl.reshape(words, [BLOCK_N * WORDS])
         rg = tl.arange(0, GROUPS)
         gmask = (rg < K // GROUP)[None, :]
         s = tl.load(s_ptr + bn[:, None] * stride_s + rg[None, :], mask=gmask, other=0.0)
         b = -tl.load(z_ptr + bn[:, None] * stride_s + rg[None, :], mask=gmask, other=0.0) * s
+        s = tl.reshape(s, [BLOCK_N * GROUPS])
+        b = tl.reshape(b, [BLOCK_N * GROUPS])
         for c0 in range(0, K, BLOCK_K):
             rc = c0 + tl.arange(0, BLOCK_K)
             src = tl.load(inv_ptr + rc).to(tl.int32)
-            word = tl.gather(words, tl.broadcast_to((src // 8)[None, :], (BLOCK_N, BLOCK_K)), axis=1)
+            iw = tl.reshape(rows * WORDS + (src // 8)[None, :], [BLOCK_N * BLOCK_K])
+            word = tl.reshape(tl.gather(words, iw, axis=0), [BLOCK_N, BLOCK_K])
             q = (word >> ((src % 8) * 4)[None, :]) & 0xF
-            g = tl.broadcast_to((src // GROUP)[None, :], (BLOCK_N, BLOCK_K))
-            w = q.to(tl.float32) * tl.gather(s, g, axis=1) + tl.gather(b, g, axis=1)
-            tl.store(out_ptr + rn[:, None] * stride_o + rc[None, :], w.to(out_ptr.dtype.element_ty),
+            ig = tl.reshape(rows * GROUPS + (src // GROUP)[None, :], [BLOCK_N * BLOCK_K])
+            sg = tl.reshape(tl.gather(s, ig, axis=0), [BLOCK_N, BLOCK_K])
+            bg = tl.reshape(tl.gather(b, ig, axis=0), [BLOCK_N, BLOCK_K])
+            w = q.to(tl.float32) * sg + bg
+            tl.store(out_ptr + rn[:, None].to(tl.int64) * stride_o + rc[None, :], w.to(out_ptr.dtype.element_ty),
                      mask=rn[:, None] < N)
-
 
 def launch_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                 perm: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor,
@@ -296,11 +308,12 @@ def launch_dequant_unpermuted(qweight: torch.Tensor, scales: torch.Tensor, zeros
     """out (N, K) = the weight dequantized in the activation's own K order (act-order undone in the weight)."""
     n, k = out.shape
     block_n, warps = UNPERMUTE_CONFIG
+    words = triton.next_power_of_2(k // 8)
+    block_n = max(1, min(block_n, UNPERMUTE_ELEMENTS // words))  # rows held on chip: at most this many words
     inv = torch.argsort(perm)  # output column c reads the stored column holding input channel c
     _dequant_unpermute_kernel[(triton.cdiv(n, block_n),)](
         qweight, scales, zeros, inv, out, n, k, qweight.stride(0), scales.stride(0), out.stride(0), GROUP=group,
-        WORDS=triton.next_power_of_2(k // 8), GROUPS=triton.next_power_of_2(k // group), BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=warps)
+        WORDS=words, GROUPS=triton.next_power_of_2(k // group), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
 
 
 def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
