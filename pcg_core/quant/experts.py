@@ -14,8 +14,8 @@ row, so routing rows apart changes nothing) and are static-shape and sync-free, 
 - `grouped_quantized_experts_forward` (CUDA): rows sorted by expert and two grouped GEMMs over the weights
   dequantized to the activations' dtype, as transformers' grouped_mm path runs a 16-bit model. Each token
   only meets its own experts; the weights are dequantized chunk by chunk of experts into the 16-bit operand
-  (expert_layout.dequantize_by_chunks), so the float32 temporaries are one chunk's. A grouped kernel reading
-  FP8/INT8 weights directly is the next step.
+  (expert_layout.dequantize_by_chunks), so the float32 temporaries are one chunk's — or, with moe_gemm.ENABLED,
+  moe_gemm's grouped kernel reads the codes as held (no 16-bit copy per forward).
 int4 experts take the same two forwards with the weights dequantized from the canonical int4 layout (act-order
 undone in the weight, not applied to the rows): weight-only ones (awq, gptq) with the activations left in 16 bits,
 W4A8 ones (w4a8, w4afp8: the scheme's `activations`) with each projection's input quantized per token to int8 or
@@ -254,7 +254,7 @@ def dequantized_experts_weight(module: torch.nn.Module, name: str, dtype: torch.
     return w.transpose(1, 2).contiguous() if getattr(module, "is_transposed", False) else w
 
 
-def expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights | None:
+def expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights:
     """Projection `name` of 8-bit, int4 or FP4 experts as moe_gemm reads them."""
     scheme = module.quant_scheme
     if isinstance(scheme, Int4Scheme):
@@ -264,16 +264,6 @@ def expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights
     if isinstance(scheme, Scheme):
         return moe_gemm.ExpertWeights("8bit", getattr(module, name), getattr(module, f"{name}_scale"), scheme.weights)
     return fp4_expert_weights(module, name)
-
-
-def _grouped_projection(module: torch.nn.Module, name: str, rows: torch.Tensor, counts: torch.Tensor,
-                        offsets: torch.Tensor) -> torch.Tensor:
-    """rows [S, K] sorted by expert through projection `name` of each row's expert, in the rows' dtype: moe_gemm's
-    kernel over the codes as held where it is enabled and takes the layout, else every expert dequantized and
-    torch._grouped_mm."""
-    if moe_gemm.ENABLED and moe_gemm.available(rows) and moe_gemm.takes(w := expert_weights(module, name), rows.shape[1]):
-        return moe_gemm.linear(rows, counts, w)
-    return torch._grouped_mm(rows, _all_dequantized(module, name, rows.dtype).transpose(1, 2), offs=offsets)
 
 
 def grouped_quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -287,10 +277,13 @@ def grouped_quantized_experts_forward(module: torch.nn.Module, hidden_states: to
                          min=0, max=module.num_experts - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
     first, gated = first_projection(module)
-    proj = _grouped_projection(module, first, _fake_quant(rows, module, first), counts, offsets)
+    proj = moe_gemm.project(_fake_quant(rows, module, first), counts, offsets, lambda: expert_weights(module, first),
+                            lambda: _all_dequantized(module, first, rows.dtype))
     proj = add_bias(proj, module, first, expert_ids)  # each row's expert's bias: a gather, static shapes
     proj = module._apply_gate(proj) if gated else module.act_fn(proj)
-    out = _grouped_projection(module, "down_proj", _fake_quant(proj, module, "down_proj"), counts, offsets)
+    out = moe_gemm.project(_fake_quant(proj, module, "down_proj"), counts, offsets,
+                           lambda: expert_weights(module, "down_proj"),
+                           lambda: _all_dequantized(module, "down_proj", rows.dtype))
     out = add_bias(out, module, "down_proj", expert_ids)
     out = out.float() * top_k_weights.reshape(-1)[order, None].float()
     unsorted = torch.empty_like(out).index_copy_(0, order, out)  # a permutation: every row written once

@@ -289,15 +289,6 @@ def fp4_expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWei
                                   global_rows=getattr(module, f"{name}_global"))
 
 
-def _grouped_projection(module: torch.nn.Module, name: str, rows: torch.Tensor, counts: torch.Tensor,
-                        offsets: torch.Tensor) -> torch.Tensor:
-    """rows sorted by expert through projection `name`: moe_gemm's kernel over the codes where it is enabled,
-    else every expert dequantized (by chunks) and torch._grouped_mm."""
-    if moe_gemm.ENABLED and moe_gemm.available(rows) and moe_gemm.takes(w := fp4_expert_weights(module, name), rows.shape[1]):
-        return moe_gemm.linear(rows, counts, w)
-    return torch._grouped_mm(rows, fp4_dequantized(module, name, rows.dtype).transpose(1, 2), offs=offsets)
-
-
 def grouped_fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                                 top_k_weights: torch.Tensor) -> torch.Tensor:
     """Rows sorted by expert (stable: one order on every run) and two grouped GEMMs over every expert's weight
@@ -309,10 +300,12 @@ def grouped_fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Te
     counts = torch.histc(expert_ids.float() if rows.device.type == "cpu" else expert_ids.int(), bins=module.num_experts,
                          min=0, max=module.num_experts - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
-    proj = _grouped_projection(module, first, rows, counts, offsets)
+    proj = moe_gemm.project(rows, counts, offsets, lambda: fp4_expert_weights(module, first),
+                            lambda: fp4_dequantized(module, first, rows.dtype))
     proj = add_bias(proj, module, first, expert_ids)
     proj = module._apply_gate(proj) if gated else module.act_fn(proj)
-    out = _grouped_projection(module, "down_proj", proj, counts, offsets)
+    out = moe_gemm.project(proj, counts, offsets, lambda: fp4_expert_weights(module, "down_proj"),
+                           lambda: fp4_dequantized(module, "down_proj", rows.dtype))
     out = add_bias(out, module, "down_proj", expert_ids)
     out = out.float() * top_k_weights.reshape(-1)[order, None].float()
     unsorted = torch.empty_like(out).index_copy_(0, order, out)  # a permutation: every row written once

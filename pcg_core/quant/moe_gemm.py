@@ -30,6 +30,8 @@ count when it runs.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import torch
@@ -79,13 +81,7 @@ class ExpertWeights(NamedTuple):
 
 def available(x: torch.Tensor) -> bool:
     """The kernel runs where Triton launches: CUDA (or CPU tensors under TRITON_INTERPRET=1)."""
-    return triton is not None and (x.device.type == "cuda" or _interpreting())
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return triton is not None and (x.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def config_for(rows: int, experts: int) -> tuple[int, int, int, int, int]:
@@ -178,6 +174,16 @@ def linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights) -> torch.
     """The op on w: rows [S, K] sorted by expert through each row's expert's weight."""
     return moe_grouped_linear(rows, counts, w.codes, w.scale, w.zeros, w.global_rows, w.perm, w.format,
                               w.scale_kind, w.group)
+
+
+def project(rows: torch.Tensor, counts: torch.Tensor, offsets: torch.Tensor, weights: Callable[[], ExpertWeights],
+            dequantized: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """rows [S, K] sorted by expert (counts [E] each, offsets their cumulative sums) through each row's expert's
+    projection: this kernel over weights() as held where it is ENABLED and takes them, else every expert's
+    dequantized() [E, N, K] weight and torch._grouped_mm. What the experts' grouped forwards call."""
+    if ENABLED and available(rows) and takes(w := weights(), rows.shape[1]):
+        return linear(rows, counts, w)
+    return torch._grouped_mm(rows, dequantized().transpose(1, 2), offs=offsets)
 
 
 if triton is not None:
