@@ -189,15 +189,10 @@ def project(rows: torch.Tensor, counts: torch.Tensor, offsets: torch.Tensor, wei
 if triton is not None:
 
     @triton.jit
-    def _spread8(words):
-        """[R, C] words → [R, 8C], each word repeated 8 times in place (w4a16's helper)."""
-        words = tl.interleave(words, words)
-        words = tl.interleave(words, words)
-        return tl.interleave(words, words)
-
-    @triton.jit
     def _repeat_columns(x, LOG2: tl.constexpr):
-        """[R, C] → [R, C · 2^LOG2], each column repeated in place (LOG2 ≤ 5): block scales widened to the tile."""
+        """[R, C] → [R, C · 2^LOG2], each column repeated in place (LOG2 ≤ 5): packed int4 words (3) and FP4 block
+        scales widened to the tile (interleaving keeps a thread's copies in its own registers, as w4a16's
+        _spread8)."""
         if LOG2 >= 1:
             x = tl.interleave(x, x)
         if LOG2 >= 2:
@@ -255,7 +250,7 @@ if triton is not None:
             w = w.to(dtype)
         else:
             rw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-            words = _spread8(tl.load(base + rw[None, :]))
+            words = _repeat_columns(tl.load(base + rw[None, :]), 3)
             q = ((words >> ((rk % 8) * 4)[None, :]) & 0xF).to(tl.float32)
             g = k0 // GROUP  # the tile lies inside one group: BLOCK_K divides GROUP
             s = tl.load(srow + g)
