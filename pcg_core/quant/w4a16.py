@@ -245,6 +245,7 @@ if triton is not None:
             tl.store(out_ptr + rn[:, None].to(tl.int64) * stride_o + rc[None, :], w.to(out_ptr.dtype.element_ty),
                      mask=rn[:, None] < N)
 
+
 def launch_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                 perm: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor,
                 config: tuple[int, ...]) -> None:
@@ -343,12 +344,12 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     if block_k is None:
         return _reference(x, qweight, scales, zeros, group, perm, bias)
     w = torch.empty(n, k, device=x.device, dtype=x.dtype)  # the scratch: a shape-sized block from the pool
-    if perm is not None and m >= unpermute_weight:
+    if perm is not None and m >= unpermute_weight:  # act-order undone in the weight: x is read as it is
         launch_dequant_unpermuted(qweight, scales, zeros, group, perm, w, block_k)
-        return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
-    launch_dequant(qweight, scales, zeros, group, w, block_k)
-    if perm is not None:
-        x = permute_activation(x, perm, triton_permute, rows_permute)
+    else:
+        launch_dequant(qweight, scales, zeros, group, w, block_k)
+        if perm is not None:
+            x = permute_activation(x, perm, triton_permute, rows_permute)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 
