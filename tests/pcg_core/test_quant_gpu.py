@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -55,8 +57,9 @@ def test_replay_is_bitwise_equal_to_eager(name):
     assert torch.equal(_replayed(layer, x), eager)
 
 
-def _replayed(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """layer(x) captured in a CUDA graph (after a warm-up on the capture stream) and replayed once: its output."""
+def _replayed(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """layer(x) (a module or any function of x) captured in a CUDA graph (after a warm-up on the capture stream)
+    and replayed once: its output."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -213,17 +216,7 @@ def test_w4a16_act_order_by_the_weight_unpermuted(int4_layers, m):
 
     eager = run(x)
     assert float((eager.float() - want).norm() / want.norm()) < W4A16_RTOL
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        run(x)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run(x)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+    assert torch.equal(_replayed(run, x), eager)
     wrong = run(x, torch.argsort(layer.perm)).float()
     assert float((wrong - want).norm() / want.norm()) > 0.1
 
@@ -432,17 +425,7 @@ def test_moe_gemm_equals_the_dequantizing_path(moe_weights, name, rows):
         rel = float((got.float() - want).norm() / want.norm())
         assert rel < KERNEL_RTOL, f"{name} {cfg} rows={rows}: {rel:.3g}"
     eager = moe_gemm.grouped_linear(x, counts, w)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        moe_gemm.grouped_linear(x, counts, w)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = moe_gemm.grouped_linear(x, counts, w)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+    assert torch.equal(_replayed(lambda t: moe_gemm.grouped_linear(t, counts, w), x), eager)
     if rows > 1:
         wrong = moe_gemm.grouped_linear(x, counts.roll(1), w).float()
         assert float((wrong - want).norm() / want.norm()) > 0.1, "rows given to other experts went unnoticed"
