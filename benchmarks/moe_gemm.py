@@ -12,7 +12,6 @@ candidate configurations per row count instead (how CONFIGS is to be chosen). Re
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from pcg_core.quant.e2m1 import e2m1_table
 from pcg_core.quant.fp4 import FP4_SCHEMES
 from pcg_core.quant.int4 import INT4_SCHEMES
 from pcg_core.quant.schemes import get_scheme
-from quant_gemm import replay_ms  # benchmarks/, the script's own folder
+from quant_gemm import replay_ms, write_json  # benchmarks/, the script's own folder
 
 DEVICE = "cuda"  # the script runs on the GPU; a CPU dry run (TRITON_INTERPRET=1) sets it
 SHAPES = {"qwen3-30b": (128, 1536, 2048), "deepseek-v3": (256, 4096, 7168)}  # (E, N = 2·moe_intermediate, K = hidden)
@@ -146,10 +145,7 @@ def main() -> None:
     for shape in a.shapes.split(","):
         key = "sweep" if a.sweep else "rows"
         result.setdefault(key, []).extend(sweep(shape, tokens, a.repeat) if a.sweep else measure(shape, tokens, a.repeat))
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=2, default=str))
-        print(f"wrote {a.out}")
+    write_json(a.out, result)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,14 @@ INT8_CANDIDATES = [
 ]
 
 
+def write_json(path: Path | None, result: dict) -> None:
+    """The benchmark's result as JSON at path (folders made), when one is given: what --out does in each script."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2, default=str))
+        print(f"wrote {path}")
+
+
 def replay_ms(fn, x: torch.Tensor, repeat: int = 50) -> float:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

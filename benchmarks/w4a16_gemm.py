@@ -19,7 +19,6 @@ M = 4096 (TRITON_PERMUTE_MAX_M, ROW_PERMUTE_MIN_M).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import torch
 
 from pcg_core.quant import Fp4Linear, Int4Linear, fp4_w4a16, get_scheme, w4a16
-from quant_gemm import replay_ms  # benchmarks/, the script's own folder: one way to time a captured replay
+from quant_gemm import replay_ms, write_json  # benchmarks/, the script's own folder: replays timed, --out
 
 TARGETS = {8: 1.3, 4096: 1.25}  # W4A16 time / bf16 time, at most
 SWEEP_TOKENS = [1, 8, 16, 32, 64]
@@ -242,10 +241,7 @@ def main() -> None:
         print(f"{'M':>6} {'path':>15} {'bf16':>8} {'awq g128 asym':>17} {'gptq g128':>17} {'gptq g128 act':>17}"
               f" {'nvfp4':>17}")
         result["rows"] = compare(a.n, a.k, [int(t) for t in a.tokens.split(",")], a.repeat)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=2, default=str))
-        print(f"wrote {a.out}")
+    write_json(a.out, result)
 
 
 if __name__ == "__main__":

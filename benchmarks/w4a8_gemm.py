@@ -18,7 +18,6 @@ where they cross is THRESHOLD_M.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import torch
 
 from pcg_core.quant import w4a8
 from pcg_core.quant.int4 import INT4_SCHEMES, W4A8Linear
-from quant_gemm import replay_ms  # benchmarks/, the script's own folder: one way to time a captured replay
+from quant_gemm import replay_ms, write_json  # benchmarks/, the script's own folder: replays timed, --out
 
 TARGETS = {4096: 1.1}  # W4A8 time / bf16 time, at most
 SCHEMES = ("w4a8", "w4afp8")
@@ -183,10 +182,7 @@ def main() -> None:
         print(f"{a.n}×{a.k}, CUDA-graph replay, median of {a.repeat} (ms; ratio to bf16; the activation-quant kernel alone)")
         print(f"{'M':>6} {'bf16':>8} {'w4a8 (int8 acts)':>40} {'w4afp8 (fp8 acts)':>40}")
         result["rows"] = compare(a.n, a.k, [int(t) for t in a.tokens.split(",")], a.repeat)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=2, default=str))
-        print(f"wrote {a.out}")
+    write_json(a.out, result)
 
 
 if __name__ == "__main__":
