@@ -158,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                "buckets": len(st.buckets), "latency_ms": {}, "bitwise_equal_eager": {}, "max_abs_diff": {}, "profile": {}}
         for n in tokens:
             batch = engine.prefill_batch([prompts[n]])
-            row["latency_ms"][n] = median_ms(lambda: engine.forward(batch), device, warmup=3, repeat=args.repeat)
-            row.setdefault("prep_ms", {})[n] = median_ms(lambda: _prepare(engine, batch), device, warmup=3, repeat=args.repeat)
+            row["latency_ms"][n] = median_ms(lambda e=engine, b=batch: e.forward(b), device, warmup=3, repeat=args.repeat)
+            row.setdefault("prep_ms", {})[n] = median_ms(lambda e=engine, b=batch: _prepare(e, b), device, warmup=3, repeat=args.repeat)
             if n in PROFILE_AT and device.type == "cuda":
-                row["profile"][n] = profile_forward(lambda: engine.forward(batch), device)
+                row["profile"][n] = profile_forward(lambda e=engine, b=batch: e.forward(b), device)
             out = engine.forward(batch).clone()
             if name != "disabled":
                 eager_same_pad = engine.forward(batch, eager=True)
