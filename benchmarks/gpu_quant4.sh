@@ -9,7 +9,7 @@
 #   cells  — `pcgh cell` on CUDA, synthetic weights quantized in memory: $QUANTS × $CELLS × {piecewise, breakable, full}
 #   ckpt   — checkpoints written in each real format at real widths (benchmarks/quant_checkpoint.py), then
 #            `pcgh cell --weights real` on each × {piecewise, breakable}
-#   moe    — moe_gemm (the grouped GEMM over quantized experts' codes) and act-order's weight-unpermute on CUDA
+#   moe    — moe_gemm (the grouped GEMM over quantized experts' codes) and act-order's whole-row activation permute on CUDA
 #            (test_quant_gpu.py), then benchmarks/moe_gemm.py: bf16 grouped vs dequantize + grouped vs moe_gemm
 #   permute — benchmarks/w4a16_gemm.py --scan-permute: act-order at large M, each way of meeting the permutation
 # Usage on the GPU machine, from the repo root: bash benchmarks/gpu_quant4.sh [tests] [micro] [sweep] [cells] [ckpt]
@@ -40,7 +40,7 @@ cells() {
 }
 moe() {
   timeout ${MOE_TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/pcg_core/test_quant_gpu.py \
-    -k "moe_gemm or grouped or unpermuted" 2>&1 | tee "$OUT/moe_tests.txt" | tail -8
+    -k "moe_gemm or grouped or rows_permuted" 2>&1 | tee "$OUT/moe_tests.txt" | tail -8
   timeout ${MOE_BENCH_TIMEOUT:-300} python3 benchmarks/moe_gemm.py --out "$OUT/moe_gemm.json" 2>&1 | tee "$OUT/moe_gemm.txt" | tail -16
 }
 permute() {

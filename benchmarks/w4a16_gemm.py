@@ -167,36 +167,28 @@ def scan_threshold(n: int, k: int, repeat: int) -> list[dict]:
 
 
 def scan_permute(n: int, k: int, repeat: int) -> list[dict]:
-    """Act-order on the dequantize path, the whole linear timed per way of meeting the permutation — the activation
-    gathered by ours spread over K, index_select or ours a whole row per program (tl.gather), or the weight
-    dequantized back into the activation's order — beside bf16 at the same M: how TRITON_PERMUTE_MAX_M,
-    ROW_PERMUTE_MIN_M and UNPERMUTE_WEIGHT_MIN_M are to be chosen."""
+    """Act-order on the dequantize path, the whole linear timed per way of permuting the activation — ours spread
+    over K, index_select, or ours a whole row per program (tl.gather) — beside bf16 at the same M: how
+    TRITON_PERMUTE_MAX_M and ROW_PERMUTE_MIN_M are chosen."""
     t0 = time.perf_counter()
     bf16, int4 = layers(n, k)
     print(f"layers built in {time.perf_counter() - t0:.1f} s", flush=True)
     rows = []
     layer = int4["gptq"]  # act-order on the dequantize path: the activation permuted by our kernel or index_select
     args = (layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None)
-    # the activation permuted by ours spread over K, index_select, ours a whole row per program (tl.gather); or the
-    # weight written back in the activation's order instead (no activation permute)
-    variants = {"x_permuted_torch": {"triton_permute": 0, "rows_permute": 1 << 62},  # today's path above 8 tokens
-                "w_unpermuted": {"unpermute_weight": 0},
+    # the activation permuted by index_select, ours spread over K, ours a whole row per program (tl.gather)
+    variants = {"x_permuted_torch": {"triton_permute": 0, "rows_permute": 1 << 62},
                 "x_permuted_triton": {"triton_permute": 1 << 30, "rows_permute": 1 << 62},
-                "x_permuted_rows": {"triton_permute": 0, "rows_permute": 1}}  # last: the one scan that tried it ran out of time
+                "x_permuted_rows": {"triton_permute": 0, "rows_permute": 1}}
     for m in PERMUTE_TOKENS:  # printed as measured: a scan cut by a timeout keeps what it timed
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         want = x.index_select(1, layer.perm)
-        ref = w4a16.triton_linear(x, *args, threshold=0, **variants["x_permuted_torch"]).float()
         row = {"m": m, "bf16_ms": replay_ms(lambda t: bf16(t), x, repeat)}
         print(f"M={m:>4} bf16 {row['bf16_ms']:.4f}", flush=True)
         for v, kw in variants.items():  # each variant checked first: a wrong one must not be timed
             t0 = time.perf_counter()
-            if "unpermute_weight" in kw:
-                got = w4a16.triton_linear(x, *args, threshold=0, **kw).float()
-                assert float((got - ref).norm() / ref.norm()) < 1e-2, f"{v} M={m}: not the act-order linear"
-            else:
-                got = w4a16.permute_activation(x, layer.perm, kw["triton_permute"], kw["rows_permute"])
-                assert torch.equal(got, want), f"{v} M={m}: not x[:, perm]"
+            got = w4a16.permute_activation(x, layer.perm, kw["triton_permute"], kw["rows_permute"])
+            assert torch.equal(got, want), f"{v} M={m}: not x[:, perm]"
             row[f"gptq_dequant_{v}_ms"] = replay_ms(
                 lambda t, kw=kw: w4a16.triton_linear(t, *args, threshold=0, **kw), x, repeat)
             print(f"M={m:>4} gptq act-order dequant, {v}: {row[f'gptq_dequant_{v}_ms']:.4f} ms "
@@ -227,7 +219,7 @@ def main() -> None:
               "threshold_m": w4a16.THRESHOLD_M, "perm_in_kernel_max_m": w4a16.PERM_IN_KERNEL_MAX_M,
               "gemm_configs": w4a16.GEMM_CONFIGS, "dequant_config": w4a16.DEQUANT_CONFIG,
               "triton_permute_max_m": w4a16.TRITON_PERMUTE_MAX_M,
-              "row_permute_min_m": w4a16.ROW_PERMUTE_MIN_M, "unpermute_weight_min_m": w4a16.UNPERMUTE_WEIGHT_MIN_M, "fp4_gemm_configs": fp4_w4a16.GEMM_CONFIGS,
+              "row_permute_min_m": w4a16.ROW_PERMUTE_MIN_M, "fp4_gemm_configs": fp4_w4a16.GEMM_CONFIGS,
               "fp4_threshold_m": fp4_w4a16.THRESHOLD_M}
     if a.sweep:
         result["sweep"] = sweep(a.n, a.k, a.repeat)

@@ -42,9 +42,24 @@ class _Stop(Exception):
         self.status, self.reason = status, reason
 
 
+def _causes(e: BaseException, depth: int = 4) -> list[BaseException]:
+    """`e` and what it was raised from (or during), outermost first: a wrapper such as transformers' lazy import
+    ("Could not import module 'Qwen3MoeForCausalLM'") hides the error that says what went wrong."""
+    chain = [e]
+    while len(chain) < depth:
+        last = chain[-1]  # Python's own rule for a traceback: the cause, else the context unless suppressed
+        nxt = last.__cause__ if last.__cause__ is not None else None if last.__suppress_context__ else last.__context__
+        if nxt is None or nxt in chain:
+            break
+        chain.append(nxt)
+    return chain
+
+
 def _crash(status: Status, e: BaseException) -> _Stop:
-    oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
-    return _Stop(Status.OOM if oom else status, f"{type(e).__name__}: {e}"[:2000])
+    chain = _causes(e)
+    oom = any(isinstance(c, torch.cuda.OutOfMemoryError) or "out of memory" in str(c).lower() for c in chain)
+    reason = "; raised from ".join(f"{type(c).__name__}: {c}" for c in chain)
+    return _Stop(Status.OOM if oom else status, reason[:2000])
 
 
 def resolve_model(spec: CellSpec) -> str | dict:

@@ -13,9 +13,9 @@ row, so routing rows apart changes nothing) and are static-shape and sync-free, 
   expert on every token weighted by its routing weight, weights dequantized in float32;
 - `grouped_quantized_experts_forward` (CUDA): rows sorted by expert and two grouped GEMMs over the weights
   dequantized to the activations' dtype, as transformers' grouped_mm path runs a 16-bit model. Each token
-  only meets its own experts; the weights are dequantized chunk by chunk of experts into the 16-bit operand
-  (expert_layout.dequantize_by_chunks), so the float32 temporaries are one chunk's — or, with moe_gemm.ENABLED,
-  moe_gemm's grouped kernel reads the codes as held (no 16-bit copy per forward).
+  only meets its own experts; moe_gemm's grouped kernel reads the codes as held (no 16-bit copy per forward),
+  or, where it does not take the layout (moe_gemm.takes) or is switched off, the weights are dequantized chunk by
+  chunk of experts into the 16-bit operand (expert_layout.dequantize_by_chunks: float32 temporaries one chunk's).
 int4 experts take the same two forwards with the weights dequantized from the canonical int4 layout (act-order
 undone in the weight, not applied to the rows): weight-only ones (awq, gptq) with the activations left in 16 bits,
 W4A8 ones (w4a8, w4afp8: the scheme's `activations`) with each projection's input quantized per token to int8 or

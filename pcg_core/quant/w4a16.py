@@ -58,20 +58,15 @@ PERM_IN_KERNEL_MAX_M = 1
 # (the sweep on the H100: ours 0.0260 vs 0.0278 ms at M = 8 with the GEMM; index_select ahead from M = 16 on).
 TRITON_PERMUTE_MAX_M = 8
 # From this M on, whole rows are permuted in one program each (`_permute_rows_kernel`: a contiguous load, the
-# permutation through shared memory by tl.gather, a contiguous store): index_select took 0.044 ms for 4096×4096
-# bf16 on the H100 where 64 MiB of traffic is ~0.015. (Walking rows with per-element global gathers instead measured
-# 0.4697 vs index_select's 0.4394 ms for the whole act-order linear at M = 4096 on the H200: dropped.) Untimed yet:
-# off (index_select) until `--scan-threshold` measures it on the GPU.
-ROW_PERMUTE_MIN_M = 1 << 62
-ROW_PERMUTE_ELEMENTS = 16384  # rows per program: as many as keep BLOCK_M · next_pow2(K) at most this
-# Act-order on the dequantize path from this M on: the weight written back in the activation's own K order
-# (`_dequant_unpermute_kernel`: each program holds BLOCK_N whole rows of codes and group scales on chip and reads
-# them through the inverse permutation, tl.gather, so the stores stay contiguous), and the activation is not
-# permuted at all. (Scattering the stores instead measured 25-40x slower.) Untimed yet: off until
-# `w4a16_gemm.py --scan-permute` measures it against index_select on the GPU.
-UNPERMUTE_WEIGHT_MIN_M = 1 << 62
-UNPERMUTE_CONFIG = (16, 4)  # (BLOCK_N rows held on chip, num_warps); BLOCK_K as the dequantize kernel's
-UNPERMUTE_ELEMENTS = 8192  # packed words held per program at most (BLOCK_N lowered for wide K)
+# permutation through shared memory by tl.gather, a contiguous store). The whole act-order linear on the dequantize
+# path, 8192×4096, on the H200 (benchmarks/results/2026-12-03c-h200-moe-gemm/, `w4a16_gemm.py --scan-permute`):
+# rows 0.0583 / 0.0804 / 0.1282 / 0.2171 / 0.3947 ms vs index_select's 0.0608 / 0.0848 / 0.1404 / 0.2566 / 0.4298 at
+# M = 128 / 512 / 1024 / 2048 / 4096 (1.12× bf16 at 4096, index_select 1.22×). Below 128 not timed: index_select.
+# Dropped after measuring: walking rows with per-element global gathers (0.4697 ms at 4096); the weight dequantized
+# back into the activation's K order so the activation is read unpermuted (rows of codes gathered on chip through the
+# inverse permutation: 0.4605 ms at 4096, 1.6-4.8× bf16 below — slower than either permute at every M).
+ROW_PERMUTE_MIN_M = 128
+ROW_PERMUTE_ELEMENTS = 16384  # rows per program: as many as keep BLOCK_M · next_pow2(K) at most this (≥ 1 row)
 # (BLOCK_N, BLOCK_K, num_warps) of the dequantize-to-scratch kernel.
 DEQUANT_CONFIG = (64, 128, 4)
 REDUCE_BLOCK = 1024
@@ -211,40 +206,6 @@ if triton is not None:
         tl.store(out_ptr + rn[:, None] * stride_o + rk[None, :], w.to(out_ptr.dtype.element_ty),
                  mask=rn[:, None] < N)
 
-    @triton.jit
-    def _dequant_unpermute_kernel(qw_ptr, s_ptr, z_ptr, inv_ptr, out_ptr, N, K, stride_qw, stride_s, stride_o,
-                                  GROUP: tl.constexpr, WORDS: tl.constexpr, GROUPS: tl.constexpr,
-                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """out[n, c] = W[n, inv[c]] dequantized (the stored weight's column inv[c] is input channel c), for
-        BLOCK_N whole rows: their packed codes and group scales loaded once, contiguously, and gathered on chip
-        per block of output columns; the same float32 math as _dequant_kernel, contiguous stores. The gathers are
-        1-D (row · width + column): Triton lowers a 1-D tl.gather through shared memory, a 2-D one to warp
-        shuffles whose count grows with the row width squared."""
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        bn = (rn % N).to(tl.int64)
-        rows = tl.arange(0, BLOCK_N)[:, None]
-        rw = tl.arange(0, WORDS)
-        words = tl.load(qw_ptr + bn[:, None] * stride_qw + rw[None, :], mask=(rw < K // 8)[None, :], other=0)
-        words = tl.reshape(words, [BLOCK_N * WORDS])
-        rg = tl.arange(0, GROUPS)
-        gmask = (rg < K // GROUP)[None, :]
-        s = tl.load(s_ptr + bn[:, None] * stride_s + rg[None, :], mask=gmask, other=0.0)
-        b = -tl.load(z_ptr + bn[:, None] * stride_s + rg[None, :], mask=gmask, other=0.0) * s
-        s = tl.reshape(s, [BLOCK_N * GROUPS])
-        b = tl.reshape(b, [BLOCK_N * GROUPS])
-        for c0 in range(0, K, BLOCK_K):
-            rc = c0 + tl.arange(0, BLOCK_K)
-            src = tl.load(inv_ptr + rc).to(tl.int32)
-            iw = tl.reshape(rows * WORDS + (src // 8)[None, :], [BLOCK_N * BLOCK_K])
-            word = tl.reshape(tl.gather(words, iw, axis=0), [BLOCK_N, BLOCK_K])
-            q = (word >> ((src % 8) * 4)[None, :]) & 0xF
-            ig = tl.reshape(rows * GROUPS + (src // GROUP)[None, :], [BLOCK_N * BLOCK_K])
-            sg = tl.reshape(tl.gather(s, ig, axis=0), [BLOCK_N, BLOCK_K])
-            bg = tl.reshape(tl.gather(b, ig, axis=0), [BLOCK_N, BLOCK_K])
-            w = q.to(tl.float32) * sg + bg
-            tl.store(out_ptr + rn[:, None].to(tl.int64) * stride_o + rc[None, :], w.to(out_ptr.dtype.element_ty),
-                     mask=rn[:, None] < N)
-
 
 def launch_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                 perm: torch.Tensor | None, bias: torch.Tensor | None, out: torch.Tensor,
@@ -277,11 +238,11 @@ def launch_splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch
 def permute_activation(x: torch.Tensor, perm: torch.Tensor, triton_max_m: int = TRITON_PERMUTE_MAX_M,
                        rows_min_m: int = ROW_PERMUTE_MIN_M) -> torch.Tensor:
     """x[:, perm] as a new contiguous (M, K) tensor (act-order's activation in the weight's K order): our gather
-    kernel spread over K up to `triton_max_m` rows, whole rows per program from `rows_min_m` on, index_select
-    between."""
+    kernel spread over K up to `triton_max_m` rows, whole rows per program from `rows_min_m` on (K up to
+    ROW_PERMUTE_ELEMENTS), index_select between and beyond."""
     m, k = x.shape
-    if triton_max_m < m < rows_min_m:
-        return x.index_select(1, perm)
+    if triton_max_m < m and (m < rows_min_m or triton.next_power_of_2(k) > ROW_PERMUTE_ELEMENTS):
+        return x.index_select(1, perm)  # (a row wider than a program holds: not compiled or timed, index_select)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if m and m <= triton_max_m:
         block_m = min(16, triton.next_power_of_2(m))
@@ -304,27 +265,13 @@ def launch_dequant(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Ten
                           GROUP=group, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
 
 
-def launch_dequant_unpermuted(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
-                              perm: torch.Tensor, out: torch.Tensor, block_k: int) -> None:
-    """out (N, K) = the weight dequantized in the activation's own K order (act-order undone in the weight)."""
-    n, k = out.shape
-    block_n, warps = UNPERMUTE_CONFIG
-    words = triton.next_power_of_2(k // 8)
-    block_n = max(1, min(block_n, UNPERMUTE_ELEMENTS // words))  # rows held on chip: at most this many words
-    inv = torch.argsort(perm)  # output column c reads the stored column holding input channel c
-    _dequant_unpermute_kernel[(triton.cdiv(n, block_n),)](
-        qweight, scales, zeros, inv, out, n, k, qweight.stride(0), scales.stride(0), out.stride(0), GROUP=group,
-        WORDS=words, GROUPS=triton.next_power_of_2(k // group), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
-
-
 def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
                   perm: torch.Tensor | None = None, bias: torch.Tensor | None = None, threshold: int = THRESHOLD_M,
                   config: tuple[int, ...] | None = None, perm_in_kernel: int = PERM_IN_KERNEL_MAX_M,
-                  triton_permute: int = TRITON_PERMUTE_MAX_M, rows_permute: int = ROW_PERMUTE_MIN_M,
-                  unpermute_weight: int = UNPERMUTE_WEIGHT_MIN_M) -> torch.Tensor:
+                  triton_permute: int = TRITON_PERMUTE_MAX_M, rows_permute: int = ROW_PERMUTE_MIN_M) -> torch.Tensor:
     """The Triton path on whatever device the kernels launch on (CUDA; CPU tensors under TRITON_INTERPRET=1).
-    `threshold`, `config`, `perm_in_kernel`, `triton_permute`, `rows_permute` and `unpermute_weight` override the
-    module constants (the benchmark's sweeps, tests)."""
+    `threshold`, `config`, `perm_in_kernel`, `triton_permute` and `rows_permute` override the module constants (the
+    benchmark's sweeps, tests)."""
     m, k = x.shape
     n = qweight.shape[0]
     x = x.contiguous()
@@ -344,12 +291,9 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     if block_k is None:
         return _reference(x, qweight, scales, zeros, group, perm, bias)
     w = torch.empty(n, k, device=x.device, dtype=x.dtype)  # the scratch: a shape-sized block from the pool
-    if perm is not None and m >= unpermute_weight:  # act-order undone in the weight: x is read as it is
-        launch_dequant_unpermuted(qweight, scales, zeros, group, perm, w, block_k)
-    else:
-        launch_dequant(qweight, scales, zeros, group, w, block_k)
-        if perm is not None:
-            x = permute_activation(x, perm, triton_permute, rows_permute)
+    launch_dequant(qweight, scales, zeros, group, w, block_k)
+    if perm is not None:
+        x = permute_activation(x, perm, triton_permute, rows_permute)
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 

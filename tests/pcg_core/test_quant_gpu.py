@@ -199,26 +199,20 @@ def test_w4a16_kernel_matches_the_reference_at_a_real_width(int4_layers, name, m
     assert rel < W4A16_RTOL, f"{name} M={m}: {rel:.3g}"
 
 
-@pytest.mark.parametrize("m", [129, 512, 4096])
-def test_w4a16_act_order_by_the_weight_unpermuted(int4_layers, m):
-    """The dequantize path with act-order undone in the weight (_dequant_unpermute_kernel) instead of the activation
-    permuted: the reference's answer at a real width, a replay bitwise equal to eager, and the inverse permutation
-    given for the permutation caught."""
+@pytest.mark.parametrize("m,k", [(128, 4096), (4096, 4096), (129, 14336), (4096, 12288), (512, 18944)])
+def test_w4a16_act_order_rows_permuted_at_real_widths(m, k):
+    """Act-order's activation permute at the M where whole rows go one per program (ROW_PERMUTE_MIN_M on), at the
+    hidden and MLP widths the cells run (Qwen3-8B 12288, Llama-3.1-8B 14336; 18944 wider than a program holds:
+    index_select): exactly x[:, perm], a replay bitwise equal, a reversed permutation caught."""
     from pcg_core.quant import w4a16
 
-    layer = int4_layers["gptq"]
-    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
-    want = layer.weight_int4().reference_linear(x).float()
-
-    def run(t, perm=layer.perm):
-        return w4a16.triton_linear(t, layer.qweight, layer.scales, layer.zeros, layer.group, perm, None, threshold=0,
-                                   unpermute_weight=0)
-
-    eager = run(x)
-    assert float((eager.float() - want).norm() / want.norm()) < W4A16_RTOL
-    assert torch.equal(_replayed(run, x), eager)
-    wrong = run(x, torch.argsort(layer.perm)).float()
-    assert float((wrong - want).norm() / want.norm()) > 0.1
+    g = torch.Generator(device="cuda").manual_seed(k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    perm = torch.randperm(k, device="cuda", generator=g)
+    got = w4a16.permute_activation(x, perm)
+    assert torch.equal(got, x[:, perm])
+    assert torch.equal(_replayed(lambda t: w4a16.permute_activation(t, perm), x), got)
+    assert not torch.equal(w4a16.permute_activation(x, perm.flip(0)), got)
 
 
 @pytest.mark.parametrize("m", [8, 64, 512])

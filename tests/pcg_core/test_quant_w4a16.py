@@ -160,20 +160,6 @@ def test_interpreted_paths_forced_and_ragged_edges(m, n, threshold, dtype):
 
 
 @interpreted
-@pytest.mark.parametrize("n,k,group", [(96, 256, 64), (40, 640, 128), (128, 1024, 32)])
-def test_interpreted_weight_unpermuted_in_place_of_the_activation(n, k, group):
-    """Act-order on the dequantize path with the weight written back in the activation's K order
-    (_dequant_unpermute_kernel) instead of the activation permuted: the same answer as the reference, rows past
-    the last tile and K not a power of two included; the inverse permutation taken for the permutation must show."""
-    q = _weight(n, k, group, sym=False, act_order=True, seed=k)
-    x = torch.randn(9, k, generator=torch.Generator().manual_seed(3)).half()
-    got = w4a16.triton_linear(x, *_args(q), q.perm, None, threshold=0, unpermute_weight=0)
-    assert rel(got, q.reference_linear(x)) < RTOL[torch.float16]
-    wrong = w4a16.triton_linear(x, *_args(q), torch.argsort(q.perm), None, threshold=0, unpermute_weight=0)
-    assert rel(wrong, q.reference_linear(x)) > 0.1
-
-
-@interpreted
 @pytest.mark.parametrize("m,k", [(1, 256), (20, 640), (8, 1024), (5, 1100)])
 def test_interpreted_permute_kernel_gathers_the_columns(m, k):
     """Our act-order gather against x[:, perm] (M over one row block, K over one column block)."""

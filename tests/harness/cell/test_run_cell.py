@@ -87,6 +87,24 @@ def test_unsupported_architecture_is_a_status_not_a_crash(capsys):
     assert rc == 1 and out["status"] == "unsupported" and "Qwen3NextForCausalLM" in out["reason"]
 
 
+@pytest.mark.parametrize("inner,status", [(RuntimeError("model.safetensors: unexpected end of data"), Status.EAGER_FAIL),
+                                          (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"),
+                                           Status.OOM)])
+def test_a_wrapped_load_error_is_recorded_with_what_it_wraps(inner, status, monkeypatch):
+    """transformers' lazy import wraps the real error ("Could not import module 'Qwen3MoeForCausalLM'", seen on the
+    H200 with 8 cells starting together): the reason carries the wrapped one too, and an out-of-memory inside is OOM."""
+    def load(*args, **kwargs):
+        try:
+            raise inner
+        except Exception as e:
+            raise ModuleNotFoundError("Could not import module 'Qwen3MoeForCausalLM'") from e
+
+    monkeypatch.setattr("harness.cell.run.load_model", load)
+    out = run_cell(CellSpec(model="qwen3-0.6b", tiny=True))
+    assert out.status == status
+    assert "Could not import module" in out.reason and f"raised from {type(inner).__name__}: {inner}" in out.reason
+
+
 @pytest.mark.parametrize("flag,axis,value", [("--quant", "quant", "fp8"), ("--parallel", "parallel", "tp2")])
 def test_a_quant_or_parallel_the_runtime_lacks_is_unsupported_before_loading(flag, axis, value, capsys, monkeypatch):
     """Not the none/tp1 cell under another name: unsupported, in the matrix pre-check's words, and no model built."""
