@@ -12,6 +12,7 @@ import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, grouped_mm_experts_forward
 
 from pcg_core.quant.experts import grouped_quantized_experts_forward, quantized_experts_forward
+from pcg_core.quant.twin import routed_float_experts_forward
 
 EXPERTS_IMPLEMENTATION = "pcg"
 
@@ -32,7 +33,10 @@ def _dense_masked_experts(self, hidden_states: torch.Tensor, top_k_index: torch.
 def quantized_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                       top_k_weights: torch.Tensor) -> torch.Tensor:
     """Experts quantized in place (pcg_core.quant.experts): the grouped path on CUDA in bf16, the reference
-    elsewhere. Shared by every experts module that holds transformers' layout (transformers' and our own)."""
+    elsewhere; a float twin's (pcg_core.quant.twin) its float32 math. Shared by every experts module that holds
+    transformers' layout (transformers' and our own)."""
+    if getattr(module, "float_twin", False):
+        return routed_float_experts_forward(module, hidden_states, top_k_index, top_k_weights)
     if hidden_states.device.type == "cuda" and hidden_states.dtype == torch.bfloat16:
         return grouped_quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)
     return quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)

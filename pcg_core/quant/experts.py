@@ -254,6 +254,15 @@ def dequantized_experts_weight(module: torch.nn.Module, name: str, dtype: torch.
     return w.transpose(1, 2).contiguous() if getattr(module, "is_transposed", False) else w
 
 
+def expert_weight(module: torch.nn.Module, name: str, e: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Expert e's canonical weight [N, K] of projection `name` dequantized (8-bit, int4 or FP4), in `dtype`."""
+    if isinstance(module.quant_scheme, Fp4Scheme):
+        return fp4_dequantized(module, name, dtype, e)
+    if _is_int4(module):
+        return _int4_dequantized(module, name, dtype, e)
+    return _8bit_dequantized(module, name, dtype, slice(e, e + 1))[0]
+
+
 def expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights:
     """Projection `name` of 8-bit, int4 or FP4 experts as moe_gemm reads them."""
     scheme = module.quant_scheme

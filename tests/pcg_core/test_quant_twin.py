@@ -12,6 +12,8 @@ from harness.cards import find_card
 from pcg_core import CaptureConfig, Engine, EngineConfig
 from pcg_core.model import load_model
 from pcg_core.quant import get_scheme, quantize_model
+from pcg_core.quant import twin as twin_mod
+from pcg_core.quant.experts import PROJECTIONS, dequantized_experts_weight
 from pcg_core.quant.twin import float_twin
 
 WEIGHT_ONLY = ["awq", "gptq", "fp4"]  # on CPU in float32 the quantized model is its twin's math exactly
@@ -40,18 +42,43 @@ def _holds_codes(model: torch.nn.Module) -> bool:
     return any(getattr(m, "quant_scheme", None) is not None for m in model.modules())
 
 
-@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "gpt-oss-120b"])
+def _quantizers_left(model: torch.nn.Module) -> list[str]:
+    """Modules that still run quantized: a quantized linear, or quantized experts that are not a twin's."""
+    return [n for n, m in model.named_modules() if n and (twin_mod._quantized_linear(m) or (
+        twin_mod._quantized_experts(m) and not getattr(m, "float_twin", False)))]
+
+
+def _experts_dequantized_as_parameters(q: torch.nn.Module) -> torch.nn.Module:
+    """An independent float twin: every quantized experts module given float32 parameters of its dequantized
+    weights (its own layout) and run by its float forward (transformers'), the linears as float_twin makes them."""
+    ref = copy.deepcopy(q)
+    for m in ref.modules():
+        if twin_mod._quantized_experts(m):
+            for name in PROJECTIONS:
+                if isinstance(getattr(m, name, None), torch.Tensor):
+                    w = dequantized_experts_weight(m, name, torch.float32)
+                    m._buffers.pop(name, None)
+                    m.register_parameter(name, torch.nn.Parameter(w, requires_grad=False))
+            m.quant_scheme = None
+    return float_twin(ref)
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "gpt-oss-120b", "grok-2"])
 @pytest.mark.parametrize("scheme", WEIGHT_ONLY + WITH_ACTIVATIONS)
 def test_the_twin_is_the_quantized_model_without_its_quantizers(model, scheme):
-    """No quantized layer is left; weight-only, the twin computes what the quantized model computes; with 8-bit
-    activations it differs from it (their quantization is gone), and from the float model (the weights are the
-    dequantized ones)."""
+    """No quantizer is left (the experts' codes shared with the quantized model, not copied); the twin computes what
+    an independent twin computes (the experts dequantized into float32 parameters, transformers' float forward);
+    weight-only, what the quantized model computes; with 8-bit activations it differs from it (their quantization
+    is gone), and from the float model (the weights are the dequantized ones)."""
     lm, q = _quantized(model, scheme)
     twin = float_twin(q)
-    assert _holds_codes(q) and not _holds_codes(twin)  # the caller's model is untouched
+    assert _holds_codes(q) and _quantizers_left(q) and not _quantizers_left(twin)  # the caller's model untouched
     assert all(p.dtype == torch.float32 for p in twin.parameters())
+    held = {t.data_ptr() for m in q.modules() if twin_mod._quantized_experts(m) for t in m.buffers()}
+    assert held and held == {t.data_ptr() for m in twin.modules() if twin_mod._quantized_experts(m) for t in m.buffers()}
     prompt = torch.randint(0, lm.config.vocab_size, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     got, quant, base = _logprobs(twin, prompt), _logprobs(q, prompt), _logprobs(lm.model, prompt)
+    assert _gap(got, _logprobs(_experts_dequantized_as_parameters(q), prompt)) < 1e-4
     if scheme in WEIGHT_ONLY:
         assert _gap(got, quant) < 1e-4, _gap(got, quant)
     else:  # its activation quantizers gone (at these tiny, peaked widths they move logprobs by up to ~3)
@@ -60,16 +87,16 @@ def test_the_twin_is_the_quantized_model_without_its_quantizers(model, scheme):
 
 
 def test_a_twin_built_from_the_wrong_weights_is_told_apart():
-    """Planted: a twin whose experts keep their quantized codes read as floats (the dequantization skipped)."""
-    from pcg_core.quant import twin as twin_mod
+    """Planted: a twin whose experts' dequantized weights have their input channels reversed."""
+    from pcg_core.quant import experts as quant_experts
 
     lm, q = _quantized("qwen3-30b-a3b", "awq")
     prompt = list(range(3, 15))
     good = _logprobs(float_twin(q), prompt)
-    real = twin_mod.dequantized_experts_weight
+    real = quant_experts.expert_weight
     try:
-        twin_mod.dequantized_experts_weight = lambda m, name, dtype: real(m, name, dtype).flip(-1)
+        quant_experts.expert_weight = lambda m, name, e, dtype=torch.float32: real(m, name, e, dtype).flip(-1)
         bad = _logprobs(float_twin(q), prompt)
     finally:
-        twin_mod.dequantized_experts_weight = real
+        quant_experts.expert_weight = real
     assert _gap(bad, good) > 1e-3
