@@ -27,7 +27,7 @@ from quant_gemm import replay_ms, write_json  # benchmarks/, the script's own fo
 DEVICE = "cuda"  # the script runs on the GPU; a CPU dry run (TRITON_INTERPRET=1) sets it
 SHAPES = {"qwen3-30b": (128, 1536, 2048), "deepseek-v3": (256, 4096, 7168)}  # (E, N = 2·moe_intermediate, K = hidden)
 TOP_K = 8
-FORMATS = ["fp8_per_token", "fp8_block", "int8_w8a8", "awq", "gptq", "fp4", "mxfp4"]  # timed
+FORMATS = ["gptq", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "fp4", "mxfp4"]  # timed (act-order first)
 ALL_FORMATS = ["fp8_per_tensor", *FORMATS]  # stand_in builds each (the GPU test checks every one)
 SWEEP = [(16, 64, 128, 4, 3), (16, 128, 128, 4, 3), (32, 64, 128, 4, 3), (32, 128, 64, 4, 3), (64, 64, 128, 4, 3),
          (64, 128, 64, 8, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3)]
@@ -97,10 +97,15 @@ def measure(shape: str, tokens: list[int], repeat: int) -> list[dict]:
                    "dequant_ms": replay_ms(lambda r: torch._grouped_mm(
                        r, experts.dequantized_experts_weight(mod, "gate_up_proj", r.dtype).transpose(1, 2), offs=offsets), rows, repeat),
                    "fused_ms": replay_ms(lambda r: moe_gemm.grouped_linear(r, counts, w), rows, repeat)}
+            gather = ""
+            if w.perm is not None:  # act-order the other way: gathered inside the GEMM (moe_gemm.PERMUTE_ROWS_MIN)
+                row["gather_ms"] = replay_ms(lambda r: moe_gemm.grouped_linear(r, counts, w, permute_rows_min=1 << 62),
+                                             rows, repeat)
+                gather = f"  (gathered in the GEMM {row['gather_ms']:8.4f}, {row['gather_ms'] / row['bf16_ms']:5.2f}×)"
             out.append(row)
             print(f"{shape:>12} {name:>14} T={t:>5}: bf16 {row['bf16_ms']:8.4f}  dequant+grouped {row['dequant_ms']:8.4f} "
                   f"({row['dequant_ms'] / row['bf16_ms']:5.2f}×)  fused {row['fused_ms']:8.4f} "
-                  f"({row['fused_ms'] / row['bf16_ms']:5.2f}×)  err {err:.1e}", flush=True)
+                  f"({row['fused_ms'] / row['bf16_ms']:5.2f}×)  err {err:.1e}{gather}", flush=True)
     return out
 
 

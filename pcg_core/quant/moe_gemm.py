@@ -61,6 +61,16 @@ CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
 )
 
 
+# Act-order (int4 experts with a permutation of K each): from this many sorted rows on, each row is permuted by its
+# expert's permutation first (`_permute_expert_rows_kernel`: one pass over the rows, S·K elements) and the GEMM
+# reads it as it is; below, the GEMM gathers the activation through the permutation inside its K loop. Measured on
+# the H200 (2026-12-03c, Qwen3-30B gate_up, top-8) with the gather inside: +0.04 ms over AWQ's time at 64 rows,
+# +0.15 at 512, +1.0 at 4096, +8.5 at 32768 (22.9× bf16) — a whole-row pass costs a few µs at 512 rows. The
+# crossing itself is not timed yet (benchmarks/moe_gemm.py times both ways, `gptq` and `gptq_gather`).
+PERMUTE_ROWS_MIN = 64
+PERMUTE_BLOCK_K = 1024
+
+
 class ExpertWeights(NamedTuple):
     """One projection of quantized experts as held: `codes` [E, N, K] (int4's [E, N, K/8], FP4's [E, N, K/2]), the
     scale (int4's zeros and act-order `perm`; FP4's row globals) the module holds beside them;
@@ -121,14 +131,33 @@ def takes(w: ExpertWeights, k: int) -> bool:
             and (w.perm is None or tuple(w.perm.shape) == (e, kw)))
 
 
+def permute_expert_rows(rows: torch.Tensor, counts: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """out[i, j] = rows[i, perm[e(i), j]] for rows sorted by expert (counts [E] each): act-order's activation in
+    each row's expert's K order, one new contiguous [S, K]. Static shapes, no host sync."""
+    s, k = rows.shape
+    out = torch.empty(s, k, device=rows.device, dtype=rows.dtype)
+    if s == 0:
+        return out
+    expert = torch.searchsorted(torch.cumsum(counts.to(torch.int64), 0), torch.arange(s, device=rows.device),
+                                right=True).clamp_(max=counts.numel() - 1).to(torch.int32)
+    perm = perm.contiguous()
+    _permute_expert_rows_kernel[(s, triton.cdiv(k, PERMUTE_BLOCK_K))](
+        rows, perm, expert, out, k, rows.stride(0), perm.stride(0), BLOCK_K=PERMUTE_BLOCK_K)
+    return out
+
+
 def grouped_linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights,
-                   config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor | None:
+                   config: tuple[int, int, int, int, int] | None = None,
+                   permute_rows_min: int = PERMUTE_ROWS_MIN) -> torch.Tensor | None:
     """rows [S, K] sorted by expert (counts [E] rows each) through each row's expert's weight: [S, N] in the rows'
-    dtype; None for a layout the kernel does not take (the caller's own path runs)."""
+    dtype; None for a layout the kernel does not take (the caller's own path runs). `config` and
+    `permute_rows_min` override CONFIGS and PERMUTE_ROWS_MIN (tests, benchmarks)."""
     if not takes(w, rows.shape[1]):
         return None
     e, n, k = w.shape
     s = rows.shape[0]
+    if w.perm is not None and s >= max(1, permute_rows_min):  # act-order met once, before the GEMM
+        rows, w = permute_expert_rows(rows, counts, w.perm), w._replace(perm=None)
     bm, bn, bk, warps, stages = config or config_for(s, e)
     group = w.group if w.format == "int4" else SCALE_BLOCK if w.scale_kind == "block" else k  # FP4: scales gathered
     while bk > 16 and (k % bk or group % bk):  # a tile inside one int4 group or 128-column scale block
@@ -190,6 +219,19 @@ def project(rows: torch.Tensor, counts: torch.Tensor, offsets: torch.Tensor, wei
 
 
 if triton is not None:
+
+    @triton.jit
+    def _permute_expert_rows_kernel(x_ptr, perm_ptr, expert_ptr, out_ptr, K, stride_x, stride_p,
+                                    BLOCK_K: tl.constexpr):
+        """One row, BLOCK_K of its columns: out[row, j] = x[row, perm[expert[row], j]] (the row is a few KiB: its
+        scattered reads hit in cache), contiguous stores."""
+        row = tl.program_id(0).to(tl.int64)
+        rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask = rk < K
+        e = tl.load(expert_ptr + row).to(tl.int64)
+        src = tl.load(perm_ptr + e * stride_p + rk, mask=mask, other=0)
+        v = tl.load(x_ptr + row * stride_x + src, mask=mask)
+        tl.store(out_ptr + row * K + rk, v, mask=mask)
 
     @triton.jit
     def _repeat_columns(x, LOG2: tl.constexpr):

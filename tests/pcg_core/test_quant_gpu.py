@@ -414,10 +414,12 @@ def test_moe_gemm_equals_the_dequantizing_path(moe_weights, name, rows):
     offsets = torch.cumsum(counts, 0, dtype=torch.int32)
     want = torch._grouped_mm(x, experts.dequantized_experts_weight(mod, "gate_up_proj", x.dtype).transpose(1, 2),
                              offs=offsets).float()
-    for _, cfg in moe_gemm.CONFIGS:
-        got = moe_gemm.grouped_linear(x, counts, w, config=cfg)
-        rel = float((got.float() - want).norm() / want.norm())
-        assert rel < KERNEL_RTOL, f"{name} {cfg} rows={rows}: {rel:.3g}"
+    ways = (1, 1 << 62) if w.perm is not None else (moe_gemm.PERMUTE_ROWS_MIN,)  # act-order: rows permuted first, or
+    for _, cfg in moe_gemm.CONFIGS:                                                 # gathered inside the GEMM
+        for permute_rows_min in ways:
+            got = moe_gemm.grouped_linear(x, counts, w, config=cfg, permute_rows_min=permute_rows_min)
+            rel = float((got.float() - want).norm() / want.norm())
+            assert rel < KERNEL_RTOL, f"{name} {cfg} rows={rows} permute_rows_min={permute_rows_min}: {rel:.3g}"
     eager = moe_gemm.grouped_linear(x, counts, w)
     assert torch.equal(_replayed(lambda t: moe_gemm.grouped_linear(t, counts, w), x), eager)
     if rows > 1:

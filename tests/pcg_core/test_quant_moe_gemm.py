@@ -128,6 +128,32 @@ def test_interpreted_kernel_is_each_rows_expert(case, config):
 
 
 @interpreted
+@pytest.mark.parametrize("config", CONFIGS[:2])
+@pytest.mark.parametrize("permute_rows_min", [1, 1 << 30])
+def test_interpreted_act_order_either_way(config, permute_rows_min):
+    """Act-order met by permuting each row by its expert's permutation first (PERMUTE_ROWS_MIN) or by the gather
+    inside the GEMM: each row's expert's answer both ways."""
+    x, counts, ids = _routing()
+    w, dense = _cases()["int4_act_order"]
+    got = grouped_linear(x, counts, w, config=config, permute_rows_min=permute_rows_min)
+    assert rel(got, _reference(x, ids, dense)) < 1e-5
+
+
+@interpreted
+@pytest.mark.parametrize("k", [256, 2500])  # one column block, several with the last cut short
+def test_interpreted_rows_permuted_by_their_experts_permutation(k):
+    g = torch.Generator().manual_seed(k)
+    counts = torch.tensor(COUNTS, dtype=torch.int32)
+    x = torch.randn(int(counts.sum()), k, generator=g).half()
+    perm = torch.stack([torch.randperm(k, generator=g) for _ in range(E)])
+    ids = torch.repeat_interleave(torch.arange(E), counts.long())
+    want = torch.stack([x[i, perm[ids[i]]] for i in range(x.shape[0])])
+    assert torch.equal(moe_gemm.permute_expert_rows(x, counts, perm), want)
+    assert not torch.equal(moe_gemm.permute_expert_rows(x, counts, perm.roll(1, 0)), want)  # another expert's
+    assert moe_gemm.permute_expert_rows(x[:0], torch.zeros(E, dtype=torch.int32), perm).shape == (0, k)
+
+
+@interpreted
 def test_interpreted_no_rows_and_layouts_it_declines():
     x, counts, _ = _routing()
     w, _ = _cases()["float"]
@@ -141,6 +167,7 @@ def test_interpreted_no_rows_and_layouts_it_declines():
 
 @interpreted
 @pytest.mark.parametrize("fault", ["rows to the next expert", "next expert's scales", "act-order ignored",
+                                   "act-order by the next expert's permutation",
                                    "block scale of the wrong column block", "FP4 nibbles swapped", "FP4 global dropped"])
 def test_interpreted_planted_faults_fail(fault):
     x, counts, ids = _routing()
@@ -154,6 +181,9 @@ def test_interpreted_planted_faults_fail(fault):
     elif fault == "act-order ignored":
         w, dense = cases["int4_act_order"]
         got = grouped_linear(x, counts, ExpertWeights("int4", w.codes, w.scale, "none", w.zeros, w.group), config=CONFIGS[0])
+    elif fault == "act-order by the next expert's permutation":  # the rows permuted first, each by a wrong one
+        w, dense = cases["int4_act_order"]
+        got = grouped_linear(x, counts, w._replace(perm=w.perm.roll(1, 0)), config=CONFIGS[0], permute_rows_min=1)
     elif fault == "block scale of the wrong column block":
         w, dense = cases["fp8_block"]
         got = grouped_linear(x, counts, ExpertWeights("8bit", w.codes, w.scale.flip(2), "block"), config=CONFIGS[0])
