@@ -66,7 +66,7 @@ CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
 # reads it as it is; below, the GEMM gathers the activation through the permutation inside its K loop. Measured on
 # the H200 (2026-12-03c, Qwen3-30B gate_up, top-8) with the gather inside: +0.04 ms over AWQ's time at 64 rows,
 # +0.15 at 512, +1.0 at 4096, +8.5 at 32768 (22.9× bf16) — a whole-row pass costs a few µs at 512 rows. The
-# crossing itself is not timed yet (benchmarks/moe_gemm.py times both ways, `gptq` and `gptq_gather`).
+# crossing itself is not timed yet (benchmarks/moe_gemm.py times GPTQ both ways: `fused_ms`, `gather_ms`).
 PERMUTE_ROWS_MIN = 64
 PERMUTE_BLOCK_K = 1024
 
