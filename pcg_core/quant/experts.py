@@ -246,7 +246,7 @@ def _8bit_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, se
 
 def dequantized_experts_weight(module: torch.nn.Module, name: str, dtype: torch.dtype) -> torch.Tensor:
     """Every expert's weight of projection `name` as the float module held it (its own layout: transposed experts
-    turned back), dequantized: what a float twin of the experts holds (harness/cell/padding.py)."""
+    turned back), dequantized (the dequantize-then-`_grouped_mm` path's operand, in the tests and benchmarks)."""
     if isinstance(module.quant_scheme, Fp4Scheme):
         w = fp4_dequantized(module, name, dtype)
     else:

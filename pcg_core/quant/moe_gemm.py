@@ -45,8 +45,8 @@ except ImportError:  # CPU machines and CI: the callers' dequantizing paths run
 # The experts' grouped forwards (experts.py, fp4_experts.py) run this kernel where it takes the layout (a switch for
 # the tests and benchmarks that time both ways). On the H200 (benchmarks/results/2026-12-03c-h200-moe-gemm/):
 # test_quant_gpu.py's moe_gemm tests pass, and Qwen3-30B's gate_up over 8…4096 tokens takes 0.10-0.97 ms for the
-# 8-bit schemes (0.6-2.3× bf16 `_grouped_mm`) where dequantize + `_grouped_mm` took 3.3-4.6 ms; AWQ 0.12-1.19,
-# FP4 0.22-2.33, GPTQ act-order 0.16-9.7 ms where it took 5.9-17.9.
+# 8-bit schemes (0.6-2.3× bf16 `_grouped_mm`) where dequantize + `_grouped_mm` took 3.3-4.6 ms; AWQ 0.12-1.19 where
+# it took 12.3-12.6, FP4 0.22-2.33 where 5.9-7.5, GPTQ act-order (gathered inside the GEMM) 0.16-9.7 where 17.6-17.9.
 ENABLED = True
 SCALE_BLOCK = 128  # the 8-bit block schemes' 128×128 weight blocks (schemes.BLOCK)
 SCALE_KINDS = {"none": 0, "tensor": 1, "channel": 2, "block": 3}
@@ -65,9 +65,10 @@ CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
 # expert's permutation first (`_permute_expert_rows_kernel`: one pass over the rows, S·K elements) and the GEMM
 # reads it as it is; below, the GEMM gathers the activation through the permutation inside its K loop. Measured on
 # the H200 (2026-12-03c, Qwen3-30B gate_up, top-8) with the gather inside: +0.04 ms over AWQ's time at 64 rows,
-# +0.15 at 512, +1.0 at 4096, +8.5 at 32768 (22.9× bf16) — a whole-row pass costs a few µs at 512 rows. The
-# crossing itself is not timed yet (benchmarks/moe_gemm.py times GPTQ both ways: `fused_ms`, `gather_ms`).
-PERMUTE_ROWS_MIN = 64
+# +0.15 at 512, +1.0 at 4096, +8.5 at 32768 (22.9× bf16) — a whole-row pass should cost a few µs at 512 rows. Off
+# until the kernel has been compiled and timed on the GPU (test_quant_gpu.py runs both ways; benchmarks/moe_gemm.py
+# times GPTQ both ways, `fused_ms` and `gather_ms`): then the row count where it wins.
+PERMUTE_ROWS_MIN = 1 << 62
 PERMUTE_BLOCK_K = 1024
 
 
@@ -138,6 +139,7 @@ def permute_expert_rows(rows: torch.Tensor, counts: torch.Tensor, perm: torch.Te
     out = torch.empty(s, k, device=rows.device, dtype=rows.dtype)
     if s == 0:
         return out
+    rows = rows.contiguous()
     expert = torch.searchsorted(torch.cumsum(counts.to(torch.int64), 0), torch.arange(s, device=rows.device),
                                 right=True).clamp_(max=counts.numel() - 1).to(torch.int32)
     perm = perm.contiguous()

@@ -72,14 +72,17 @@ def routed_float_experts_forward(module: torch.nn.Module, hidden_states: torch.T
                                  top_k_weights: torch.Tensor) -> torch.Tensor:
     """The float experts these quantized ones stand for, in float32: each routed expert's tokens through its
     weights dequantized (experts.expert_weight), biases added, the module's own gate or activation, no activation
-    quantizer; each token's experts summed in expert order. Eager only (the routed experts read on the host)."""
+    quantizer; each token's experts summed in expert order (ids outside the experts skipped). Eager only (the
+    routed experts read on the host)."""
     first, gated = first_projection(module)
     x = hidden_states.float()
     out = torch.zeros_like(x)
     for e in torch.unique(top_k_index).tolist():
-        tokens, slots = torch.nonzero(top_k_index == e, as_tuple=True)  # a token meets an expert at most once
+        if not 0 <= e < module.num_experts:  # a slot routed nowhere (as the dense reference ignores it)
+            continue
+        tokens, slots = torch.nonzero(top_k_index == e, as_tuple=True)
         h = add_bias(x[tokens] @ quant_experts.expert_weight(module, first, e).t(), module, first, e)
         h = module._apply_gate(h) if gated else module.act_fn(h)
         y = add_bias(h @ quant_experts.expert_weight(module, "down_proj", e).t(), module, "down_proj", e)
-        out[tokens] += y * top_k_weights[tokens, slots, None].float()
+        out.index_add_(0, tokens, y * top_k_weights[tokens, slots, None].float())
     return out.to(hidden_states.dtype)

@@ -67,6 +67,9 @@ TRITON_PERMUTE_MAX_M = 8
 # inverse permutation: 0.4605 ms at 4096, 1.6-4.8× bf16 below — slower than either permute at every M).
 ROW_PERMUTE_MIN_M = 128
 ROW_PERMUTE_ELEMENTS = 16384  # rows per program: as many as keep BLOCK_M · next_pow2(K) at most this (≥ 1 row)
+# Rows up to this K only (index_select beyond): compiled and timed at K = 4096 so far; test_quant_gpu.py's
+# rows_permuted test runs it up to 16384 (Qwen3-8B's and Llama-3.1-8B's MLP widths) for this to be raised.
+ROW_PERMUTE_MAX_K = 4096
 # (BLOCK_N, BLOCK_K, num_warps) of the dequantize-to-scratch kernel.
 DEQUANT_CONFIG = (64, 128, 4)
 REDUCE_BLOCK = 1024
@@ -182,11 +185,12 @@ if triton is not None:
         kmask = rk < K
         src = tl.load(perm_ptr + rk, mask=kmask, other=0).to(tl.int32)
         mask = (rm[:, None] < M) & kmask[None, :]
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mask, other=0.0)
+        rows = rm.to(tl.int64)[:, None]  # M·K may pass 2^31
+        x = tl.load(x_ptr + rows * stride_xm + rk[None, :], mask=mask, other=0.0)
         x = tl.reshape(x, [BLOCK_M * BLOCK_K])
         index = tl.reshape(tl.arange(0, BLOCK_M)[:, None] * BLOCK_K + src[None, :], [BLOCK_M * BLOCK_K])
         v = tl.reshape(tl.gather(x, index, axis=0), [BLOCK_M, BLOCK_K])  # 1-D: through shared memory
-        tl.store(out_ptr + rm[:, None] * K + rk[None, :], v, mask=mask)
+        tl.store(out_ptr + rows * K + rk[None, :], v, mask=mask)
 
     @triton.jit
     def _dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, stride_qw, stride_s, stride_o,
@@ -239,10 +243,10 @@ def permute_activation(x: torch.Tensor, perm: torch.Tensor, triton_max_m: int = 
                        rows_min_m: int = ROW_PERMUTE_MIN_M) -> torch.Tensor:
     """x[:, perm] as a new contiguous (M, K) tensor (act-order's activation in the weight's K order): our gather
     kernel spread over K up to `triton_max_m` rows, whole rows per program from `rows_min_m` on (K up to
-    ROW_PERMUTE_ELEMENTS), index_select between and beyond."""
+    ROW_PERMUTE_MAX_K), index_select between and beyond."""
     m, k = x.shape
-    if triton_max_m < m and (m < rows_min_m or triton.next_power_of_2(k) > ROW_PERMUTE_ELEMENTS):
-        return x.index_select(1, perm)  # (a row wider than a program holds: not compiled or timed, index_select)
+    if triton_max_m < m and (m < rows_min_m or k > ROW_PERMUTE_MAX_K):
+        return x.index_select(1, perm)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if m and m <= triton_max_m:
         block_m = min(16, triton.next_power_of_2(m))

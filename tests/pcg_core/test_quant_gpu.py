@@ -199,12 +199,15 @@ def test_w4a16_kernel_matches_the_reference_at_a_real_width(int4_layers, name, m
     assert rel < W4A16_RTOL, f"{name} M={m}: {rel:.3g}"
 
 
-@pytest.mark.parametrize("m,k", [(128, 4096), (4096, 4096), (129, 14336), (4096, 12288), (512, 18944)])
-def test_w4a16_act_order_rows_permuted_at_real_widths(m, k):
-    """Act-order's activation permute at the M where whole rows go one per program (ROW_PERMUTE_MIN_M on), at the
-    hidden and MLP widths the cells run (Qwen3-8B 12288, Llama-3.1-8B 14336; 18944 wider than a program holds:
-    index_select): exactly x[:, perm], a replay bitwise equal, a reversed permutation caught."""
+@pytest.mark.parametrize("m,k", [(128, 4096), (4096, 4096), (200, 2048), (129, 14336), (4096, 12288), (512, 16384)])
+def test_w4a16_act_order_rows_permuted_at_real_widths(m, k, monkeypatch):
+    """Act-order's activation permute where whole rows go one per program (from ROW_PERMUTE_MIN_M), at the hidden
+    and MLP widths the cells run (Qwen3-8B 12288, Llama-3.1-8B 14336) — beyond ROW_PERMUTE_MAX_K too, for it to be
+    raised — M not a multiple of the rows per program: exactly x[:, perm], a replay bitwise equal, a reversed
+    permutation caught."""
     from pcg_core.quant import w4a16
+
+    monkeypatch.setattr(w4a16, "ROW_PERMUTE_MAX_K", w4a16.ROW_PERMUTE_ELEMENTS)
 
     g = torch.Generator(device="cuda").manual_seed(k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)

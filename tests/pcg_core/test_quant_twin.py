@@ -100,3 +100,21 @@ def test_a_twin_built_from_the_wrong_weights_is_told_apart():
     finally:
         quant_experts.expert_weight = real
     assert _gap(bad, good) > 1e-3
+
+
+def test_a_slot_routed_nowhere_is_skipped_like_a_zero_weight():
+    """routed_float_experts_forward: a top-k slot holding an id outside the experts (-1) adds nothing, as one routed
+    to a real expert with weight 0 does; a token's experts summed whatever their order."""
+    _, q = _quantized("qwen3-30b-a3b", "fp8_per_token")
+    experts = next(m for m in float_twin(q).modules() if twin_mod._quantized_experts(m))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, experts.gate_up_proj.shape[-1], generator=g)
+    index = torch.randint(0, experts.num_experts, (6, 2), generator=g)
+    weights = torch.rand(6, 2, generator=g)
+    nowhere, zero = index.clone(), weights.clone()
+    nowhere[0, 1], zero[0, 1] = -1, 0.0
+    got = twin_mod.routed_float_experts_forward(experts, x, nowhere, weights)
+    assert torch.allclose(got, twin_mod.routed_float_experts_forward(experts, x, index, zero), atol=1e-6)
+    assert torch.allclose(twin_mod.routed_float_experts_forward(experts, x, index.flip(1), weights.flip(1)),
+                          twin_mod.routed_float_experts_forward(experts, x, index, weights), atol=1e-6)
+    assert not torch.allclose(got, twin_mod.routed_float_experts_forward(experts, x, index, weights), atol=1e-6)

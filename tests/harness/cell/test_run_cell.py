@@ -105,6 +105,21 @@ def test_a_wrapped_load_error_is_recorded_with_what_it_wraps(inner, status, monk
     assert "Could not import module" in out.reason and f"raised from {type(inner).__name__}: {inner}" in out.reason
 
 
+def test_an_out_of_memory_handled_before_a_crash_does_not_make_it_oom(monkeypatch):
+    """An OOM that was caught (a fallback taken) and a different error raised while handling it: the cell fails as
+    that error says, the OOM named as what was being handled."""
+    def load(*args, **kwargs):
+        try:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        except torch.cuda.OutOfMemoryError:
+            raise ValueError("config.json: hidden_size 4097 is not a multiple of num_attention_heads 32")
+
+    monkeypatch.setattr("harness.cell.run.load_model", load)
+    out = run_cell(CellSpec(model="qwen3-0.6b", tiny=True))
+    assert out.status == Status.EAGER_FAIL
+    assert out.reason.startswith("ValueError: config.json") and "raised while handling OutOfMemoryError" in out.reason
+
+
 @pytest.mark.parametrize("flag,axis,value", [("--quant", "quant", "fp8"), ("--parallel", "parallel", "tp2")])
 def test_a_quant_or_parallel_the_runtime_lacks_is_unsupported_before_loading(flag, axis, value, capsys, monkeypatch):
     """Not the none/tp1 cell under another name: unsupported, in the matrix pre-check's words, and no model built."""
