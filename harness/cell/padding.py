@@ -5,15 +5,15 @@ MoE model one such rounding can flip a router's choice of experts, which moves a
 ×2 on the H200: 0.97). The judge widens its bound on graph vs *unpadded* eager to that measured difference. A
 padding *leak* — padding rows reaching real ones, in the model or the attention backend — would widen it just the
 same and hide itself. Rounding and a leak part in float32: there the same forwards differ by ~1e-6 from rounding,
-while a leak keeps its size. So the noisy cases run again on a float32 copy of the model, padded as the graph pads
-and unpadded, and only a padding shown exact there counts as noise. A quantized model runs as its float twin
-(pcg_core/quant/twin.py: weights dequantized, no activation quantizer): its quantizers turn a 1e-7 rounding change
-into a whole step, in float32 too, while each of them is row-local, so padding cannot leak through them.
+while a leak keeps its size. So the noisy cases run again on the model in float32, padded as the graph pads
+and unpadded, and only a padding shown exact there counts as noise. The float32 model is the float twin
+(pcg_core/quant/twin.py: it shares the model's weights, reading them in float32; a quantized model's weights
+dequantized, no activation quantizer): quantizers turn a 1e-7 rounding change into a whole step, in float32 too,
+while each of them is row-local, so padding cannot leak through them.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -33,7 +33,7 @@ FP32_PADDING_RTOL = 1e-4
 
 class _PaddedEager:
     """An eager engine standing in for the graph engine in the lockstep: it pads each forward to the graph's bucket,
-    so the lockstep's noise runs (unpadded, padded) happen on a float32 copy with the graph's shapes."""
+    so the lockstep's noise runs (unpadded, padded) happen in float32 with the graph's shapes."""
 
     def __init__(self, engine: Engine, bucket_for: Callable[[int], int | None]):
         self.engine, self.bucket_for = engine, bucket_for
@@ -45,25 +45,13 @@ class _PaddedEager:
         return self.engine.forward(batch, eager=True, observer=observer, pad_to=self.bucket_for(len(batch)))
 
 
-def _float32_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A float32 deep copy made tensor by tensor (deepcopy's memo hands it each weight already in float32), so it
-    never holds a second half-precision copy: at most the model plus its float32 twin."""
-    memo: dict[int, object] = {}
-    for t in [*model.parameters(), *model.buffers()]:
-        if id(t) not in memo:
-            f = t.detach().float() if t.is_floating_point() else t.detach().clone()
-            memo[id(t)] = torch.nn.Parameter(f, requires_grad=False) if isinstance(t, torch.nn.Parameter) else f
-    return copy.deepcopy(model, memo).float()  # .float(): tensors held outside parameters and buffers
-
-
 @torch.no_grad()
 def float32_padding_rel(model: torch.nn.Module, config: EngineConfig, bucket_for: Callable[[int], int | None],
-                        cases: list[Case], quantized: bool = False) -> float:
+                        cases: list[Case]) -> float:
     """Worst per-row relative difference of any forward's hidden states in `cases`, eager padded to `bucket_for`'s
-    buckets vs unpadded, on a float32 copy of `model` (`quantized`: its float twin) with `config`'s attention
-    backend and KV capacity (NaN if a row is NaN). The copy is freed before returning; the caller's model is not
-    touched."""
-    model32 = float_twin(model) if quantized else _float32_copy(model)
+    buckets vs unpadded, on `model`'s float twin (float32, sharing its weights) with `config`'s attention backend
+    and KV capacity (NaN if a row is NaN). The twin is freed before returning; the caller's model is not touched."""
+    model32 = float_twin(model)
     try:
         cfg = replace(config, dtype="float32", capture=replace(config.capture, backend="disabled"))
         ref, other = Engine(model32, cfg), Engine(model32, cfg)

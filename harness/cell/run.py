@@ -292,14 +292,14 @@ def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Output
 def _padding_exact(cell: _Cell, graph: Engine, cases: list[Case]) -> bool | None:
     """Is eager's padding exact in float32 (padding.py) for `cases`? True, False (a leak), or None when not asked
     (no case; an unquantized float32 cell, whose eager noise is already float32's) or when the check could not run
-    (why in padding_check_error). A quantized cell is checked on its float twin, in any dtype: its quantizers make
+    (why in padding_check_error). A quantized cell is checked in any dtype (on its float twin): its quantizers make
     float32 noisy too. The worst difference measured is kept in padding_rel_fp32."""
     quantized = cell.spec.quant != "none"
     if not cases or (not quantized and cell.spec.dtype == "float32"):
         return None
     m = cell.metrics
     try:
-        rel = float32_padding_rel(cell.lm.model, graph.config, graph.bucket_for, cases, quantized=quantized)
+        rel = float32_padding_rel(cell.lm.model, graph.config, graph.bucket_for, cases)
     except Exception as e:  # noqa: BLE001 - out of memory, a backend without float32: nothing is allowed for
         m.padding_check_error = f"{type(e).__name__}: {e}"[:1000]
         return None

@@ -33,16 +33,15 @@ def _dense_masked_experts(self, hidden_states: torch.Tensor, top_k_index: torch.
 def quantized_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                       top_k_weights: torch.Tensor) -> torch.Tensor:
     """Experts quantized in place (pcg_core.quant.experts): the grouped path on CUDA in bf16, the reference
-    elsewhere; a float twin's (pcg_core.quant.twin) its float32 math. Shared by every experts module that holds
-    transformers' layout (transformers' and our own)."""
-    if getattr(module, "float_twin", False):
-        return routed_float_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+    elsewhere. Shared by every experts module that holds transformers' layout (transformers' and our own)."""
     if hidden_states.device.type == "cuda" and hidden_states.dtype == torch.bfloat16:
         return grouped_quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)
     return quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)
 
 
 def pcg_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    if getattr(self, "float_twin", False):  # a float twin's experts (pcg_core.quant.twin), quantized or not
+        return routed_float_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     if getattr(self, "quant_scheme", None) is not None:
         return quantized_forward(self, hidden_states, top_k_index, top_k_weights)
     weights = self.gate_up_proj if self.has_gate else self.up_proj

@@ -31,6 +31,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from pcg_core.attention.op import ATTN_IMPLEMENTATION  # noqa: F401 - registers pcg::attention
 from pcg_core.attention.reference import attention_math, length_temperature
 from pcg_core.model.experts import quantized_forward
+from pcg_core.quant.twin import routed_float_experts_forward
 
 MODEL_TYPE = "pcg_grok1"
 ARCHITECTURE = "Grok1ForCausalLM"
@@ -166,6 +167,8 @@ class Grok1Experts(nn.Module):
         return self.act_fn(gate) * up
 
     def forward(self, x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "float_twin", False):  # a float twin's experts (pcg_core.quant.twin), quantized or not
+            return routed_float_experts_forward(self, x, top_k_index, top_k_weights)
         if getattr(self, "quant_scheme", None) is not None:
             return quantized_forward(self, x, top_k_index, top_k_weights)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)

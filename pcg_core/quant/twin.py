@@ -1,5 +1,6 @@
-"""The float twin of a quantized model: a float32 copy in which every quantized layer is the float layer it stands
-for (weights dequantized, activations no longer quantized).
+"""The float twin of a model: the float32 model it stands for, sharing its tensors — every quantized layer the
+float layer it stands for (weights dequantized, activations no longer quantized), every half-precision weight read
+in float32.
 
 Why: the judge tells padding *noise* from a padding *leak* by running the model in float32, padded and unpadded
 (harness/cell/padding.py), where rounding differs by ~1e-7 and a leak keeps its size. A quantized model cannot
@@ -7,21 +8,25 @@ show that: its activation quantizers turn a 1e-7 change into a whole rounding st
 here is row-local (per token, per token and 128-group, or a static scale), so padding rows cannot reach real
 rows through them; whatever else the model does with padding is the same in the twin, which has no quantizer.
 
-Quantized experts stay as they are held (their codes shared with the quantized model, not copied) and run
-`routed_float_experts_forward`: each routed expert's weight dequantized in float32 when it runs. A float32 copy of
-the experts would not fit beside the cells sharing a GPU (DeepSeek-V3's one MoE layer: 45 GB; Qwen3-235B's two
-layers ran out of memory with 8 cells on the H200), and the float experts' float32 forward would run every expert on
-every token. The twin is only ever run eagerly, so which experts run may be read on the host.
+The twin copies no weight: it runs beside the cell's own model on a GPU that several cells share, where a float32
+copy did not fit (DeepSeek-V3 at 4 layers, 8-bit: ~15 GB of float32 linears, embedding and head beside a 48 GB
+cell, three cells on the H200; a float32 copy of its experts alone would be 45 GB). Every tensor is shared with the
+model; a module reads each of its half-precision parameters as a float32 copy made when read and freed after use, a
+quantized linear dequantizes its weight in float32 when it runs, and experts (quantized or not) run
+`routed_float_experts_forward`: each routed expert's weight in float32 when it runs (float experts run dense would
+also compute every expert on every token). The twin is only ever run eagerly, so which experts run may be read on
+the host.
 """
 
 from __future__ import annotations
 
 import copy
+import types
 
 import torch
 
 from pcg_core.quant import experts as quant_experts
-from pcg_core.quant.expert_layout import add_bias, first_projection
+from pcg_core.quant.expert_layout import add_bias, canonical_weight, first_projection
 
 
 def _quantized_linear(module: torch.nn.Module) -> bool:
@@ -34,44 +39,66 @@ def _quantized_experts(module: torch.nn.Module) -> bool:
     return getattr(module, "quant_scheme", None) is not None and hasattr(module, "num_experts")
 
 
-def _as_linear(module: torch.nn.Module) -> torch.nn.Linear:
-    w = module.dequantized_weight().float()
-    bias = getattr(module, "bias", None)
-    lin = torch.nn.Linear(module.in_features, module.out_features, bias=bias is not None, device=w.device,
-                          dtype=torch.float32)
-    with torch.no_grad():
-        lin.weight.copy_(w)
-        if bias is not None:
-            lin.bias.copy_(bias.float())
-    return lin.requires_grad_(False)
+def _dequantized_linear_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A quantized linear's float layer: x times its weight dequantized in float32, plus its bias; no activation
+    quantizer."""
+    bias = getattr(self, "bias", None)
+    return torch.nn.functional.linear(x.float(), self.dequantized_weight().float(), None if bias is None else bias.float())
+
+
+_FLOAT32_CLASSES: dict[tuple[type, tuple[str, ...]], type] = {}
+
+
+def _float32_class(cls: type, names: tuple[str, ...]) -> type:
+    """`cls` with each parameter in `names` read as a float32 copy (a property over the shared parameter, which
+    stays registered: the module's parameters() and state_dict are the model's)."""
+    key = (cls, names)
+    if key not in _FLOAT32_CLASSES:
+        props = {n: property(lambda self, n=n: self._parameters[n].float()) for n in names}
+        _FLOAT32_CLASSES[key] = type(cls.__name__, (cls,), {**props, "__module__": cls.__module__})
+    return _FLOAT32_CLASSES[key]
+
+
+def _read_in_float32(module: torch.nn.Module) -> None:
+    """Make `module` (not its children) compute in float32: its half-precision parameters read as float32 copies,
+    its half-precision buffers (small: rotary tables) replaced by float32 ones of its own."""
+    names = tuple(n for n, p in module._parameters.items()
+                  if p is not None and p.is_floating_point() and p.dtype != torch.float32)
+    if names:
+        module.__class__ = _float32_class(type(module), names)
+    for n, b in module._buffers.items():
+        if b is not None and b.is_floating_point() and b.dtype != torch.float32:
+            module._buffers[n] = b.float()
 
 
 def float_twin(model: torch.nn.Module) -> torch.nn.Module:
-    """A float32 copy of `model` with every quantized linear an nn.Linear of its dequantized weight and every
-    quantized experts module a twin (`float_twin`: routed_float_experts_forward over its codes, shared with
-    `model`'s). The caller's model is not touched."""
-    shared = {id(t): t for m in model.modules() if _quantized_experts(m) for t in m.buffers()}
-    twin = copy.deepcopy(model, shared)
-    held = []  # the experts' buffers kept out of .float(): codes and scales as the forward reads them
-    for name, module in list(twin.named_modules()):
-        if _quantized_experts(module):
+    """The float32 model `model` stands for, sharing every tensor with it (none copied): quantized linears run
+    dequantized, experts run routed_float_experts_forward (`float_twin` set), every other module reads its
+    half-precision parameters as float32. The caller's model is not touched."""
+    twin = copy.deepcopy(model, {id(t): t for t in [*model.parameters(), *model.buffers()]})
+    for module in twin.modules():
+        if quant_experts.is_experts(module) or _quantized_experts(module):
             module.float_twin = True
-            held.append((module, dict(module._buffers)))
-            module._buffers.clear()
-        elif _quantized_linear(module) and name:
-            parent_name, _, child = name.rpartition(".")
-            setattr(twin.get_submodule(parent_name) if parent_name else twin, child, _as_linear(module))
-    twin = twin.float()
-    for module, buffers in held:
-        module._buffers.update(buffers)
+        elif _quantized_linear(module):
+            module.float_twin = True
+            module.forward = types.MethodType(_dequantized_linear_forward, module)
+        else:
+            _read_in_float32(module)
     return twin
+
+
+def _expert_weight(module: torch.nn.Module, name: str, e: int) -> torch.Tensor:
+    """Expert e's weight [N, K] of projection `name` in float32: dequantized, or the float module's own."""
+    if getattr(module, "quant_scheme", None) is not None:
+        return quant_experts.expert_weight(module, name, e)
+    return canonical_weight(module, name, e).float()
 
 
 @torch.no_grad()
 def routed_float_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                                  top_k_weights: torch.Tensor) -> torch.Tensor:
-    """The float experts these quantized ones stand for, in float32: each routed expert's tokens through its
-    weights dequantized (experts.expert_weight), biases added, the module's own gate or activation, no activation
+    """The float experts these (quantized or not) stand for, in float32: each routed expert's tokens through its
+    weights in float32 (dequantized: experts.expert_weight), biases added, the module's own gate or activation, no activation
     quantizer; each token's experts summed in expert order (ids outside the experts skipped). Eager only (the
     routed experts read on the host)."""
     first, gated = first_projection(module)
@@ -81,8 +108,8 @@ def routed_float_experts_forward(module: torch.nn.Module, hidden_states: torch.T
         if not 0 <= e < module.num_experts:  # a slot routed nowhere (as the dense reference ignores it)
             continue
         tokens, slots = torch.nonzero(top_k_index == e, as_tuple=True)
-        h = add_bias(x[tokens] @ quant_experts.expert_weight(module, first, e).t(), module, first, e)
+        h = add_bias(x[tokens] @ _expert_weight(module, first, e).t(), module, first, e)
         h = module._apply_gate(h) if gated else module.act_fn(h)
-        y = add_bias(h @ quant_experts.expert_weight(module, "down_proj", e).t(), module, "down_proj", e)
+        y = add_bias(h @ _expert_weight(module, "down_proj", e).t(), module, "down_proj", e)
         out.index_add_(0, tokens, y * top_k_weights[tokens, slots, None].float())
     return out.to(hidden_states.dtype)

@@ -27,10 +27,10 @@ def _quantized(model: str, scheme: str):
     return lm, q
 
 
-def _logprobs(model: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
+def _logprobs(model: torch.nn.Module, prompt: list[int], dtype: str = "float32") -> torch.Tensor:
     """Prompt logprobs through an eager engine (the model's attention runs inside one)."""
     engine = Engine(model, EngineConfig(attention="sdpa", capture=CaptureConfig(backend="disabled", max_tokens=64),
-                                        kv_slots=256))
+                                        kv_slots=256, dtype=dtype))
     return torch.tensor(engine.generate([prompt], max_new_tokens=1, prompt_logprobs=True)[0].prompt_logprobs[1:])
 
 
@@ -43,47 +43,92 @@ def _holds_codes(model: torch.nn.Module) -> bool:
 
 
 def _quantizers_left(model: torch.nn.Module) -> list[str]:
-    """Modules that still run quantized: a quantized linear, or quantized experts that are not a twin's."""
-    return [n for n, m in model.named_modules() if n and (twin_mod._quantized_linear(m) or (
-        twin_mod._quantized_experts(m) and not getattr(m, "float_twin", False)))]
+    """Modules that still run quantized: quantized linears or experts that are not a twin's."""
+    return [n for n, m in model.named_modules() if n and (twin_mod._quantized_linear(m) or twin_mod._quantized_experts(m))
+            and not getattr(m, "float_twin", False)]
 
 
-def _experts_dequantized_as_parameters(q: torch.nn.Module) -> torch.nn.Module:
-    """An independent float twin: every quantized experts module given float32 parameters of its dequantized
-    weights (its own layout) and run by its float forward (transformers'), the linears as float_twin makes them."""
+def _as_linear(module: torch.nn.Module) -> torch.nn.Linear:
+    w = module.dequantized_weight().float()
+    bias = getattr(module, "bias", None)
+    lin = torch.nn.Linear(module.in_features, module.out_features, bias=bias is not None, dtype=torch.float32)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        if bias is not None:
+            lin.bias.copy_(bias.float())
+    return lin
+
+
+def _independent_twin(q: torch.nn.Module) -> torch.nn.Module:
+    """A float32 copy made without twin.py: every quantized experts module given float32 parameters of its
+    dequantized weights (its own layout) and run by its float forward (transformers'), every quantized linear an
+    nn.Linear of its dequantized weight, then .float()."""
     ref = copy.deepcopy(q)
-    for m in ref.modules():
+    for name, m in list(ref.named_modules()):
         if twin_mod._quantized_experts(m):
-            for name in PROJECTIONS:
-                if isinstance(getattr(m, name, None), torch.Tensor):
-                    w = dequantized_experts_weight(m, name, torch.float32)
-                    m._buffers.pop(name, None)
-                    m.register_parameter(name, torch.nn.Parameter(w, requires_grad=False))
+            for proj in PROJECTIONS:
+                if isinstance(getattr(m, proj, None), torch.Tensor):
+                    w = dequantized_experts_weight(m, proj, torch.float32)
+                    m._buffers.pop(proj, None)
+                    m.register_parameter(proj, torch.nn.Parameter(w, requires_grad=False))
             m.quant_scheme = None
-    return float_twin(ref)
+        elif twin_mod._quantized_linear(m) and name:
+            parent, _, child = name.rpartition(".")
+            setattr(ref.get_submodule(parent) if parent else ref, child, _as_linear(m))
+    return ref.float()
+
+
+def _shares_every_weight(twin: torch.nn.Module, model: torch.nn.Module) -> bool:
+    """Every parameter of the twin is the model's own tensor, and so is every buffer but the float32 ones standing
+    for the model's half-precision buffers (rotary tables): no weight copied."""
+    held = {id(t) for t in [*model.parameters(), *model.buffers()]}
+    extra = [b for b in twin.buffers() if id(b) not in held]
+    half = sum(b.numel() for b in model.buffers() if b.dtype in (torch.bfloat16, torch.float16))
+    return all(id(p) in held for p in twin.parameters()) and all(b.dtype == torch.float32 for b in extra) \
+        and sum(b.numel() for b in extra) <= half
 
 
 @pytest.mark.parametrize("model", ["qwen3-30b-a3b", "gpt-oss-120b", "grok-2"])
 @pytest.mark.parametrize("scheme", WEIGHT_ONLY + WITH_ACTIVATIONS)
 def test_the_twin_is_the_quantized_model_without_its_quantizers(model, scheme):
-    """No quantizer is left (the experts' codes shared with the quantized model, not copied); the twin computes what
-    an independent twin computes (the experts dequantized into float32 parameters, transformers' float forward);
-    weight-only, what the quantized model computes; with 8-bit activations it differs from it (their quantization
-    is gone), and from the float model (the weights are the dequantized ones)."""
+    """No quantizer is left and no tensor copied (codes and float weights shared with the quantized model); the twin
+    computes what an independent float32 copy computes (experts dequantized into float32 parameters, transformers'
+    float forward; linears dequantized into nn.Linear); weight-only, what the quantized model computes; with 8-bit
+    activations it differs from it (their quantization is gone), and from the float model (the weights are the
+    dequantized ones)."""
     lm, q = _quantized(model, scheme)
     twin = float_twin(q)
     assert _holds_codes(q) and _quantizers_left(q) and not _quantizers_left(twin)  # the caller's model untouched
-    assert all(p.dtype == torch.float32 for p in twin.parameters())
-    held = {t.data_ptr() for m in q.modules() if twin_mod._quantized_experts(m) for t in m.buffers()}
-    assert held and held == {t.data_ptr() for m in twin.modules() if twin_mod._quantized_experts(m) for t in m.buffers()}
+    assert _shares_every_weight(twin, q)
     prompt = torch.randint(0, lm.config.vocab_size, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     got, quant, base = _logprobs(twin, prompt), _logprobs(q, prompt), _logprobs(lm.model, prompt)
-    assert _gap(got, _logprobs(_experts_dequantized_as_parameters(q), prompt)) < 1e-4
+    assert _gap(got, _logprobs(_independent_twin(q), prompt)) < 1e-4
     if scheme in WEIGHT_ONLY:
         assert _gap(got, quant) < 1e-4, _gap(got, quant)
     else:  # its activation quantizers gone (at these tiny, peaked widths they move logprobs by up to ~3)
         assert _gap(got, quant) > 1e-3
     assert _gap(got, base) > 1e-4  # the dequantized weights, not the float ones
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "gpt-oss-120b", "grok-2", "deepseek-v3", "llama-3.1-8b"])
+@pytest.mark.parametrize("scheme", ["none", "fp8_block"])
+def test_a_half_precision_twin_computes_in_float32_without_copying_a_weight(model, scheme):
+    """A bf16 model's twin shares its weights and still computes the float32 model: what .float() of a copy computes
+    (experts routed instead of run dense: rounding apart), not the bf16 model (an MLA's absorbed kv_b_proj, read as
+    a matrix, included: DeepSeek-V3)."""
+    if scheme == "none":
+        lm = load_model(find_card(model).config, tiny=True, dtype=torch.float32, device="cpu", seed=0)
+        q = copy.deepcopy(lm.model)
+    else:
+        lm, q = _quantized(model, scheme)
+    half = q.to(torch.bfloat16)
+    twin = float_twin(half)
+    assert _shares_every_weight(twin, half)
+    assert all(p.dtype == torch.bfloat16 for p in half.parameters() if p.is_floating_point())  # untouched
+    prompt = torch.randint(0, lm.config.vocab_size, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    got = _logprobs(twin, prompt)
+    assert _gap(got, _logprobs(_independent_twin(half), prompt)) < 1e-4
+    assert _gap(got, _logprobs(half, prompt, "bfloat16")) > 1e-3  # bf16's own rounding
 
 
 def test_a_twin_built_from_the_wrong_weights_is_told_apart():
