@@ -158,3 +158,32 @@ def test_a_padding_leak_in_a_quantized_cell_is_told_from_its_quantizers_noise(mo
     else:
         assert m.padding_rel_fp32 > FP32_PADDING_RTOL and r.status == Status.FAIL_ACCURACY, r.reason
         assert "padding reaches real rows" in r.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("quant", ["none", "fp8_block"])
+def test_gpu_the_float32_check_runs_an_mla_model_at_real_width_under_flex(quant):
+    """DeepSeek-V3's first layer at its real width (absorbed MLA: 576/512-wide heads), bf16 on CUDA, flex: its float
+    twin shares the weights and compiles flex's wide-head tiles in float32 (32×32 tiles asked for more shared memory
+    than an SM has: DeepSeek-V3 and Kimi-K2 cells could not prove their padding noise), padding exact; a planted leak
+    still found."""
+    from pcg_core.quant import get_scheme, quantize_model
+
+    lm = load_model(find_card("deepseek-v3").config, layers=1, dtype=torch.bfloat16, device="cuda", seed=0)
+    if quant != "none":
+        quantize_model(lm.model, get_scheme(quant))
+    config = EngineConfig(attention="flex", dtype="bfloat16", device="cuda",
+                          capture=CaptureConfig(backend="piecewise", max_tokens=512), kv_slots=4096)
+    ladder = config.capture.ladder
+    cases = prompt_suite(ladder, lm.config.vocab_size, seed=0, max_new_tokens=3)[:3]
+
+    def bucket_for(n: int) -> int | None:
+        return next((b for b in ladder if b >= n), None)
+
+    free = torch.cuda.mem_get_info()[0]
+    exact = float32_padding_rel(lm.model, config, bucket_for, cases)
+    assert exact <= FP32_PADDING_RTOL, exact
+    assert torch.cuda.mem_get_info()[0] >= free - (1 << 30)  # the twin freed
+    leaked = float32_padding_rel(_leaky(lm.model, 0.01, half_only=False), config, bucket_for, cases)
+    assert leaked > 100 * FP32_PADDING_RTOL, leaked
