@@ -14,6 +14,7 @@ while each of them is row-local, so padding cannot leak through them.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -57,6 +58,7 @@ def float32_padding_rel(model: torch.nn.Module, config: EngineConfig, bucket_for
         ref, other = Engine(model32, cfg), Engine(model32, cfg)
         return nan_max(lockstep_stats(ref, _PaddedEager(other, bucket_for), case, noise=True).padding_rel for case in cases)
     finally:
-        del model32
+        ref = other = model32 = None  # engines and twin hold reference cycles (capture backend, bound forwards)
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

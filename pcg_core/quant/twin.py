@@ -46,12 +46,24 @@ def _dequantized_linear_forward(self: torch.nn.Module, x: torch.Tensor) -> torch
     return torch.nn.functional.linear(x.float(), self.dequantized_weight().float(), None if bias is None else bias.float())
 
 
+def _embedding_forward(self: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    """The rows looked up in the shared half-precision table, then made float32: the same values bitwise as a
+    lookup in a float32 table, without a float32 copy of the whole table (3.7 GB for DeepSeek-V3's) per forward."""
+    return torch.nn.functional.embedding(ids, self._parameters["weight"], self.padding_idx).float()
+
+
+def _refuse_apply(self: torch.nn.Module, fn, recurse: bool = True):
+    raise RuntimeError("a float twin shares its model's tensors: .to()/.float()/.cuda() on it would convert the "
+                       "model's own parameters; convert the model, then build its twin")
+
+
 _FLOAT32_CLASSES: dict[tuple[type, tuple[str, ...]], type] = {}
 
 
 def _float32_class(cls: type, names: tuple[str, ...]) -> type:
     """`cls` with each parameter in `names` read as a float32 copy (a property over the shared parameter, which
-    stays registered: the module's parameters() and state_dict are the model's)."""
+    stays registered: the module's parameters() and state_dict are the model's). Made here, so a twin does not
+    pickle (it is never saved: it lives as long as one padding check)."""
     key = (cls, names)
     if key not in _FLOAT32_CLASSES:
         props = {n: property(lambda self, n=n: self._parameters[n].float()) for n in names}
@@ -59,31 +71,43 @@ def _float32_class(cls: type, names: tuple[str, ...]) -> type:
     return _FLOAT32_CLASSES[key]
 
 
-def _read_in_float32(module: torch.nn.Module) -> None:
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _read_in_float32(name: str, module: torch.nn.Module) -> None:
     """Make `module` (not its children) compute in float32: its half-precision parameters read as float32 copies,
-    its half-precision buffers (small: rotary tables) replaced by float32 ones of its own."""
-    names = tuple(n for n, p in module._parameters.items()
-                  if p is not None and p.is_floating_point() and p.dtype != torch.float32)
+    its half-precision buffers (small: rotary tables) replaced by float32 ones of its own. Any other non-float32
+    floating tensor (8-bit codes) belongs to a quantized module this file does not know: refused, never read as
+    if it were the float weight."""
+    for n, t in [*module._parameters.items(), *module._buffers.items()]:
+        if t is not None and t.is_floating_point() and t.dtype not in (torch.float32, *_HALF):
+            raise NotImplementedError(f"float twin: {name or '(root)'}.{n} is {t.dtype}, held by a "
+                                      f"{type(module).__name__} that is neither a quantized linear nor experts")
+    names = tuple(n for n, p in module._parameters.items() if p is not None and p.dtype in _HALF)
     if names:
+        if type(module) is torch.nn.Embedding and module.max_norm is None:
+            module.forward = types.MethodType(_embedding_forward, module)
         module.__class__ = _float32_class(type(module), names)
     for n, b in module._buffers.items():
-        if b is not None and b.is_floating_point() and b.dtype != torch.float32:
+        if b is not None and b.dtype in _HALF:
             module._buffers[n] = b.float()
 
 
 def float_twin(model: torch.nn.Module) -> torch.nn.Module:
     """The float32 model `model` stands for, sharing every tensor with it (none copied): quantized linears run
     dequantized, experts run routed_float_experts_forward (`float_twin` set), every other module reads its
-    half-precision parameters as float32. The caller's model is not touched."""
+    half-precision parameters as float32. The caller's model is not touched; the twin refuses to be converted
+    (.to(), .float(): that would convert the shared tensors)."""
     twin = copy.deepcopy(model, {id(t): t for t in [*model.parameters(), *model.buffers()]})
-    for module in twin.modules():
+    for name, module in twin.named_modules():
         if quant_experts.is_experts(module) or _quantized_experts(module):
             module.float_twin = True
         elif _quantized_linear(module):
             module.float_twin = True
             module.forward = types.MethodType(_dequantized_linear_forward, module)
         else:
-            _read_in_float32(module)
+            _read_in_float32(name, module)
+        module._apply = types.MethodType(_refuse_apply, module)
     return twin
 
 

@@ -20,10 +20,13 @@ WEIGHT_ONLY = ["awq", "gptq", "fp4", "mxfp4"]  # mxfp4: gpt-oss only (the other 
 WITH_ACTIVATIONS = ["fp8_per_token", "fp8_block", "int8_w8a8", "w4a8", "w4afp8"]
 
 
-def _quantized(model: str, scheme: str):
-    lm = load_model(find_card(model).config, tiny=True, dtype=torch.float32, device="cpu", seed=0)
+def _quantized(model: str, scheme: str, dtype: torch.dtype = torch.float32):
+    """The tiny float model and a quantized copy, loaded in `dtype` then quantized as a cell does (codes and scales
+    in their own dtypes)."""
+    lm = load_model(find_card(model).config, tiny=True, dtype=dtype, device="cpu", seed=0)
     q = copy.deepcopy(lm.model)
-    quantize_model(q, get_scheme(scheme))
+    if scheme != "none":
+        quantize_model(q, get_scheme(scheme))
     return lm, q
 
 
@@ -78,6 +81,15 @@ def _independent_twin(q: torch.nn.Module) -> torch.nn.Module:
     return ref.float()
 
 
+def _untouched(model: torch.nn.Module, before: list[tuple[type, set[str]]]) -> bool:
+    """Every module of `model` keeps its class and has no twin attribute of its own."""
+    return [(type(m), set(m.__dict__) & {"forward", "float_twin", "_apply"}) for m in model.modules()] == before
+
+
+def _classes(model: torch.nn.Module) -> list[tuple[type, set[str]]]:
+    return [(type(m), set(m.__dict__) & {"forward", "float_twin", "_apply"}) for m in model.modules()]
+
+
 def _shares_every_weight(twin: torch.nn.Module, model: torch.nn.Module) -> bool:
     """Every parameter of the twin is the model's own tensor, and so is every buffer but the float32 ones standing
     for the model's half-precision buffers (rotary tables): no weight copied."""
@@ -97,11 +109,13 @@ def test_the_twin_is_the_quantized_model_without_its_quantizers(model, scheme):
     activations it differs from it (their quantization is gone), and from the float model (the weights are the
     dequantized ones)."""
     lm, q = _quantized(model, scheme)
-    twin = float_twin(q)
-    assert _holds_codes(q) and _quantizers_left(q) and not _quantizers_left(twin)  # the caller's model untouched
-    assert _shares_every_weight(twin, q)
     prompt = torch.randint(0, lm.config.vocab_size, (12,), generator=torch.Generator().manual_seed(0)).tolist()
-    got, quant, base = _logprobs(twin, prompt), _logprobs(q, prompt), _logprobs(lm.model, prompt)
+    classes, quant = _classes(q), _logprobs(q, prompt)
+    twin = float_twin(q)
+    assert _holds_codes(q) and _quantizers_left(q) and not _quantizers_left(twin)
+    assert _shares_every_weight(twin, q)
+    got, base = _logprobs(twin, prompt), _logprobs(lm.model, prompt)
+    assert _untouched(q, classes) and torch.equal(_logprobs(q, prompt), quant)  # the caller's model untouched
     assert _gap(got, _logprobs(_independent_twin(q), prompt)) < 1e-4
     if scheme in WEIGHT_ONLY:
         assert _gap(got, quant) < 1e-4, _gap(got, quant)
@@ -116,35 +130,45 @@ def test_a_half_precision_twin_computes_in_float32_without_copying_a_weight(mode
     """A bf16 model's twin shares its weights and still computes the float32 model: what .float() of a copy computes
     (experts routed instead of run dense: rounding apart), not the bf16 model (an MLA's absorbed kv_b_proj, read as
     a matrix, included: DeepSeek-V3)."""
-    if scheme == "none":
-        lm = load_model(find_card(model).config, tiny=True, dtype=torch.float32, device="cpu", seed=0)
-        q = copy.deepcopy(lm.model)
-    else:
-        lm, q = _quantized(model, scheme)
-    half = q.to(torch.bfloat16)
+    lm, half = _quantized(model, scheme, torch.bfloat16)
+    prompt = torch.randint(0, lm.config.vocab_size, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+    classes, own = _classes(half), _logprobs(half, prompt, "bfloat16")
     twin = float_twin(half)
     assert _shares_every_weight(twin, half)
-    assert all(p.dtype == torch.bfloat16 for p in half.parameters() if p.is_floating_point())  # untouched
-    prompt = torch.randint(0, lm.config.vocab_size, (12,), generator=torch.Generator().manual_seed(1)).tolist()
     got = _logprobs(twin, prompt)
     assert _gap(got, _logprobs(_independent_twin(half), prompt)) < 1e-4
-    assert _gap(got, _logprobs(half, prompt, "bfloat16")) > 1e-3  # bf16's own rounding
+    assert _gap(got, own) > 1e-3  # bf16's own rounding
+    assert _untouched(half, classes) and torch.equal(_logprobs(half, prompt, "bfloat16"), own)
+    with pytest.raises(RuntimeError, match="shares its model's tensors"):
+        twin.float()  # would convert the shared parameters in place
+    assert torch.equal(_logprobs(half, prompt, "bfloat16"), own)
 
 
-def test_a_twin_built_from_the_wrong_weights_is_told_apart():
-    """Planted: a twin whose experts' dequantized weights have their input channels reversed."""
+@pytest.mark.parametrize("model,scheme", [("qwen3-30b-a3b", "awq"), ("qwen3-30b-a3b", "none"), ("gpt-oss-120b", "none")])
+def test_a_twin_built_from_the_wrong_weights_is_told_apart(monkeypatch, model, scheme):
+    """Planted: a twin whose experts' weights (dequantized, or the float ones: gpt-oss's transposed) have their
+    input channels reversed."""
     from pcg_core.quant import experts as quant_experts
 
-    lm, q = _quantized("qwen3-30b-a3b", "awq")
+    _, q = _quantized(model, scheme, torch.bfloat16)
     prompt = list(range(3, 15))
     good = _logprobs(float_twin(q), prompt)
-    real = quant_experts.expert_weight
-    try:
-        quant_experts.expert_weight = lambda m, name, e, dtype=torch.float32: real(m, name, e, dtype).flip(-1)
-        bad = _logprobs(float_twin(q), prompt)
-    finally:
-        quant_experts.expert_weight = real
-    assert _gap(bad, good) > 1e-3
+    if scheme == "none":
+        real = twin_mod.canonical_weight
+        monkeypatch.setattr(twin_mod, "canonical_weight", lambda m, name, e: real(m, name, e).flip(-1))
+    else:
+        real = quant_experts.expert_weight
+        monkeypatch.setattr(quant_experts, "expert_weight",
+                            lambda m, name, e, dtype=torch.float32: real(m, name, e, dtype).flip(-1))
+    assert _gap(_logprobs(float_twin(q), prompt), good) > 1e-3
+
+
+def test_an_unknown_module_holding_8bit_codes_is_refused():
+    """A module with float8 weights that is neither a quantized linear nor experts: its codes are not a float weight."""
+    lm, _ = _quantized("qwen3-0.6b", "none", torch.bfloat16)
+    lm.model.lm_head.weight.data = lm.model.lm_head.weight.data.to(torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match=r"lm_head\.weight is torch\.float8_e4m3fn"):
+        float_twin(lm.model)
 
 
 def test_a_slot_routed_nowhere_is_skipped_like_a_zero_weight():
