@@ -190,8 +190,9 @@ class CellMetrics(_Model):
     max_decode_kl: float | None = None  # at decode positions, eager's tokens fed to both sides
     max_same_padding_diff: float | None = None  # ‖graph − eager at the graph's padding‖ / ‖eager‖, worst forward
     padding_noise: float | None = None  # max |Δlogprob| eager padded vs unpadded (half precision; 0: not measured)
-    # Where padding noise widened the bound (harness/cell/padding.py): the same forwards on a float32 copy, padded
-    # vs unpadded, worst per-row relative difference — exact padding (≤ 1e-4) or a leak; None: not checked.
+    # Where padding noise widened the bound (harness/cell/padding.py): the same forwards in float32 (the float
+    # twin), padded vs unpadded, worst per-row relative difference — exact padding (≤ 1e-4) or a leak; None: not
+    # checked.
     padding_rel_fp32: float | None = None
     padding_check_error: str | None = None  # the float32 check could not run (e.g. out of memory): why
     topk_containment_ok: bool | None = None
