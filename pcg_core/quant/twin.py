@@ -43,7 +43,8 @@ def _dequantized_linear_forward(self: torch.nn.Module, x: torch.Tensor) -> torch
     """A quantized linear's float layer: x times its weight dequantized in float32, plus its bias; no activation
     quantizer."""
     bias = getattr(self, "bias", None)
-    return torch.nn.functional.linear(x.float(), self.dequantized_weight().float(), None if bias is None else bias.float())
+    return torch.nn.functional.linear(x.float(), self.dequantized_weight().float(),
+                                      None if bias is None else bias.float())
 
 
 def _embedding_forward(self: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
@@ -122,9 +123,9 @@ def _expert_weight(module: torch.nn.Module, name: str, e: int) -> torch.Tensor:
 def routed_float_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                                  top_k_weights: torch.Tensor) -> torch.Tensor:
     """The float experts these (quantized or not) stand for, in float32: each routed expert's tokens through its
-    weights in float32 (dequantized: experts.expert_weight), biases added, the module's own gate or activation, no activation
-    quantizer; each token's experts summed in expert order (ids outside the experts skipped). Eager only (the
-    routed experts read on the host)."""
+    weights in float32 (dequantized: experts.expert_weight), biases added, the module's own gate or activation, no
+    activation quantizer; each token's experts summed in expert order (ids outside the experts skipped). Eager only
+    (the routed experts read on the host)."""
     first, gated = first_projection(module)
     x = hidden_states.float()
     out = torch.zeros_like(x)
