@@ -16,7 +16,9 @@ from pcg_core.quant import twin as twin_mod
 from pcg_core.quant.experts import PROJECTIONS, dequantized_experts_weight
 from pcg_core.quant.twin import float_twin
 
-WEIGHT_ONLY = ["awq", "gptq", "fp4", "mxfp4"]  # mxfp4: gpt-oss only (the other tiny widths are not multiples of 32)  # on CPU in float32 the quantized model is its twin's math exactly
+# On CPU in float32 the weight-only quantized model is its twin's math up to summation order (~1e-6). mxfp4: gpt-oss
+# only (the other tiny widths are not multiples of its 32-wide blocks).
+WEIGHT_ONLY = ["awq", "gptq", "fp4", "mxfp4"]
 WITH_ACTIVATIONS = ["fp8_per_token", "fp8_block", "int8_w8a8", "w4a8", "w4afp8"]
 
 
@@ -134,10 +136,9 @@ def test_a_half_precision_twin_computes_in_float32_without_copying_a_weight(mode
     got = _logprobs(twin, prompt)
     assert _gap(got, _logprobs(_independent_twin(half), prompt)) < 1e-4
     assert _gap(got, own) > 1e-3  # bf16's own rounding
-    assert _classes(half) == classes and torch.equal(_logprobs(half, prompt, "bfloat16"), own)
     with pytest.raises(RuntimeError, match="shares its model's tensors"):
         twin.float()  # would convert the shared parameters in place
-    assert torch.equal(_logprobs(half, prompt, "bfloat16"), own)
+    assert _classes(half) == classes and torch.equal(_logprobs(half, prompt, "bfloat16"), own)  # untouched
 
 
 @pytest.mark.parametrize("model,scheme", [("qwen3-30b-a3b", "awq"), ("qwen3-30b-a3b", "none"), ("gpt-oss-120b", "none")])

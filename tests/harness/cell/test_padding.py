@@ -41,6 +41,13 @@ def _leaky(model: torch.nn.Module, share: float, half_only: bool) -> torch.nn.Mo
     return model
 
 
+def _padding_rel(model: torch.nn.Module, config: EngineConfig) -> float:
+    """float32_padding_rel on the first 3 cases of the suite, padded to `config`'s ladder."""
+    ladder = config.capture.ladder
+    cases = prompt_suite(ladder, model.config.vocab_size, seed=0, max_new_tokens=3)[:3]
+    return float32_padding_rel(model, config, lambda n: next((b for b in ladder if b >= n), None), cases)
+
+
 def _plant(monkeypatch, share: float, half_only: bool) -> None:
     import harness.cell.run as run
 
@@ -59,17 +66,11 @@ def test_padding_is_exact_in_float32_and_a_leak_is_not(attention):
     lm = load_model(find_card("qwen3-0.6b").config, tiny=True, dtype=torch.float32, device="cpu", seed=0)
     config = EngineConfig(attention=attention, dtype="bfloat16",
                           capture=CaptureConfig(backend="piecewise", max_tokens=64), kv_slots=4096)
-    ladder = config.capture.ladder
-    cases = prompt_suite(ladder, lm.config.vocab_size, seed=0, max_new_tokens=3)[:3]
-
-    def bucket_for(n: int) -> int | None:
-        return next((b for b in ladder if b >= n), None)
-
-    exact = float32_padding_rel(lm.model.to(torch.bfloat16), config, bucket_for, cases)
+    exact = _padding_rel(lm.model.to(torch.bfloat16), config)
     assert exact <= 1e-5, exact
-    leaked = float32_padding_rel(_leaky(lm.model, 0.01, half_only=False), config, bucket_for, cases)
+    leaked = _padding_rel(_leaky(lm.model, 0.01, half_only=False), config)
     assert leaked > 100 * FP32_PADDING_RTOL, leaked
-    # the caller's model was not touched (the check ran on a copy)
+    # the caller's model was not touched (the check ran on its twin)
     assert next(lm.model.parameters()).dtype == torch.bfloat16
 
 
@@ -175,15 +176,9 @@ def test_gpu_the_float32_check_runs_an_mla_model_at_real_width_under_flex(quant)
         quantize_model(lm.model, get_scheme(quant))
     config = EngineConfig(attention="flex", dtype="bfloat16", device="cuda",
                           capture=CaptureConfig(backend="piecewise", max_tokens=512), kv_slots=4096)
-    ladder = config.capture.ladder
-    cases = prompt_suite(ladder, lm.config.vocab_size, seed=0, max_new_tokens=3)[:3]
-
-    def bucket_for(n: int) -> int | None:
-        return next((b for b in ladder if b >= n), None)
-
     free = torch.cuda.mem_get_info()[0]
-    exact = float32_padding_rel(lm.model, config, bucket_for, cases)
+    exact = _padding_rel(lm.model, config)
     assert exact <= FP32_PADDING_RTOL, exact
     assert torch.cuda.mem_get_info()[0] >= free - (1 << 30)  # the twin freed
-    leaked = float32_padding_rel(_leaky(lm.model, 0.01, half_only=False), config, bucket_for, cases)
+    leaked = _padding_rel(_leaky(lm.model, 0.01, half_only=False), config)
     assert leaked > 100 * FP32_PADDING_RTOL, leaked
