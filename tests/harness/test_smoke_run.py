@@ -67,8 +67,8 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
         assert store.results(first["id"], all_attempts=True) == attempts_before  # nothing re-recorded
 
     # a second run of a slice (one model's full-graph cells: every cell costs CI ~20 s), then a diff of the two runs
-    assert main(["run", str(SMOKE), "--db", db, "--filter", "graph=full", "--filter", "model=qwen3-0.6b:tiny", "--jobs", "2",
-                 "--no-report", "--logs", logs]) == 0
+    assert main(["run", str(SMOKE), "--db", db, "--filter", "graph=full", "--filter", "model=qwen3-0.6b:tiny",
+                 "--jobs", "2", "--no-report", "--logs", logs]) == 0
     capsys.readouterr()
     with Store(db) as store:
         second = store.run("latest")
