@@ -1,0 +1,88 @@
+"""The nightly matrix's cells that one H200 can launch and that have no passing `pcgh cell --json` record yet, as
+gpu_cells.sh list lines (stdout), with a count per quantization scheme (stderr): what the next device session runs,
+and the evidence that an issue's cells all pass ("0 without a pass").
+
+The cells are the launcher's own (expand + pre-check, as `pcgh run` plans them) with one CUDA device assumed, so
+this answers on the CPU machine too. Records count when they ran on CUDA at the cell's max_tokens and passed:
+`pcgh cell --json` lines (gpu_cells.sh's .jsonl) and the cells of every run in a store (`pcgh run`'s .db).
+
+    python benchmarks/nightly_gap.py [--quant GLOB] [--matrix harness/configs/nightly.yaml] [RESULTS.jsonl|.db ...]
+    (no RESULTS: every benchmarks/results/*/*.jsonl and *.db)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import fnmatch
+import glob
+import json
+import sys
+from pathlib import Path
+
+from harness.matrix import expand, load_matrix, precheck
+from harness.store import Store
+from pcg_core.capabilities import capabilities
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _key(model: str, layers: str, attention: str, graph: str, compiler: str, quant: str, tokens: int,
+         parallel: str) -> tuple:
+    return model, layers, attention, graph, compiler, quant, int(tokens), parallel
+
+
+def passed_on_cuda(paths: list[str]) -> tuple[set[tuple], set[tuple[str, int]]]:
+    """Passing CUDA records: spec tuples from JSON lines, (cell key, max_tokens) from stores."""
+    done, keyed = set(), set()
+    for path in paths:
+        if path.endswith(".db"):
+            with Store(path) as store:
+                keyed.update((r.key, r.metrics.max_tokens) for run in store.runs() for r in store.results(run["id"])
+                             if r.passed and r.metrics.device == "cuda")
+            continue
+        for line in open(path):
+            if not line.strip().startswith("{"):
+                continue
+            obj = json.loads(line)
+            s = obj.get("spec")
+            if s is None or obj.get("status") != "pass" or s.get("device") != "cuda":
+                continue
+            done.add(_key(s["model"], "tiny" if s["tiny"] else str(s["layers"]), s.get("attention", "sdpa"), s["graph"],
+                          s.get("compiler", "eager"), s.get("quant", "none"), s["max_tokens"], s.get("parallel", "tp1")))
+    return done, keyed
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--matrix", default=str(ROOT / "harness" / "configs" / "nightly.yaml"))
+    ap.add_argument("--quant", default="*", help="only cells whose quant matches this glob (e.g. 'fp8*', 'int8*')")
+    ap.add_argument("results", nargs="*")
+    args = ap.parse_args(argv)
+    results = sorted(glob.glob(str(ROOT / "benchmarks" / "results" / "*" / "*.jsonl"))
+                     + glob.glob(str(ROOT / "benchmarks" / "results" / "*" / "*.db")))
+    done, keyed = passed_on_cuda(args.results or results)
+    caps = capabilities() | {"cuda_devices": 1}
+    cards: dict = {}
+    launch, missing = collections.Counter(), collections.Counter()
+    for cell in expand(load_matrix(args.matrix)):
+        s = cell.spec
+        if s.device != "cuda" or not fnmatch.fnmatchcase(s.quant, args.quant) or precheck(cell, caps, cards):
+            continue
+        layers = "tiny" if s.tiny else str(s.layers)
+        launch[s.quant] += 1
+        if ((cell.key, s.max_tokens) in keyed
+                or _key(s.model, layers, s.attention, s.graph, s.compiler, s.quant, s.max_tokens, s.parallel) in done):
+            continue
+        missing[s.quant] += 1
+        if s.parallel != "tp1":  # gpu_cells.sh lines carry no parallel field: such a cell cannot be listed
+            print(f"# {s.model}:{layers} {s.attention} {s.graph} {s.compiler} {s.quant} {s.max_tokens} {s.parallel}")
+        else:
+            print(f"{s.model}:{layers} {s.attention} {s.graph} {s.compiler} {s.quant} {s.max_tokens}")
+    for quant in sorted(launch):
+        print(f"{quant}: {launch[quant]} launchable on one H200, {missing[quant]} without a pass", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
