@@ -35,7 +35,7 @@ from pcg_core.quant.fp4 import Fp4Scheme
 from pcg_core.quant.fp4_experts import (fp4_dequantized, fp4_expert_weights, fp4_experts_forward,
                                         grouped_fp4_experts_forward)
 from pcg_core.quant.int4 import Int4Scheme, Int4Weight, pack_nibbles, quantize_int4_ordered, unpack_nibbles
-from pcg_core.quant.schemes import (BLOCK, Scheme, dequantize_weight, expand_activation_scale, quantize_activation,
+from pcg_core.quant.schemes import (BLOCK, Scheme, expand_activation_scale, quantize_activation,
                                     quantize_weight, weight_scale_shape)
 from pcg_core.quant.w4a8 import quantize_act
 
@@ -186,12 +186,12 @@ def _int4_activation(x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
 
 
 def _project(x: torch.Tensor, module: torch.nn.Module, name: str, e: int) -> torch.Tensor:
-    """x [T, K] through expert e's projection `name`, activations quantized as the scheme does (float32 out)."""
+    """x [T, K] through expert e's projection `name` (expert_weight, float32), activations quantized as the scheme
+    does (float32 out)."""
+    w = expert_weight(module, name, e)
     if _is_int4(module):
-        return _int4_activation(x, module) @ _int4_dequantized(module, name, torch.float32, e).t()
-    s: Scheme = module.quant_scheme
-    xq, sx = quantize_activation(x, s, getattr(module, f"{name}_input_scale", None))
-    w = dequantize_weight(getattr(module, name)[e], getattr(module, f"{name}_scale")[e], s)
+        return _int4_activation(x, module) @ w.t()
+    xq, sx = quantize_activation(x, module.quant_scheme, getattr(module, f"{name}_input_scale", None))
     return (xq.float() * expand_activation_scale(sx, x.shape[-1])) @ w.t()
 
 

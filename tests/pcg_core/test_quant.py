@@ -17,6 +17,7 @@ from pcg_core.model.experts import pcg_experts_forward
 from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
 from pcg_core.quant import SCHEMES, QuantLinear, detect, quantize_model, record_input_absmax, write_checkpoint
 from pcg_core.quant.experts import (
+    expert_weight,
     grouped_quantized_experts_forward,
     is_experts,
     quantize_experts,
@@ -506,6 +507,23 @@ def test_grouped_quantized_experts_equal_the_dense_reference(arch, name):
     got = grouped_quantized_experts_forward(mod, x, idx, w)
     assert _rel(got, want) < 1e-5, f"{arch}/{name}: {_rel(got, want):.3g}"
     assert _rel(grouped_quantized_experts_forward(mod, x, idx.roll(1, dims=0), w), want) > 0.1
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_an_experts_weight_dequantizes_as_a_linears_does(name):
+    """expert_weight (every experts path's float32 weight: the reference forward, the float twin, the
+    dequantize-then-grouped-GEMM operand) is each expert's codes × scales exactly as the linear layers' reference
+    dequantize_weight makes them (the experts' scales differ, so a scale taken from another expert would show)."""
+    mod, x, idx, w = routed_experts("qwen3-moe")
+    with record_input_absmax(mod) as absmax:
+        mod(x, idx, w)
+    s = SCHEMES[name]
+    quantize_experts(mod, s, {k: absmax[f".{k}"] for k in ("gate_up", "down")} if absmax else None)
+    for proj in ("gate_up_proj", "down_proj"):
+        codes, scales = getattr(mod, proj), getattr(mod, f"{proj}_scale")
+        assert all(not torch.equal(scales[e], scales[e + 1]) for e in range(mod.num_experts - 1))
+        for e in range(mod.num_experts):
+            assert torch.equal(expert_weight(mod, proj, e), dequantize_weight(codes[e], scales[e], s)), (proj, e)
 
 
 @pytest.mark.parametrize("scheme", ["fp8_per_tensor", "fp8_block"])
