@@ -17,7 +17,9 @@ import collections
 import fnmatch
 import glob
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from harness.matrix import expand, load_matrix, precheck
@@ -36,10 +38,12 @@ def passed_on_cuda(paths: list[str]) -> tuple[set[tuple], set[tuple[str, int]]]:
     """Passing CUDA records: spec tuples from JSON lines, (cell key, max_tokens) from stores."""
     done, keyed = set(), set()
     for path in paths:
-        if path.endswith(".db"):
-            with Store(path) as store:
-                keyed.update((r.key, r.metrics.max_tokens) for run in store.runs() for r in store.results(run["id"])
-                             if r.passed and r.metrics.device == "cuda")
+        if path.endswith(".db"):  # read from a copy: opening a store may upgrade its schema, and results are kept
+            with tempfile.TemporaryDirectory() as tmp:
+                copy = shutil.copy(path, Path(tmp) / "copy.db")
+                with Store(str(copy)) as store:
+                    keyed.update((r.key, r.metrics.max_tokens) for run in store.runs()
+                                 for r in store.results(run["id"]) if r.passed and r.metrics.device == "cuda")
             continue
         for line in open(path):
             if not line.strip().startswith("{"):
