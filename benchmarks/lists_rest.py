@@ -12,8 +12,10 @@ import json
 import sys
 
 
-def key(model: str, layers: str, attention: str, graph: str, compiler: str, quant: str, tokens: str) -> tuple:
-    return model, layers, attention, graph, compiler, quant, int(tokens)
+def key(model: str, layers: str, attention: str, graph: str, compiler: str, quant: str, tokens: str | int,
+        parallel: str = "tp1") -> tuple:
+    """A cell as a list line names it (gpu_cells.sh runs every line tp1)."""
+    return model, layers, attention, graph, compiler, quant, int(tokens), parallel
 
 
 def line_key(line: str) -> tuple:
@@ -23,18 +25,20 @@ def line_key(line: str) -> tuple:
     return key(model, layers, attention, graph, compiler, quant, tokens)
 
 
-def recorded(paths: list[str], passed: bool = False) -> set[tuple]:
+def recorded(paths: list[str], passed: bool = False, device: str | None = None) -> set[tuple]:
+    """The keys of the outcomes in these JSON-lines files (passing ones only with `passed`; run on `device` only,
+    if given)."""
     done = set()
     for path in paths:
         for line in open(path):
             if line.strip().startswith("{"):
                 obj = json.loads(line)
-                if "spec" not in obj or (passed and obj.get("status") != "pass"):
+                s = obj.get("spec")
+                if s is None or (passed and obj.get("status") != "pass") or (device and s.get("device") != device):
                     continue
-                s = obj["spec"]
                 layers = "tiny" if s["tiny"] else str(s["layers"])
                 done.add(key(s["model"], layers, s.get("attention", "sdpa"), s["graph"], s.get("compiler", "eager"),
-                             s.get("quant", "none"), s["max_tokens"]))
+                             s.get("quant", "none"), s["max_tokens"], s.get("parallel", "tp1")))
     return done
 
 

@@ -16,7 +16,6 @@ import argparse
 import collections
 import fnmatch
 import glob
-import json
 import shutil
 import sys
 import tempfile
@@ -24,19 +23,15 @@ from pathlib import Path
 
 from harness.matrix import expand, load_matrix, precheck
 from harness.store import Store
+from lists_rest import key, recorded  # benchmarks/, beside this script
 from pcg_core.capabilities import capabilities
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _key(model: str, layers: str, attention: str, graph: str, compiler: str, quant: str, tokens: int,
-         parallel: str) -> tuple:
-    return model, layers, attention, graph, compiler, quant, int(tokens), parallel
-
-
 def passed_on_cuda(paths: list[str]) -> tuple[set[tuple], set[tuple[str, int]]]:
-    """Passing CUDA records: spec tuples from JSON lines, (cell key, max_tokens) from stores."""
-    done, keyed = set(), set()
+    """Passing CUDA records: lists_rest keys from JSON lines, (cell key, max_tokens) from stores."""
+    keyed = set()
     for path in paths:
         if path.endswith(".db"):  # read from a copy: opening a store may upgrade its schema, and results are kept
             with tempfile.TemporaryDirectory() as tmp:
@@ -44,17 +39,7 @@ def passed_on_cuda(paths: list[str]) -> tuple[set[tuple], set[tuple[str, int]]]:
                 with Store(str(copy)) as store:
                     keyed.update((r.key, r.metrics.max_tokens) for run in store.runs()
                                  for r in store.results(run["id"]) if r.passed and r.metrics.device == "cuda")
-            continue
-        for line in open(path):
-            if not line.strip().startswith("{"):
-                continue
-            obj = json.loads(line)
-            s = obj.get("spec")
-            if s is None or obj.get("status") != "pass" or s.get("device") != "cuda":
-                continue
-            done.add(_key(s["model"], "tiny" if s["tiny"] else str(s["layers"]), s.get("attention", "sdpa"), s["graph"],
-                          s.get("compiler", "eager"), s.get("quant", "none"), s["max_tokens"], s.get("parallel", "tp1")))
-    return done, keyed
+    return recorded([p for p in paths if not p.endswith(".db")], passed=True, device="cuda"), keyed
 
 
 def main(argv: list[str]) -> int:
@@ -76,7 +61,7 @@ def main(argv: list[str]) -> int:
         layers = "tiny" if s.tiny else str(s.layers)
         launch[s.quant] += 1
         if ((cell.key, s.max_tokens) in keyed
-                or _key(s.model, layers, s.attention, s.graph, s.compiler, s.quant, s.max_tokens, s.parallel) in done):
+                or key(s.model, layers, s.attention, s.graph, s.compiler, s.quant, s.max_tokens, s.parallel) in done):
             continue
         missing[s.quant] += 1
         if s.parallel != "tp1":  # gpu_cells.sh lines carry no parallel field: such a cell cannot be listed
