@@ -16,12 +16,11 @@ import argparse
 import collections
 import fnmatch
 import glob
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from harness.matrix import expand, load_matrix, precheck
+from harness.outcome import ModelRef
 from harness.store import Store
 from lists_rest import key, recorded  # benchmarks/, beside this script
 from pcg_core.capabilities import capabilities
@@ -29,17 +28,18 @@ from pcg_core.capabilities import capabilities
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def passed_on_cuda(paths: list[str]) -> tuple[set[tuple], set[tuple[str, int]]]:
-    """Passing CUDA records: lists_rest keys from JSON lines, (cell key, max_tokens) from stores."""
-    keyed = set()
-    for path in paths:
-        if path.endswith(".db"):  # read from a copy: opening a store may upgrade its schema, and results are kept
-            with tempfile.TemporaryDirectory() as tmp:
-                copy = shutil.copy(path, Path(tmp) / "copy.db")
-                with Store(str(copy)) as store:
-                    keyed.update((r.key, r.metrics.max_tokens) for run in store.runs()
-                                 for r in store.results(run["id"]) if r.passed and r.metrics.device == "cuda")
-    return recorded([p for p in paths if not p.endswith(".db")], passed=True, device="cuda"), keyed
+def passed_on_cuda(paths: list[str]) -> set[tuple]:
+    """lists_rest keys of the passing CUDA records: JSON lines, and every run's cells in the stores (read-only)."""
+    done = recorded([p for p in paths if not p.endswith(".db")], passed=True, device="cuda")
+    for path in (p for p in paths if p.endswith(".db")):
+        with Store(path, read_only=True) as store:
+            for run in store.runs():
+                for r in store.results(run["id"]):
+                    a, m = r.axes, r.metrics
+                    if r.passed and m.device == "cuda":
+                        done.add(key(ModelRef.parse(a["model"]).card, "tiny" if m.tiny else str(m.layers),
+                                     a["attention"], a["graph"], a["compiler"], a["quant"], m.max_tokens, a["parallel"]))
+    return done
 
 
 def main(argv: list[str]) -> int:
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     results = sorted(glob.glob(str(ROOT / "benchmarks" / "results" / "*" / "*.jsonl"))
                      + glob.glob(str(ROOT / "benchmarks" / "results" / "*" / "*.db")))
-    done, keyed = passed_on_cuda(args.results or results)
+    done = passed_on_cuda(args.results or results)
     caps = capabilities() | {"cuda_devices": 1}
     cards: dict = {}
     launch, missing = collections.Counter(), collections.Counter()
@@ -60,8 +60,7 @@ def main(argv: list[str]) -> int:
             continue
         layers = "tiny" if s.tiny else str(s.layers)
         launch[s.quant] += 1
-        if ((cell.key, s.max_tokens) in keyed
-                or key(s.model, layers, s.attention, s.graph, s.compiler, s.quant, s.max_tokens, s.parallel) in done):
+        if key(s.model, layers, s.attention, s.graph, s.compiler, s.quant, s.max_tokens, s.parallel) in done:
             continue
         missing[s.quant] += 1
         if s.parallel != "tp1":  # gpu_cells.sh lines carry no parallel field: such a cell cannot be listed
