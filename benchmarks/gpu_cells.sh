@@ -24,3 +24,8 @@ cat "$OUT/$name"/*.json > "$OUT/$name.jsonl" 2>/dev/null
 for f in "$OUT/$name"/*.err; do echo "== cell $(basename "$f" .err)"; tail -30 "$f"; done > "$OUT/$name.err"
 rm -rf "$OUT/$name"  # the device returns a few files per call: the gathered ones only
 python3 benchmarks/cells_table.py "$OUT/$name.jsonl" | tee "$OUT/$name.md"
+# the compile caches, for the next call to carry as .whl/compile-cache.tgz; left out over the device's 16 MiB a file
+tar -czf "$OUT/compile-cache.tgz" -C "$PCG_COMPILE_CACHE" . 2>/dev/null
+if (( $(stat -c %s "$OUT/compile-cache.tgz") > 15 * 1024 * 1024 )); then
+  echo "compile cache $(du -h "$OUT/compile-cache.tgz" | cut -f1), over what comes back: not kept"; rm -f "$OUT/compile-cache.tgz"
+fi

@@ -1,5 +1,6 @@
-# Sourced by the device scripts (gpu_run.sh, gpu_judge.sh): the carried wheels (.whl: pydantic, SQLAlchemy, which
-# the GPU image lacks) installed beside the checkout, $OUT made, and the machine's facts written to $OUT/env.txt.
+# Sourced by the device scripts (gpu_run.sh, gpu_judge.sh, gpu_cells.sh): the carried wheels (.whl: pydantic,
+# SQLAlchemy, which the GPU image lacks) installed beside the checkout, $OUT made, the compile caches set up, and the
+# machine's facts written to $OUT/env.txt.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -7,5 +8,12 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     && export PYTHONPATH=$PWD:/tmp/site
 fi
 OUT=${OUT:-out}; mkdir -p "$OUT"
+# Triton's and Inductor's caches in one folder, seeded from a carried .whl/compile-cache.tgz (an earlier call's, same
+# image): a fresh machine otherwise spends its first cells' 40-70 s compiling the same kernels again. Both caches
+# key entries by source, compiler and device, so a stale entry is a miss, never a wrong kernel.
+export PCG_COMPILE_CACHE=${PCG_COMPILE_CACHE:-/tmp/pcg-compile-cache}
+export TRITON_CACHE_DIR=$PCG_COMPILE_CACHE/triton TORCHINDUCTOR_CACHE_DIR=$PCG_COMPILE_CACHE/inductor
+mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR"
+if [[ -f .whl/compile-cache.tgz ]]; then tar -xzf .whl/compile-cache.tgz -C "$PCG_COMPILE_CACHE" || true; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/env.txt"
