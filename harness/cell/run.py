@@ -29,7 +29,7 @@ from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.model import LoadedModel, load_model
-from pcg_core.quant import QuantLinear, get_scheme, quantize_model, record_input_absmax
+from pcg_core.quant import get_scheme, quantize_model, quantized_modules, record_input_absmax
 
 Outputs = dict[str, list[SequenceOutput]]
 
@@ -154,7 +154,7 @@ def _load(cell: _Cell) -> None:
     cell.kv_slots = max(need, -(-max(latency_token_counts(s.max_tokens), default=0) // page) * page) + page
     if s.quant != "none":
         _quantize(cell)
-    elif not cell.lm.synthetic and (got := sorted(set(_quantized_modules(cell.lm.model).values()))):
+    elif not cell.lm.synthetic and (got := sorted(set(quantized_modules(cell.lm.model).values()))):
         raise _Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got)}; the cell asks for none (a 16-bit "
                                         "model): run it as quant " + got[0])
 
@@ -167,7 +167,7 @@ def _quantize(cell: _Cell) -> None:
     s, m = cell.spec, cell.metrics
     model = cell.lm.model
     if not cell.lm.synthetic:
-        quantized = _quantized_modules(model)
+        quantized = quantized_modules(model)
         got = sorted(set(quantized.values()))
         if got != [s.quant]:
             raise _Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got) or 'not quantized'}; the cell asks "
@@ -183,16 +183,6 @@ def _quantize(cell: _Cell) -> None:
         raise _Stop(Status.UNSUPPORTED, f"quantization {s.quant}: {e}") from e
     except Exception as e:  # noqa: BLE001 - the float reference or the quantization itself failed: eager cannot run
         raise _crash(Status.EAGER_FAIL, e) from e
-
-
-def _quantized_modules(model: torch.nn.Module) -> dict[str, str]:
-    """Module name → scheme for every quantized linear and MoE experts module of a loaded model."""
-    out = {}
-    for name, mod in model.named_modules():
-        scheme = mod.scheme if isinstance(mod, QuantLinear) else getattr(mod, "quant_scheme", None)
-        if scheme is not None:
-            out[name] = scheme.name
-    return out
 
 
 def _quant_error(cell: _Cell, ref: Outputs) -> None:

@@ -7,9 +7,10 @@ from pcg_core.quant.checkpoint import LoadReport, load_quantized, write_checkpoi
 from pcg_core.quant.formats import SUPPORTED_FORMATS, QuantSpec, detect
 from pcg_core.quant.fp4 import FP4_SCHEMES, Fp4Linear, Fp4Scheme
 from pcg_core.quant.int4 import INT4_SCHEMES, Int4Linear, Int4Scheme
-from pcg_core.quant.linear import QuantLinear, quantize_model
+from pcg_core.quant.linear import QuantLinear, quantize_model, quantized_modules, scheme_of
 from pcg_core.quant.schemes import SCHEMES, Scheme, get_scheme
 
 __all__ = ["FP4_SCHEMES", "INT4_SCHEMES", "SCHEMES", "SUPPORTED_FORMATS", "Fp4Linear", "Fp4Scheme", "Int4Linear",
-           "Int4Scheme", "LoadReport", "QuantLinear", "QuantSpec", "Scheme", "detect", "get_scheme", "load_quantized", "quantize_model", "record_input_absmax",
+           "Int4Scheme", "LoadReport", "QuantLinear", "QuantSpec", "Scheme", "detect", "get_scheme", "load_quantized", "quantize_model", "quantized_modules",
+           "record_input_absmax", "scheme_of",
            "write_checkpoint"]

@@ -66,6 +66,18 @@ class QuantLinear(torch.nn.Module):
         return out.reshape(*lead, self.out_features)
 
 
+def scheme_of(module: torch.nn.Module) -> Scheme | Int4Scheme | Fp4Scheme | None:
+    """The scheme a module's weights are held in, or None for a float module: one reading for every quantized kind
+    (a QuantLinear's `scheme`; the `quant_scheme` that Int4Linear, Fp4Linear and quantized experts carry), so the
+    cell and the float twin agree on which modules are quantized."""
+    return module.scheme if isinstance(module, QuantLinear) else getattr(module, "quant_scheme", None)
+
+
+def quantized_modules(model: torch.nn.Module) -> dict[str, str]:
+    """Module name → scheme name for every quantized linear and experts module of a model."""
+    return {name: scheme.name for name, mod in model.named_modules() if (scheme := scheme_of(mod)) is not None}
+
+
 def _kernel_ok(x: torch.Tensor, mod: QuantLinear) -> bool:
     """Whether the CUDA kernel runs: bf16 on CUDA, and the dimensions the kernels accept (block FP8: whole
     128-blocks; otherwise K and N multiples of 16). Decided by the layer's static widths, never by the token

@@ -27,16 +27,18 @@ import torch
 
 from pcg_core.quant import experts as quant_experts
 from pcg_core.quant.expert_layout import add_bias, canonical_weight, first_projection
+from pcg_core.quant.linear import scheme_of
 
 
 def _quantized_linear(module: torch.nn.Module) -> bool:
-    """QuantLinear, Int4Linear (W4A8Linear), Fp4Linear: a layer that holds codes and can give its float weight."""
+    """QuantLinear, Int4Linear (W4A8Linear), Fp4Linear: a layer that holds codes and can give its float weight
+    (known by that, not by a scheme: an Int4Linear built from its weight alone carries none)."""
     return not isinstance(module, torch.nn.Linear) and callable(getattr(module, "dequantized_weight", None)) \
         and hasattr(module, "in_features") and hasattr(module, "out_features")
 
 
 def _quantized_experts(module: torch.nn.Module) -> bool:
-    return getattr(module, "quant_scheme", None) is not None and hasattr(module, "num_experts")
+    return scheme_of(module) is not None and hasattr(module, "num_experts")
 
 
 def _dequantized_linear_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
