@@ -22,6 +22,7 @@ from pcg_core.errors import ConfigError
 from pcg_core.forward_context import AttentionObserver, CaptureMode, ForwardContext, set_forward_context
 
 LOGITS_CHUNK = 1024  # rows of lm_head at a time, so prompt logprobs over long prompts stay small
+HEAD_SLICE_BYTES = 256 << 20  # float32 head weight upcast at a time: DeepSeek-V3's whole head would be 3.7 GB
 
 # Told of every forward: (batch, the bucket it was padded to or None, whether it ran the graph path, whether it
 # is a decode step). The judge counts coverage with it; the engine itself keeps no record of batches.
@@ -152,12 +153,18 @@ class Engine:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of hidden states. A plain linear head runs in float32: in bf16 the logits' own rounding
         (2^-5 at |logit| ≥ 4, 2^-4 at ≥ 8) is as large as the logprob tolerance and would drown what the
-        judge compares; the hidden states themselves stay as the model made them."""
+        judge compares; the hidden states themselves stay as the model made them. The head is upcast a vocabulary slice
+        at a time (HEAD_SLICE_BYTES), so the transient stays small beside a big model's weights."""
         head = self.lm_head
         if hidden.dtype == torch.float32 or type(head) is not torch.nn.Linear:
             return head(hidden).float()
-        bias = None if head.bias is None else head.bias.float()
-        return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)  # a transient copy per call
+        x, weight = hidden.float(), head.weight
+        rows = max(1, HEAD_SLICE_BYTES // (4 * weight.shape[1]))
+        out = torch.empty(*hidden.shape[:-1], weight.shape[0], dtype=torch.float32, device=hidden.device)
+        for v in range(0, weight.shape[0], rows):  # a float32 copy of a slice of the head at a time, not all of it
+            bias = None if head.bias is None else head.bias[v : v + rows].float()
+            out[..., v : v + rows] = torch.nn.functional.linear(x, weight[v : v + rows].float(), bias)
+        return out
 
     def _row_stats(self, hidden: torch.Tensor, targets: torch.Tensor | None, top_k: int) -> _RowStats:
         parts = []

@@ -296,6 +296,28 @@ def test_generate_shapes_and_prompt_logprob_alignment(qwen3):
     assert compare_outputs([_strip_prompt(o) for o in outs], plain, FP32_TOL) == []
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_half_precision_logits_are_the_float32_head_upcast_a_slice_at_a_time(qwen3, monkeypatch, bias):
+    """bf16 hidden states meet the head in float32 whatever the slice size: slices that do not divide the vocabulary
+    (the last one short), a bias sliced with them, and one slice holding the whole head give the same logits."""
+    import pcg_core.engine.engine as engine_mod
+
+    model = copy.deepcopy(qwen3.model).to(torch.bfloat16)
+    engine = make_engine(model, "disabled", dtype="bfloat16")
+    head = engine.lm_head
+    if bias:
+        head.bias = torch.nn.Parameter(torch.randn(head.out_features, dtype=torch.bfloat16))
+    hidden = torch.randn(5, head.in_features, dtype=torch.bfloat16)
+    whole = torch.nn.functional.linear(hidden.float(), head.weight.float(),
+                                       None if head.bias is None else head.bias.float())
+    vocab, width = head.weight.shape
+    for rows in (1, 7, vocab - 1, vocab, 10 * vocab):
+        monkeypatch.setattr(engine_mod, "HEAD_SLICE_BYTES", 4 * width * rows)
+        got = engine.logits(hidden)
+        assert got.dtype == torch.float32 and got.shape == (5, vocab)
+        torch.testing.assert_close(got, whole, rtol=1e-6, atol=1e-6)
+
+
 def _strip_prompt(o):
     o = copy.deepcopy(o)
     o.prompt_logprobs = o.prompt_topk_ids = o.prompt_topk_logprobs = None
