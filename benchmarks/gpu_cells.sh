@@ -26,6 +26,7 @@ rm -rf "$OUT/$name"  # the device returns a few files per call: the gathered one
 python3 benchmarks/cells_table.py "$OUT/$name.jsonl" | tee "$OUT/$name.md"
 # the compile caches, for the next call to carry as .whl/compile-cache.tgz; left out over the device's 16 MiB a file
 tar -czf "$OUT/compile-cache.tgz" -C "$PCG_COMPILE_CACHE" . 2>/dev/null
-if (( $(stat -c %s "$OUT/compile-cache.tgz") > 15 * 1024 * 1024 )); then
-  echo "compile cache $(du -h "$OUT/compile-cache.tgz" | cut -f1), over what comes back: not kept"; rm -f "$OUT/compile-cache.tgz"
+if [[ -f $OUT/compile-cache.tgz ]] && (( $(stat -c %s "$OUT/compile-cache.tgz") > 15 * 1024 * 1024 )); then
+  echo "compile cache $(du -h "$OUT/compile-cache.tgz" | cut -f1), over what comes back: not kept"
+  rm -f "$OUT/compile-cache.tgz"
 fi

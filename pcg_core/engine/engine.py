@@ -153,8 +153,8 @@ class Engine:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of hidden states. A plain linear head runs in float32: in bf16 the logits' own rounding
         (2^-5 at |logit| ≥ 4, 2^-4 at ≥ 8) is as large as the logprob tolerance and would drown what the
-        judge compares; the hidden states themselves stay as the model made them. The head is upcast a vocabulary slice
-        at a time (HEAD_SLICE_BYTES), so the transient stays small beside a big model's weights."""
+        judge compares; the hidden states themselves stay as the model made them. The head is upcast a vocabulary
+        slice at a time (HEAD_SLICE_BYTES), so the transient stays small beside a big model's weights."""
         head = self.lm_head
         if hidden.dtype == torch.float32 or type(head) is not torch.nn.Linear:
             return head(hidden).float()
