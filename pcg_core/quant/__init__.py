@@ -11,6 +11,5 @@ from pcg_core.quant.linear import QuantLinear, quantize_model, quantized_modules
 from pcg_core.quant.schemes import SCHEMES, Scheme, get_scheme
 
 __all__ = ["FP4_SCHEMES", "INT4_SCHEMES", "SCHEMES", "SUPPORTED_FORMATS", "Fp4Linear", "Fp4Scheme", "Int4Linear",
-           "Int4Scheme", "LoadReport", "QuantLinear", "QuantSpec", "Scheme", "detect", "get_scheme", "load_quantized", "quantize_model", "quantized_modules",
-           "record_input_absmax", "scheme_of",
-           "write_checkpoint"]
+           "Int4Scheme", "LoadReport", "QuantLinear", "QuantSpec", "Scheme", "detect", "get_scheme", "load_quantized",
+           "quantize_model", "quantized_modules", "record_input_absmax", "scheme_of", "write_checkpoint"]

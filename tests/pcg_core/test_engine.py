@@ -27,6 +27,7 @@ from pcg_core.attention.metadata import LayerParams
 from pcg_core.attention.sdpa import SdpaBackend
 from pcg_core.capture.full import FullBackend
 from pcg_core.engine import Engine
+from pcg_core.engine import engine as engine_mod
 from pcg_core.engine.inputs import PAD_SEQ, PackedBatch
 from pcg_core.attention.kv_cache import KVCache, KVCacheFull
 
@@ -300,8 +301,6 @@ def test_generate_shapes_and_prompt_logprob_alignment(qwen3):
 def test_half_precision_logits_are_the_float32_head_upcast_a_slice_at_a_time(qwen3, monkeypatch, bias):
     """bf16 hidden states meet the head in float32 whatever the slice size: slices that do not divide the vocabulary
     (the last one short), a bias sliced with them, and one slice holding the whole head give the same logits."""
-    import pcg_core.engine.engine as engine_mod
-
     model = copy.deepcopy(qwen3.model).to(torch.bfloat16)
     engine = make_engine(model, "disabled", dtype="bfloat16")
     head = engine.lm_head
