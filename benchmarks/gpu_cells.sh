@@ -27,9 +27,11 @@ python3 benchmarks/cells_table.py "$OUT/$name.jsonl" | tee "$OUT/$name.md"
 # the compile caches, for the next call to carry as .whl/compile-cache.tgz; left out over the device's 16 MiB a file.
 # Both packed came to 64-78 MiB on the big MoE cells (2026-12-04b): then Triton's alone (the kernels) is tried.
 for part in . triton; do
-  tar -czf "$OUT/compile-cache.tgz" -C "$PCG_COMPILE_CACHE" "$part" 2>/dev/null || { rm -f "$OUT/compile-cache.tgz"; continue; }
-  size=$(stat -c %s "$OUT/compile-cache.tgz")
+  pack=$OUT/compile-cache.tgz
+  tar -czf "$pack" -C "$PCG_COMPILE_CACHE" "$part" 2>/dev/null || { rm -f "$pack"; continue; }
+  size=$(stat -c %s "$pack")
   (( size <= 15 * 1024 * 1024 )) && { echo "compile cache ($part) $((size >> 20)) MiB: kept"; break; }
-  echo "compile cache ($part) $((size >> 20)) MiB, over what comes back: not kept ($(du -sh "$PCG_COMPILE_CACHE"/* | tr '\n\t' '; '))"
-  rm -f "$OUT/compile-cache.tgz"
+  echo "compile cache ($part) $((size >> 20)) MiB, over what comes back: not kept" \
+    "($(du -sh "$PCG_COMPILE_CACHE"/* | tr '\n\t' '; '))"
+  rm -f "$pack"
 done
