@@ -26,8 +26,8 @@ rm -rf "$OUT/$name"  # the device returns a few files per call: the gathered one
 python3 benchmarks/cells_table.py "$OUT/$name.jsonl" | tee "$OUT/$name.md"
 # the compile caches, for the next call to carry as .whl/compile-cache.tgz; left out over the device's 16 MiB a file.
 # Both packed came to 64-78 MiB on the big MoE cells (2026-12-04b): then Triton's alone (the kernels) is tried.
+pack=$OUT/compile-cache.tgz
 for part in . triton; do
-  pack=$OUT/compile-cache.tgz
   tar -czf "$pack" -C "$PCG_COMPILE_CACHE" "$part" 2>/dev/null || { rm -f "$pack"; continue; }
   size=$(stat -c %s "$pack")
   (( size <= 15 * 1024 * 1024 )) && { echo "compile cache ($part) $((size >> 20)) MiB: kept"; break; }
