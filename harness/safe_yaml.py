@@ -35,6 +35,8 @@ MAX_YAML_ALIASES = 100
 MAX_YAML_DEPTH = 32
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+# libyaml's own depth refusal (its problem text; 1000 levels by default since 0.2.6).
+_LIBYAML_NESTING = "exceeded maximum nesting depth"
 
 
 class _Refused(Exception):
@@ -145,7 +147,11 @@ def read_utf8(path: Path, max_bytes: int = MAX_YAML_BYTES, what: str = "YAML fil
 
 
 def _yaml_error_text(path: Path, text: str, e: yaml.YAMLError) -> str:
-    """One line: file:line, then PyYAML's context and problem (a ReaderError has a character offset instead)."""
+    """One line: file:line, then PyYAML's context and problem (a ReaderError has a character offset instead).
+
+    libyaml ≥ 0.2.6 (PyYAML 6.0.4's wheels) has a nesting limit of its own, and its scanner, reading ahead through
+    `[[[…`, can reach it before our composer reaches ours: that refusal is ours too, in our words.
+    """
     mark, position = getattr(e, "problem_mark", None), getattr(e, "position", None)
     if mark is not None:
         where = f"{path}:{mark.line + 1}"
@@ -153,6 +159,8 @@ def _yaml_error_text(path: Path, text: str, e: yaml.YAMLError) -> str:
         where = f"{path}:{text.count(chr(10), 0, position) + 1}"
     else:
         where = str(path)
+    if _LIBYAML_NESTING in (getattr(e, "problem", None) or ""):
+        return f"{where}: nested deeper than {MAX_YAML_DEPTH} levels"
     if isinstance(e, yaml.reader.ReaderError):
         problem = f"character #x{e.character:04x} is not allowed in YAML" if isinstance(e.character, int) else e.reason
     else:

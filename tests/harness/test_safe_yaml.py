@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 import harness.safe_yaml as safe_yaml
 from harness.matrix import load_matrix
@@ -82,6 +83,21 @@ def test_a_recursive_alias_is_refused(tmp_path, loader):
 def test_deep_nesting_is_refused(tmp_path, loader):
     path = _write(tmp_path, "name: n\ndeep: " + "[" * 5000 + "]" * 5000 + "\n")
     _refused_within(path, 1.0, f"nested deeper than {MAX_YAML_DEPTH}")
+
+
+def test_libyamls_own_nesting_refusal_reads_as_ours(tmp_path, monkeypatch):
+    """libyaml ≥ 0.2.6 (PyYAML 6.0.4) refuses `[[[…` at 1000 levels in its scanner, before our composer's count
+    is reached; the user reads our limit with file:line whichever parser got there first, on any PyYAML."""
+    path = _write(tmp_path, "name: n\nx: 1\ndeep: " + "[" * 40 + "]" * 40 + "\n")
+
+    class LibyamlFirst(safe_yaml._Loader):  # what PyYAML 6.0.4's CParser raises, at line 3
+        def get_single_node(self):
+            mark = yaml.error.Mark("<unicode string>", 1016, 2, 1006, None, None)
+            raise yaml.scanner.ScannerError("while increasing flow level", None, "exceeded maximum nesting depth", mark)
+
+    monkeypatch.setattr(safe_yaml, "_Loader", LibyamlFirst)
+    msg = _refused_within(path, 1.0, f"{path}:3: nested deeper than {MAX_YAML_DEPTH} levels")
+    assert "not valid YAML" not in msg and "flow level" not in msg
 
 
 def test_a_few_aliases_and_merge_keys_still_work(tmp_path, loader):
