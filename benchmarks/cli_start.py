@@ -1,4 +1,4 @@
-"""How long `pcgh` takes to answer the commands that run no model: `--help`, `report`, `diff`, `requests`, and
+"""How long `pcgh` takes to answer the commands that run no model: `--help`, `report`, `diff`, `requests`, `models`, and
 to refuse a YAML "billion laughs" matrix (`run bomb.yaml --dry-run`, which exits 2).
 
 Each sample is a fresh `python -m harness.cli …` process, timed from spawn to exit (what a user or a CI step
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NIGHTLY = ROOT / "benchmarks" / "results" / "2026-11-29-h200" / "nightly" / "nightly.db"
 TARGET_S = 1.0
 COMMANDS = {"--help": ["--help"], "report 1": ["report", "1", "--db", "{db}"], "diff 1 2": ["diff", "1", "2", "--db", "{db}"],
-            "requests": ["requests", "--db", "{db}"], "run bomb": ["run", "{bomb}", "--dry-run"]}
+            "requests": ["requests", "--db", "{db}"], "models": ["models"], "run bomb": ["run", "{bomb}", "--dry-run"]}
 # 10**9 "x" once its aliases are expanded, in 600 bytes.
 BOMB = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x, x]"] + [f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 10) + "]"
                                                             for i in range(8)]) + "\nname: bomb\naxes: {model: [qwen3-0.6b:tiny]}\n"

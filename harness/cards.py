@@ -13,7 +13,7 @@ from typing import Any
 from harness.safe_yaml import compose_and_load
 from pcg_core.errors import ConfigError
 from pcg_core.known import KNOWN_QUANTIZATION
-from pcg_core.model.loader import read_config_file
+from pcg_core.model.config_file import read_config_file
 
 CARDS_DIR = Path(__file__).parent / "models"
 # full: real weights from the hub; trim: real widths, N layers (trim:N), synthetic weights; tiny: CPU-sized.
@@ -42,6 +42,17 @@ class ModelCard:
         have = ", ".join(f"{k} ({v})" for k, v in self.quantized.items()) or "none"
         return (f"card {self.id} declares no {quant} checkpoint for real weights (it declares: {have}); add one under "
                 f"`quantized:` in {self.path.name if self.path else 'its card'}")
+
+    @property
+    def architecture_reason(self) -> str | None:
+        """Why the runtime's architecture table lacks this card's architecture (its config's `architectures[0]`,
+        else the card's own `architecture`), or None. The table alone, without torch or transformers: what `pcgh
+        models` shows (runtime_reason also has transformers build the config, seconds of imports)."""
+        from pcg_core.model.architectures import architecture_reason
+
+        archs = self.config.get("architectures")
+        named = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else self.architecture
+        return architecture_reason(named)
 
     @cached_property
     def runtime_reason(self) -> str | None:

@@ -12,7 +12,10 @@ EXIT_PASS = 0
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("models", help="list the model cards and whether the runtime supports them")
+    p = sub.add_parser("models", help="list the model cards and whether the runtime's architecture table has them",
+                       description="List the model cards (harness/models/) and whether the runtime's architecture table "
+                                   "has each one's architecture. Reads the table alone, without loading torch or "
+                                   "transformers; `pcgh request CONFIG` checks a config in full.")
     p.add_argument("--json", action="store_true", help="print one JSON list")
     p.set_defaults(handler=models)
 
@@ -43,14 +46,10 @@ def models(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from harness.cards import load_cards
-    from pcg_core.model import build_config, unsupported_reason
 
     rows = []
     for card in load_cards().values():
-        try:
-            reason = unsupported_reason(build_config(card.config, where=str(card.path)))
-        except ConfigError as e:
-            reason = str(e)
+        reason = card.architecture_reason  # torch-free: listing cards must not load the runtime (10 s)
         rows.append({"id": card.id, "hub_id": card.hub_id, "architecture": card.architecture,
                      "features": list(card.features), "runtime": "supported" if reason is None else reason})
     if args.json:

@@ -1,14 +1,18 @@
 """Which architectures the runtime runs: THE table (the loader checks models against it, `capabilities()`
-publishes it to the harness, which keeps no list of its own)."""
+publishes it to the harness, which keeps no list of its own). Torch- and transformers-free at import: the
+table is read by name (`architecture_reason`) where no model runs, e.g. `pcgh models`."""
 
 from __future__ import annotations
 
-from transformers import PretrainedConfig
+from typing import TYPE_CHECKING
 
 from pcg_core.errors import UnsupportedModel
 
-__all__ = ["MODEL_TYPE_ALIASES", "OWN_MODEL_TYPES", "SUPPORTED_ARCHITECTURES", "architecture_of", "check_supported", "is_moe",
-           "unsupported_reason"]
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+__all__ = ["MODEL_TYPE_ALIASES", "OWN_MODEL_TYPES", "SUPPORTED_ARCHITECTURES", "architecture_of", "architecture_reason",
+           "check_supported", "is_moe", "unsupported_reason"]
 
 # architecture → features it exercises. Adding an architecture here is the whole of "supporting" it only
 # when transformers' module runs unchanged with our attention op and expert path.
@@ -53,11 +57,16 @@ def is_moe(config: PretrainedConfig) -> bool:
                 or getattr(config, "n_routed_experts", None))
 
 
-def unsupported_reason(config: PretrainedConfig) -> str | None:
-    arch = architecture_of(config)
+def architecture_reason(arch: str) -> str | None:
+    """Why the runtime cannot run architecture `arch` (a class name, e.g. a config.json's `architectures[0]`), or
+    None: the table alone, no config is built."""
     if arch not in SUPPORTED_ARCHITECTURES:
         return f"architecture {arch} is not supported yet (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
     return None
+
+
+def unsupported_reason(config: PretrainedConfig) -> str | None:
+    return architecture_reason(architecture_of(config))
 
 
 def check_supported(config: PretrainedConfig) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import os
 import socket
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from pcg_core.attention import ATTN_IMPLEMENTATION
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.model.architectures import MODEL_TYPE_ALIASES, OWN_MODEL_TYPES, architecture_of, check_supported, is_moe
+from pcg_core.model.config_file import read_config_file
 from pcg_core.model.experts import EXPERTS_IMPLEMENTATION
 from pcg_core.model.grok import MODEL_TYPE as _GROK_MODEL_TYPE  # noqa: F401 - registers Grok-2 with transformers' Auto classes
 from pcg_core.model.mla import install_mla
@@ -57,30 +57,6 @@ class LoadedModel:
     config: PretrainedConfig
     source: str  # where it came from, in words
     synthetic: bool
-
-
-def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise ConfigError(f"{p}: no config.json there; pass a model directory, a config.json file or a hub id")
-    raw = p.read_bytes()
-    try:
-        text = raw.decode("utf-8")  # JSON is UTF-8 (RFC 8259); not the locale's encoding
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise ConfigError(f"{p}: not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start} (line {line}); "
-                          "a config.json is UTF-8 JSON") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno}); fix the file or pass another config") from e
-    except (ValueError, RecursionError) as e:  # an integer of more digits than Python converts; absurd nesting
-        raise ConfigError(f"{p}: a value cannot be read: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: a config.json must hold a JSON object, found {type(data).__name__}")
-    return data
 
 
 @functools.lru_cache(maxsize=1)

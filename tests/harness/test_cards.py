@@ -12,6 +12,15 @@ def test_shipped_cards_load_with_their_configs():
     assert all(card.config.get("model_type") for card in cards.values())
 
 
+def test_the_torch_free_architecture_verdict_agrees_with_the_full_one_on_every_shipped_card():
+    """`pcgh models` shows architecture_reason (the table alone, no torch); the pre-check runs runtime_reason
+    (transformers builds the config too). On the shipped cards they must say the same."""
+    cards = load_cards()
+    assert {c.id: c.architecture_reason for c in cards.values()} == {c.id: c.runtime_reason for c in cards.values()}
+    assert cards["qwen3-0.6b"].architecture_reason is None
+    assert "Qwen3NextForCausalLM is not supported yet" in cards["qwen3-next-80b-a3b"].architecture_reason
+
+
 def test_broken_config_file_beside_a_card_names_the_file(tmp_path):
     (tmp_path / "broken.json").write_text("{not json")
     card = tmp_path / "m.yaml"
