@@ -4,18 +4,20 @@ Columns: key, one per axis, status, reason, duration_s, attempt, `speedup` (the 
 speedups over token counts), `speedup_<n>` per token count, `eager_ms_<n>` / `graph_ms_<n>` latencies, and
 the scalar metrics of a CellMetrics. Metric columns are float, NaN where a cell has no value (a cell that
 ended before measuring). The scalar columns are always present, so an empty run still yields a frame with
-the same schema.
+the same schema. `result_rows` are the same rows as plain dicts, for the readers that need no frame (the text
+summary, the JSON): pandas (a third of a second to import) loads only where a frame is built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from harness.outcome import AXES, SCALAR_METRICS, CellMetrics, CellRecord
 from harness.reports.stats import geomean, is_positive_finite, natural_key
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 BASE_COLUMNS = ("key", *AXES, "status", "reason", "duration_s", "attempt")
 # Families of per-token-count columns, "<prefix><n>".
@@ -54,15 +56,29 @@ def _token_columns(names: set[str]) -> list[str]:
     return cols
 
 
-def results_frame(records: Sequence[CellRecord]) -> pd.DataFrame:
-    """One row per cell, in input order."""
+def result_rows(records: Sequence[CellRecord]) -> list[dict[str, Any]]:
+    """The frame's rows as dicts, in input order; a metric a cell lacks is a missing key (None or NaN where the
+    cell stored one), not a NaN column."""
     rows = []
     for r in records:
         row: dict[str, Any] = {"key": r.key, **{a: r.axes.get(a) for a in AXES}, "status": str(r.status),
                                "reason": r.reason, "duration_s": r.duration_s, "attempt": r.attempt}
         row.update(flatten_metrics(r.metrics))
         rows.append(row)
-    token_cols = _token_columns({k for row in rows for k in row} - set(BASE_COLUMNS) - set(SCALAR_METRICS))
+    return rows
+
+
+def token_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The per-token-count columns of these rows, in the frame's order."""
+    return _token_columns({k for row in rows for k in row} - set(BASE_COLUMNS) - set(SCALAR_METRICS))
+
+
+def results_frame(records: Sequence[CellRecord]) -> pd.DataFrame:
+    """One row per cell, in input order."""
+    import pandas as pd
+
+    rows = result_rows(records)
+    token_cols = token_columns(rows)
     columns = [*BASE_COLUMNS, "speedup", *token_cols, *SCALAR_METRICS]
     df = pd.DataFrame.from_records(rows, columns=columns)
     numeric = ["duration_s", "speedup", *token_cols, *SCALAR_METRICS]

@@ -13,7 +13,7 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from harness.outcome import CellRecord
-from harness.reports.frame import cell_speedup, results_frame
+from harness.reports.frame import cell_speedup, result_rows
 from harness.reports.run_info import FIELDS, wall_time
 from harness.reports.stats import totals
 
@@ -58,7 +58,7 @@ def cell_dict(record: CellRecord) -> dict[str, Any]:
 
 def report_dict(run: Mapping[str, Any] | None, rows: Sequence[CellRecord]) -> dict[str, Any]:
     """Provenance, counts by status, pass rate (null when nothing is counted), geomean speedup, cells."""
-    t = totals(results_frame(rows))
+    t = totals(result_rows(rows))
     return jsonable({
         "schema": SCHEMA_VERSION,
         "run": run_dict(run),

@@ -14,12 +14,14 @@ else ➖. Rows and columns are naturally sorted so the CSVs of two runs line up.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from harness.outcome import CellRecord
 from harness.reports.frame import results_frame
 from harness.reports.stats import natural_key, status_class
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PAIRS: tuple[tuple[str, str], ...] = (("model", "quant"), ("model", "attention"), ("model", "parallel"),
                                       ("model", "graph"))
@@ -44,23 +46,30 @@ def pair_name(row_axis: str, col_axis: str) -> str:
     return f"{row_axis}_x_{col_axis}"
 
 
+def support_grid(cells: Iterable[tuple[Any, Any, str]]) -> tuple[list[str], list[str], dict[tuple[str, str], str]]:
+    """(row values, column values, symbol per pair that occurs) from (row value, column value, status) triples,
+    values as text, naturally sorted: the pivot without pandas (the text summary prints it as is)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r, c, s in cells:
+        groups.setdefault((str(r), str(c)), []).append(s)
+    index = sorted({r for r, _ in groups}, key=natural_key)
+    columns = sorted({c for _, c in groups}, key=natural_key)
+    return index, columns, {pair: aggregate_symbol(statuses) for pair, statuses in groups.items()}
+
+
 def support_matrix(frame: pd.DataFrame, row_axis: str, col_axis: str) -> pd.DataFrame:
     """One pivot of symbols; ❓ where the combination never occurs."""
-    rows_v = frame[row_axis].map(str) if len(frame) else pd.Series([], dtype=object)
-    cols_v = frame[col_axis].map(str) if len(frame) else pd.Series([], dtype=object)
-    index = sorted(set(rows_v), key=natural_key)
-    columns = sorted(set(cols_v), key=natural_key)
+    import pandas as pd
+
+    index, columns, symbols = support_grid(zip(frame[row_axis], frame[col_axis], frame["status"]) if len(frame) else ())
     out = pd.DataFrame(SYMBOLS["untested"], index=pd.Index(index, name=row_axis, dtype=object),
                        columns=pd.Index(columns, name=col_axis, dtype=object), dtype=object)
-    groups: dict[tuple[str, str], list[str]] = {}
-    for r, c, s in zip(rows_v, cols_v, frame["status"]):
-        groups.setdefault((r, c), []).append(s)
-    for (r, c), statuses in groups.items():
-        out.loc[r, c] = aggregate_symbol(statuses)
+    for (r, c), symbol in symbols.items():
+        out.loc[r, c] = symbol
     return out
 
 
 def support_matrices(rows: Sequence[CellRecord] | pd.DataFrame) -> dict[str, pd.DataFrame]:
     """{"model_x_quant": pivot, ...} for every pair in PAIRS; takes rows or a results frame."""
-    frame = rows if isinstance(rows, pd.DataFrame) else results_frame(rows)
+    frame = results_frame(rows) if isinstance(rows, Sequence) else rows
     return {pair_name(a, b): support_matrix(frame, a, b) for a, b in PAIRS}

@@ -12,13 +12,14 @@ import math
 import numbers
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from harness.outcome import NOT_COUNTED, PASSING, STATUSES
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def is_passing(status: str) -> bool:
@@ -93,13 +94,17 @@ class Totals:
     speedup_cells: int
 
 
-def totals(frame: pd.DataFrame) -> Totals:
-    """Totals from a results frame (see frame.results_frame)."""
-    statuses = list(frame["status"])
+def totals(frame: pd.DataFrame | Sequence[Mapping[str, Any]]) -> Totals:
+    """Totals from a results frame or its rows (frame.results_frame, frame.result_rows)."""
+    if isinstance(frame, Sequence):
+        statuses, speedups = [r["status"] for r in frame], [r.get("speedup") for r in frame]
+    else:
+        statuses, speedups = list(frame["status"]), list(frame["speedup"])
     c = Counter(statuses)
     passing = sum(1 for s in statuses if is_passing(s))
     counted = sum(1 for s in statuses if is_counted(s))
-    passing_speedups = [None if pd.isna(v) else float(v) for v in frame.loc[frame["status"].isin(PASSING), "speedup"]]
+    # None and NaN (no timing) are left out by geomean and by the count, as any non-positive or infinite value
+    passing_speedups = [v for s, v in zip(statuses, speedups) if s in PASSING]
     g = geomean(passing_speedups)
     return Totals(
         counts={s: c[s] for s in ordered_statuses(statuses)},

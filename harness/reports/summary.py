@@ -2,20 +2,20 @@
 
 Sections: provenance; result (pass rate over counted cells, geomean speedup over passing cells, counts by
 status); worst cells (failing cells with their reasons, then the slowest passing speedups); cells left out of
-the pass rate with their reasons grouped; the support matrices.
+the pass rate with their reasons grouped; the support matrices. Read from the results' rows (frame.result_rows),
+not a frame: `pcgh report` prints this page, and pandas would be a third of its start-up.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pandas as pd
-
 from harness.outcome import NOT_COUNTED, PASSING, CellRecord
-from harness.reports.frame import results_frame
+from harness.reports.frame import result_rows, token_columns
 from harness.reports.markdown import one_line, table
-from harness.reports.matrices import LEGEND, support_matrices
+from harness.reports.matrices import LEGEND, PAIRS, SYMBOLS, support_grid
 from harness.reports.run_info import fmt_duration, run_label, wall_time
 from harness.reports.stats import fmt_rate, fmt_speedup, is_failing, totals
 
@@ -28,9 +28,19 @@ NOT_COUNTED_TITLES = {
     "eager_fail": ("Eager failures", "Eager itself failed, so the graph could not be judged; not counted."),
     "skipped": ("Skipped", "Not run; not counted."),
 }
+Rows = Sequence[Mapping[str, Any]]
 
 
-def _provenance(run: Mapping[str, Any], frame: pd.DataFrame) -> str:
+def _number(v: Any) -> float | None:
+    """A metric's value, None where there is none (missing, None, NaN), as the frame's NaN would have it."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def _provenance(run: Mapping[str, Any], frame: Rows) -> str:
     def g(k: str) -> str:
         v = run.get(k)
         return "?" if v is None or v == "" else str(v)
@@ -40,9 +50,9 @@ def _provenance(run: Mapping[str, Any], frame: pd.DataFrame) -> str:
         duration = fmt_duration(wt)
     else:
         duration = "unfinished" if run.get("started_at") and run.get("finished_at") is None else "n/a"
-    cell_time = frame["duration_s"].sum(min_count=1) if len(frame) else None
-    if cell_time is not None and not pd.isna(cell_time):
-        duration += f" (cells: {fmt_duration(float(cell_time))} summed)"
+    times = [x for x in (_number(r["duration_s"]) for r in frame) if x is not None]
+    if times:
+        duration += f" (cells: {fmt_duration(math.fsum(times))} summed)"
     items = [("matrix", g("matrix")), ("status", g("status")), ("trigger", g("trigger")), ("git sha", g("git_sha")),
              ("torch", g("torch_version")), ("transformers", g("transformers_version")),
              ("CUDA / driver", f"{g('cuda_version')} / {g('driver_version')}"), ("GPU", g("gpu_name")),
@@ -50,7 +60,7 @@ def _provenance(run: Mapping[str, Any], frame: pd.DataFrame) -> str:
     return table(["", ""], items)
 
 
-def _result(frame: pd.DataFrame) -> str:
+def _result(frame: Rows) -> str:
     t = totals(frame)
     if t.cells == 0:
         return "No cells in this run.\n\n**Pass rate: n/a** · **Geomean speedup: n/a**"
@@ -65,42 +75,42 @@ def _result(frame: pd.DataFrame) -> str:
     return f"{rate}\n\n{speed}\n\n{counts}"
 
 
-def _per_token(row: pd.Series) -> str:
-    cols = [c for c in row.index if c.startswith("speedup_") and not pd.isna(row[c])]
-    return ", ".join(f"{c[len('speedup_'):]}: {row[c]:.2f}×" for c in cols)
+def _per_token(row: Mapping[str, Any], token_cols: list[str]) -> str:
+    cols = [c for c in token_cols if c.startswith("speedup_") and _number(row.get(c)) is not None]
+    return ", ".join(f"{c[len('speedup_'):]}: {_number(row[c]):.2f}×" for c in cols)
 
 
-def _worst(frame: pd.DataFrame) -> str:
-    failing = frame[frame["status"].map(is_failing)] if len(frame) else frame
+def _worst(frame: Rows) -> str:
+    failing = [r for r in frame if is_failing(r["status"])]
     parts = [f"### Failing ({len(failing)})"]
-    if len(failing):
-        shown = failing.head(MAX_FAILING)
-        parts.append(table(["cell", "status", "reason"],
-                           [(r.key, r.status, one_line(r.reason) or "—") for r in shown.itertuples()]))
+    if failing:
+        shown = failing[:MAX_FAILING]
+        parts.append(table(["cell", "status", "reason"], [(r["key"], r["status"], one_line(r["reason"]) or "—") for r in shown]))
         if len(failing) > MAX_FAILING:
             parts.append(f"… and {len(failing) - MAX_FAILING} more (see report.json).")
     else:
         parts.append("None.")
-    timed = frame[frame["status"].isin(PASSING) & frame["speedup"].notna()] if len(frame) else frame
-    slow = timed.sort_values("speedup", kind="stable").head(MAX_SLOWEST)
+    timed = [r for r in frame if r["status"] in PASSING and _number(r.get("speedup")) is not None]
+    slow = sorted(timed, key=lambda r: _number(r["speedup"]))[:MAX_SLOWEST]  # stable: ties in run order
     parts.append(f"### Slowest speedups (passing cells, lowest {MAX_SLOWEST})")
-    if len(slow):
-        rows = [(r["key"], r["status"], fmt_speedup(r["speedup"]), _per_token(r)) for _, r in slow.iterrows()]
+    if slow:
+        token_cols = token_columns(frame)
+        rows = [(r["key"], r["status"], fmt_speedup(_number(r["speedup"])), _per_token(r, token_cols)) for r in slow]
         parts.append(table(["cell", "status", "speedup", "per token count"], rows))
     else:
         parts.append("No passing cell has timings.")
     return "\n\n".join(parts)
 
 
-def _not_counted(frame: pd.DataFrame) -> str:
+def _not_counted(frame: Rows) -> str:
     parts = []
     for status in [*NOT_COUNTED_TITLES, *(s for s in NOT_COUNTED if s not in NOT_COUNTED_TITLES)]:
-        sub = frame[frame["status"] == status] if len(frame) else frame
-        if not len(sub):
+        sub = [r for r in frame if r["status"] == status]
+        if not sub:
             continue
         groups: dict[str, list[str]] = {}
-        for key, reason in zip(sub["key"], sub["reason"]):
-            groups.setdefault(one_line(reason) or "(no reason given)", []).append(str(key))
+        for r in sub:
+            groups.setdefault(one_line(r["reason"]) or "(no reason given)", []).append(str(r["key"]))
         lines = []
         for reason, keys in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             more = f", … +{len(keys) - MAX_EXAMPLES}" if len(keys) > MAX_EXAMPLES else ""
@@ -110,20 +120,20 @@ def _not_counted(frame: pd.DataFrame) -> str:
     return "\n\n".join(parts)
 
 
-def _matrices(frame: pd.DataFrame) -> str:
+def _matrices(frame: Rows) -> str:
     parts = ["## Support matrices", LEGEND]
-    for name, m in support_matrices(frame).items():
-        row_axis, col_axis = m.index.name, m.columns.name
+    for row_axis, col_axis in PAIRS:  # the pivots of matrices.support_matrices, printed without a frame
+        index, columns, symbols = support_grid((r[row_axis], r[col_axis], r["status"]) for r in frame)
         parts.append(f"### {row_axis} × {col_axis}")
-        rows = [(i, *m.loc[i]) for i in m.index]
-        parts.append(table([row_axis, *map(str, m.columns)], rows) if m.size else "No cells.")
+        rows = [(i, *(symbols.get((i, c), SYMBOLS["untested"]) for c in columns)) for i in index]
+        parts.append(table([row_axis, *columns], rows) if index and columns else "No cells.")
     return "\n\n".join(parts)
 
 
 def summary_markdown(run: Mapping[str, Any] | None, rows: Sequence[CellRecord]) -> str:
     """The whole summary page as Markdown."""
     run = run or {}
-    frame = results_frame(rows)
+    frame = result_rows(rows)
     sections = [f"# pcg compatibility run: {run_label(run)}", _provenance(run, frame), "## Result", _result(frame),
                 "## Worst cells", _worst(frame), _not_counted(frame), _matrices(frame)]
     return "\n\n".join(s for s in sections if s) + "\n"
