@@ -18,7 +18,6 @@ from types import TracebackType
 from typing import Any
 
 from sqlalchemy import Connection, func, insert, inspect, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -364,7 +363,13 @@ class Store:
         conn.execute(stmt.on_conflict_do_update(index_elements=["run_id", "key", "attempt"], set_=replaced), rows)
 
     def _insert(self) -> Any:
-        return (postgresql.insert if self._engine.dialect.name == "postgresql" else sqlite.insert)
+        # The dialect's own insert (for ON CONFLICT), imported for the backend in use: PostgreSQL's package pulls in
+        # asyncio and its async drivers' modules, a tenth of a second a SQLite reader never needs.
+        if self._engine.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        return insert
 
     def _recount(self, conn: Connection, run_id: int) -> None:
         """Rewrite the run's RunCounts row and bump its revision, in the caller's transaction."""
