@@ -54,7 +54,7 @@ def _plugin_commands(sub: argparse._SubParsersAction) -> None:
 def _unavailable(name: str, e: ImportError) -> Callable[[argparse.Namespace], int]:
     def handler(_: argparse.Namespace) -> int:
         raise ConfigError(f"`pcgh {name}` needs {e.name or 'a package'} ({e}); install the extra that brings it "
-                          f"(the dashboard's: pip install \"pcg[web]\")")
+                          f"(the dashboard's, from a checkout: pip install -e \".[web]\")")
 
     return handler
 

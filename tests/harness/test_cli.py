@@ -36,7 +36,7 @@ def test_a_command_whose_extra_is_missing_says_how_to_install_it(monkeypatch, ca
     _entry_points(monkeypatch, EntryPoint("serve", "pcg_no_such_module_xyz:add_command", cli.COMMANDS_GROUP))
     assert cli.main(["serve"]) == 2
     err = capsys.readouterr().err
-    assert "pcg_no_such_module_xyz" in err and 'pip install "pcg[web]"' in err
+    assert "pcg_no_such_module_xyz" in err and 'pip install -e ".[web]"' in err
 
 
 def test_serve_without_the_dashboards_extra_is_unavailable_not_a_crash(monkeypatch, capsys):
@@ -48,7 +48,7 @@ def test_serve_without_the_dashboards_extra_is_unavailable_not_a_crash(monkeypat
     _entry_points(monkeypatch, EntryPoint("serve", "web.__main__:add_command", cli.COMMANDS_GROUP))
     assert cli.main(["serve", "--db", "x.db"]) == 2
     err = capsys.readouterr().err
-    assert "uvicorn" in err and 'pip install "pcg[web]"' in err
+    assert "uvicorn" in err and 'pip install -e ".[web]"' in err
     assert cli.main(["models"]) == 0  # the rest of pcgh is unaffected
 
 
