@@ -17,7 +17,15 @@ MAX_INT_FLAG = 2**31 - 1  # past this no count or size on the command line is me
 
 
 def add_db(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--db", type=db_arg, help=DB_HELP)
+
+
+def db_arg(text: str) -> str:
+    """--db: an empty value (an unset variable in a script: `--db "$DB"`) is not the default database."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a SQLite file or a database URL (or leave --db out for "
+                                         "$PCG_DB_URL or sqlite:///pcg.db)")
+    return text
 
 
 def _int_in(text: str, low: int, high: int, what: str) -> int:
@@ -71,6 +79,18 @@ def writable_dir(path: Path, flag: str) -> Path:
         raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror or e}); give a writable folder") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {path}: cannot write there; give a writable folder")
+    return path
+
+
+def matrix_file(text: str) -> Path:
+    """The matrix file `pcgh run`/`nightly` were given; a folder is refused naming the matrices in it (a missing
+    or unreadable file is the bounded reader's to say)."""
+    path = Path(text)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.yaml"))
+        example = path / (found[0] if "smoke.yaml" not in found else "smoke.yaml") if found else None
+        there = f"; e.g. {example} (files there: {', '.join(found)})" if example else " (no .yaml files there)"
+        raise ConfigError(f"{path}: is a folder, not a matrix file{there}")
     return path
 
 

@@ -83,18 +83,13 @@ def request(args: argparse.Namespace) -> int:
 
 def requests(args: argparse.Namespace) -> int:
     from harness.request.render import print_requests
-    from harness.store import Store, default_db_url
-    from harness.store.db import sqlite_file
+    from harness.store import Store
     from harness.store.models import REQUEST_STATUSES
 
     if args.status is not None and args.status not in REQUEST_STATUSES:
         raise ConfigError(f"--status {args.status!r} is not a request status; use one of {', '.join(REQUEST_STATUSES)}")
-    path = sqlite_file(args.db or default_db_url())
-    if path is not None and not path.exists():
-        rows = []  # no database yet: no requests, and listing them makes none
-    else:
-        with Store(args.db, read_only=True) as store:
-            rows = store.requests(limit=args.limit, status=args.status)
+    with Store(args.db, read_only=True) as store:  # a missing database is an error, as for report (a typo'd --db)
+        rows = store.requests(limit=args.limit, status=args.status)
     if args.json:
         print(json.dumps(rows, default=lambda v: v.isoformat()))  # the datetimes (created_at, outcome.recorded_at)
     else:

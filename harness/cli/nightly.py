@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli.args import add_db, axis_filter, positive_int, shard_arg, threshold, writable_dir
-from harness.cli.runs import EXIT_FAIL, EXIT_PASS, end_summary
+from harness.cli.runs import EXIT_FAIL, EXIT_PASS, end_summary, preflight
 from pcg_core.errors import ConfigError
 
 TRIGGER = "nightly"
@@ -52,9 +52,12 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def nightly(args: argparse.Namespace) -> int:
-    from harness.safe_yaml import compose_and_load
-
-    compose_and_load(Path(args.matrix), what="matrix file")  # the bounded read first, before torch loads
+    # Bad input before torch loads. Requested models may join the model axis (below), so with requests the
+    # filters and tier are checked against the axis they join, in the plan made then.
+    matrix = preflight(args.matrix, args.filter, args.tier, selection=False)
+    variant = matrix.nightly.requests if args.requests is None else (None if args.requests == "none" else args.requests)
+    if variant is None:
+        preflight(args.matrix, args.filter, args.tier)
     from harness.launcher import RunOptions, plan, run_matrix
     from harness.reports import diff_markdown, diff_runs, write_report
     from harness.reports.policy import Policy, judge_night, verdict_markdown
@@ -67,21 +70,19 @@ def nightly(args: argparse.Namespace) -> int:
         token("--upload")
     opts = RunOptions(jobs=args.jobs, shard=args.shard, resume=args.resume, filters=args.filter, tier=args.tier,
                       trigger=TRIGGER, logs_dir=Path(args.logs))
-    planned = plan(args.matrix, opts)
-    m = planned.matrix.nightly
+    m = matrix.nightly
     policy = Policy(keep=args.keep or m.keep, window=args.window or m.window,
                     latency_threshold=m.latency_threshold if args.latency_threshold is None else args.latency_threshold)
-    variant = m.requests if args.requests is None else (None if args.requests == "none" else args.requests)
+    planned = plan(args.matrix, opts) if variant is None else None
     writable_dir(opts.logs_dir, "--logs")
     out = Path(args.out) if args.out else None
     if out is not None:
         writable_dir(out, "--out")
     with Store(args.db) as store:
-        present = list(planned.matrix.axes.model)
+        present = list(matrix.axes.model)
         joined = lifecycle.join_requests(store, variant, present) if variant else lifecycle.Joined()
-        extra = tuple(model for model in joined.models if model not in present)
-        if extra:
-            opts.extra_models = extra
+        if planned is None:
+            opts.extra_models = tuple(model for model in joined.models if model not in present)
             planned = plan(args.matrix, opts)
         lifecycle.mark_in_matrix(store, joined)
         run_id = run_matrix(args.matrix, store, opts, planned=planned)

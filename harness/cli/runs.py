@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.cli.args import add_db, axis_filter, positive_int, shard_arg, threshold, writable_dir
+from harness.cli.args import add_db, axis_filter, matrix_file, positive_int, shard_arg, threshold, writable_dir
 from harness.outcome import AXES, CellRecord
 from pcg_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harness.matrix import Matrix
 
 EXIT_PASS, EXIT_FAIL = 0, 1
 SHOWN_FAILURES = 10  # failing cells listed after a run; `pcgh report` has them all
@@ -60,12 +63,20 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=diff)
 
 
-def run(args: argparse.Namespace) -> int:
-    from harness.safe_yaml import compose_and_load
+def preflight(path: str, filters: list[dict[str, str]], tier: str | None, selection: bool = True) -> Matrix:
+    """The matrix read (bounded), its names checked and (with `selection`) its filters and tier selecting cells,
+    before the launcher's imports (torch: seconds): bad input is refused at once, before anything is written.
+    The plan reads it again, and checks each cell against the runtime."""
+    from harness.matrix import load_matrix, select
 
-    # The bounded read first, before the launcher's imports (torch: seconds): a hostile or broken file is
-    # refused at once. The plan below reads it again, whole and checked against the runtime.
-    compose_and_load(Path(args.matrix), what="matrix file")
+    matrix = load_matrix(matrix_file(path))
+    if selection:
+        select(matrix, filters, tier, path)
+    return matrix
+
+
+def run(args: argparse.Namespace) -> int:
+    preflight(args.matrix, args.filter, args.tier)
     from rich.console import Console
     from rich.table import Table
 

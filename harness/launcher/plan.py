@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.matrix import Cell, Matrix, expand, load_matrix, precheck, shard
+from harness.matrix import Cell, Matrix, load_matrix, precheck, select, shard
 from pcg_core.capabilities import capabilities
 
 
@@ -36,9 +36,11 @@ class Plan:
 
 
 def plan(matrix_path: str | Path, opts: RunOptions) -> Plan:
+    """The cells a run takes; a filter, tier or matrix that selects none is a ConfigError (an empty run recorded
+    as finished would pass a CI gate). A shard may be empty: a fixed CI split of a small matrix is not a typo."""
     matrix = load_matrix(matrix_path)
     matrix.axes.model.extend(m for m in dict.fromkeys(opts.extra_models) if m not in matrix.axes.model)
-    cells = expand(matrix, filters=opts.filters, tier=opts.tier)
+    cells = select(matrix, opts.filters, opts.tier, str(matrix_path))
     if opts.shard:
         cells = shard(cells, *opts.shard)
     caps, cards = capabilities(), {}

@@ -8,8 +8,10 @@ import itertools
 from dataclasses import dataclass
 
 from harness.cell.spec import CellSpec
+from harness.matrix.names import did_you_mean, matches_none
 from harness.matrix.schema import Matrix, Override
 from harness.outcome import AXES, ModelRef, cell_key
+from pcg_core.errors import ConfigError
 
 
 @dataclass
@@ -80,9 +82,8 @@ def spec_for(matrix: Matrix, axes: dict[str, str], overrides: list[Override] | N
 def expand(matrix: Matrix, filters: list[dict[str, str]] | None = None, tier: str | None = None) -> list[Cell]:
     """Cross product in axis order, then include/exclude, per-model axis limits, tier and CLI filters."""
     if tier is not None and tier not in matrix.tiers:
-        from pcg_core.errors import ConfigError
-
-        raise ConfigError(f"tier {tier!r} is not in matrix {matrix.name!r}; tiers: {', '.join(matrix.tiers) or 'none'}")
+        raise ConfigError(f"tier {tier!r} is not in matrix {matrix.name!r}{did_you_mean(tier, list(matrix.tiers))} "
+                          f"(tiers: {', '.join(matrix.tiers) or 'none'})")
     rules = [matrix.tiers[tier]] if tier else []
     rules += filters or []
     cells = []
@@ -101,6 +102,26 @@ def expand(matrix: Matrix, filters: list[dict[str, str]] | None = None, tier: st
             continue
         spec, timeout = spec_for(matrix, axes, overrides[axes["model"]])
         cells.append(Cell(cell_key(axes), axes, spec, timeout))
+    return cells
+
+
+def select(matrix: Matrix, filters: list[dict[str, str]], tier: str | None, source: str) -> list[Cell]:
+    """The cells a run of `source` (the matrix file) takes: expand's, where a filter value that names nothing on
+    its axis (a typo) and a tier or filters that leave no cell are bad input, so that a CI job gating on a
+    filtered run cannot pass green on an empty one."""
+    for f in filters:
+        for axis, pattern in f.items():
+            values = list(dict.fromkeys(getattr(matrix.axes, axis)))
+            if (why := matches_none(pattern, axis, values, most=20, whose=f"{source}'s")) is not None:
+                raise ConfigError(f"--filter {axis}={pattern}: {why}")
+    cells = expand(matrix, filters=filters, tier=tier)
+    if not cells:
+        asked = " ".join([*([f"--tier {tier}"] if tier else []), *(f"--filter {a}={p}" for f in filters for a, p in f.items())])
+        if asked:
+            raise ConfigError(f"{asked} selects no cells of {source}: each value is on its axis, but no cell has "
+                              "them all (the matrix's include/exclude rules, overrides and tiers leave none); "
+                              f"`pcgh run {source} --dry-run` lists its cells")
+        raise ConfigError(f"{source} has no cells: its include/exclude rules and overrides' axis limits leave none")
     return cells
 
 

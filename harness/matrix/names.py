@@ -19,7 +19,7 @@ from typing import Any
 
 from harness.cards import CARDS_DIR, ModelCard, find_card
 from harness.outcome import AXES, ModelRef
-from pcg_core.known import KNOWN_QUANTIZATION, PLANNED_ATTENTION, parse_parallel
+from pcg_core.known import COMPILERS, KNOWN_QUANTIZATION, PLANNED_ATTENTION, parse_parallel
 
 # Every cell is a process (minutes on a GPU): the full matrix is ~3,000 cells. expand() walks the whole cross
 # product before any filter, so a product this big is a mistake (or a bomb), not a plan.
@@ -57,17 +57,19 @@ def _parallel(value: str) -> str | None:
 
 
 def axis_checkers() -> dict[str, Checker]:
-    """One checker per non-model axis, from the registries as they are now (plugins loaded first)."""
-    from pcg_core.attention import attention_backend_names
-    from pcg_core.capabilities import QUANTIZATION
-    from pcg_core.capture import capture_backend_names
-    from pcg_core.config import COMPILERS
+    """One checker per non-model axis, from the registries as they are now (plugins loaded first).
+
+    The registries' own module, not the backends': it declares the built-in names and holds what plugins
+    register, and costs no torch, so a typo in a matrix is reported before the runtime is imported (seconds).
+    The runtime's schemes are all in KNOWN_QUANTIZATION (tests/harness/matrix/test_names.py holds it to that).
+    """
     from pcg_core.plugins import load_plugins
+    from pcg_core.registry import ATTENTION_BACKENDS, CAPTURE_BACKENDS
 
     load_plugins()  # idempotent: the CLI and the worker have loaded them already; a library caller may not have
-    graphs = [b for b in capture_backend_names() if b != "disabled"]  # disabled is the eager reference itself
-    attention = list(dict.fromkeys([*attention_backend_names(), *PLANNED_ATTENTION]))
-    quant = list(dict.fromkeys([*KNOWN_QUANTIZATION, *QUANTIZATION]))
+    graphs = [b for b in CAPTURE_BACKENDS.names() if b != "disabled"]  # disabled is the eager reference itself
+    attention = list(dict.fromkeys([*ATTENTION_BACKENDS.names(), *PLANNED_ATTENTION]))
+    quant = list(KNOWN_QUANTIZATION)
     return {
         "graph": _in("capture backend", graphs),
         "compiler": _in("compiler", list(COMPILERS)),
@@ -109,19 +111,26 @@ def _matches_any(pattern: str, values: list[str]) -> bool:
     return any(match(v) for v in values)
 
 
-def _rule_problems(loc: tuple, rule: dict[str, str], values: dict[str, list[str]]) -> list[Problem]:
-    out = []
-    for axis, pattern in rule.items():
-        if not _matches_any(pattern, values[axis]):
-            have = ", ".join(values[axis]) if len(values[axis]) <= 8 else f"{len(values[axis])} of them"
-            out.append(((*loc, axis), f"{pattern!r} matches none of the matrix's {axis} values ({have})"
-                                      f"{did_you_mean(pattern, values[axis])}"))
-    return out
+def matches_none(pattern: str, axis: str, values: list[str], most: int = 8, whose: str = "the matrix's") -> str | None:
+    """Why `pattern` (a glob on `axis`) is dead: it matches none of `values`, with the nearest ones; else None."""
+    if _matches_any(pattern, values):
+        return None
+    have = ", ".join(values) if len(values) <= most else f"{', '.join(values[:most])}, … {len(values)} in all"
+    return f"{pattern!r} matches none of {whose} {axis} values ({have}){did_you_mean(pattern, values)}"
+
+
+def _rule_problems(loc: tuple, rule: dict[str, str], values: dict[str, list[str]], skip: set[str]) -> list[Problem]:
+    return [((*loc, axis), why) for axis, pattern in rule.items()
+            if axis not in skip and (why := matches_none(pattern, axis, values[axis])) is not None]
 
 
 def name_problems(matrix: Any, cards_dir: Path = CARDS_DIR) -> list[Problem]:
     """Every unknown axis value, dead rule or pattern and over-large product in `matrix` (a schema.Matrix; not
-    imported, even for typing: the schema imports this module), with where it is."""
+    imported, even for typing: the schema imports this module), with where it is.
+
+    One problem per typo: rules and patterns on an axis that has an unknown value are not checked against it
+    (a tier's `graph: piecewise` is dead only because the axis says `piecewize`); fixing the value shows any left.
+    """
     checkers: dict[str, Checker] = {"model": _Models(cards_dir), **axis_checkers()}
     values = {a: getattr(matrix.axes, a) for a in AXES}
     problems: list[Problem] = []
@@ -129,21 +138,21 @@ def name_problems(matrix: Any, cards_dir: Path = CARDS_DIR) -> list[Problem]:
         for i, value in enumerate(values[axis]):
             if (why := checkers[axis](value)) is not None:
                 problems.append((("axes", axis, i), why))
+    misspelt = {loc[1] for loc, _ in problems}
     cells = math.prod(len(set(v)) for v in values.values())
     if cells > MAX_CELLS:
         problems.append((("axes",), f"the axes make {cells:,} cells, over the {MAX_CELLS:,} a matrix may have; "
                                     "split the matrix or use fewer values"))
     for i, rule in enumerate(matrix.include):
-        problems += _rule_problems(("include", i), rule, values)
+        problems += _rule_problems(("include", i), rule, values, misspelt)
     for i, rule in enumerate(matrix.exclude):
-        problems += _rule_problems(("exclude", i), rule, values)
+        problems += _rule_problems(("exclude", i), rule, values, misspelt)
     for name, rule in matrix.tiers.items():
-        problems += _rule_problems(("tiers", name), rule, values)
+        problems += _rule_problems(("tiers", name), rule, values, misspelt)
     for pattern, override in matrix.overrides.items():
-        problems += _rule_problems(("overrides", pattern), {"model": pattern}, values)
+        problems += _rule_problems(("overrides", pattern), {"model": pattern}, values, misspelt)
         for axis, allowed in override.axes.items():
             for i, value in enumerate(allowed):
                 if (why := checkers[axis](value)) is not None:
                     problems.append((("overrides", pattern, "axes", axis, i), why))
     return problems
-

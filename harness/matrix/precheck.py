@@ -1,6 +1,8 @@
 """Capability pre-check: decide before launch which cells the runtime cannot run, with the reason.
 
-Everything is read from `pcg_core.capabilities()` and the model cards — no list is kept here.
+Everything is read from `pcg_core.capabilities()` and the model cards — no list is kept here. The runtime's
+table is imported when a cell is first checked, not with this module: loading and selecting a matrix (its names,
+filters, tiers) costs no torch, so a typo is an error before the seconds the runtime takes to import.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from typing import Any
 from harness.cards import ModelCard, find_card
 from harness.matrix.expand import Cell
 from harness.outcome import ModelRef
-from pcg_core.capabilities import attention_unsupported_reason, parallel_unsupported_reason, quant_unsupported_reason
 from pcg_core.errors import ConfigError
 
 
 def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None]) -> str | None:
     """Why the runtime cannot run `cell`, or None. The card and its variant were checked when the matrix loaded;
     `cards` caches the cards across the cells of a plan (and their architecture verdict with them)."""
+    from pcg_core.capabilities import attention_unsupported_reason, parallel_unsupported_reason, quant_unsupported_reason
+
     a = cell.axes
     card_id = ModelRef.parse(a["model"]).card
     if card_id not in cards:

@@ -7,13 +7,15 @@ Loading is bounded (safe_yaml), numbers have ranges (below), names must be known
 
 from __future__ import annotations
 
+import types
+import typing
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harness.cards import CARDS_DIR
-from harness.matrix.names import name_problems
+from harness.matrix.names import did_you_mean, name_problems
 from harness.matrix.yaml_lines import line_of, load_yaml_with_lines
 from harness.outcome import AXES, ModelRef
 from pcg_core.errors import ConfigError
@@ -85,14 +87,15 @@ class Override(_Strict):
     def _axes_known(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         bad = [a for a in value if a not in AXES or a == "model"]
         if bad:
-            raise ValueError(f"unknown axis {bad}; limits may name {', '.join(a for a in AXES if a != 'model')}")
+            limits = [a for a in AXES if a != "model"]
+            raise ValueError(f"unknown axis {bad}{did_you_mean(bad[0], limits)} (limits may name {', '.join(limits)})")
         return value
 
 
 def _check_rule(rule: dict[str, str]) -> dict[str, str]:
     bad = [a for a in rule if a not in AXES]
     if bad:
-        raise ValueError(f"rule {rule} names unknown axis {bad}; axes are {', '.join(AXES)}")
+        raise ValueError(f"rule {rule} names unknown axis {bad}{did_you_mean(bad[0], AXES)} (axes: {', '.join(AXES)})")
     return rule
 
 
@@ -143,12 +146,51 @@ def load_matrix(path: str | Path, cards_dir: Path = CARDS_DIR) -> Matrix:
     try:
         matrix = Matrix.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_problems_text(p, lines, [(tuple(err["loc"]), err["msg"]) for err in e.errors()])) from e
+        raise ConfigError(_problems_text(p, lines, [(tuple(err["loc"]), _message(err)) for err in e.errors()])) from e
     problems = name_problems(matrix, cards_dir)
     if problems:
         problems.sort(key=lambda pr: line_of(lines, pr[0]) or 0)  # in the order of the file
         raise ConfigError(_problems_text(p, lines, problems))
     return matrix
+
+
+def _message(err: Any) -> str:
+    """pydantic's message, except for a key the schema does not have: that is a typo, so it gets the nearest key
+    and the keys that mapping takes, where pydantic says only 'Extra inputs are not permitted'."""
+    if err["type"] != "extra_forbidden" or not err["loc"]:
+        return err["msg"]
+    key, keys = str(err["loc"][-1]), _keys_at(err["loc"][:-1])
+    if keys is None:
+        return f"unknown key {key!r}"
+    where = ".".join(str(x) for x in err["loc"][:-1]) or "a matrix file"
+    return f"unknown key {key!r}{did_you_mean(key, keys)} ({where} takes: {', '.join(keys)})"
+
+
+def _keys_at(loc: tuple) -> list[str] | None:
+    """The keys the mapping at `loc` takes, walking Matrix's fields (through optionals, lists and dicts)."""
+    node: Any = Matrix
+    for part in loc:
+        model = _model_of(node)
+        if model is not None:
+            if str(part) not in model.model_fields:
+                return None
+            node = model.model_fields[str(part)].annotation
+        elif typing.get_origin(node) in (list, dict):
+            node = typing.get_args(node)[-1]  # `part` is the index or the key
+        else:
+            return None
+    model = _model_of(node)
+    return None if model is None else list(model.model_fields)
+
+
+def _model_of(node: Any) -> type[BaseModel] | None:
+    """The model class `node` is, or is optionally (`X | None`, Annotated[X, …]); None otherwise."""
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return node
+    if typing.get_origin(node) in (typing.Union, types.UnionType, Annotated):
+        args = [a for a in typing.get_args(node) if a is not type(None)]
+        return _model_of(args[0]) if args else None
+    return None
 
 
 def _problems_text(path: Path, lines: dict[tuple, int], problems: list[tuple[tuple, str]], most: int = 20) -> str:

@@ -17,6 +17,8 @@ from harness.store import Store
 ROOT = Path(__file__).resolve().parents[3]
 NIGHTLY_DB = ROOT / "benchmarks" / "results" / "2026-11-29-h200" / "nightly" / "nightly.db"
 LAUNCHER_TESTS = ROOT / "tests" / "harness" / "launcher"
+ONE_CELL = ["--filter", "model=qwen3-0.6b:tiny", "--filter", "graph=piecewise", "--filter", "quant=none",
+            "--filter", "attention=sdpa"]  # a filter that selects nothing is itself bad input
 
 
 def _pcgh(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -63,7 +65,7 @@ PROBES = {
     "run a bad matrix": ["run", "bad.yaml", "--db", "new.db"],
     "run a missing matrix": ["run", "nope.yaml", "--db", "new.db"],
     "run with --logs under a file": ["run", str(ROOT / "harness" / "configs" / "smoke.yaml"), "--db", "new.db",
-                                     "--logs", "a-file/logs", "--filter", "model=nothing-matches"],
+                                     "--logs", "a-file/logs", *ONE_CELL],
     "serve on port 99999": ["serve", "--port", "99999"],
     "serve on a port that is no number": ["serve", "--port", "http"],
     "cell with a huge seed": ["cell", "--model", "qwen3-0.6b", "--tiny", "--graph", "piecewise", "--seed", str(2**70)],
@@ -82,6 +84,15 @@ PROBES = {
     "cell of a non-UTF-8 config.json": ["cell", "--model", "latin1.json", "--graph", "piecewise"],
     "cell with an unknown quant": ["cell", "--model", "qwen3-0.6b", "--graph", "piecewise", "--quant", "fp9"],
     "cell with an unknown graph": ["cell", "--model", "qwen3-0.6b", "--tiny", "--graph", "piecewse"],
+    "run a filter value that is no value of its axis": ["run", str(ROOT / "harness" / "configs" / "smoke.yaml"),
+                                                        "--db", "n.db", "--filter", "graph=piecewize"],
+    "dry-run a filter glob that matches no model": ["run", str(ROOT / "harness" / "configs" / "smoke.yaml"), "--dry-run",
+                                                    "--filter", "model=nomatch*"],
+    "nightly of filters that select no cell": ["nightly", str(ROOT / "harness" / "configs" / "smoke.yaml"), "--db", "new.db",
+                                               "--filter", "graph=full", "--filter", "quant=awq", "--filter", "attention=flex"],
+    "run a folder": ["run", str(ROOT / "harness" / "configs"), "--db", "new.db"],
+    "report --db ''": ["report", "--db", ""],
+    "requests of a missing db": ["requests", "--db", "missing.db"],
     "cell with more layers than the model": ["cell", "--model", "qwen3-0.6b", "--graph", "piecewise", "--layers", "1000000000"],
 }
 
@@ -101,7 +112,7 @@ def test_a_database_this_process_cannot_write_is_refused_before_a_run_starts(tre
     (tree / "ro" / "pcg.db").write_bytes(NIGHTLY_DB.read_bytes())
     smoke = str(ROOT / "harness" / "configs" / "smoke.yaml")
     assert main(["run", smoke, "--db", str(tree / "ro" / "pcg.db"), "--logs", str(tree / "logs"),
-                 "--filter", "model=nothing-matches"]) == 2
+                 *ONE_CELL]) == 2
     assert "read-only" in capsys.readouterr().err
     with Store(str(tree / "n.db"), read_only=True) as store:
         assert [r["id"] for r in store.runs()] == [2, 1]
@@ -113,8 +124,8 @@ def test_read_only_commands_read_an_old_database_without_changing_it(tree: Path)
     assert _pcgh("diff", "1", "2", "--db", "n.db", cwd=tree).returncode == 0
     assert _pcgh("requests", "--db", "n.db", cwd=tree).returncode == 0
     assert (tree / "n.db").read_bytes() == before  # no tables added, no counts filled in
-    listed = _pcgh("requests", "--db", "missing.db", cwd=tree)
-    assert listed.returncode == 0 and "no model requests yet" in listed.stdout and not (tree / "missing.db").exists()
+    listed = _pcgh("requests", "--db", "missing.db", cwd=tree)  # a typo'd --db: an error, as for report
+    assert listed.returncode == 2 and "no results database at" in listed.stderr and not (tree / "missing.db").exists()
 
 
 def test_help_and_the_reading_commands_never_import_torch(tree: Path) -> None:

@@ -36,11 +36,11 @@ def _write(tmp_path, text) -> Path:
 @pytest.mark.parametrize(
     "text, line, words",
     [
-        ("name: x\naxes:\n  model: [qwen3-0.6b:tiny]\n  grph: [full]\n", 4, ["axes.grph", "Extra inputs"]),
+        ("name: x\naxes:\n  model: [qwen3-0.6b:tiny]\n  grph: [full]\n", 4, ["axes.grph", "unknown key 'grph'; did you mean 'graph'?"]),
         ("name: x\naxes:\n  model:\n    - qwen3-0.6b:tiny\n    - qwen3-0.6b:huge\n", 3, ["axes.model", "CARD:VARIANT"]),
         ("name: x\ndefaults:\n  max_tokens: -3\naxes:\n  model: [qwen3-0.6b:tiny]\n", 3, ["defaults.max_tokens", "greater than 0"]),
         ("name: x\ndefaults:\n  device: tpu\naxes:\n  model: [qwen3-0.6b:tiny]\n", 3, ["defaults.device", "'cpu' or 'cuda'"]),
-        ("name: x\naxes:\n  model: [qwen3-0.6b:tiny]\nexclude:\n  - {grap: full}\n", 5, ["exclude.0", "unknown axis"]),
+        ("name: x\naxes:\n  model: [qwen3-0.6b:tiny]\nexclude:\n  - {grap: full}\n", 5, ["exclude.0", "unknown axis", "did you mean 'graph'?"]),
         ("axes:\n  model: [qwen3-0.6b:tiny]\n", None, ["field name", "Field required"]),
     ],
 )

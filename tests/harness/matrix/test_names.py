@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from harness.matrix import expand, load_matrix, precheck
+from harness.matrix import expand, load_matrix, precheck, select
 from harness.matrix.names import MAX_CELLS
 from harness.matrix.schema import MAX_NEW_TOKENS
 from harness.request.quantization import QUANT_WORDS
@@ -149,3 +150,61 @@ def test_one_vocabulary_covers_what_runs_and_what_is_asked_for():
     assert set(QUANT_WORDS) <= set(KNOWN_QUANTIZATION)  # so `pcgh request --quant` can share the list
     assert all(parse_parallel(p) for p in PARALLEL)
     assert "sdpa" not in PLANNED_ATTENTION  # registered backends are read from the registry, not listed twice
+
+
+def test_a_misspelt_axis_value_is_one_error_not_a_second_on_the_rules_naming_the_right_one(tmp_path):
+    msg = _error(_matrix(tmp_path, "  graph: [piecewize, full]\ntiers:\n  quick: {graph: piecewise}\n"
+                                   "exclude:\n  - {graph: full, quant: nnone}\n"))
+    assert msg.count("\n  ") == 2, msg  # the typo, and the dead rule on another axis; nothing on tiers.quick
+    assert "field axes.graph.0: unknown capture backend 'piecewize'; did you mean 'piecewise'?" in msg
+    assert "exclude.0.quant" in msg and "tiers" not in msg and "did you mean 'piecewize'" not in msg
+
+
+@pytest.mark.parametrize("body, line, field, words", [
+    ("defaults: {tmeout_s: 5}\n", 4, "defaults.tmeout_s", ["unknown key 'tmeout_s'; did you mean 'timeout_s'?",
+                                                         "(defaults takes: device, dtype,"]),
+    ("overrides:\n  'qwen3-*': {tolerances: {logprb: 0.1}}\n", 5, "overrides.qwen3-*.tolerances.logprb",
+     ["unknown key 'logprb'; did you mean 'logprob'?"]),
+    ("nightly: {kepe: 3}\n", 4, "nightly.kepe", ["did you mean 'keep'?"]),
+    ("tiers: {}\nincldue: []\n", 5, "incldue", ["unknown key 'incldue'; did you mean 'include'?"]),
+])
+def test_an_unknown_key_is_named_with_the_nearest_key(tmp_path, body, line, field, words):
+    path = _matrix(tmp_path, body)
+    msg = _error(path)
+    assert f"{path}:{line}: field {field}: " in msg, msg
+    assert "Extra inputs" not in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_loading_and_selecting_a_matrix_costs_no_torch(tmp_path):
+    """A typo is reported before the runtime is imported (the seconds torch takes): the names come from the
+    registries' own torch-free module, the cards from a torch-free reader, the pre-check imports on first use."""
+    path = _matrix(tmp_path, "  graph: [piecewise, fulll]\n")
+    code = ("import sys\nfrom harness.matrix import load_matrix, select\nfrom pcg_core.errors import ConfigError\n"
+            f"select(load_matrix({str(CONFIGS / 'smoke.yaml')!r}), [{{'graph': 'full'}}], None, 'smoke.yaml')\n"
+            f"try:\n    load_matrix({str(path)!r})\nexcept ConfigError as e:\n    assert 'fulll' in str(e)\n"
+            "else:\n    raise AssertionError('no error')\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("filters, tier, words", [
+    ([{"graph": "piecewize"}], None, ["--filter graph=piecewize: 'piecewize' matches none of m.yaml's graph values",
+                                      "did you mean 'piecewise'?"]),
+    ([{"model": "nomatch*"}], None, ["--filter model=nomatch*: 'nomatch*' matches none of m.yaml's model values "
+                                     "(qwen3-0.6b:tiny, mixtral-8x7b:tiny)"]),
+    ([{"model": "mixtral*"}, {"graph": "full"}], None, ["--filter model=mixtral* --filter graph=full selects no cells "
+                                                         "of m.yaml", "--dry-run"]),
+    ([{"graph": "full"}], "quick", ["--tier quick --filter graph=full selects no cells of m.yaml"]),
+    ([], "quik", ["tier 'quik' is not in matrix 't'; did you mean 'quick'?"]),
+])
+def test_filters_and_tiers_that_select_nothing_are_errors(tmp_path, filters, tier, words):
+    m = load_matrix(_matrix(tmp_path, "  graph: [piecewise, full]\ninclude:\n  - {model: 'qwen3-*'}\n"
+                                      "  - {model: 'mixtral-*', graph: piecewise}\ntiers:\n  quick: {graph: piecewise}\n",
+                            model="qwen3-0.6b:tiny', 'mixtral-8x7b:tiny"))
+    with pytest.raises(ConfigError) as e:
+        select(m, filters, tier, "m.yaml")
+    for w in words:
+        assert w in str(e.value), str(e.value)
+    assert [c.axes["graph"] for c in select(m, [{"model": "mixtral*"}], "quick", "m.yaml")] == ["piecewise"]

@@ -112,5 +112,8 @@ def test_pcgh_requests_lists_them(pcgh, request_json, db):
 
 
 def test_pcgh_requests_on_an_empty_store(pcgh, db):
+    rc, _, err = pcgh("requests", "--db", db)  # no database there yet: a typo'd --db is an error, as for report
+    assert rc == 2 and "no results database at" in err
+    Store(db).close()
     rc, out, _ = pcgh("requests", "--db", db)
     assert rc == 0 and "no model requests yet" in out

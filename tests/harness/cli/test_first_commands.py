@@ -1,0 +1,83 @@
+"""A new user's first commands (issue 46): a typo is one line and exit 2 before torch loads and before anything
+is recorded; a filter that selects nothing is not a green run; the runs are listed; the help has examples."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.store import Store
+
+ROOT = Path(__file__).resolve().parents[3]
+SMOKE = str(ROOT / "harness" / "configs" / "smoke.yaml")
+NIGHTLY_DB = ROOT / "benchmarks" / "results" / "2026-11-29-h200" / "nightly" / "nightly.db"
+
+
+def _pcgh(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness.cli", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PCG_DB_URL": ""})
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """A copy of the committed nightly store: two finished runs."""
+    path = tmp_path / "n.db"
+    path.write_bytes(NIGHTLY_DB.read_bytes())
+    return path
+
+
+def _runs(db: Path) -> list[int]:
+    with Store(str(db), read_only=True) as store:
+        return [r["id"] for r in store.runs()]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["run", SMOKE, "--filter", "graph=piecewize"], ["'piecewize' matches none of", "did you mean 'piecewise'?"]),
+    (["run", SMOKE, "--filter", "model=nomatch*"], ["'nomatch*' matches none of", "model values (qwen3-0.6b:tiny,"]),
+    (["run", SMOKE, "--dry-run", "--filter", "graph=piecewize"], ["did you mean 'piecewise'?"]),
+    (["run", SMOKE, "--filter", "graph=full", "--filter", "quant=awq", "--filter", "attention=flex"],
+     ["--filter graph=full --filter quant=awq --filter attention=flex selects no cells of"]),
+    (["run", SMOKE, "--dry-run", "--tier", "dense", "--filter", "quant=awq", "--filter", "attention=flex"],
+     ["--tier dense --filter quant=awq --filter attention=flex selects no cells"]),
+    (["nightly", SMOKE, "--filter", "graph=piecewize"], ["did you mean 'piecewise'?"]),
+])
+def test_a_filter_that_selects_nothing_is_bad_input_and_records_nothing(db: Path, argv: list[str], words: list[str]) -> None:
+    before = db.read_bytes()
+    p = _pcgh(*argv, "--db", str(db), "--logs", str(db.parent / "logs"), cwd=db.parent)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
+    line = p.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"pcgh {argv[0]}: error: --"), p.stderr
+    for w in words:
+        assert w in line, line
+    assert db.read_bytes() == before and _runs(db) == [2, 1] and not (db.parent / "logs").exists()
+
+
+def test_matrix_mistakes_are_reported_before_torch_is_imported(tmp_path: Path) -> None:
+    """Each is one error, said in under a second instead of the ~10 s torch takes to import first."""
+    text = Path(SMOKE).read_text()
+    (tmp_path / "typo.yaml").write_text(text.replace("graph: [piecewise, breakable, full]", "graph: [piecewize, breakable, full]"))
+    (tmp_path / "key.yaml").write_text(text.replace("  timeout_s: 300", "  tmeout_s: 300"))
+    code = f"""
+import sys
+from harness.cli import main
+for argv in (['run', 'typo.yaml'], ['run', 'key.yaml'], ['nightly', 'key.yaml'], ['run', {SMOKE!r}, '--filter', 'graph=fulll'],
+             ['run', {str(ROOT / 'harness' / 'configs')!r}], ['run', {SMOKE!r}, '--tier', 'dens']):
+    assert main(argv + ['--db', 'x.db']) == 2, argv
+assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    errors = [line for line in p.stderr.splitlines() if line.strip()]
+    typo = [line for line in errors if "typo.yaml" in line]
+    assert len(typo) == 1 and "field axes.graph.0: unknown capture backend 'piecewize'; did you mean 'piecewise'?" in typo[0]
+    assert any("key.yaml:10: field defaults.tmeout_s: unknown key 'tmeout_s'; did you mean 'timeout_s'?" in e for e in errors)
+    assert any(e.startswith("pcgh run: error: ") and "configs: is a folder, not a matrix file; e.g. "
+               f"{ROOT / 'harness' / 'configs' / 'smoke.yaml'} (files there: full.yaml, nightly.yaml, smoke.yaml)" in e
+               for e in errors), errors
+    assert any("tier 'dens' is not in matrix 'smoke'; did you mean 'dense'?" in e for e in errors)
+    assert not (tmp_path / "x.db").exists()
