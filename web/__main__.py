@@ -29,8 +29,18 @@ def _port(text: str) -> int:
     return n
 
 
+def _db(text: str) -> str:
+    if not text.strip():  # an unset variable in a script (`--db "$DB"`), not the default database
+        raise argparse.ArgumentTypeError("is empty: give a SQLite file or a database URL (or leave --db out for "
+                                         "$PCG_DB_URL or sqlite:///pcg.db)")
+    return text
+
+
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", help="database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)")
+    p.add_argument("--db", type=_db, help="database URL or SQLite file (default: $PCG_DB_URL or sqlite:///pcg.db)")
+    p.add_argument("--create", action="store_true",
+                   help="start an empty database where the SQLite file does not exist yet (a dashboard that will "
+                        "receive uploads); without it a missing file is an error, as a mistyped --db usually is")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     p.add_argument("--port", type=_port, default=8000)
 
@@ -38,10 +48,20 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from harness.store import default_db_url
+    from harness.store.db import mask, sqlite_file
     from web.app import create_app
 
-    # The upload token comes from $PCG_UPLOAD_TOKEN only: a flag would show it in `ps`.
-    uvicorn.run(create_app(args.db), host=args.host, port=args.port)
+    url = args.db or default_db_url()
+    path = sqlite_file(url)
+    new = path is not None and not path.exists()
+    if new and not args.create:
+        raise ConfigError(f"no results database at {path}: give the one `pcgh run` wrote with --db or PCG_DB_URL, "
+                          "or --create to start an empty one")
+    app = create_app(url)  # the upload token comes from $PCG_UPLOAD_TOKEN only: a flag would show it in `ps`
+    print(f"serving {mask(url)}{' (created, empty)' if new else ''} on http://{args.host}:{args.port}",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port)
     return EXIT_OK
 
 
