@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 EXIT_PASS, EXIT_FAIL = 0, 1
 SHOWN_FAILURES = 10  # failing cells listed after a run; `pcgh report` has them all
+RUNS_SHOWN = 20  # runs `pcgh runs` lists unless --limit says otherwise
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +53,15 @@ def add(sub: argparse._SubParsersAction) -> None:
     add_db(p)
     p.add_argument("--out", help="also write summary.md, report.json and support_*.csv into this folder")
     p.set_defaults(handler=report)
+
+    p = sub.add_parser("runs", help="list the runs in the store, newest first: ids for report and diff",
+                       description="List the runs in the store, newest first: id, matrix name, status, trigger, start "
+                                   "time and cells (passing, failing, not counted). Reads only: never creates a database.")
+    add_db(p)
+    p.add_argument("--name", help="only runs of this matrix name (e.g. smoke, nightly)")
+    p.add_argument("--limit", type=positive_int, default=RUNS_SHOWN, help="at most this many (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print one JSON list (every run's counts by status too)")
+    p.set_defaults(handler=list_runs)
 
     p = sub.add_parser("diff", help="what changed between two runs")
     p.add_argument("base", help="run id")
@@ -158,6 +168,52 @@ def report(args: argparse.Namespace) -> int:
         for path in paths:
             print(f"wrote {path}")
     return EXIT_PASS
+
+
+def list_runs(args: argparse.Namespace) -> int:
+    """The runs through the Store's reads (runs, and the precounted cells by status): ids to give report and diff."""
+    import json
+
+    from harness.outcome import NOT_COUNTED, PASSING
+    from harness.store.db import mask
+
+    with _read_store(args.db) as store:
+        runs = store.runs(name=args.name)
+        shown = runs[: args.limit]
+        counts = store.views.status_counts([r["id"] for r in shown])
+        where = mask(store.url)
+    rows = []
+    for r in shown:
+        c = counts[r["id"]]
+        passing = sum(n for s, n in c.items() if s in PASSING)
+        not_counted = sum(n for s, n in c.items() if s in NOT_COUNTED)
+        rows.append({"id": r["id"], "name": r["name"], "matrix": r["matrix"], "status": r["status"],
+                     "trigger": r["trigger"], "started_at": r["started_at"], "finished_at": r["finished_at"],
+                     "cells": sum(c.values()), "passing": passing, "failing": sum(c.values()) - passing - not_counted,
+                     "not_counted": not_counted, "counts": dict(c)})
+    if args.json:
+        print(json.dumps(rows, default=lambda v: v.isoformat()))
+        return EXIT_PASS
+    if not rows:
+        of = f" of matrix {args.name!r}" if args.name else ""
+        print(f"no runs{of} in {where} yet; `pcgh run harness/configs/smoke.yaml` records one")
+        return EXIT_PASS
+    print(_runs_table(rows))
+    listed = f"{len(rows)} newest of {len(runs)} runs (--limit {len(runs)} lists all)" if len(runs) > len(rows) \
+        else f"{len(runs)} run(s)"
+    print(f"{listed}. `pcgh report ID` shows one, `pcgh diff BASE HEAD` compares two.")
+    return EXIT_PASS
+
+
+def _runs_table(rows: list[dict[str, Any]]) -> str:
+    header = ("id", "name", "status", "trigger", "started (UTC)", "cells", "pass", "fail", "not counted")
+    lines = [(str(r["id"]), r["name"], r["status"], r["trigger"],
+              r["started_at"].strftime("%Y-%m-%d %H:%M") if r["started_at"] else "?", str(r["cells"]),
+              str(r["passing"]), str(r["failing"]), str(r["not_counted"])) for r in rows]
+    widths = [max(len(x[i]) for x in (header, *lines)) for i in range(len(header))]
+    right = {0, 5, 6, 7, 8}  # numbers
+    return "\n".join("  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(x, widths))).rstrip()
+                     for x in (header, *lines))
 
 
 def diff(args: argparse.Namespace) -> int:

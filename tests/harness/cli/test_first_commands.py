@@ -81,3 +81,23 @@ assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch 
                for e in errors), errors
     assert any("tier 'dens' is not in matrix 'smoke'; did you mean 'dense'?" in e for e in errors)
     assert not (tmp_path / "x.db").exists()
+
+
+def test_runs_lists_the_run_ids_with_their_counts_and_only_reads(db: Path) -> None:
+    before = db.read_bytes()
+    p = _pcgh("runs", "--db", str(db), cwd=db.parent)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].split() == ["id", "name", "status", "trigger", "started", "(UTC)", "cells", "pass", "fail", "not",
+                                "counted"]
+    assert [line.split()[:3] for line in lines[1:3]] == [["2", "nightly", "finished"], ["1", "nightly", "finished"]]
+    assert lines[1].split()[-4:] == ["504", "21", "0", "483"] and "`pcgh diff BASE HEAD`" in lines[-1]
+    p = _pcgh("runs", "--db", str(db), "--json", "--limit", "1", cwd=db.parent)
+    [run] = json.loads(p.stdout)
+    assert (run["id"], run["name"], run["cells"], run["passing"], run["failing"], run["not_counted"]) == (2, "nightly", 504, 21, 0, 483)
+    assert run["counts"] == {"pass": 21, "unsupported": 483} and run["started_at"].startswith("2026-11-29T")
+    assert "no runs of matrix 'smoke'" in _pcgh("runs", "--db", str(db), "--name", "smoke", cwd=db.parent).stdout
+    assert db.read_bytes() == before
+    p = _pcgh("runs", "--db", "missing.db", cwd=db.parent)
+    assert p.returncode == 2 and "pcgh runs: error: no results database at" in p.stderr
+    assert not (db.parent / "missing.db").exists()
