@@ -105,7 +105,13 @@ def test_empty_store_and_missing_things(tmp_path: Path) -> None:
         r = c.get("/")
         assert r.status_code == 200 and "there is no latest run" in r.text and "pcgh run harness/configs/smoke.yaml" in r.text
         assert "no nightly run in the store yet" in c.get("/runs").text
-        assert c.get("/diff").status_code == 404
+        r = c.get("/diff")  # the nav's Diff link: a page saying why there is no diff, not a 404
+        assert r.status_code == 200 and "A diff compares two runs, and this store has none yet." in text(r.text)
+        with Store(c.app.state.store.url) as store:
+            store.finish_run(store.create_run("smoke", "harness/configs/smoke.yaml", {}))
+        r = c.get("/diff")
+        assert r.status_code == 200 and "this store has one: #1 smoke." in text(r.text) and 'href="/runs/1"' in r.text
+        assert c.get("/diff?format=md").status_code == 404 and c.get("/diff?head=1").status_code == 404
     with TestClient(create_app(seed(f"sqlite:///{tmp_path / 'pcg.db'}").url)) as c:
         for path in ("/?run=9", "/runs/9", "/cell?key=nope", "/diff?base=9"):
             r = c.get(path)

@@ -113,6 +113,8 @@ def run_page(request: Request, run_ref: str, store: StoreDep) -> Response:
 def diff_page(request: Request, store: StoreDep, base: str | None = None, head: str | None = None,
               threshold: Annotated[float, Query(ge=0, le=MAX_THRESHOLD, allow_inf_nan=False)] = 0.10, format: str = "html") -> Response:
     fresh = services.freshness(store)
+    if not base and not head and format != "md" and len(runs := store.runs(2)) < 2:  # the nav's Diff link: no 404
+        return render(request, "diff_none.html", {"run": runs[0] if runs else None, "freshness": fresh})
 
     def build() -> Response:
         with gc_paused():
