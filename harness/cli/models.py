@@ -24,9 +24,14 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--revision", help="hub revision (branch, tag or commit) of a hub id")
     p.add_argument("--quant", nargs="+", action="extend", metavar="Q", help="quantization scheme(s) to ask for (default: the checkpoint's)")
     p.add_argument("--tp", nargs="+", action="extend", type=positive_int, metavar="N",
-                   help="TP size(s) to ask for (default: the smallest that holds the bf16 weights)")
+                   help="TP size(s) to check the model against, a what-if: whether each divides the heads and holds the "
+                        "bf16 weights, and whether the runtime runs it yet (default: the smallest that holds them)")
     p.add_argument("--submit", metavar="URL", help="also POST the request to URL/api/requests (token: $PCG_UPLOAD_TOKEN)")
-    p.add_argument("--write-card", action="store_true", help="write harness/models/<id>.yaml and its config")
+    p.add_argument("--write-card", action="store_true",
+                   help="write harness/models/<id>.yaml and its config; needs the hub id: a hub id MODEL, a file named "
+                        "<org>__<name>.json, or --hub-id")
+    p.add_argument("--hub-id", metavar="ORG/NAME", help="the hub id of a local config.json or model directory (for --write-card "
+                                                        "and to link an existing card)")
     p.add_argument("--force", action="store_true", help="with --write-card: overwrite an existing card or config")
     p.add_argument("--models-dir", help="the model-card folder --write-card writes into (default: harness/models)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -73,7 +78,7 @@ def request(args: argparse.Namespace) -> int:
 
     report = request_model(args.model, revision=args.revision, quants=args.quant, tps=args.tp, db=args.db,
                            write=args.write_card, force=args.force, models_dir=args.models_dir or CARDS_DIR,
-                           submit_url=args.submit)
+                           submit_url=args.submit, hub_id=args.hub_id)
     if args.json:
         print(json.dumps(report))
     else:

@@ -85,7 +85,8 @@ def _worst(frame: Rows) -> str:
     parts = [f"### Failing ({len(failing)})"]
     if failing:
         shown = failing[:MAX_FAILING]
-        parts.append(table(["cell", "status", "reason"], [(r["key"], r["status"], one_line(r["reason"]) or "—") for r in shown]))
+        parts.append(table(["cell", "status", "reason"],
+                           [(r["key"], r["status"], one_line(r["reason"]) or "—") for r in shown]))
         if len(failing) > MAX_FAILING:
             parts.append(f"… and {len(failing) - MAX_FAILING} more (see report.json).")
     else:

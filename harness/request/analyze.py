@@ -164,4 +164,4 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
         "verdicts": verdicts,
         "notes": notes,
     })
-    return report.model_dump(exclude={"hub_id", "request_id", "duplicates", "card_id", "card", "submitted"})
+    return report.model_dump(exclude={"hub_id", "request_id", "requested_before", "duplicates", "card_id", "card", "submitted"})

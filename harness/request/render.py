@@ -18,6 +18,14 @@ def _bytes(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
+def _request_words(r: dict[str, Any]) -> str:
+    if not r.get("request_id"):
+        return ""
+    if r.get("requested_before"):
+        return f" (already requested as #{r['request_id']}: its analysis refreshed, no second queue row)"
+    return f" (request #{r['request_id']})"
+
+
 def print_request(r: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -26,7 +34,7 @@ def print_request(r: dict[str, Any], console: Any = None) -> None:
     colour = "green" if r["supported"] else "yellow"
     rev = f"@{r['revision']}" if r.get("revision") else ""
     console.print(f"[bold]{r['model']}{rev}[/] — {r['architecture']} — [bold {colour}]"
-                  f"{'supported' if r['supported'] else 'not supported yet'}[/]" + (f" (request #{r['request_id']})" if r.get("request_id") else ""))
+                  f"{'supported' if r['supported'] else 'not supported yet'}[/]" + _request_words(r))
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()

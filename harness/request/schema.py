@@ -52,6 +52,7 @@ class RequestReport(BaseModel):
     # Added by the command after the analysis.
     hub_id: str | None = None  # the hub id, also for a local config whose file name or _name_or_path tells it
     request_id: int | None = None
+    requested_before: bool = False  # request_id is the model's row queued earlier, refreshed, not a new one
     duplicates: list[dict[str, Any]] = []
     card_id: str | None = None
     card: dict[str, Any] | None = None

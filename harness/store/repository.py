@@ -251,15 +251,32 @@ class Store:
 
     def record_request(self, row: dict[str, Any], config: dict[str, Any] | None = None) -> int:
         """Insert one model request (status "requested" unless given) and the config it asked about, committed
-        before returning; its id."""
+        before returning; its id. `queue_request` is the door for a user's request: it never adds a second row."""
         values = _request_values(row)
         with self._session.begin() as s:
-            req = ModelRequest(created_at=utcnow(), **values)
-            s.add(req)
-            s.flush()
+            return _add_request(s, values, config)
+
+    def queue_request(self, row: dict[str, Any], config: dict[str, Any] | None = None,
+                      same_config: bool = False) -> tuple[int, bool]:
+        """(id, True) for a model not queued yet, else (id of its earliest row, False) with that row given this
+        analysis (config hash, architecture, support, verdict, the config, and the card when one is named) and
+        its status and history kept: asking twice is one request. The same model is the same `model` at the same
+        revision (None and "main" are one); with `same_config` (a local path, which may hold another model's
+        config tomorrow) also the same config_hash."""
+        values = _request_values(row)
+        q = select(ModelRequest).where(ModelRequest.model == values["model"]).order_by(ModelRequest.id)
+        if same_config:
+            q = q.where(ModelRequest.config_hash == values["config_hash"])
+        with self._session.begin() as s:
+            req = next((r for r in s.scalars(q) if (r.revision or "main") == (values["revision"] or "main")), None)
+            if req is None:
+                return _add_request(s, values, config), True
+            for k in ("config_hash", "architecture", "supported", "verdict"):
+                setattr(req, k, values[k])
+            req.card_id = values["card_id"] or req.card_id
             if config is not None:
-                s.add(RequestConfig(request_id=req.id, config=config))
-            return req.id
+                s.merge(RequestConfig(request_id=req.id, config=config))
+            return req.id, False
 
     def request_config(self, request_id: int) -> dict[str, Any] | None:
         """The config.json request `request_id` asked about; None when none was kept (or the store predates it)."""
@@ -428,6 +445,15 @@ def _text(value: Any) -> str:
     """Text both backends accept: PostgreSQL rejects NUL bytes and neither encodes lone surrogates."""
     text = "" if value is None else str(value)
     return text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+
+
+def _add_request(s: Session, values: dict[str, Any], config: dict[str, Any] | None) -> int:
+    req = ModelRequest(created_at=utcnow(), **values)
+    s.add(req)
+    s.flush()
+    if config is not None:
+        s.add(RequestConfig(request_id=req.id, config=config))
+    return req.id
 
 
 def _check_request_status(status: str) -> None:

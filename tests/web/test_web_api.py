@@ -250,6 +250,10 @@ def test_a_submitted_request_is_queued_and_listed(client: TestClient) -> None:
     assert (got["matrix_cells"], got["matrix_passing"], got["matrix_counted"]) == (6, 6, 6)  # its cells in run 3
     bad = client.post("/api/requests", json={**body, "source": "carrier pigeon"}, headers=AUTH)
     assert bad.status_code == 422 and len(client.get("/api/requests").json()["requests"]) == 1
+    again = client.post("/api/requests", json={**body, "card_id": None}, headers=AUTH)  # submitted twice: one row
+    assert again.status_code == 200 and again.json() == r.json()
+    [got] = client.get("/api/requests").json()["requests"]
+    assert got["card_id"] == "qwen3-0.6b"  # a resubmission without a card keeps the card linked before
 
 
 def test_a_request_accepted_with_the_token_waits_for_the_nightly_to_write_its_card(client: TestClient, seeded) -> None:

@@ -8,7 +8,7 @@ first (web.schemas), so a bad row is a 422.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, Depends, HTTPException, Response, status
 from pydantic import ValidationError
 
 from harness.request.schema import RequestReport, config_hash
@@ -28,24 +28,27 @@ def upload_run(body: RunIn, store: StoreDep) -> RunCreatedOut:
 
 
 @router.post("/requests", status_code=status.HTTP_201_CREATED, response_model=RequestCreatedOut,
-             summary="Queue a model for the matrix: the report `pcgh request --submit` sends (Authorization: Bearer <token>)")
-def upload_request(body: RequestIn, store: StoreDep) -> RequestCreatedOut:
+             summary="Queue a model for the matrix: the report `pcgh request --submit` sends (Authorization: Bearer <token>); "
+                     "a model queued already keeps its one row, refreshed (200)")
+def upload_request(body: RequestIn, store: StoreDep, response: Response) -> RequestCreatedOut:
     try:
         report = RequestReport.model_validate(body.model_dump())
     except ValidationError as e:
         raise HTTPException(422, e.errors(include_url=False, include_context=False)) from e
     # The report is kept whole as the verdict, as `pcgh request` keeps it locally; not what only the sender's
     # machine knows (its request id and duplicates). The raw config is kept apart: a card is written from it.
-    verdict = report.model_dump(exclude={"request_id", "duplicates", "submitted", "config"})
+    verdict = report.model_dump(exclude={"request_id", "requested_before", "duplicates", "submitted", "config"})
     config = body.model_dump().get("config")
     if config is not None and (not isinstance(config, dict) or config_hash(config) != report.config_hash):
         raise HTTPException(422, "config: not the config.json the report's config_hash was taken of; send the "
                                  "config `pcgh request` read, unchanged")
-    request_id = store.record_request({"model": report.model, "revision": report.revision,
-                                       "config_hash": report.config_hash, "architecture": report.architecture,
-                                       "supported": report.supported, "verdict": verdict, "status": "requested",
-                                       "card_id": report.card_id}, config=config)
-    return RequestCreatedOut(id=request_id, status="requested", url="/requests")
+    request_id, new = store.queue_request({"model": report.model, "revision": report.revision,
+                                           "config_hash": report.config_hash, "architecture": report.architecture,
+                                           "supported": report.supported, "verdict": verdict, "status": "requested",
+                                           "card_id": report.card_id}, config=config, same_config=report.source != "hub")
+    if not new:  # submitted again: the same row, its analysis refreshed, its status kept
+        response.status_code = status.HTTP_200_OK
+    return RequestCreatedOut(id=request_id, status=store.request(request_id)["status"], url="/requests")
 
 
 @router.post("/requests/{request_id}/accept", response_model=RequestCreatedOut,

@@ -98,8 +98,22 @@ def test_a_different_config_under_the_same_file_name_is_refused(pcgh, db, offlin
 def test_local_config_without_a_hub_id_cannot_write_a_card(pcgh, db, tmp_path, models_dir):
     p = tmp_path / "config.json"
     p.write_text((REPO_CONFIGS / "Qwen__Qwen3-8B.json").read_text())
-    rc, _, err = pcgh("request", p, "--write-card", "--models-dir", models_dir, "--db", db)
-    assert rc == 2 and "--write-card needs the model's hub id" in err
+    rc, _, err = pcgh("request", p, "--write-card", "--models-dir", models_dir, "--db", tmp_path / "new.db")
+    assert rc == 2 and "--write-card needs the model's hub id" in err and "pass --hub-id ORG/NAME" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "new.db").exists()  # refused before the store opens
+
+
+def test_a_local_config_writes_its_card_under_the_hub_id_given(request_json, pcgh, db, tmp_path, models_dir):
+    p = tmp_path / "config.json"
+    p.write_text((REPO_CONFIGS / "Qwen__Qwen3-8B.json").read_text())
+    r = request_json(p, "--write-card", "--models-dir", models_dir, "--hub-id", "pcg-test/Local-8B")
+    assert (r["hub_id"], r["card_id"]) == ("pcg-test/Local-8B", "local-8b")
+    card = find_card("local-8b", models_dir)
+    assert card.hub_id == "pcg-test/Local-8B" and card.config == load_config("Qwen__Qwen3-8B.json")
+    for bad, words in ((["--hub-id", "not a hub id"], "is not a hub id"), (["--hub-id", "Qwen/Qwen3-8B-Base"], "is another model")):
+        model = p if "not a hub id" in bad else "Qwen/Qwen3-8B"
+        rc, _, err = pcgh("request", model, "--db", db, *bad)
+        assert rc == 2 and words in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_missing_models_dir_is_exit_2(pcgh, db, offline, tmp_path):

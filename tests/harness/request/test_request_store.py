@@ -66,20 +66,30 @@ def test_existing_store_api_still_works_beside_requests(db_url):
         assert store.run("latest")["status"] == "finished" and len(store.requests()) == 1
 
 
-def test_every_request_is_recorded_and_duplicates_reported(request_json, db):
+def test_asking_twice_is_one_queue_row_its_analysis_refreshed(request_json, pcgh, db, tmp_path):
     path = REPO_CONFIGS / "Qwen__Qwen3-8B.json"
     first = request_json(path)
-    assert first["duplicates"] == []
-    second = request_json(path)
-    assert [d["id"] for d in second["duplicates"]] == [first["request_id"]]
-    assert second["duplicates"][0]["match"] == ["config_hash"] and second["request_id"] == first["request_id"] + 1
+    assert first["duplicates"] == [] and first["requested_before"] is False
+    second = request_json(path, "--quant", "fp8")
+    assert (second["request_id"], second["requested_before"], second["duplicates"]) == (first["request_id"], True, [])
     with Store(db) as store:
-        rows = store.requests()
-    assert len(rows) == 2 and rows[0]["verdict"]["features"] == [] and rows[0]["config_hash"] == first["config_hash"]
-    assert rows[0]["verdict"]["verdicts"] == first["verdicts"]
+        [row] = store.requests()
+        store.set_request_status(row["id"], "failing")  # a nightly judged it meanwhile
+    assert row["verdict"]["requested"]["quant"] == ["fp8"]  # the last asking's analysis
+    rc, out, _ = pcgh("request", path, "--db", db)
+    assert rc == 0 and f"already requested as #{first['request_id']}" in out
+    with Store(db) as store:
+        [row] = store.requests()
+    assert row["status"] == "failing" and row["verdict"]["requested"]["quant"] is None  # the history stays
+    copy = tmp_path / "config.json"  # the same config at another path: its own row, the first named as a hint
+    copy.write_text(path.read_text())
+    third = request_json(copy)
+    assert third["request_id"] != first["request_id"] and third["requested_before"] is False
+    assert [(d["id"], d["match"]) for d in third["duplicates"]] == [(first["request_id"], ["config_hash"])]
+    assert third["verdicts"] == first["verdicts"]
 
 
-def test_same_hub_id_and_revision_is_a_duplicate_even_if_the_config_changed(request_json, offline):
+def test_same_hub_id_and_revision_is_one_request_even_if_the_config_changed(request_json, offline):
     commit_a, commit_b = "a" * 40, "b" * 40
     cache_config(offline, "pcg-test/M", load_config("Qwen__Qwen3-0.6B.json"), commit_a, refs=("main",))
     first = request_json("pcg-test/M")
@@ -89,9 +99,27 @@ def test_same_hub_id_and_revision_is_a_duplicate_even_if_the_config_changed(requ
     (offline / "models--pcg-test--M" / "refs" / "main").write_text(commit_b)
     second = request_json("pcg-test/M")
     assert second["config_hash"] != first["config_hash"]
-    assert [(d["id"], d["match"]) for d in second["duplicates"]] == [(first["request_id"], ["model+revision"])]
-    third = request_json("pcg-test/M", "--revision", commit_a)  # another revision, but the first config again
-    assert [(d["id"], d["match"]) for d in third["duplicates"]] == [(first["request_id"], ["config_hash"])]
+    assert (second["request_id"], second["requested_before"], second["duplicates"]) == (first["request_id"], True, [])
+    third = request_json("pcg-test/M", "--revision", commit_a)  # another revision: another request
+    assert third["request_id"] != first["request_id"] and third["requested_before"] is False
+
+
+def test_queue_request_keeps_one_row_per_model(db_url):
+    with Store(db_url) as store:
+        first, new = store.queue_request({**ROW, "card_id": "qwen3-0.6b"}, config={"a": 1})
+        assert new is True
+        store.record_request_outcome(first, store.create_run("nightly", "n.yaml", {}), "passing", "6 of 6 cells pass")
+        again = {**ROW, "revision": "main", "config_hash": "b" * 64, "supported": False}  # None and "main": one revision
+        assert store.queue_request(again, config={"a": 2}) == (first, False)
+        got = store.request(first)
+        assert (got["status"], got["card_id"], got["config_hash"], got["supported"]) == ("passing", "qwen3-0.6b", "b" * 64, False)
+        assert store.request_config(first) == {"a": 2} and len(store.request_outcomes(first)) == 1
+        assert store.queue_request({**ROW, "revision": "v2"})[1] is True  # another revision: another request
+        local = {**ROW, "model": "/tmp/x/config.json"}
+        lid = store.queue_request(local, same_config=True)[0]
+        assert store.queue_request(local, same_config=True) == (lid, False)
+        assert store.queue_request({**local, "config_hash": "c" * 64}, same_config=True)[1] is True  # the file now holds another config
+        assert len(store.requests()) == 4
 
 
 def test_pcgh_requests_lists_them(pcgh, request_json, db):
