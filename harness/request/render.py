@@ -31,10 +31,14 @@ def print_request(r: dict[str, Any], console: Any = None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    colour = "green" if r["supported"] else "yellow"
+    # "supported" is the architecture's; a setting asked for that does not run (--tp 2, --quant …) is said beside it
+    not_ok = [axis for axis, v in r["verdicts"].items() if not v["ok"]]
+    verdict = "supported" if r["supported"] else "not supported yet"
+    if r["supported"] and not_ok:
+        verdict += f", but not as asked: {', '.join(not_ok)} (below)"
+    colour = "green" if r["supported"] and not not_ok else "yellow"
     rev = f"@{r['revision']}" if r.get("revision") else ""
-    console.print(f"[bold]{r['model']}{rev}[/] — {r['architecture']} — [bold {colour}]"
-                  f"{'supported' if r['supported'] else 'not supported yet'}[/]" + _request_words(r))
+    console.print(f"[bold]{r['model']}{rev}[/] — {r['architecture']} — [bold {colour}]{verdict}[/]" + _request_words(r))
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()
@@ -48,7 +52,7 @@ def print_request(r: dict[str, Any], console: Any = None) -> None:
     if r["memory_bytes"]:
         t.add_row("weights", ", ".join(f"{k} {_bytes(v)}" for k, v in r["memory_bytes"].items()))
         t.add_row("H200s (bf16)", f"{r['h200s']}  (bf16 weights + 10% headroom, 141 GB each)")
-    t.add_row("TP sizes", ", ".join(map(str, r["tp_sizes"])) or "none up to 8")
+    t.add_row("TP sizes", (", ".join(map(str, r["tp_sizes"])) or "none up to 8") + "  (dividing the heads; which run: parallel)")
     if r["ep_sizes"]:
         t.add_row("EP sizes", ", ".join(map(str, r["ep_sizes"])))
     if r.get("card_id"):

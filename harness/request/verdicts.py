@@ -10,7 +10,8 @@ same table the matrix pre-check reads; no list of what the runtime can do is kep
 - attention: an attention backend exists, and every attention feature the model exercises (mla,
              sliding_window, sinks, linear_attention) is exercised by some architecture in the table.
 - parallel:  each TP size asked for (--tp, else the smallest that fits the bf16 weights) divides the heads,
-             fits the weights, and is a parallel mode of the runtime ("tp<N>").
+             fits the weights, and is a parallel mode of the runtime ("tp<N>"). A size the runtime does not run
+             yet is a what-if: the verdict says so first, then what the heads and the weights would allow.
 - graph:     the runtime can run the model and has a capture backend other than `disabled`; a backend that
              declares it (`full`) also needs a capturable attention backend.
 """
@@ -132,9 +133,11 @@ def parallel_verdict(wanted: list[int] | None, tp_ok: list[int], divides: list[i
             why.append(f"TP {t} does not divide the heads (sizes that do: {', '.join(map(str, tp_ok)) or 'none'})")
         if bf16_bytes is not None and t * H200_BYTES < bf16_bytes * (1 + HEADROOM):
             why.append(f"the bf16 weights need {h200s} H200s, more than {t}")
-        if mode not in modes:
-            why.append(f"{mode} is not a parallel mode of the runtime yet (it has: {have})")
-        (problems if why else fine).append(f"{mode}: " + ("; ".join(why) if why else f"runs on {modes[mode]} GPU(s)"))
+        if mode not in modes:  # nothing runs at this size: say that before what the sizes would allow
+            sized = "; ".join(why) if why else f"TP {t} divides the heads and holds the bf16 weights"
+            problems.append(f"{mode}: not run by the runtime yet, which runs {have} only; as a what-if, {sized}")
+        else:
+            (problems if why else fine).append(f"{mode}: " + ("; ".join(why) if why else f"runs on {modes[mode]} GPU(s)"))
     return _v(not problems, lead + "; ".join(problems + fine) + ep)
 
 

@@ -132,7 +132,7 @@ def test_verdicts_of_unsupported_models_name_the_missing_capability():
     assert not ds["parallel"]["ok"] and "11 H200s" in ds["parallel"]["reason"]
     oss = _analyze("openai__gpt-oss-120b.json")["verdicts"]
     assert "sliding_window, sinks" in oss["attention"]["reason"] and "mxfp4" in oss["quant"]["reason"]
-    assert "tp2 is not a parallel mode" in oss["parallel"]["reason"]
+    assert "tp2: not run by the runtime yet, which runs tp1 only; as a what-if, TP 2 divides" in oss["parallel"]["reason"]
     vl = _analyze("Qwen__Qwen3-VL-30B-A3B-Instruct.json")["verdicts"]
     assert vl["attention"]["ok"] and vl["parallel"]["ok"] and not vl["graph"]["ok"]
 
@@ -153,6 +153,15 @@ def test_verdicts_follow_the_capability_table():
     caps["capture_backends"] = {"disabled": {"requires_capturable_attention": False}}
     r = analyze(json.loads((REPO_CONFIGS / "Qwen__Qwen3-0.6B.json").read_text()), model="q", caps=caps)
     assert not r["verdicts"]["graph"]["ok"] and "no capture backend" in r["verdicts"]["graph"]["reason"]
+
+
+def test_a_tp_size_the_runtime_does_not_run_is_said_as_a_what_if(pcgh, db):
+    """`--tp 2` checks a size against the heads and the weights; while the runtime runs tp1 alone, the verdict and
+    the headline say first that it does not run, not only that the model is supported."""
+    par = analyze(json.loads((REPO_CONFIGS / "Qwen__Qwen3-30B-A3B.json").read_text()), model="q", tps=[2])["verdicts"]["parallel"]
+    assert not par["ok"] and par["reason"].startswith("tp2: not run by the runtime yet, which runs tp1 only; as a what-if")
+    rc, out, _ = pcgh("request", REPO_CONFIGS / "Qwen__Qwen3-30B-A3B.json", "--tp", "2", "--db", db)
+    assert rc == 0 and "Qwen3MoeForCausalLM — supported, but not as asked: parallel" in " ".join(out.split())
 
 
 def test_requested_quant_and_tp_are_checked():
