@@ -65,6 +65,7 @@ def run_summaries(store: Store, limit: int | None = None) -> list[RunSummary]:
 class RunDetail(RunSummary):
     geomean_speedup: float | None = None
     speedup_cells: int = 0
+    speedup_measured: bool = True  # False on CPU: no graph captured, so no graph speedup to headline
     failing: list[CellRecord] = field(default_factory=list)
     failing_total: int = 0
     previous_id: int | None = None
@@ -78,6 +79,7 @@ def run_detail(store: Store, run_ref: int | str) -> RunDetail:
     s = summarize(run, t.counts)
     failing = [r for r in cells if is_failing(r.status)]
     return RunDetail(**vars(s), geomean_speedup=t.geomean_speedup, speedup_cells=t.speedup_cells,
+                     speedup_measured=t.speedup_measured,
                      failing=failing[:MAX_FAILING], failing_total=len(failing),
                      previous_id=store.views.previous_run_id(run["id"]))
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 EXIT_PASS, EXIT_FAIL = 0, 1
 SHOWN_FAILURES = 10  # failing cells listed after a run; `pcgh report` has them all
+SHOWN_REASONS = 8  # groups of cells not run (status and reason) listed after a run
 RUNS_SHOWN = 20  # runs `pcgh runs` lists unless --limit says otherwise
 
 
@@ -118,10 +119,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def end_summary(run: dict[str, Any], records: list[CellRecord], failed: list[CellRecord], db: str | None) -> str:
-    """A few lines: the counts, the pass rate, the first failing cells and where the full report is."""
+    """A few lines: the counts, the pass rate, the speedup (not on CPU, where nothing is captured), the first
+    failing cells, the cells not run grouped by reason, and where the full report and the dashboard are."""
+    import shlex
     from collections import Counter
 
-    from harness.reports.stats import fmt_rate, is_counted, is_passing, ordered_statuses
+    from harness.outcome import NOT_COUNTED
+    from harness.reports.frame import result_rows
+    from harness.reports.markdown import one_line
+    from harness.reports.stats import fmt_rate, fmt_speedup, is_counted, is_passing, ordered_statuses, totals
 
     counts = Counter(r.status for r in records)
     passing = sum(is_passing(r.status) for r in records)
@@ -129,12 +135,33 @@ def end_summary(run: dict[str, Any], records: list[CellRecord], failed: list[Cel
     lines = [f"run {run['id']} ({run['name']}, {run['status']}): {len(records)} cells, "
              + ", ".join(f"{counts[s]} {s}" for s in ordered_statuses(counts))
              + f"; pass rate {fmt_rate(passing / counted if counted else None)} ({passing}/{counted} counted)"]
+    t = totals(result_rows(records))
+    if not t.speedup_measured:
+        lines.append("speedup: not measured on CPU (no CUDA graphs are captured there)")
+    elif t.speedup_cells:
+        lines.append(f"geomean speedup {fmt_speedup(t.geomean_speedup)} over {t.speedup_cells} passing cell(s)")
     for r in failed[:SHOWN_FAILURES]:
         lines.append(f"  {r.status}: {r.key}" + (f" — {r.reason.splitlines()[0][:160]}" if r.reason else ""))
     if len(failed) > SHOWN_FAILURES:
         lines.append(f"  … and {len(failed) - SHOWN_FAILURES} more failing")
-    lines.append(f"full report: pcgh report {run['id']}" + (f" --db {db}" if db else ""))
+    lines += _not_run_lines([r for r in records if r.status in NOT_COUNTED], one_line)
+    db_flag = f" --db {shlex.quote(db)}" if db else ""
+    lines.append(f"full report: pcgh report {run['id']}{db_flag}")
+    lines.append(f"dashboard: pcgh serve{db_flag}")
     return "\n".join(lines)
+
+
+def _not_run_lines(records: list[CellRecord], one_line: Any) -> list[str]:
+    """Cells not held against the graph path (unsupported, eager_fail, skipped), one line per status and reason,
+    most cells first: what the runtime cannot run yet, and why."""
+    from collections import Counter
+
+    groups = Counter((str(r.status), one_line(r.reason, limit=160) or "(no reason given)") for r in records)
+    ordered = sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))
+    lines = [f"  {n} {status}: {reason}" for (status, reason), n in ordered[:SHOWN_REASONS]]
+    if len(ordered) > SHOWN_REASONS:
+        lines.append(f"  … and {len(ordered) - SHOWN_REASONS} more reasons (`pcgh report` lists them)")
+    return lines
 
 
 def _read_store(db: str | None) -> Any:

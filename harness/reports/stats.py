@@ -92,20 +92,32 @@ class Totals:
     pass_rate: float | None  # None when nothing is counted
     geomean_speedup: float | None  # over passing cells that have a speedup
     speedup_cells: int
+    # CUDA graphs the passing cells with a speedup captured, summed; None where none recorded it (older runs). 0 is
+    # a CPU run: no graph is captured there, so its "speedup" times eager against the uncaptured backend.
+    graphs_captured: int | None = None
+
+    @property
+    def speedup_measured(self) -> bool:
+        """Whether the geomean speedup is one of graphs: not on CPU, where nothing is captured."""
+        return self.graphs_captured != 0
 
 
 def totals(frame: pd.DataFrame | Sequence[Mapping[str, Any]]) -> Totals:
     """Totals from a results frame or its rows (frame.results_frame, frame.result_rows)."""
     if isinstance(frame, Sequence):
         statuses, speedups = [r["status"] for r in frame], [r.get("speedup") for r in frame]
+        graphs = [r.get("graphs_captured") for r in frame]
     else:
         statuses, speedups = list(frame["status"]), list(frame["speedup"])
+        graphs = list(frame["graphs_captured"]) if "graphs_captured" in frame else [None] * len(statuses)
     c = Counter(statuses)
     passing = sum(1 for s in statuses if is_passing(s))
     counted = sum(1 for s in statuses if is_counted(s))
     # None and NaN (no timing) are left out by geomean and by the count, as any non-positive or infinite value
     passing_speedups = [v for s, v in zip(statuses, speedups) if s in PASSING]
     g = geomean(passing_speedups)
+    captured = [n for s, v, n in zip(statuses, speedups, graphs)
+                if s in PASSING and is_positive_finite(v) and isinstance(n, numbers.Real) and math.isfinite(n)]
     return Totals(
         counts={s: c[s] for s in ordered_statuses(statuses)},
         cells=len(statuses),
@@ -115,6 +127,7 @@ def totals(frame: pd.DataFrame | Sequence[Mapping[str, Any]]) -> Totals:
         pass_rate=passing / counted if counted else None,
         geomean_speedup=g,
         speedup_cells=sum(1 for v in passing_speedups if is_positive_finite(v)),
+        graphs_captured=int(sum(captured)) if captured else None,
     )
 
 

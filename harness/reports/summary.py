@@ -67,7 +67,10 @@ def _result(frame: Rows) -> str:
     rate = f"**Pass rate: {fmt_rate(t.pass_rate)}** ({t.passing} passing of {t.counted} counted"
     rate += f"; {t.not_counted} shown but not counted: {'/'.join(NOT_COUNTED)})" if t.not_counted else ")"
     speed = f"**Geomean speedup: {fmt_speedup(t.geomean_speedup)}**"
-    if t.speedup_cells:
+    if not t.speedup_measured:
+        speed = (f"**Speedup: not measured on CPU** (no CUDA graphs are captured there; the {t.speedup_cells} passing "
+                 "cell(s) with timings time eager against the uncaptured backend)")
+    elif t.speedup_cells:
         speed += f" over {t.speedup_cells} passing cell(s) with timings"
     else:
         speed += " (no passing cell has timings)"

@@ -23,7 +23,8 @@ from harness.outcome import CellRecord
 from harness.store.models import CellResult, Run, RunCounts, final_attempt, first_recorded
 
 REASON_CHARS = 400  # of a reason, enough for the one-line tooltips and tables; the cell page reads it whole
-SHOWN_METRICS = ("capture_s", "graph_pool_bytes", "token_match")  # besides speedup (and latency for a diff)
+# besides speedup (and latency for a diff); graphs_captured tells a CPU run's timings from a graph speedup
+SHOWN_METRICS = ("capture_s", "graph_pool_bytes", "token_match", "graphs_captured")
 # The columns of a CellRecord, log aside: the Store adds it where a reader wants it.
 RECORD_COLUMNS = (CellResult.key, CellResult.axes, CellResult.status, CellResult.reason, CellResult.metrics,
                   CellResult.duration_s, CellResult.attempt)

@@ -200,3 +200,18 @@ def test_the_cell_page_shows_what_the_judge_looked_at(tmp_path: Path) -> None:
         assert "7/10 buckets (largest NO)" in page and "largest not replayed" in page
         assert "16: 5, 64: 2" in page and "14 (5 batch memberships)" in page and "bitwise equal to its first run" in page
         assert "What the judge looked at" not in text(client.get("/cell", params={"key": "k2"}).text)
+
+
+def test_a_cpu_runs_page_does_not_headline_a_graph_speedup(tmp_path: Path) -> None:
+    """On CPU no CUDA graph is captured: the eager-vs-backend timings are no graph speedup to headline."""
+    from harness.outcome import CellRecord
+
+    axes = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": "full",
+            "compiler": "eager"}
+    cell = CellRecord(key="k", axes=axes, status="pass", metrics={"speedup": {"8": 1.5}, "graphs_captured": 0},
+                      log="", duration_s=1.0, attempt=1)
+    with TestClient(create_app(f"sqlite:///{tmp_path / 'cpu.db'}")) as c:
+        with Store(c.app.state.store.url) as store:
+            store.import_run("smoke", "harness/configs/smoke.yaml", {}, [cell])
+        page = text(c.get("/runs/1").text)
+    assert "Speedup not measured on CPU (no CUDA graphs are captured there;" in page and "Geomean" not in page

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli.runs import end_summary
+from harness.outcome import CellRecord, cell_key
 from harness.store import Store
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -101,3 +103,36 @@ def test_runs_lists_the_run_ids_with_their_counts_and_only_reads(db: Path) -> No
     p = _pcgh("runs", "--db", "missing.db", cwd=db.parent)
     assert p.returncode == 2 and "pcgh runs: error: no results database at" in p.stderr
     assert not (db.parent / "missing.db").exists()
+
+
+def _record(key: str, status: str = "pass", graphs: int | None = 0, reason: str = "", **axes: str) -> CellRecord:
+    axes = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": key,
+            "compiler": "eager", **axes}
+    metrics = {"speedup": {"8": 0.6, "32": 1.5}, "graphs_captured": graphs} if status == "pass" else {}
+    return CellRecord(key=cell_key(axes), axes=axes, status=status, reason=reason, metrics=metrics, log="",
+                      duration_s=1.0, attempt=1)
+
+
+def test_the_end_of_run_summary_says_why_cells_did_not_run_and_where_the_dashboard_is() -> None:
+    varlen = "attention backend 'varlen' cannot run on cpu: FlashAttention-2 kernels exist for CUDA only"
+    records = [_record("piecewise"), _record("full"), _record("breakable", "unsupported", reason=varlen),
+               _record("piecewise", "unsupported", reason=varlen, attention="varlen"),
+               _record("full", "unsupported", reason="quantization 'fp9' is not supported\n(detail)", quant="fp9")]
+    run = {"id": 7, "name": "smoke", "status": "finished"}
+    out = end_summary(run, records, [], "my runs.db").splitlines()
+    assert out[0] == "run 7 (smoke, finished): 5 cells, 2 pass, 3 unsupported; pass rate 100.0% (2/2 counted)"
+    assert out[1] == "speedup: not measured on CPU (no CUDA graphs are captured there)"  # nothing was captured
+    assert out[2:4] == [f"  2 unsupported: {varlen}", "  1 unsupported: quantization 'fp9' is not supported…"]
+    assert out[4:] == ["full report: pcgh report 7 --db 'my runs.db'", "dashboard: pcgh serve --db 'my runs.db'"]
+    cuda = [_record("piecewise", graphs=40), _record("full", graphs=8)]
+    assert end_summary(run, cuda, [], None).splitlines()[1:] == [
+        "geomean speedup 0.95× over 2 passing cell(s)", "full report: pcgh report 7", "dashboard: pcgh serve"]
+
+
+def test_a_cpu_run_report_does_not_headline_a_graph_speedup() -> None:
+    from harness.reports import summary_markdown
+
+    cpu = summary_markdown({"id": 1, "name": "smoke"}, [_record("piecewise"), _record("full")])
+    assert "**Speedup: not measured on CPU** (no CUDA graphs are captured there" in cpu and "Geomean speedup" not in cpu
+    cuda = summary_markdown({"id": 2, "name": "nightly"}, [_record("piecewise", graphs=40), _record("full", graphs=None)])
+    assert "**Geomean speedup: 0.95×** over 2 passing cell(s) with timings" in cuda  # unrecorded: as before
