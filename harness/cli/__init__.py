@@ -16,6 +16,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from harness.cli import cell, models, nightly, runs
+from harness.cli.args import DefaultsShown
 from harness.cli.cell import spec_from_args
 from pcg_core.errors import ConfigError
 
@@ -59,8 +60,22 @@ def _unavailable(name: str, e: ImportError) -> Callable[[argparse.Namespace], in
     return handler
 
 
+# `pcgh --help`'s epilog: a first session, in order.
+EXAMPLES = """examples:
+  pcgh run harness/configs/smoke.yaml --jobs 2      # the smoke matrix on the CPU into pcg.db; a summary at the end
+  pcgh run harness/configs/smoke.yaml --dry-run     # its cells and the pre-check's verdicts; nothing runs
+  pcgh runs                                         # the runs recorded, newest first: their ids
+  pcgh report latest --out reports/                 # the whole report of a run
+  pcgh diff 1 latest --fail-on-regression           # what changed between two runs
+  pcgh cell --model qwen3-0.6b --tiny --graph full  # one cell, judged
+  pcgh models                                       # the model cards a matrix can name
+  pcgh serve                                        # the dashboard over pcg.db
+`pcgh COMMAND --help` says more of each; README.md has the rest."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pcgh", description="pcg: piecewise CUDA graphs, judged against eager")
+    parser = argparse.ArgumentParser(prog="pcgh", description="pcg: piecewise CUDA graphs, judged against eager",
+                                     epilog=EXAMPLES, formatter_class=DefaultsShown)
     sub = parser.add_subparsers(dest="command", required=True)
     runs.add(sub)
     nightly.add(sub)

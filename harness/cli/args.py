@@ -7,6 +7,7 @@ import argparse
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.outcome import AXES
@@ -36,6 +37,31 @@ def _int_in(text: str, low: int, high: int, what: str) -> int:
     if not low <= value <= high:
         raise argparse.ArgumentTypeError(f"expected {what} from {low} to {high}, got {value}")
     return value
+
+
+def bounded_int(low: int, high: int, what: str) -> Callable[[str], int]:
+    """An argparse type for an integer from `low` to `high`: the one pair of numbers the help and the error show."""
+    def parse(text: str) -> int:
+        return _int_in(text, low, high, what)
+
+    return parse
+
+
+class DefaultsShown(argparse.HelpFormatter):
+    """Help that ends each option with its default, where it has one worth saying (not None, not a flag's False),
+    and keeps a text of several lines (an epilog of examples) as written; one-line texts are wrapped."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        worth = action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text
+        if action.option_strings and worth:
+            text += " (default: %(default)s)"
+        return text
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
 
 def positive_int(text: str) -> int:

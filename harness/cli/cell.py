@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from harness.cli.args import positive_float, positive_int, seed_int
+from harness.cli.args import DefaultsShown, bounded_int, positive_float, positive_int, seed_int
 from pcg_core.known import COMPILERS, DTYPE_NAMES, KNOWN_QUANTIZATION, MAX_TOKENS, parse_parallel
 from pcg_core.registry import CAPTURE_BACKENDS
 
@@ -22,35 +22,53 @@ if TYPE_CHECKING:
 EXIT_PASS, EXIT_FAIL = 0, 1
 
 
+DESCRIPTION = ("Run one cell: an eager reference and a graph candidate built on the same weights, run over a prompt "
+               "suite derived from the bucket ladder, the candidate judged against eager (greedy tokens, logprobs, KL, "
+               "the graph at its own padding) and both timed. Every setting a matrix gives a cell has a flag, so the "
+               "dashboard's repro command reruns exactly that cell. Exit status: 0 pass, 1 any other status, 2 bad "
+               "input.")
+EPILOG = """examples:
+  pcgh cell --model qwen3-0.6b --tiny --graph breakable --device cpu --json
+  pcgh cell --model Qwen/Qwen3-0.6B --graph piecewise --device cuda          # real weights from the hub
+  pcgh cell --model path/to/config.json --layers 4 --graph full --device cuda # real widths, synthetic weights"""
+
+
 def add(sub: argparse._SubParsersAction) -> None:
     graphs = [b for b in CAPTURE_BACKENDS.built_in if b != "disabled"]
-    p = sub.add_parser("cell", help="run one cell: eager reference vs graph candidate, judged")
-    p.add_argument("--model", required=True, help="model-card id, hub id (org/name), local model directory or config.json")
+    p = sub.add_parser("cell", help="run one cell: eager reference vs graph candidate, judged", description=DESCRIPTION,
+                       epilog=EPILOG, formatter_class=DefaultsShown)
+    p.add_argument("--model", required=True, help="model-card id (`pcgh models`), hub id (org/name), local model "
+                                                  "directory or config.json")
     p.add_argument("--layers", type=positive_int, help="keep only the first N decoder layers (at most the model's)")
     p.add_argument("--tiny", action="store_true", help="shrink to tiny widths (CPU-sized, synthetic weights)")
-    p.add_argument("--weights", choices=("auto", "real", "synthetic"), default="auto")
+    p.add_argument("--weights", choices=("auto", "real", "synthetic"), default="auto",
+                   help="real: the checkpoint's (a hub id, or a directory with safetensors); synthetic: random, "
+                        "seeded; auto: real where the model has them, unless --tiny")
     p.add_argument("--flat-weights", action="store_true",
                    help="synthetic weights as initialized (flat next-token distributions), not peaked for the judge")
     p.add_argument("--graph", required=True, metavar="BACKEND",
                    help=f"capture backend of the candidate: {', '.join(graphs)} (or one a plugin registers)")
-    p.add_argument("--compiler", choices=COMPILERS, default="eager")
+    p.add_argument("--compiler", choices=COMPILERS, default="eager",
+                   help="how the graph candidate's pieces are built: eager (as traced) or inductor (torch.compile's)")
     p.add_argument("--attention", default="sdpa", metavar="BACKEND",
-                   help="attention backend (default sdpa; an unknown name lists the registered ones)")
+                   help="attention backend (an unknown name lists the registered ones)")
     # Not limited to what the runtime has: a matrix cell's repro names its scheme, and the cell says it is unsupported.
     p.add_argument("--quant", type=_quant, default="none",
-                   help="quantization scheme (default none; a known one the runtime lacks ends the cell unsupported)")
+                   help="quantization scheme (a known one the runtime lacks ends the cell unsupported)")
     p.add_argument("--parallel", type=_parallel, default="tp1",
-                   help="parallel mode: tp2, tp2-ep8 … (default tp1; one the runtime lacks ends the cell unsupported)")
+                   help="parallel mode: tp2, tp2-ep8 … (one the runtime lacks ends the cell unsupported)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", choices=DTYPE_NAMES, help="default: float32 on cpu, bfloat16 on cuda")
-    p.add_argument("--max-tokens", type=_max_tokens, default=4096, help=f"largest token bucket (at most {MAX_TOKENS})")
-    p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--max-new-tokens", type=positive_int, default=8)
+    p.add_argument("--max-tokens", type=bounded_int(1, MAX_TOKENS, "a token count"), default=4096,
+                   help=f"largest token bucket, 1 to {MAX_TOKENS} (its buffers are allocated up front)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the synthetic weights and the prompts")
+    p.add_argument("--max-new-tokens", type=positive_int, default=8, help="greedy decode steps per prompt, each judged")
     p.add_argument("--top-k", type=positive_int, default=5, help="top-k logprobs kept per position for the judge")
     p.add_argument("--logprob-tol", type=positive_float, help="max |Δlogprob| where tokens agree (default: per dtype)")
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="run the cell in N fresh processes and keep the worst (flakiness that fires in some processes)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print the outcome and the spec that produced it as one JSON object")
     p.set_defaults(handler=run)
 
 
@@ -69,13 +87,6 @@ def _parallel(text: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
-
-
-def _max_tokens(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_TOKENS:
-        raise argparse.ArgumentTypeError(f"at most {MAX_TOKENS} (the largest bucket the runtime captures), got {value}")
-    return value
 
 
 def spec_from_args(args: argparse.Namespace) -> CellSpec:

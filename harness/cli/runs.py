@@ -57,7 +57,8 @@ def add(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("runs", help="list the runs in the store, newest first: ids for report and diff",
                        description="List the runs in the store, newest first: id, matrix name, status, trigger, start "
-                                   "time and cells (passing, failing, not counted). Reads only: never creates a database.")
+                                   "time and cells (passing, failing, not counted). Reads only: never creates a "
+                                   "database.")
     add_db(p)
     p.add_argument("--name", help="only runs of this matrix name (e.g. smoke, nightly)")
     p.add_argument("--limit", type=positive_int, default=RUNS_SHOWN, help="at most this many (default %(default)s)")
@@ -239,8 +240,10 @@ def _runs_table(rows: list[dict[str, Any]]) -> str:
               str(r["passing"]), str(r["failing"]), str(r["not_counted"])) for r in rows]
     widths = [max(len(x[i]) for x in (header, *lines)) for i in range(len(header))]
     right = {0, 5, 6, 7, 8}  # numbers
-    return "\n".join("  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(x, widths))).rstrip()
-                     for x in (header, *lines))
+    def line(cols: tuple[str, ...]) -> str:
+        return "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(cols, widths))).rstrip()
+
+    return "\n".join(line(x) for x in (header, *lines))
 
 
 def diff(args: argparse.Namespace) -> int:

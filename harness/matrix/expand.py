@@ -116,7 +116,8 @@ def select(matrix: Matrix, filters: list[dict[str, str]], tier: str | None, sour
                 raise ConfigError(f"--filter {axis}={pattern}: {why}")
     cells = expand(matrix, filters=filters, tier=tier)
     if not cells:
-        asked = " ".join([*([f"--tier {tier}"] if tier else []), *(f"--filter {a}={p}" for f in filters for a, p in f.items())])
+        asked = " ".join([*([f"--tier {tier}"] if tier else []),
+                          *(f"--filter {a}={p}" for f in filters for a, p in f.items())])
         if asked:
             raise ConfigError(f"{asked} selects no cells of {source}: each value is on its axis, but no cell has "
                               "them all (the matrix's include/exclude rules, overrides and tiers leave none); "

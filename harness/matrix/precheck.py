@@ -18,7 +18,8 @@ from pcg_core.errors import ConfigError
 def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None]) -> str | None:
     """Why the runtime cannot run `cell`, or None. The card and its variant were checked when the matrix loaded;
     `cards` caches the cards across the cells of a plan (and their architecture verdict with them)."""
-    from pcg_core.capabilities import attention_unsupported_reason, parallel_unsupported_reason, quant_unsupported_reason
+    from pcg_core.capabilities import (attention_unsupported_reason, parallel_unsupported_reason,
+                                       quant_unsupported_reason)
 
     a = cell.axes
     card_id = ModelRef.parse(a["model"]).card

@@ -3,6 +3,7 @@ is recorded; a filter that selects nothing is not a green run; the runs are list
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli import build_parser
 from harness.cli.runs import end_summary
 from harness.outcome import CellRecord, cell_key
 from harness.store import Store
+from pcg_core.known import MAX_TOKENS
 
 ROOT = Path(__file__).resolve().parents[3]
 SMOKE = str(ROOT / "harness" / "configs" / "smoke.yaml")
@@ -136,3 +139,27 @@ def test_a_cpu_run_report_does_not_headline_a_graph_speedup() -> None:
     assert "**Speedup: not measured on CPU** (no CUDA graphs are captured there" in cpu and "Geomean speedup" not in cpu
     cuda = summary_markdown({"id": 2, "name": "nightly"}, [_record("piecewise", graphs=40), _record("full", graphs=None)])
     assert "**Geomean speedup: 0.95×** over 2 passing cell(s) with timings" in cuda  # unrecorded: as before
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+def test_pcgh_help_shows_examples() -> None:
+    text = build_parser().format_help()
+    assert "examples:\n  pcgh run harness/configs/smoke.yaml" in text and "pcgh runs" in text and "pcgh serve" in text
+
+
+def test_cell_help_describes_every_flag_its_defaults_and_the_ranges_its_errors_use(capsys) -> None:
+    cell = _subparser("cell")
+    text = " ".join(cell.format_help().split())
+    assert text.count("Run one cell: an eager reference and a graph candidate") == 1 and "examples:" in text
+    assert [a.dest for a in cell._actions if not a.help] == []
+    for shown in ("(default: 4096)", "(default: sdpa)", "(default: eager)", "(default: auto)", "(default: 8)",
+                  f"largest token bucket, 1 to {MAX_TOKENS}"):
+        assert shown in text, shown
+    assert "(default: None)" not in text and "(default: False)" not in text
+    with pytest.raises(SystemExit):
+        cell.parse_args(["--model", "m", "--graph", "full", "--max-tokens", str(2**40)])
+    assert f"expected a token count from 1 to {MAX_TOKENS}, got {2**40}" in capsys.readouterr().err
