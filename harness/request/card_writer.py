@@ -80,16 +80,13 @@ def card_yaml(card: dict[str, Any], report: dict[str, Any]) -> str:
     return head + yaml.safe_dump(card, sort_keys=False, default_flow_style=None, width=200)
 
 
-def write_card(report: dict[str, Any], config: dict[str, Any], hub_id: str, *, models_dir: Path | str = CARDS_DIR,
-               force: bool = False) -> dict[str, Any]:
-    """Write the card and its config into `models_dir`; {"id", "path", "config_path"} of what was written."""
+def check_card(config: dict[str, Any], hub_id: str, *, models_dir: Path | str = CARDS_DIR, force: bool = False) -> None:
+    """Refuse what write_card would refuse (a ConfigError), writing nothing: `pcgh request` asks before it records."""
     models_dir = Path(models_dir)
     if not models_dir.is_dir():
         raise ConfigError(f"models directory {models_dir} does not exist; pass an existing folder of model cards")
-    card_id = card_id_for(hub_id)
-    path = models_dir / f"{card_id}.yaml"
-    config_rel = f"configs/{config_file_for(hub_id)}"
-    config_path = models_dir / config_rel
+    path = models_dir / f"{card_id_for(hub_id)}.yaml"
+    config_path = models_dir / "configs" / config_file_for(hub_id)
     if not force:
         if path.exists():
             raise ConfigError(f"card {path} already exists; pass --force to overwrite it")
@@ -103,6 +100,17 @@ def write_card(report: dict[str, Any], config: dict[str, Any], hub_id: str, *, m
                 same = False
             if not same:
                 raise ConfigError(f"{config_path} already exists with a different config; pass --force to overwrite it")
+
+
+def write_card(report: dict[str, Any], config: dict[str, Any], hub_id: str, *, models_dir: Path | str = CARDS_DIR,
+               force: bool = False) -> dict[str, Any]:
+    """Write the card and its config into `models_dir`; {"id", "path", "config_path"} of what was written."""
+    check_card(config, hub_id, models_dir=models_dir, force=force)
+    models_dir = Path(models_dir)
+    card_id = card_id_for(hub_id)
+    path = models_dir / f"{card_id}.yaml"
+    config_rel = f"configs/{config_file_for(hub_id)}"
+    config_path = models_dir / config_rel
     card: dict[str, Any] = {"id": card_id, "hub_id": hub_id, "architecture": report["architecture"], "config": config_rel}
     if report.get("revision"):
         card["revision"] = report["revision"]

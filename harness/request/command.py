@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.cards import CARDS_DIR
 from harness.request.analyze import analyze
-from harness.request.card_writer import existing_cards, hub_id_for_local, write_card
+from harness.request.card_writer import check_card, existing_cards, hub_id_for_local, write_card
 from harness.request.quantization import check_quant_words
 from harness.request.source import looks_like_hub_id, resolve
 from harness.request.submit import endpoint, submit, token
@@ -49,6 +49,8 @@ def request_model(model: str, *, revision: str | None = None, quants: list[str] 
     if write and hub_id is None:
         raise ConfigError(f"--write-card needs the model's hub id for the card's hub_id, and {source.model} does not "
                           "tell it; pass --hub-id ORG/NAME (or name the file <org>__<name>.json)")
+    if write:  # an existing card or config is refused before the store is opened (or made)
+        check_card(source.config, hub_id, models_dir=models_dir, force=force)
     report = analyze(source.config, model=source.model, source=source.kind, revision=source.revision, quants=quants, tps=tps)
     report["hub_id"] = hub_id
     existing = existing_cards(Path(models_dir)).get(hub_id) if hub_id and Path(models_dir).is_dir() else None

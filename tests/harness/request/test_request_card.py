@@ -77,12 +77,13 @@ def test_existing_card_is_not_overwritten_without_force(pcgh, db, offline, model
     assert "# hand edit" not in card.read_text()
 
 
-def test_a_hub_id_that_already_has_a_card_is_refused_without_force(pcgh, db, models_dir):
+def test_a_hub_id_that_already_has_a_card_is_refused_without_force(pcgh, db, models_dir, tmp_path):
     # The shipped config's file name gives hub id meta-llama/Llama-3.1-8B-Instruct (card id llama-3.1-8b-instruct),
     # which card llama-3.1-8b already covers.
     name = "meta-llama__Llama-3.1-8B-Instruct.json"
-    rc, _, err = pcgh("request", REPO_CONFIGS / name, "--write-card", "--models-dir", models_dir, "--db", db)
+    rc, _, err = pcgh("request", REPO_CONFIGS / name, "--write-card", "--models-dir", models_dir, "--db", tmp_path / "new.db")
     assert rc == 2 and "llama-3.1-8b.yaml already covers hub id meta-llama/Llama-3.1-8B-Instruct" in err
+    assert not (tmp_path / "new.db").exists()  # bad input: refused before the store is made
     rc, _, err = pcgh("request", REPO_CONFIGS / name, "--write-card", "--models-dir", models_dir, "--db", db, "--force")
     assert rc == 0, err
     assert {"llama-3.1-8b", "llama-3.1-8b-instruct"} <= set(load_cards(models_dir))
