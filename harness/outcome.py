@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -119,6 +119,54 @@ class EagerSelfDiff(_Model):
     max_output_logprob_diff: float | None = None
 
 
+class ReferenceCheck(_Model):
+    """The judge's reference layer (harness/cell/reference.py): is *eager* right? graph = eager says nothing about
+    a kernel or an attention backend both share. `status`: pass, fail, or not_measured (with why in `reason`)."""
+
+    status: Literal["pass", "fail", "not_measured"] = "not_measured"
+    reason: str = ""
+    # pcg's eager prompt and output logprobs against transformers' own forward of the same weights (its attention
+    # implementation, one sequence at a time, unpadded; quantized layers as their reference math), in float32:
+    # |Δ| mean and max over positions, and the same for transformers' forward in the cell's dtype (its own noise),
+    # which sets the bounds.
+    attention: str | None = None  # transformers' attention implementation it ran (sdpa, eager)
+    positions: int | None = None
+    mean_logprob_diff: float | None = None
+    max_logprob_diff: float | None = None
+    mean_noise: float | None = None
+    max_noise: float | None = None
+    mean_bound: float | None = None
+    max_bound: float | None = None
+    token_flips: int | None = None  # output tokens that are not the reference's argmax beyond a near-tie
+    # Quantized cells: the kernels against their reference math (same activation quantization, dequantized
+    # weights, float32 accumulation) on one prompt through pcg's eager engine, hidden states per layer (each
+    # attention's input, then the last): the first layer whose relative error is over its bound (where a fault
+    # enters; else the layer closest to its bound), that bound, and the reference's own half-precision noise there.
+    kernel_rel: float | None = None
+    kernel_bound: float | None = None
+    kernel_layer: str | None = None
+    kernel_noise: float | None = None
+    # What the scheme itself costs (reported, never judged): the reference math against the float twin (dequantized
+    # weights, no activation quantizer), relative error of the last hidden states.
+    scheme_rel: float | None = None
+
+    def summary(self) -> str:
+        """One line for `pcgh cell`, the report and the cell page."""
+        if self.status == "not_measured":
+            return f"not measured: {self.reason}"
+        parts = []
+        if self.mean_logprob_diff is not None:
+            parts.append(f"vs transformers ({self.attention}, float32) over {self.positions} positions: |Δlogprob| mean "
+                         f"{self.mean_logprob_diff:.3g} ≤ {self.mean_bound:.3g}?, max {self.max_logprob_diff:.3g} ≤ "
+                         f"{self.max_bound:.3g}?, {self.token_flips} token flips")
+        if self.kernel_rel is not None:
+            parts.append(f"kernels vs reference math: {self.kernel_rel:.3g} ≤ {self.kernel_bound:.3g}? ({self.kernel_layer})")
+        if self.scheme_rel is not None:
+            parts.append(f"scheme cost {self.scheme_rel:.3g}")
+        head = "pass" if self.status == "pass" else f"FAIL: {self.reason}"
+        return f"{head} — " + "; ".join(parts) if parts else head
+
+
 class SuiteCoverage(_Model):
     """What the prompt suite made the graph candidate run (harness/cell/coverage.py counts it): printed per cell,
     stored with it, shown on its page, so a judge that passed also says what it looked at."""
@@ -201,6 +249,7 @@ class CellMetrics(_Model):
     diagnosis_error: str | None = None  # layer 5 itself failed: why (the verdict above stands)
     tie_margin: float | None = None  # the largest eager top-2 margin a token flip is excused within (the noise)
     coverage: SuiteCoverage | None = None
+    reference: ReferenceCheck | None = None  # the reference layer: is eager right? None: a row from before it
     repeat_statuses: list[str] = Field(default_factory=list)  # with --repeats: each fresh process's status
     # Latency, per prompt token count.
     latency_ms: dict[int, Latency] = Field(default_factory=dict)

@@ -137,7 +137,7 @@ def lockstep_stats(eager: Engine, graph: Engine, case: Case, noise: bool = False
     st = LockstepStats()
     for step in lockstep(eager, graph, case, noise=noise):
         if step.again is not None:
-            st.eager_same_padding_rel = _worse(st.eager_same_padding_rel, _rel(step.ref, step.again))
+            st.eager_same_padding_rel = _worse(st.eager_same_padding_rel, rel_diff(step.ref, step.again))
         if step.unpadded is not None:
             st.padding_noise = _worse(st.padding_noise, _probe_diff(eager, step.ref, step.unpadded, step.probes))
             st.padding_rel = _worse(st.padding_rel, _row_rel(step.unpadded, step.ref))
@@ -146,7 +146,7 @@ def lockstep_stats(eager: Engine, graph: Engine, case: Case, noise: bool = False
             st.decode_kl = _worse(st.decode_kl, k)
         else:
             st.prompt_kl = _worse(st.prompt_kl, k)
-        rel = _rel(step.ref, step.cand)
+        rel = rel_diff(step.ref, step.cand)
         if not math.isnan(st.same_padding_rel) and (math.isnan(rel) or rel > st.same_padding_rel):
             st.same_padding_rel, st.where = rel, step.label
     return st
@@ -165,7 +165,7 @@ class PieceDiagnosis:
         return self.note
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """‖a − b‖ / ‖a‖ (NaN when b holds a NaN)."""
     return float((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30))
 
@@ -190,13 +190,13 @@ def first_diverging_piece(eager: Engine, graph: Engine, case: Case, rtol: float)
         stages.append((f"piece {n} (after the last attention)", step.ref, step.cand))
         for name, a, b in stages:
             if b is None:
-                rel = _rel(step.ref, step.cand)
+                rel = rel_diff(step.ref, step.cand)
                 if rel > rtol:
                     return PieceDiagnosis(None, rel, f"{case.name}, {step.label}: output differs ({rel:.3g}); "
                                           f"{graph.stats.backend} runs attention inside the graph, so pieces "
                                           "cannot be told apart")
                 break
-            rel = _rel(a, b)
+            rel = rel_diff(a, b)
             if rel > rtol:
                 return PieceDiagnosis(name, rel, f"{case.name}, {step.label}: first diverging {name}, "
                                       f"relative difference {rel:.3g}")

@@ -20,6 +20,7 @@ from harness.cell.judge import (KL_TOL, LOGPROB_TOL, SAME_PADDING_RTOL_EAGER, Ju
                                 same_padding_rtol, tie_margin)
 from harness.cell.padding import FP32_PADDING_RTOL, float32_padding_rel
 from harness.cell.prompts import Case, latency_token_counts, prompt_suite, repeat_of
+from harness.cell.reference import reference_layer
 from harness.cell.spec import CellSpec
 from harness.cell.timing import median_ms
 from harness.outcome import CellMetrics, CellOutcome, EagerSelfDiff, Latency, Status
@@ -219,6 +220,25 @@ def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
     return eager, ref
 
 
+def _reference(cell: _Cell, ref: Outputs) -> None:
+    """The reference layer (reference.py): eager against transformers' forward and the kernels' reference math,
+    before capture, while the GPU holds only the model and eager's cache."""
+    config = replace(cell.config, kv_slots=cell.kv_slots)
+    cell.metrics.reference = reference_layer(cell.lm.model, config, cell.cases, ref, cell.spec.quant != "none")
+
+
+def _with_reference(m: CellMetrics, status: Status, reason: str) -> tuple[Status, str]:
+    """The graph judge's verdict with the reference layer's beside it: a cell whose eager is wrong fails, whatever
+    graph = eager says; one the layer could not measure keeps its verdict, saying so."""
+    check = m.reference
+    if check is None or check.status == "pass":
+        return status, reason
+    line = f"reference layer: {check.summary()}"
+    if check.status == "fail" and status in (Status.PASS, Status.PASS_FLAKY):
+        return Status.FAIL_ACCURACY, f"{reason}; {line}" if reason else line
+    return status, (f"{reason}; {line}" if reason else line)[:2000]
+
+
 def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Outputs]:
     """Layer 2: capture, then run the suite; a crash in either is classified by where it happened."""
     m = cell.metrics
@@ -411,13 +431,15 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
         _load(cell)
         phase("eager")
         eager, ref = _eager_reference(cell)
+        phase("reference")
+        _reference(cell, ref)
         phase("capture")
         graph, cand = _candidate(cell, phase)
         try:
             judgement = _judge(cell, eager, graph, ref, cand)
         except Exception as e:  # noqa: BLE001 - the lockstep re-runs the graph: a crash there is the graph's
             raise _crash(Status.FAIL_RUN, e) from e
-        status, reason = judgement.status, judgement.reason
+        status, reason = _with_reference(cell.metrics, judgement.status, judgement.reason)
         phase("latency")
         try:
             _latency(cell, eager, graph)
@@ -425,7 +447,7 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
             stop = _crash(Status.FAIL_RUN, e)
             status, reason = stop.status, f"latency: {stop.reason}; judge: {status}{': ' + reason if reason else ''}"[:2000]
     except _Stop as stop:
-        status, reason = stop.status, stop.reason
+        status, reason = _with_reference(metrics, stop.status, stop.reason)
     close_phase()
     metrics.cell_s = round(time.perf_counter() - t0, 3)
     return CellOutcome(status=status, reason=reason, metrics=metrics, duration_s=metrics.cell_s)

@@ -67,6 +67,22 @@ def decode_batch(steps: list[tuple[int, int, int]], seq_slots: list[list[int]]) 
                        [seq_slots[i][p] for i, _, p in steps])
 
 
+def head_logits(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """float32 logits of hidden states. A plain linear head runs in float32: in bf16 the logits' own rounding
+    (2^-5 at |logit| ≥ 4, 2^-4 at ≥ 8) is as large as the logprob tolerance and would drown what the
+    judge compares; the hidden states themselves stay as the model made them. The head is upcast a vocabulary
+    slice at a time (HEAD_SLICE_BYTES), so the transient stays small beside a big model's weights."""
+    if hidden.dtype == torch.float32 or type(head) is not torch.nn.Linear:
+        return head(hidden).float()
+    x, weight = hidden.float(), head.weight
+    rows = max(1, HEAD_SLICE_BYTES // (4 * weight.shape[1]))
+    out = torch.empty(*hidden.shape[:-1], weight.shape[0], dtype=torch.float32, device=hidden.device)
+    for v in range(0, weight.shape[0], rows):  # a float32 copy of a slice of the head at a time, not all of it
+        bias = None if head.bias is None else head.bias[v : v + rows].float()
+        out[..., v : v + rows] = torch.nn.functional.linear(x, weight[v : v + rows].float(), bias)
+    return out
+
+
 class Engine:
     def __init__(self, model: torch.nn.Module, config: EngineConfig):
         self.model = model
@@ -151,20 +167,8 @@ class Engine:
         return batch, seq_slots
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits of hidden states. A plain linear head runs in float32: in bf16 the logits' own rounding
-        (2^-5 at |logit| ≥ 4, 2^-4 at ≥ 8) is as large as the logprob tolerance and would drown what the
-        judge compares; the hidden states themselves stay as the model made them. The head is upcast a vocabulary
-        slice at a time (HEAD_SLICE_BYTES), so the transient stays small beside a big model's weights."""
-        head = self.lm_head
-        if hidden.dtype == torch.float32 or type(head) is not torch.nn.Linear:
-            return head(hidden).float()
-        x, weight = hidden.float(), head.weight
-        rows = max(1, HEAD_SLICE_BYTES // (4 * weight.shape[1]))
-        out = torch.empty(*hidden.shape[:-1], weight.shape[0], dtype=torch.float32, device=hidden.device)
-        for v in range(0, weight.shape[0], rows):  # a float32 copy of a slice of the head at a time, not all of it
-            bias = None if head.bias is None else head.bias[v : v + rows].float()
-            out[..., v : v + rows] = torch.nn.functional.linear(x, weight[v : v + rows].float(), bias)
-        return out
+        """float32 logits of hidden states (head_logits)."""
+        return head_logits(self.lm_head, hidden)
 
     def _row_stats(self, hidden: torch.Tensor, targets: torch.Tensor | None, top_k: int) -> _RowStats:
         parts = []

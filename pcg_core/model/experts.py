@@ -33,8 +33,10 @@ def _dense_masked_experts(self, hidden_states: torch.Tensor, top_k_index: torch.
 def quantized_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                       top_k_weights: torch.Tensor) -> torch.Tensor:
     """Experts quantized in place (pcg_core.quant.experts): the grouped path on CUDA in bf16, the reference
-    elsewhere. Shared by every experts module that holds transformers' layout (transformers' and our own)."""
-    if hidden_states.device.type == "cuda" and hidden_states.dtype == torch.bfloat16:
+    elsewhere and in a reference twin (`reference_math`, pcg_core.quant.twin). Shared by every experts module that
+    holds transformers' layout (transformers' and our own)."""
+    kernel = hidden_states.device.type == "cuda" and hidden_states.dtype == torch.bfloat16
+    if kernel and not getattr(module, "reference_math", False):
         return grouped_quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)
     return quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)
 

@@ -40,6 +40,26 @@ def install_mla(model: torch.nn.Module) -> int:
     return n
 
 
+def uninstall_mla(model: torch.nn.Module) -> int:
+    """transformers' own MLA forward back on every absorbed module (this model's instances only; a reference twin's,
+    pcg_core.quant.twin): the expanded per-head keys and values through its attention implementation, the same math
+    unabsorbed. A quantized kv_b_proj then runs as a linear of its weight dequantized in the input's dtype, as the
+    absorbed form reads it (never its activation quantized). Returns how many."""
+    n = 0
+    for module in model.modules():
+        if is_mla_attention(module) and "forward" in module.__dict__:
+            del module.forward
+            if getattr(module.kv_b_proj, "dequantized_weight", None) is not None:
+                module.kv_b_proj.forward = types.MethodType(_dequantized_forward, module.kv_b_proj)
+            n += 1
+    return n
+
+
+def _dequantized_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    bias = getattr(self, "bias", None)
+    return torch.nn.functional.linear(x, _dense_weight(self, x.dtype), None if bias is None else bias.to(x.dtype))
+
+
 def _dense_weight(linear: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
     """kv_b_proj's weight as a matrix to absorb: a quantized one (8-bit: DeepSeek's FP8 checkpoints quantize it;
     int4, FP4) dequantized, in the piece, each forward — the serving engines absorb the dequantized weight too, its

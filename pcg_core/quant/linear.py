@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from pcg_core.quant import fp4_w4a16, w4a8, w4a16
 from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme
 from pcg_core.quant.fp4_experts import fp4_unsupported_reason, quantize_experts_fp4
 from pcg_core.quant.int4 import Int4Linear, Int4Scheme, W4A8Linear
@@ -66,6 +67,21 @@ class QuantLinear(torch.nn.Module):
         return out.reshape(*lead, self.out_features)
 
 
+def reference_forward(mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x (M, K) through a quantized linear's reference math on any device (the plain implementation of its op,
+    which CPU runs and every CUDA kernel is held to): one entry for each quantized linear kind."""
+    if isinstance(mod, QuantLinear):
+        return reference_linear(x, mod.weight, mod.weight_scale, mod.scheme, mod.input_scale, mod.bias)
+    if isinstance(mod, W4A8Linear):  # before Int4Linear: its subclass
+        x = x if mod.perm is None else x.index_select(1, mod.perm)
+        return w4a8.reference(x, mod.qweight, mod.scales, mod.zeros, mod.group, mod.act, mod.bias)
+    if isinstance(mod, Int4Linear):
+        return w4a16.reference(x, mod.qweight, mod.scales, mod.zeros, mod.group, mod.perm, mod.bias)
+    if isinstance(mod, Fp4Linear):
+        return fp4_w4a16.reference(x, mod.weight_packed, mod.weight_scale, mod.global_scale, mod.block, mod.bias)
+    raise TypeError(f"{type(mod).__name__} is not a quantized linear this file knows")
+
+
 def scheme_of(module: torch.nn.Module) -> Scheme | Int4Scheme | Fp4Scheme | None:
     """The scheme a module's weights are held in, or None for a float module: one reading for every quantized kind
     (a QuantLinear's `scheme`; the `quant_scheme` that Int4Linear, Fp4Linear and quantized experts carry), so the
@@ -97,6 +113,17 @@ def _pad_rows(x: torch.Tensor, multiple: int, extra: int = 0) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, 0, 0, pad))
 
 
+def block_weight_scales(scale: torch.Tensor) -> torch.Tensor:
+    """128×128 weight-block scales (N/128, K/128) as cuBLASLt reads them: (K/128, N/128) with the K/128 run padded
+    to a multiple of 4 in memory (torch's _scaled_mm_v2 spells the layout out: stride (1, round_up(K/128, 4))).
+    The plain transpose passed before gave it a stride of K/128, which cuBLASLt reads as if padded: every K/128
+    that is not a multiple of 4 (Qwen2.5-0.5B's 896 = 7 blocks) multiplied blocks by other blocks' scales
+    (relative error ~1e3 on the H200), in eager and graph alike. A copy per call: (N/128) × 4 floats more at most."""
+    nb, kb = scale.shape
+    padded = torch.nn.functional.pad(scale.float(), (0, (-kb) % 4))
+    return padded[:, :kb].t()
+
+
 def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
     s, m = mod.scheme, x.shape[0]
     if s.kind == "int8":
@@ -109,7 +136,8 @@ def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
     elif s.weights == "block":  # cuBLASLt refuses fast accumulation with block scales
         xq, sx = quantize_activation(_pad_rows(x, 4), s)
         sx = sx.t().contiguous().t()  # column-major, as cuBLASLt's 1×128 block scaling wants
-        out = torch._scaled_mm(xq, mod.weight.t(), scale_a=sx, scale_b=mod.weight_scale.t(), out_dtype=torch.bfloat16)[:m]
+        out = torch._scaled_mm(xq, mod.weight.t(), scale_a=sx, scale_b=block_weight_scales(mod.weight_scale),
+                               out_dtype=torch.bfloat16)[:m]
     else:
         # Per-tensor and row-wise scales: fast accumulation (as the serving engines' FP8 GEMMs run on Hopper),
         # held to the reference by the kernel tests like every other path.

@@ -27,7 +27,7 @@ import torch
 
 from pcg_core.quant import experts as quant_experts
 from pcg_core.quant.expert_layout import add_bias, canonical_weight, first_projection
-from pcg_core.quant.linear import scheme_of
+from pcg_core.quant.linear import reference_forward, scheme_of
 
 
 def _quantized_linear(module: torch.nn.Module) -> bool:
@@ -96,19 +96,45 @@ def _read_in_float32(name: str, module: torch.nn.Module) -> None:
             module._buffers[n] = b.float()
 
 
+def _reference_linear_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A quantized linear's reference math (its op's plain implementation: the activation quantized as the
+    kernel quantizes it, the weight dequantized, float32 accumulation), whatever device it is on: what its kernel
+    is held to."""
+    lead = x.shape[:-1]
+    out = reference_forward(self, x.reshape(-1, self.in_features))
+    return out.reshape(*lead, self.out_features)
+
+
 def float_twin(model: torch.nn.Module) -> torch.nn.Module:
     """The float32 model `model` stands for, sharing every tensor with it (none copied): quantized linears run
     dequantized, experts run routed_float_experts_forward (`float_twin` set), every other module reads its
     half-precision parameters as float32. The caller's model is not touched; the twin refuses to be converted
     (.to(), .float(): that would convert the shared tensors)."""
+    return _twin(model, float32=True, quantized=_dequantized_linear_forward)
+
+
+def reference_twin(model: torch.nn.Module, float32: bool = False) -> torch.nn.Module:
+    """The model with every kernel replaced by the math it is held to, sharing every tensor (none copied):
+    quantized linears run their reference (`reference_forward`), quantized experts their dense reference
+    (`reference_math` set), unquantized experts routed_float_experts_forward. With `float32` every other module
+    reads its half-precision parameters as float32 too: the reference without half-precision rounding, to measure
+    how much that rounding alone moves it. Why: a kernel that is wrong in eager is wrong under graphs alike, so
+    graph = eager cannot see it; the judge's reference layer (harness/cell/reference.py) holds eager to this."""
+    return _twin(model, float32=float32, quantized=_reference_linear_forward)
+
+
+def _twin(model: torch.nn.Module, float32: bool, quantized) -> torch.nn.Module:
     twin = copy.deepcopy(model, {id(t): t for t in [*model.parameters(), *model.buffers()]})
+    reference = quantized is _reference_linear_forward
     for name, module in twin.named_modules():
-        if quant_experts.is_experts(module) or _quantized_experts(module):
+        if _quantized_experts(module) and reference:
+            module.reference_math = True
+        elif quant_experts.is_experts(module) or _quantized_experts(module):
             module.float_twin = True
         elif _quantized_linear(module):
             module.float_twin = True
-            module.forward = types.MethodType(_dequantized_linear_forward, module)
-        else:
+            module.forward = types.MethodType(quantized, module)
+        elif float32:
             _read_in_float32(name, module)
         module._apply = types.MethodType(_refuse_apply, module)
     return twin

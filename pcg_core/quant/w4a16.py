@@ -293,7 +293,7 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
         return out
     block_k = dequant_block_k(k, group)
     if block_k is None:
-        return _reference(x, qweight, scales, zeros, group, perm, bias)
+        return reference(x, qweight, scales, zeros, group, perm, bias)
     w = torch.empty(n, k, device=x.device, dtype=x.dtype)  # the scratch: a shape-sized block from the pool
     launch_dequant(qweight, scales, zeros, group, w, block_k)
     if perm is not None:
@@ -301,8 +301,8 @@ def triton_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 
-def _reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
-               perm: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+def reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
+              perm: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
     """Int4Weight.reference_linear's math: the activation permuted, the weight dequantized in float32."""
     if perm is not None:
         x = x.index_select(-1, perm)
@@ -317,13 +317,13 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     zeros float32 (N, K/G), W = (q − z)·s in act-order's permuted K order; perm int64 (K,) or None: the
     activation is read as x[:, perm]; bias (N,) or None. Returns (M, N) in x's dtype. This implementation
     (CPU and any device without a registered kernel) is the reference: float32 dequantize, float32 GEMM."""
-    return _reference(x, qweight, scales, zeros, group, perm, bias)
+    return reference(x, qweight, scales, zeros, group, perm, bias)
 
 
 @w4a16_linear.register_kernel("cuda")
 def _w4a16_linear_cuda(x, qweight, scales, zeros, group, perm=None, bias=None):
     if triton is None or x.dtype not in (torch.bfloat16, torch.float16):
-        return _reference(x, qweight, scales, zeros, group, perm, bias)
+        return reference(x, qweight, scales, zeros, group, perm, bias)
     return triton_linear(x, qweight, scales, zeros, group, perm, bias)
 
 

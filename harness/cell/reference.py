@@ -1,0 +1,249 @@
+"""The judge's reference layer: is *eager* right?
+
+Every other layer compares the graph candidate with pcg's own eager run, so a kernel or an attention backend that
+is wrong in eager is wrong under graphs alike and passes (the FP8 block GEMM did, for every K/128 not a multiple
+of 4). This layer holds eager to references that share none of pcg's fast paths:
+
+- **transformers**: pcg's eager prompt and output logprobs against transformers' own forward of the same weights
+  (its attention implementation, MLA unabsorbed, one sequence at a time, unpadded, teacher-forced on eager's greedy
+  tokens), every kernel replaced by the math it is held to (pcg_core.quant.twin.reference_twin), in float32. The
+  bounds come from that reference's own noise: the same forward in the cell's dtype against float32, times
+  NOISE_MULT, never under a per-dtype floor. A greedy token that is not the reference's argmax must be a near-tie.
+- **kernels** (quantized cells): on synthetic bf16 weights the output distribution is flat enough that a garbage
+  GEMM moves a logprob by only a few nats, so the kernels are also held per layer, on hidden states: pcg's eager
+  engine with the kernels against the same engine on the reference twin (same activation quantization, dequantized
+  weights, float32 accumulation: what differs is accumulation order and half-precision rounding), each attention's
+  input and the last hidden state, relative error against NOISE_MULT × the reference's own half-precision noise
+  at that layer (or a floor).
+- **scheme cost** (reported, never judged): the reference math against the float twin (no activation quantizer).
+
+What cannot run (out of memory, a model transformers' forward refuses) is `not_measured` with the reason, never a
+silent pass.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import torch
+
+from harness.cell.diagnose import rel_diff
+from harness.cell.judge import LOGPROB_TOL
+from harness.cell.prompts import Case
+from harness.outcome import ReferenceCheck
+from pcg_core.config import EngineConfig
+from pcg_core.engine import Engine, SequenceOutput
+from pcg_core.engine.engine import LOGITS_CHUNK, head_logits
+from pcg_core.model.mla import uninstall_mla
+from pcg_core.quant.twin import float_twin, reference_twin
+
+# How far beyond the reference's own half-precision noise (the same forward in the cell's dtype against float32)
+# pcg's eager may sit: pcg and transformers round at different places, so each lands about that far from float32;
+# a fault moves the output by far more (a garbage GEMM: relative error ~1e3; an attention mask off by one: whole
+# nats at the rows it touches).
+NOISE_MULT = 4.0
+# Floors, where the measured noise is ~0 (float32 cells: the reference is float32 itself). Measured on the CPU
+# smoke matrix (float32, 20 seeds): pcg's eager vs transformers ≤ ~1e-5 mean, ~1e-4 max.
+MEAN_FLOOR = {"float32": 1e-4, "float16": 5e-3, "bfloat16": 1e-2}
+MAX_FLOOR = LOGPROB_TOL
+# Relative error of a layer's hidden states, kernels vs reference math, where the reference shows no noise.
+HIDDEN_FLOOR = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 5e-3}
+
+
+def reference_cases(cases: list[Case]) -> tuple[list[Case], Case]:
+    """The cases the layer runs: several sequences of one layout, the decode case (sequences leaving at different
+    steps) and the chunked prefill (positions past every bucket); and the one-sequence layout prefill whose
+    hidden states the kernel check compares."""
+    def first(prefix: str, contains: str = "") -> Case | None:
+        return next((c for c in cases if c.name.startswith(prefix) and contains in c.name), None)
+
+    chosen = [c for c in (first("layout_", "_1_"), first("decode_"), first("chunked_")) if c is not None] or cases[:1]
+    return chosen, first("layout_", "_0_") or cases[0]
+
+
+@dataclass
+class _Positions:
+    """Per position of the sequences compared: pcg's eager logprob of the next token, the reference's (float32
+    and in the cell's dtype), and at output positions whether eager's greedy token beats the reference's argmax."""
+
+    eager: list[float]
+    ref32: list[float]
+    ref16: list[float]
+    flips: list[tuple[str, float]]  # (where, the reference's margin of its argmax over eager's token)
+
+
+def _attention_implementation(model: torch.nn.Module) -> str:
+    """transformers' SDPA where it computes what the model needs; its eager attention (plain math: sinks, soft-cap,
+    our own modules' functions) elsewhere."""
+    cfg = model.config
+    special = any(getattr(m, "sinks", None) is not None for m in model.modules()) or \
+        getattr(cfg, "attn_logit_softcapping", None) or not type(model).__module__.startswith("transformers.")
+    return "eager" if special else "sdpa"
+
+
+def _hf_twin(model: torch.nn.Module, float32: bool, attention: str) -> torch.nn.Module:
+    twin = reference_twin(model, float32=float32)
+    uninstall_mla(twin)
+    twin.config._attn_implementation = attention
+    return twin
+
+
+@torch.no_grad()
+def _hf_next_token(twin: torch.nn.Module, seq: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                      torch.Tensor]:
+    """transformers' forward of seq[:-1] (one sequence, unpadded, no cache): for every position the logprob of the
+    next token of seq, the argmax and its logprob (float32, CPU)."""
+    ids = torch.tensor(seq[:-1], device=device)[None]
+    hidden = twin.get_decoder()(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=device)[None],
+                                use_cache=False).last_hidden_state[0]
+    targets = torch.tensor(seq[1:], device=device)
+    chosen, argmax, top = [], [], []
+    for s in range(0, hidden.shape[0], LOGITS_CHUNK):
+        lp = torch.log_softmax(head_logits(twin.get_output_embeddings(), hidden[s : s + LOGITS_CHUNK]), dim=-1)
+        chosen.append(lp.gather(1, targets[s : s + LOGITS_CHUNK, None])[:, 0])
+        best = lp.max(dim=-1)
+        argmax.append(best.indices)
+        top.append(best.values)
+    return torch.cat(chosen).cpu(), torch.cat(argmax).cpu(), torch.cat(top).cpu()
+
+
+def _transformers_positions(model: torch.nn.Module, dtype: str, cases: list[Case],
+                            outputs: dict[str, list[SequenceOutput]], attention: str) -> _Positions:
+    device = next(model.parameters()).device
+    seqs = [(c.name, i, o) for c in cases for i, o in enumerate(outputs[c.name])]
+    ref32 = _hf_twin(model, True, attention)
+    half = dtype != "float32"
+    ref16 = _hf_twin(model, False, attention) if half else None
+    pos = _Positions([], [], [], [])
+    try:
+        for name, i, o in seqs:
+            seq = o.prompt_ids + o.output_ids
+            lp32, arg32, top32 = _hf_next_token(ref32, seq, device)
+            lp16 = _hf_next_token(ref16, seq, device)[0] if half else lp32
+            eager = [*(o.prompt_logprobs or []), *o.output_logprobs]
+            if len(eager) != len(seq) - 1:
+                raise ValueError(f"{name}[{i}]: {len(eager)} eager logprobs for {len(seq) - 1} positions")
+            pos.eager += eager
+            pos.ref32 += lp32.tolist()
+            pos.ref16 += lp16.tolist()
+            start = len(o.prompt_ids) - 1
+            for t, token in enumerate(o.output_ids):
+                if token != int(arg32[start + t]):
+                    pos.flips.append((f"{name}[{i}] output {t}: eager {token} vs reference {int(arg32[start + t])}",
+                                      float(top32[start + t] - lp32[start + t])))
+    finally:
+        ref32 = ref16 = None
+        _free()
+    return pos
+
+
+def _mean_max(values: Iterable[float]) -> tuple[float, float]:
+    v = torch.tensor(list(values), dtype=torch.float64)
+    if not v.numel():
+        return 0.0, 0.0
+    if torch.isnan(v).any():
+        return math.nan, math.nan
+    return float(v.mean()), float(v.max())
+
+
+def _judge_transformers(check: ReferenceCheck, pos: _Positions, dtype: str) -> list[str]:
+    """The transformers comparison's numbers into `check`; returns what failed."""
+    err = [abs(a - b) for a, b in zip(pos.eager, pos.ref32)]
+    noise = [abs(a - b) for a, b in zip(pos.ref16, pos.ref32)]
+    check.positions = len(err)
+    check.mean_logprob_diff, check.max_logprob_diff = _mean_max(err)
+    check.mean_noise, check.max_noise = _mean_max(noise)
+    check.mean_bound = max(MEAN_FLOOR[dtype], NOISE_MULT * check.mean_noise)
+    check.max_bound = max(MAX_FLOOR[dtype], NOISE_MULT * check.max_noise)
+    bad = [(where, margin) for where, margin in pos.flips if not margin <= 2 * check.max_bound]
+    check.token_flips = len(bad)
+    problems = []
+    against = f"transformers' {check.attention} forward in float32"
+    if not check.mean_logprob_diff <= check.mean_bound:  # NaN fails
+        problems.append(f"pcg's eager prompt/output logprobs differ from {against} by {check.mean_logprob_diff:.3g} "
+                        f"on average > {check.mean_bound:.3g} (the reference's own {dtype} noise {check.mean_noise:.3g}"
+                        f" × {NOISE_MULT:g}, floor {MEAN_FLOOR[dtype]:g})")
+    if not check.max_logprob_diff <= check.max_bound:
+        problems.append(f"at worst by {check.max_logprob_diff:.3g} > {check.max_bound:.3g} (noise {check.max_noise:.3g} "
+                        f"× {NOISE_MULT:g}, floor {MAX_FLOOR[dtype]:g})")
+    if bad:
+        problems.append(f"{len(bad)} greedy token(s) not the reference's argmax beyond a near-tie "
+                        f"(2 × {check.max_bound:.3g}): {bad[0][0]}, the reference's margin {bad[0][1]:.3g}")
+    return problems
+
+
+@torch.no_grad()
+def _stages(engine: Engine, case: Case) -> list[torch.Tensor]:
+    """Hidden states of the case's one packed prefill through pcg's eager engine, unpadded: every attention's input
+    (the query: it carries the projections before it) and the last hidden state, float32."""
+    seen: dict[int, torch.Tensor] = {}
+    batch = engine.prefill_batch([list(p) for p in case.prompts])
+    hidden = engine.forward(batch, eager=True, observer=lambda layer, q: seen.__setitem__(layer, q.float().clone()))
+    return [seen[i] for i in sorted(seen)] + [hidden.float()]
+
+
+def _engine_stages(model: torch.nn.Module, config: EngineConfig, case: Case) -> list[torch.Tensor]:
+    engine = Engine(model, config)
+    try:
+        return _stages(engine, case)
+    finally:
+        engine = None
+        _free()
+
+
+def _judge_kernels(check: ReferenceCheck, model: torch.nn.Module, config: EngineConfig, case: Case) -> list[str]:
+    """Kernels vs reference math per layer (quantized cells), and the scheme's own cost."""
+    eager = replace(config, capture=replace(config.capture, backend="disabled"))
+    f32 = replace(eager, dtype="float32")
+    got = _engine_stages(model, eager, case)
+    ref = _engine_stages(reference_twin(model), eager, case)
+    half = config.dtype != "float32"
+    ref32 = _engine_stages(reference_twin(model, float32=True), f32, case) if half else ref
+    check.scheme_rel = round(rel_diff(ref32[-1], _engine_stages(float_twin(model), f32, case)[-1]), 6)
+    floor = HIDDEN_FLOOR[config.dtype]
+    worst, worst_ratio = None, -1.0  # the first layer over its bound (where a fault enters), else the closest
+    for i, (a, b, c) in enumerate(zip(ref, got, ref32)):
+        rel, noise = rel_diff(a, b), (rel_diff(c, a) if half else 0.0)
+        bound = max(floor, NOISE_MULT * noise)
+        ratio = math.inf if math.isnan(rel) else rel / bound
+        if ratio > worst_ratio:
+            label = f"attention {i}'s input" if i < len(ref) - 1 else "the last hidden state"
+            worst, worst_ratio = (rel, bound, label, noise), ratio
+        if worst_ratio > 1:
+            break
+    check.kernel_rel, check.kernel_bound, check.kernel_layer, check.kernel_noise = worst
+    if worst_ratio <= 1:
+        return []
+    return [f"the kernels differ from their reference math at {check.kernel_layer} by {check.kernel_rel:.3g} "
+            f"(relative) > {check.kernel_bound:.3g} (the reference's own {config.dtype} noise there "
+            f"{check.kernel_noise:.3g} × {NOISE_MULT:g}, floor {floor:g})"]
+
+
+def reference_layer(model: torch.nn.Module, config: EngineConfig, cases: list[Case],
+                    outputs: dict[str, list[SequenceOutput]], quantized: bool) -> ReferenceCheck:
+    """The layer's verdict on pcg's eager `outputs` of `cases` (run with `config`, KV capacity included)."""
+    chosen, prefill = reference_cases(cases)
+    check = ReferenceCheck(attention=_attention_implementation(model))
+    try:
+        problems = _judge_transformers(check, _transformers_positions(model, config.dtype, chosen, outputs,
+                                                                      check.attention), config.dtype)
+        if quantized:
+            problems += _judge_kernels(check, model, config, prefill)
+    except Exception as e:  # noqa: BLE001 - out of memory, a forward transformers refuses: said, never a silent pass
+        check.status, check.reason = "not_measured", f"{type(e).__name__}: {e}"[:1000]
+        _free()
+        return check
+    check.status = "fail" if problems else "pass"
+    check.reason = "; ".join(problems)[:1800]
+    return check
+
+
+def _free() -> None:
+    """Twins and engines hold reference cycles (bound forwards, the capture backend): collected before the next
+    one is built, so a big model's reference runs do not stack up on the GPU."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,119 @@
+"""The judge's reference layer (harness/cell/reference.py) against faults that break eager and graph alike.
+
+Each fault is planted in what pcg's eager and graph paths share (a quantized layer's forward, the attention
+backend), never in the references (transformers' forward, the kernels' reference math: the twins bind their own
+forwards per instance). So graph = eager holds bitwise and only the reference layer can see them: the cell must
+fail with a reason that is the reference layer's alone, and the same cell without the fault must pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.cell import CellSpec, run_cell
+from harness.cell.reference import reference_cases
+from harness.cell.prompts import prompt_suite
+from pcg_core.attention.sdpa import SdpaBackend
+from pcg_core.quant import QuantLinear
+from pcg_core.quant.int4 import Int4Linear
+from pcg_core.quant.nibbles import dequantize_codes, unpack_nibbles
+from pcg_core.quant.schemes import reference_linear
+
+
+def _cell(model: str = "qwen3-0.6b", quant: str = "none", graph: str = "breakable", **kw):
+    return run_cell(CellSpec(model=model, quant=quant, tiny=True, graph=graph, max_tokens=64, max_new_tokens=4, **kw))
+
+
+def _scale_rolled(self: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    """A per-channel scale read one output channel off (a mis-strided scale pointer)."""
+    x2 = x.reshape(-1, self.in_features)
+    out = reference_linear(x2, self.weight, self.weight_scale.roll(1, 0), self.scheme, self.input_scale, self.bias)
+    return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def _zeros_row_off(self: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    """Group zero points read one output row off (a mis-strided zeros pointer). Tiny models' widths are one group
+    wide, so a wrong group size cannot show here; tests/pcg_core's kernel tests plant that one at real widths."""
+    x2 = x.reshape(-1, self.in_features)
+    if self.perm is not None:
+        x2 = x2.index_select(1, self.perm)
+    w = dequantize_codes(unpack_nibbles(self.qweight, 1), self.scales, self.zeros.roll(1, 0), self.group)
+    out = torch.nn.functional.linear(x2.float(), w, None if self.bias is None else self.bias.float()).to(x.dtype)
+    return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def _mask_one_short(self: SdpaBackend, md) -> None:
+    """Causal mask off by one: each token misses its own key (`<` for `<=`; position 0 keeps its own, or its row
+    would be empty)."""
+    c, n = self.cache, md.num_tokens
+    buf = self._mask if n <= self.max_tokens else torch.empty(n, c.num_slots, dtype=torch.bool, device=self.device)
+    self.mask = buf[:n]
+    torch.eq(md.seq_ids[:, None], c.slot_seq[None, : c.num_slots], out=self.mask)
+    pos, slot_pos = md.positions[:, None], c.slot_pos[None, : c.num_slots]
+    self.mask.logical_and_((slot_pos < pos) | ((slot_pos == 0) & (pos == 0)))
+
+
+FAULTS = {
+    "int8 scale read one channel off": ("int8_w8a8", QuantLinear, "forward", _scale_rolled),
+    "awq zero points read one row off": ("awq", Int4Linear, "forward", _zeros_row_off),
+    "attention mask one short": ("none", SdpaBackend, "begin_forward", _mask_one_short),
+}
+
+
+@pytest.mark.parametrize("graph", ["breakable", "piecewise"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_fault_eager_shares_is_caught_by_the_reference_layer_alone(fault, graph, monkeypatch):
+    quant, cls, attr, planted = FAULTS[fault]
+    monkeypatch.setattr(cls, attr, planted)
+    r = _cell(quant=quant, graph=graph)
+    ref = r.metrics.reference
+    assert r.status == "fail_accuracy" and ref.status == "fail", (r.status, r.reason)
+    # graph = eager held: the judge's own layers saw nothing, the reason is the reference layer's alone
+    assert r.reason.startswith("reference layer: FAIL"), r.reason
+    assert r.metrics.max_same_padding_diff == 0.0 and r.metrics.token_match == 1.0
+
+
+@pytest.mark.parametrize("quant", ["none", "int8_w8a8", "awq"])
+def test_the_same_cells_pass_without_the_fault(quant):
+    r = _cell(quant=quant)
+    ref = r.metrics.reference
+    assert r.status == "pass" and ref.status == "pass", (r.reason, ref)
+    assert ref.positions > 100 and ref.max_logprob_diff <= ref.max_bound
+    assert (ref.kernel_rel is not None) == (quant != "none")
+
+
+def test_the_kernel_check_names_the_layer_a_kernel_error_enters(monkeypatch):
+    """A 2% scale error in every quantized linear: the per-layer hidden-state check names the first layer it shows
+    at. Not attention 0's input: Qwen3's per-head q_norm takes a uniform scale off q_proj's output; layer 0's o_proj
+    and MLP carry it into attention 1's."""
+    def off_by_a_little(self: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        out = reference_linear(x2, self.weight, self.weight_scale * 1.02, self.scheme, self.input_scale, self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    monkeypatch.setattr(QuantLinear, "forward", off_by_a_little)
+    r = _cell(quant="int8_w8a8")
+    ref = r.metrics.reference
+    assert ref.status == "fail" and ref.kernel_rel > ref.kernel_bound, ref
+    assert ref.kernel_layer == "attention 1's input"
+
+
+def test_a_reference_that_cannot_run_says_not_measured_and_keeps_the_verdict(monkeypatch):
+    import harness.cell.reference as reference
+
+    def refuse(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (planted)")
+
+    monkeypatch.setattr(reference, "_hf_next_token", refuse)
+    r = _cell()
+    assert r.status == "pass" and r.metrics.reference.status == "not_measured"
+    assert "reference layer: not measured: OutOfMemoryError" in r.reason
+
+
+def test_the_cases_cover_several_sequences_decode_and_chunked_prefill():
+    cases = prompt_suite(list(range(4, 33, 4)) + list(range(48, 65, 16)), 1000)
+    chosen, prefill = reference_cases(cases)
+    names = [c.name for c in chosen]
+    assert any(n.startswith("decode_") for n in names) and any(n.startswith("chunked_") for n in names)
+    assert any(len(c.prompts) > 1 for c in chosen) and len(prefill.prompts) == 1
