@@ -106,6 +106,11 @@ def test_runs_lists_the_run_ids_with_their_counts_and_only_reads(db: Path) -> No
     p = _pcgh("runs", "--db", "missing.db", cwd=db.parent)
     assert p.returncode == 2 and "pcgh runs: error: no results database at" in p.stderr
     assert not (db.parent / "missing.db").exists()
+    code = ("import sys\nfrom harness.cli import main\n"
+            f"assert main(['runs', '--db', {str(db)!r}]) == 0\n"
+            "assert not {'torch', 'transformers', 'pandas'} & set(sys.modules), 'a heavy import'\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]  # a reading command: it starts as fast as report
 
 
 def _record(key: str, status: str = "pass", graphs: int | None = 0, reason: str = "", **axes: str) -> CellRecord:
