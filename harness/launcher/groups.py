@@ -6,7 +6,9 @@ waited for and taken down.
 - when a worker ends, for whatever reason, its whole group is killed before the worker is reaped (a zombie still
   holds its pgid, so the group id cannot have been recycled when the kill is sent);
 - close() kills every live group; WorkerGroups as a context manager closes on the way out, normal or not, and
-  turns SIGTERM/SIGHUP into an exception (Terminated) so that the way out runs;
+  turns SIGTERM/SIGHUP into an exception (Terminated) so that the way out runs; once it has, the signal is
+  delivered again with its default action (Terminated.redeliver), so the process still dies of it: a program that
+  embeds the runner (pytest, under a CI's wall-clock cap) would otherwise catch the exception and go on;
 - each worker holds the read end of a pipe whose write end only this process holds (non-inheritable, and
   close_fds): when the runner dies, SIGKILL included, the worker's watchdog sees EOF and kills its group
   (worker.py). PR_SET_PDEATHSIG is not used: it fires when the *thread* that forked the worker exits, and its
@@ -42,6 +44,13 @@ class Terminated(SystemExit):
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)  # the shell's exit code for death by that signal
         self.signum = signum
+
+    def redeliver(self) -> None:
+        """Die of the signal, as its default action would have had us die before the workers were down. Called
+        once the way out has run; our handler is only ever installed over the default one, so this is what the
+        program asked for. Returns only where the signal is blocked in this thread (then the exception goes on)."""
+        signal.signal(self.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), self.signum)
 
 
 def _kill_group(pgid: int) -> None:

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from harness.launcher.classify import classify_death
-from harness.launcher.groups import WorkerGroups
+from harness.launcher.groups import Terminated, WorkerGroups
 from harness.matrix import Cell
 from harness.outcome import CellOutcome, CellRecord
 
@@ -49,8 +49,12 @@ def launch(cell: Cell, log_path: Path, gpu: int | None, attempt: int = 1, groups
     Raises Cancelled when the runner shut down while the cell ran: there is nothing to record then.
     """
     if groups is None:
-        with WorkerGroups() as own:
-            return launch(cell, log_path, gpu, attempt, own, threads)
+        try:
+            with WorkerGroups() as own:
+                return launch(cell, log_path, gpu, attempt, own, threads)
+        except Terminated as e:
+            e.redeliver()  # the worker is down: the process dies of the signal, as it would have without us
+            raise
     log_path.parent.mkdir(parents=True, exist_ok=True)
     result_path = log_path.with_suffix(".json")
     result_path.unlink(missing_ok=True)

@@ -145,8 +145,10 @@ def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
             finally:  # before the pool's exit waits for its threads: they wait for their workers
                 groups.close()
                 pool.shutdown(wait=False, cancel_futures=True)
-    except (KeyboardInterrupt, Terminated):
+    except (KeyboardInterrupt, Terminated) as e:
         store.finish_run(run_id, status="interrupted")
+        if isinstance(e, Terminated):
+            e.redeliver()  # workers down, the run marked: now the process dies of the signal, embedded or not
         raise
     store.finish_run(run_id)
     return run_id

@@ -121,11 +121,62 @@ def test_a_dead_runner_leaves_no_worker_behind(tmp_path, plugin_env, sig):
     finally:
         runner.kill()
     if sig == signal.SIGTERM:
-        assert returncode == 128 + signal.SIGTERM
+        assert returncode == -signal.SIGTERM  # its workers down, the runner died of the signal itself
         with Store(str(db)) as store:
             assert store.run(1)["status"] == "interrupted"
             assert store.results(1) == []  # a cell the runner killed has no outcome: none is recorded
         assert read_records(next(logs.glob("*/run-1")) / "workers") == []
+
+
+# A suite that runs a matrix in-process (as tests/harness/test_smoke_run.py does), then has more to run.
+_SUITE = """
+import time
+from pathlib import Path
+
+from harness.launcher import RunOptions, run_matrix
+from harness.store import Store
+from pcg_core.plugins import load_plugins
+
+HERE = Path(__file__).parent
+
+
+def test_a_matrix_in_process():
+    load_plugins()
+    with Store(str(HERE / "r.db")) as store:
+        run_matrix(HERE / "m.yaml", store, RunOptions(logs_dir=HERE / "logs", progress=False))
+
+
+def test_the_rest_of_the_suite():
+    time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_suite_that_runs_the_runner_in_process(tmp_path, plugin_env):
+    """`timeout 5400 python -m pytest` must stop the suite: the runner takes its workers down, marks the run
+    interrupted, and the process dies of the signal, not one failed test after which pytest goes on."""
+    _matrix(tmp_path, ["test_hang_load"], timeout_s=300)
+    (tmp_path / "test_suite.py").write_text(_SUITE)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    suite = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
+                              str(tmp_path / "pytest.ini"), str(tmp_path / "test_suite.py")], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(tmp_path / "child.pid", 300, suite)
+        workers = [r.pid for r in read_records(next((tmp_path / "logs").glob("*/run-1")) / "workers")]
+        child = int((tmp_path / "child.pid").read_text())
+        suite.send_signal(signal.SIGTERM)
+        try:
+            out, _ = suite.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            suite.kill()
+            pytest.fail(f"pytest went on after SIGTERM:\n{suite.communicate()[0][-3000:]}")
+    finally:
+        suite.kill()
+    assert suite.returncode == -signal.SIGTERM, out
+    assert _gone_within([*workers, child], 5) == []
+    with Store(str(tmp_path / "r.db")) as store:
+        assert store.run(1)["status"] == "interrupted"
 
 
 def test_a_worker_killed_in_load_or_eager_is_a_retried_crash(tmp_path, plugin_env):
