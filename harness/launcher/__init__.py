@@ -9,9 +9,16 @@
 - runner.py — run_matrix: resume, retry, GPU slots, recording
 - progress.py — the progress bar
 - environment.py — the provenance recorded with each run
+
+A cell worker (`python -m harness.launcher.worker`) imports this package before its own module runs: its watchdog on
+the runner starts here, before the imports below (torch: seconds, more on a loaded machine), or a runner killed
+meanwhile would leave it running until they are done.
 """
 
-from harness.launcher.plan import Plan, RunOptions, plan
-from harness.launcher.runner import run_matrix
+from harness.launcher.worker import watch_parent
+
+watch_parent()  # in a runner's worker only (it has the runner's pipe); nothing elsewhere
+from harness.launcher.plan import Plan, RunOptions, plan  # noqa: E402
+from harness.launcher.runner import run_matrix  # noqa: E402
 
 __all__ = ["Plan", "RunOptions", "plan", "run_matrix"]

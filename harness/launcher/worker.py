@@ -46,7 +46,7 @@ def watch_parent() -> threading.Thread | None:
 
 
 def main() -> int:
-    watch_parent()  # first: before the imports, which take seconds the runner may not live through
+    watch_parent()  # started already, as the package was imported (harness/launcher/__init__.py); this one is a no-op
     from harness.cell import CellSpec, run_cell
     from harness.outcome import CellOutcome, Status
     from pcg_core.errors import ConfigError

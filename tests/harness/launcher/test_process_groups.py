@@ -179,6 +179,49 @@ def test_sigterm_stops_a_suite_that_runs_the_runner_in_process(tmp_path, plugin_
         assert store.run(1)["status"] == "interrupted"
 
 
+# A stand-in for the worker's slow start-up imports (torch: seconds, more under load): in a cell worker (it has the
+# runner's pipe in its environment), importing harness.launcher.plan says so and takes two minutes.
+_SLOW_START = """
+import os, sys, time
+from pathlib import Path
+
+class _SlowPlan:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "harness.launcher.plan":
+            (Path(os.environ["PCG_TEST_DIR"]) / "importing.pid").write_text(str(os.getpid()))
+            time.sleep(120)
+        return None
+
+if os.environ.get("PCG_WORKER_PARENT_FD"):
+    sys.meta_path.insert(0, _SlowPlan)
+"""
+
+
+def test_a_runner_killed_while_its_worker_starts_leaves_no_worker(tmp_path):
+    """SIGKILL `pcgh run` while its worker is still importing: the worker is gone within a second or two (its
+    watchdog was up before the imports), not once they are done (~7 s on a loaded 2-core CI)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SLOW_START)
+    env = {**os.environ, "PCG_TEST_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    runner = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(_matrix(tmp_path, ["breakable"])),
+                               "--db", str(tmp_path / "r.db"), "--logs", str(tmp_path / "logs")],
+                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = None
+    try:
+        _wait_for(tmp_path / "importing.pid", 300, runner)
+        worker = int((tmp_path / "importing.pid").read_text())
+        runner.kill()
+        runner.wait(timeout=10)
+        assert _gone_within([worker], 2) == []
+    finally:
+        runner.kill()
+        if worker is not None and alive(worker):
+            os.killpg(worker, signal.SIGKILL)
+
+
 def test_a_worker_killed_in_load_or_eager_is_a_retried_crash(tmp_path, plugin_env):
     """Killed as load or eager starts, every time: a crash of that phase, retried (attempt 2), and it fails the run
     (eager_fail would be neither retried nor counted)."""
