@@ -4,8 +4,10 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PWD:/tmp/site
+  # once per machine: device scripts started side by side must not reinstall under each other's imports
+  [[ -f /tmp/site/.installed ]] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; }
+  export PYTHONPATH=$PWD:/tmp/site
 fi
 OUT=${OUT:-out}; mkdir -p "$OUT"
 # Triton's and Inductor's caches in one folder, seeded from a carried .whl/compile-cache.tgz (an earlier call's, same

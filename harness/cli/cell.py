@@ -144,6 +144,9 @@ def _print(spec: CellSpec, o: CellOutcome) -> None:
     console.print(f"[bold {colour}]{o.status}[/] {spec.model} quant={spec.quant} attention={spec.attention} "
                   f"parallel={spec.parallel} graph={spec.graph} compiler={spec.compiler} "
                   f"{m.device} {m.dtype} layers={m.layers}" + (f" — {o.reason}" if o.reason else ""))
+    if m.reference is not None:  # measured before capture: shown even when the cell ended there
+        ref_colour = {"pass": "green", "fail": "red"}.get(m.reference.status, "yellow")
+        console.print(f"[{ref_colour}]reference layer[/]: {m.reference.summary()}")
     if m.pieces is None:
         return  # ended before capture: nothing measured
     pool = None if m.graph_pool_bytes is None else m.graph_pool_bytes / 2**20
