@@ -5,12 +5,14 @@ group (the dashboard adds `serve`), so the harness never imports them.
 Each command is a module here that adds its parser and sets its handler; a handler imports what it runs when it
 runs, so `pcgh --help` and the commands that only read the store start without torch. Bad input is one line and
 exit 2 (EXIT_BAD_INPUT), never a traceback: argparse's own errors, a ConfigError from anywhere below, and an
-OSError on a path the user gave.
+OSError on a path the user gave. So are the other ways a command ends that are not bugs: a module of an extra that
+is not installed (a lean `pcg[web]` install has no torch), Ctrl-C (130) and a reader that closed the pipe (141).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -23,6 +25,11 @@ from pcg_core.errors import ConfigError
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAIL", "EXIT_PASS", "build_parser", "error_text", "main", "spec_from_args"]
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+# What a shell reports for a tool that SIGINT or SIGPIPE ended (128 + the signal), so scripts read them alike.
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
+# The top-level modules each extra brings (pyproject.toml): a missing one is an install to do, not a bug.
+EXTRA_OF = {"torch": "runtime", "transformers": "runtime", "huggingface_hub": "runtime", "safetensors": "runtime",
+            "fastapi": "web", "starlette": "web", "jinja2": "web", "uvicorn": "web"}
 COMMANDS_GROUP = "pcgh.commands"
 # The runtime's errors name the config field; on this command line the user typed a flag.
 FLAGS = {"backend": "--graph", "attention": "--attention", "compiler": "--compiler", "device": "--device",
@@ -85,23 +92,82 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_extra_text(e: ModuleNotFoundError) -> str | None:
+    """What to install when `e` is a module of one of our extras; None for any other missing module (a bug)."""
+    module = (e.name or "").split(".")[0]
+    extra = EXTRA_OF.get(module)
+    if extra is None:
+        return None
+    return (f"needs {module} ({e}); install the {extra} extra: pip install \"pcg[{extra}]\" "
+            f"(from a checkout: pip install -e \".[{extra}]\")")
+
+
+def interrupted_text(args: argparse.Namespace | None) -> str:
+    """Ctrl-C's one line; for a run, the command that finishes it (the run was marked interrupted)."""
+    command = getattr(args, "command", None)
+    if command not in ("run", "nightly") or getattr(args, "dry_run", False):
+        return f"pcgh{' ' + command if command else ''}: interrupted"
+    again = [f"pcgh {command} {args.matrix} --resume"]
+    if args.db:
+        again.append(f"--db {args.db}")
+    if str(args.logs) != "pcg-logs":
+        again.append(f"--logs {args.logs}")
+    return f"pcgh {command}: interrupted; `{' '.join(again)}` finishes the run"
+
+
+def _quiet_stdout() -> None:
+    """The reader of our stdout is gone (`pcgh report | head`): what is still buffered goes nowhere, so the
+    interpreter's flush at exit does not raise BrokenPipeError again (Python's documented recipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # stdout is no file (captured): nothing is flushed at exit
+
+
 def main(argv: list[str] | None = None) -> int:
-    from pcg_core.plugins import load_plugins
+    args = None
+
+    def fail(text: str) -> int:
+        print(f"pcgh{' ' + args.command if args else ''}: error: {text}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
     try:
-        load_plugins()
+        from pcg_core.plugins import load_plugins
+
+        try:
+            load_plugins()
+        except ConfigError as e:
+            return fail(str(e))
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown and not getattr(args, "takes_any_arguments", False):
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        code = args.handler(args)
+        sys.stdout.flush()  # a reader that closed the pipe shows here, inside the try, not at exit
+        return code
     except ConfigError as e:
-        print(f"pcgh: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown and not getattr(args, "takes_any_arguments", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    try:
-        return args.handler(args)
-    except ConfigError as e:
-        print(f"pcgh {args.command}: error: {error_text(e, args.command)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return fail(error_text(e, args.command) if args else str(e))
+    except ModuleNotFoundError as e:
+        text = missing_extra_text(e)
+        if text is None:
+            raise  # not an extra's module: a fault of ours, with its traceback
+        return fail(text)
+    except KeyboardInterrupt:
+        print(interrupted_text(args), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except SystemExit as e:  # rich's Console meets a closed pipe with exit 1 (on_broken_pipe): 1 is a failed cell here
+        if isinstance(e.__context__, BrokenPipeError):
+            return EXIT_BROKEN_PIPE
+        raise
+    except OSError as e:
+        if e.filename is None:
+            raise  # not about a path: a fault of ours or of the machine, with its traceback
+        hint = " (--models-dir: the folder --write-card writes into)" if getattr(args, "write_card", False) else ""
+        return fail(f"{e.filename}: {e.strerror or e}{hint}")
 
 
 if __name__ == "__main__":
