@@ -52,12 +52,16 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def nightly(args: argparse.Namespace) -> int:
-    # Bad input before torch loads. Requested models may join the model axis (below), so with requests the
-    # filters and tier are checked against the axis they join, in the plan made then.
+    # Bad input before torch loads. Requested models may join the model axis (below), so with requests a model
+    # filter, and whether any cell is selected, are checked against the axis they join, in the plan made then.
+    from harness.matrix import check_selection, select
+
     matrix = preflight(args.matrix, args.filter, args.tier, selection=False)
     variant = matrix.nightly.requests if args.requests is None else (None if args.requests == "none" else args.requests)
     if variant is None:
-        preflight(args.matrix, args.filter, args.tier)
+        select(matrix, args.filter, args.tier, args.matrix)
+    else:
+        check_selection(matrix, args.filter, args.tier, args.matrix, skip=("model",))
     from harness.launcher import RunOptions, plan, run_matrix
     from harness.reports import diff_markdown, diff_runs, write_report
     from harness.reports.policy import Policy, judge_night, verdict_markdown

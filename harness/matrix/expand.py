@@ -105,15 +105,24 @@ def expand(matrix: Matrix, filters: list[dict[str, str]] | None = None, tier: st
     return cells
 
 
+def check_selection(matrix: Matrix, filters: list[dict[str, str]], tier: str | None, source: str,
+                    skip: tuple[str, ...] = ()) -> None:
+    """The tier is one of the matrix's and each filter names a value of its axis (axes in `skip` aside: values
+    may still join them, as requested models join the nightly's model axis); else a ConfigError saying so."""
+    if tier is not None and tier not in matrix.tiers:
+        expand(matrix, tier=tier)  # its error, with the nearest tier
+    for f in filters:
+        for axis, pattern in f.items():
+            values = list(dict.fromkeys(getattr(matrix.axes, axis)))
+            if axis not in skip and (why := matches_none(pattern, axis, values, most=20, whose=f"{source}'s")):
+                raise ConfigError(f"--filter {axis}={pattern}: {why}")
+
+
 def select(matrix: Matrix, filters: list[dict[str, str]], tier: str | None, source: str) -> list[Cell]:
     """The cells a run of `source` (the matrix file) takes: expand's, where a filter value that names nothing on
     its axis (a typo) and a tier or filters that leave no cell are bad input, so that a CI job gating on a
     filtered run cannot pass green on an empty one."""
-    for f in filters:
-        for axis, pattern in f.items():
-            values = list(dict.fromkeys(getattr(matrix.axes, axis)))
-            if (why := matches_none(pattern, axis, values, most=20, whose=f"{source}'s")) is not None:
-                raise ConfigError(f"--filter {axis}={pattern}: {why}")
+    check_selection(matrix, filters, tier, source)
     cells = expand(matrix, filters=filters, tier=tier)
     if not cells:
         asked = " ".join([*([f"--tier {tier}"] if tier else []),

@@ -20,6 +20,7 @@ from pcg_core.known import MAX_TOKENS
 
 ROOT = Path(__file__).resolve().parents[3]
 SMOKE = str(ROOT / "harness" / "configs" / "smoke.yaml")
+NIGHTLY = str(ROOT / "harness" / "configs" / "nightly.yaml")  # with `nightly: {requests: …}`
 NIGHTLY_DB = ROOT / "benchmarks" / "results" / "2026-11-29-h200" / "nightly" / "nightly.db"
 
 
@@ -71,7 +72,8 @@ def test_matrix_mistakes_are_reported_before_torch_is_imported(tmp_path: Path) -
 import sys
 from harness.cli import main
 for argv in (['run', 'typo.yaml'], ['run', 'key.yaml'], ['nightly', 'key.yaml'], ['run', {SMOKE!r}, '--filter', 'graph=fulll'],
-             ['run', {str(ROOT / 'harness' / 'configs')!r}], ['run', {SMOKE!r}, '--tier', 'dens']):
+             ['run', {str(ROOT / 'harness' / 'configs')!r}], ['run', {SMOKE!r}, '--tier', 'dens'],
+             ['nightly', {NIGHTLY!r}, '--filter', 'graph=fulll'], ['nightly', {NIGHTLY!r}, '--tier', 'quik']):
     assert main(argv + ['--db', 'x.db']) == 2, argv
 assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'
 """
@@ -85,6 +87,9 @@ assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch 
                f"{ROOT / 'harness' / 'configs' / 'smoke.yaml'} (files there: full.yaml, nightly.yaml, smoke.yaml)" in e
                for e in errors), errors
     assert any("tier 'dens' is not in matrix 'smoke'; did you mean 'dense'?" in e for e in errors)
+    # the nightly matrix joins requested models to its model axis: its other axes are checked at once all the same
+    assert any(e.startswith("pcgh nightly: error: --filter graph=fulll: ") for e in errors)
+    assert any("tier 'quik' is not in matrix 'nightly'; did you mean 'quick'?" in e for e in errors)
     assert not (tmp_path / "x.db").exists()
 
 
