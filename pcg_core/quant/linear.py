@@ -114,14 +114,25 @@ def _pad_rows(x: torch.Tensor, multiple: int, extra: int = 0) -> torch.Tensor:
 
 
 def block_weight_scales(scale: torch.Tensor) -> torch.Tensor:
-    """128×128 weight-block scales (N/128, K/128) as cuBLASLt reads them: (K/128, N/128) with the K/128 run padded
-    to a multiple of 4 in memory (torch's _scaled_mm_v2 spells the layout out: stride (1, round_up(K/128, 4))).
-    The plain transpose passed before gave it a stride of K/128, which cuBLASLt reads as if padded: every K/128
-    that is not a multiple of 4 (Qwen2.5-0.5B's 896 = 7 blocks) multiplied blocks by other blocks' scales
-    (relative error ~1e3 on the H200), in eager and graph alike. A copy per call: (N/128) × 4 floats more at most."""
-    nb, kb = scale.shape
-    padded = torch.nn.functional.pad(scale.float(), (0, (-kb) % 4))
-    return padded[:, :kb].t()
+    """128×128 weight-block scales (N/128, K/128) as cuBLASLt reads them for the second operand: (L4, N/128), stride
+    (1, L4), L4 = K/128 rounded up to a multiple of 4, the rows past K/128 zero (torch's scaled_mm documents the
+    layout). `torch._scaled_mm` took the plain transpose (stride K/128) and handed cuBLASLt a pointer it reads with
+    stride L4: every K/128 that is not a multiple of 4 (Qwen2.5-0.5B's 896 = 7 blocks) multiplied blocks by other
+    blocks' scales (relative error 0.9–1.8e7 on the H200), in eager and graph alike; and torch 2.11's `_scaled_mm`
+    refuses the padded stride. So the block GEMM goes through `scaled_mm` with the recipes named. A copy per call:
+    (N/128) × L4 floats."""
+    kb = scale.shape[1]
+    return torch.nn.functional.pad(scale.float(), (0, (-kb) % 4)).t()
+
+
+def _block_fp8_mm(xq: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """xq (M, K) FP8 with 1×128 group scales sx (M, K/128), times the (N, K) FP8 weight with 128×128 block scales:
+    bf16 (M, N). M must be a multiple of 4 (the caller pads)."""
+    from torch.nn.functional import ScalingType, scaled_mm
+
+    sx = sx.t().contiguous().t()  # column-major, as cuBLASLt's 1×128 block scaling wants
+    return scaled_mm(xq, weight.t(), sx, ScalingType.BlockWise1x128, block_weight_scales(weight_scale),
+                     ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
 
 
 def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
@@ -135,9 +146,7 @@ def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
         out = acc.float() * sx * mod.weight_scale.view(1, -1)
     elif s.weights == "block":  # cuBLASLt refuses fast accumulation with block scales
         xq, sx = quantize_activation(_pad_rows(x, 4), s)
-        sx = sx.t().contiguous().t()  # column-major, as cuBLASLt's 1×128 block scaling wants
-        out = torch._scaled_mm(xq, mod.weight.t(), scale_a=sx, scale_b=block_weight_scales(mod.weight_scale),
-                               out_dtype=torch.bfloat16)[:m]
+        out = _block_fp8_mm(xq, sx, mod.weight, mod.weight_scale)[:m]
     else:
         # Per-tensor and row-wise scales: fast accumulation (as the serving engines' FP8 GEMMs run on Hopper),
         # held to the reference by the kernel tests like every other path.

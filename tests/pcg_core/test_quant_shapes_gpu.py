@@ -227,13 +227,18 @@ def test_w4afp8_large_m_paths_over_k_block_counts(layers, blocks, scaled_mm):
 @on_gpu
 @pytest.mark.parametrize("m", [8, 129])
 def test_the_old_block_scale_layout_fails_this_check_at_k_896(layers, m, monkeypatch):
-    """Planted fault: `block_weight_scales` replaced by what linear.py passed before issue 47 — the plain transpose,
-    stride K/128, which cuBLASLt reads with a stride of round_up(K/128, 4) — must fail check() at K = 896 (7 blocks),
-    on the same layer that passes it with the fix (measured on the H200, torch 2.11: ~0.95 relative at K = 896, up
-    to 1e7 at other K-block counts)."""
+    """Planted fault: the block GEMM as linear.py ran it before issue 47 — `torch._scaled_mm` with the weight-block
+    scales as a plain transpose (stride K/128), which cuBLASLt reads with a stride of round_up(K/128, 4) — must fail
+    check() at K = 896 (7 blocks), on the same layer that passes it with the fix (measured on the H200, torch 2.11:
+    ~0.95 relative at K = 896, up to 1e7 at other K-block counts)."""
     layer = layers("fp8_block", SWEEP_N, 896)
     check("fp8_block", layer, m)
-    monkeypatch.setattr(quant_linear, "block_weight_scales", lambda scale: scale.t())
+
+    def old_block_fp8_mm(xq, sx, weight, weight_scale):
+        sx = sx.t().contiguous().t()
+        return torch._scaled_mm(xq, weight.t(), scale_a=sx, scale_b=weight_scale.t(), out_dtype=torch.bfloat16)
+
+    monkeypatch.setattr(quant_linear, "_block_fp8_mm", old_block_fp8_mm)
     with pytest.raises(AssertionError, match=r"fp8_block N=640 K=896 .* kernel: "):
         try:
             check("fp8_block", layer, m)
