@@ -98,8 +98,7 @@ def missing_extra_text(e: ModuleNotFoundError) -> str | None:
     extra = EXTRA_OF.get(module)
     if extra is None:
         return None
-    return (f"needs {module} ({e}); install the {extra} extra: pip install \"pcg[{extra}]\" "
-            f"(from a checkout: pip install -e \".[{extra}]\")")
+    return f"needs {module} ({e}); install the {extra} extra from pcg's checkout: pip install -e \".[{extra}]\""
 
 
 def interrupted_text(args: argparse.Namespace | None) -> str:
