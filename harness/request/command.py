@@ -46,10 +46,10 @@ def request_model(model: str, *, revision: str | None = None, quants: list[str] 
         token()
     source = resolve(model, revision)
     hub_id = hub_id or source.hub_id or hub_id_for_local(source.path, source.config)
-    if write and hub_id is None:
-        raise ConfigError(f"--write-card needs the model's hub id for the card's hub_id, and {source.model} does not "
-                          "tell it; pass --hub-id ORG/NAME (or name the file <org>__<name>.json)")
-    if write:  # an existing card or config is refused before the store is opened (or made)
+    if write:  # refused before the store is opened (or made): no hub id, or a card or config in the way
+        if hub_id is None:
+            raise ConfigError(f"--write-card needs the model's hub id for the card's hub_id, and {source.model} does not "
+                              "tell it; pass --hub-id ORG/NAME (or name the file <org>__<name>.json)")
         check_card(source.config, hub_id, models_dir=models_dir, force=force)
     report = analyze(source.config, model=source.model, source=source.kind, revision=source.revision, quants=quants, tps=tps)
     report["hub_id"] = hub_id
