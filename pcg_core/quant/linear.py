@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from pcg_core.quant import fp4_w4a16, w4a8, w4a16
+from pcg_core.quant.fp4_w4a16 import reference as fp4_reference
+from pcg_core.quant.w4a8 import reference as w4a8_reference
+from pcg_core.quant.w4a16 import reference as w4a16_reference
 from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme
 from pcg_core.quant.fp4_experts import fp4_unsupported_reason, quantize_experts_fp4
 from pcg_core.quant.int4 import Int4Linear, Int4Scheme, W4A8Linear
@@ -74,11 +76,11 @@ def reference_forward(mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return reference_linear(x, mod.weight, mod.weight_scale, mod.scheme, mod.input_scale, mod.bias)
     if isinstance(mod, W4A8Linear):  # before Int4Linear: its subclass
         x = x if mod.perm is None else x.index_select(1, mod.perm)
-        return w4a8.reference(x, mod.qweight, mod.scales, mod.zeros, mod.group, mod.act, mod.bias)
+        return w4a8_reference(x, mod.qweight, mod.scales, mod.zeros, mod.group, mod.act, mod.bias)
     if isinstance(mod, Int4Linear):
-        return w4a16.reference(x, mod.qweight, mod.scales, mod.zeros, mod.group, mod.perm, mod.bias)
+        return w4a16_reference(x, mod.qweight, mod.scales, mod.zeros, mod.group, mod.perm, mod.bias)
     if isinstance(mod, Fp4Linear):
-        return fp4_w4a16.reference(x, mod.weight_packed, mod.weight_scale, mod.global_scale, mod.block, mod.bias)
+        return fp4_reference(x, mod.weight_packed, mod.weight_scale, mod.global_scale, mod.block, mod.bias)
     raise TypeError(f"{type(mod).__name__} is not a quantized linear this file knows")
 
 
