@@ -18,13 +18,16 @@ if [[ " $phases " == *" tests "* ]]; then
     2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
 fi
 if [[ " $phases " == *" before "* ]]; then
-  echo "qwen2.5-0.5b:24 flex piecewise eager fp8_block 4096" > /tmp/before.txt
-  PCG_PLUGINS=benchmarks.planted_fp8_block_layout NAME=before CELL_JOBS=1 LIST_TIMEOUT=200 \
-    bash "$here/gpu_cells.sh" /tmp/before.txt | tail -4
+  # run as harness.cli.__main__: gpu_cells.sh's closing `pkill -f "harness.cli cell"` (the after phase's, when both
+  # run side by side) must not take it down
+  PCG_PLUGINS=benchmarks.planted_fp8_block_layout timeout ${BEFORE_TIMEOUT:-300} python3 -m harness.cli.__main__ cell \
+    --model qwen2.5-0.5b --layers 24 --attention flex --graph piecewise --quant fp8_block --device cuda \
+    --max-tokens 4096 --json > "$OUT/before.jsonl" 2> "$OUT/before.err"
+  echo "before: rc $?"
 fi
 if [[ " $phases " == *" after "* ]]; then
   printf 'qwen2.5-0.5b:24 flex %s eager fp8_block 4096\n' piecewise breakable full > /tmp/after.txt
-  NAME=after CELL_JOBS=3 LIST_TIMEOUT=260 bash "$here/gpu_cells.sh" /tmp/after.txt | tail -6
+  NAME=after CELL_JOBS=3 LIST_TIMEOUT=${LIST_TIMEOUT:-260} bash "$here/gpu_cells.sh" /tmp/after.txt | tail -6
 fi
 if [[ " $phases " == *" seeds "* ]]; then
   NAME=seeds CELL_JOBS=${CELL_JOBS:-3} LIST_TIMEOUT=${LIST_TIMEOUT:-530} bash "$here/gpu_cells.sh" \

@@ -130,6 +130,7 @@ class ReferenceCheck(_Model):
     # |Δ| mean and max over positions, and the same for transformers' forward in the cell's dtype (its own noise),
     # which sets the bounds.
     attention: str | None = None  # transformers' attention implementation it ran (sdpa, eager)
+    subject: str = "the model"  # or "the float twin": float32 cells whose activation quantizers make it chaotic
     positions: int | None = None
     mean_logprob_diff: float | None = None
     max_logprob_diff: float | None = None
@@ -137,6 +138,7 @@ class ReferenceCheck(_Model):
     max_noise: float | None = None
     mean_bound: float | None = None
     max_bound: float | None = None
+    positions_over_max: int | None = None  # past max_bound (a few allowed where activations are quantized)
     token_flips: int | None = None  # output tokens that are not the reference's argmax beyond a near-tie
     # Quantized cells: the kernels against their reference math (same activation quantization, dequantized
     # weights, float32 accumulation) on one prompt through pcg's eager engine, hidden states per layer (each
@@ -156,11 +158,14 @@ class ReferenceCheck(_Model):
             return f"not measured: {self.reason}"
         parts = []
         if self.mean_logprob_diff is not None:
-            parts.append(f"vs transformers ({self.attention}, float32) over {self.positions} positions: |Δlogprob| mean "
-                         f"{self.mean_logprob_diff:.3g} ≤ {self.mean_bound:.3g}?, max {self.max_logprob_diff:.3g} ≤ "
-                         f"{self.max_bound:.3g}?, {self.token_flips} token flips")
+            parts.append(f"{self.subject} vs transformers ({self.attention}, float32) over {self.positions} positions: "
+                         f"|Δlogprob| mean "
+                         f"{self.mean_logprob_diff:.3g} (bound {self.mean_bound:.3g}), max {self.max_logprob_diff:.3g} (bound "
+                         f"{self.max_bound:.3g}, {self.positions_over_max} positions past it), {self.token_flips} token "
+                         "flips")
         if self.kernel_rel is not None:
-            parts.append(f"kernels vs reference math: {self.kernel_rel:.3g} ≤ {self.kernel_bound:.3g}? ({self.kernel_layer})")
+            parts.append(f"kernels vs reference math: {self.kernel_rel:.3g} (bound {self.kernel_bound:.3g}) at "
+                         f"{self.kernel_layer}")
         if self.scheme_rel is not None:
             parts.append(f"scheme cost {self.scheme_rel:.3g}")
         head = "pass" if self.status == "pass" else f"FAIL: {self.reason}"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import torch
@@ -38,6 +38,9 @@ from pcg_core.config import EngineConfig
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.engine import LOGITS_CHUNK, head_logits
 from pcg_core.model.mla import uninstall_mla
+from pcg_core.quant.int4 import Int4Scheme
+from pcg_core.quant.linear import scheme_of
+from pcg_core.quant.schemes import Scheme
 from pcg_core.quant.twin import float_twin, reference_twin
 
 # How far beyond the reference's own half-precision noise (the same forward in the cell's dtype against float32)
@@ -84,11 +87,24 @@ def _attention_implementation(model: torch.nn.Module) -> str:
     return "eager" if special else "sdpa"
 
 
-def _hf_twin(model: torch.nn.Module, float32: bool, attention: str) -> torch.nn.Module:
-    twin = reference_twin(model, float32=float32)
+def _hf_twin(model: torch.nn.Module, float32: bool, attention: str, nudge: bool = False,
+             make_twin: Callable[[torch.nn.Module, bool], torch.nn.Module] = reference_twin) -> torch.nn.Module:
+    """The reference twin run as transformers' own model. `nudge`: its input embeddings moved by one float32 rounding
+    step (2^-23 relative, random sign per value): what any other float32 implementation's summation order does to
+    them. Where nothing amplifies it the output moves by ~1e-7; an activation quantizer turns it into whole rounding
+    steps, and this twin measures by how much (the float32 cells' noise)."""
+    twin = make_twin(model, float32)
     uninstall_mla(twin)
     twin.config._attn_implementation = attention
+    if nudge:
+        twin.get_input_embeddings().register_forward_hook(_nudge)
     return twin
+
+
+def _nudge(module: torch.nn.Module, args, out: torch.Tensor) -> torch.Tensor:
+    g = torch.Generator(device=out.device).manual_seed(out.shape[-2])
+    sign = torch.randint(0, 2, out.shape, generator=g, device=out.device, dtype=out.dtype) * 2 - 1
+    return out * (1 + sign * 2.0**-23)
 
 
 @torch.no_grad()
@@ -111,18 +127,26 @@ def _hf_next_token(twin: torch.nn.Module, seq: list[int], device: torch.device) 
 
 
 def _transformers_positions(model: torch.nn.Module, dtype: str, cases: list[Case],
-                            outputs: dict[str, list[SequenceOutput]], attention: str) -> _Positions:
+                            outputs: dict[str, list[SequenceOutput]], attention: str,
+                            make_twin: Callable[[torch.nn.Module, bool], torch.nn.Module] = reference_twin) -> _Positions:
     device = next(model.parameters()).device
     seqs = [(c.name, i, o) for c in cases for i, o in enumerate(outputs[c.name])]
-    ref32 = _hf_twin(model, True, attention)
-    half = dtype != "float32"
-    ref16 = _hf_twin(model, False, attention) if half else None
+    ref32 = _hf_twin(model, True, attention, make_twin=make_twin)
+    # The reference's own noise: in half precision the same forward in the cell's dtype; in float32 transformers'
+    # other attention implementation (another summation order at every layer, as pcg's own), or where the model has
+    # only one, the forward nudged by a rounding step (_hf_twin).
+    if dtype != "float32":
+        ref16 = _hf_twin(model, False, attention, make_twin=make_twin)
+    elif attention == "sdpa":
+        ref16 = _hf_twin(model, True, "eager", make_twin=make_twin)
+    else:
+        ref16 = _hf_twin(model, True, attention, nudge=True, make_twin=make_twin)
     pos = _Positions([], [], [], [])
     try:
         for name, i, o in seqs:
             seq = o.prompt_ids + o.output_ids
             lp32, arg32, top32 = _hf_next_token(ref32, seq, device)
-            lp16 = _hf_next_token(ref16, seq, device)[0] if half else lp32
+            lp16 = _hf_next_token(ref16, seq, device)[0]
             eager = [*(o.prompt_logprobs or []), *o.output_logprobs]
             if len(eager) != len(seq) - 1:
                 raise ValueError(f"{name}[{i}]: {len(eager)} eager logprobs for {len(seq) - 1} positions")
@@ -149,6 +173,16 @@ def _mean_max(values: Iterable[float]) -> tuple[float, float]:
     return float(v.mean()), float(v.max())
 
 
+def quantizes_activations(model: torch.nn.Module) -> bool:
+    """Whether any layer quantizes its input (8-bit schemes, W4A8): a rounding step there turns a summation-order
+    difference into a jump at that token's row."""
+    for module in model.modules():
+        scheme = scheme_of(module)
+        if isinstance(scheme, Scheme) or (isinstance(scheme, Int4Scheme) and scheme.activations is not None):
+            return True
+    return False
+
+
 def _judge_transformers(check: ReferenceCheck, pos: _Positions, dtype: str) -> list[str]:
     """The transformers comparison's numbers into `check`; returns what failed."""
     err = [abs(a - b) for a, b in zip(pos.eager, pos.ref32)]
@@ -166,9 +200,10 @@ def _judge_transformers(check: ReferenceCheck, pos: _Positions, dtype: str) -> l
         problems.append(f"pcg's eager prompt/output logprobs differ from {against} by {check.mean_logprob_diff:.3g} "
                         f"on average > {check.mean_bound:.3g} (the reference's own {dtype} noise {check.mean_noise:.3g}"
                         f" × {NOISE_MULT:g}, floor {MEAN_FLOOR[dtype]:g})")
-    if not check.max_logprob_diff <= check.max_bound:
+    check.positions_over_max = sum(not e <= check.max_bound for e in err)
+    if check.positions_over_max or math.isnan(check.max_logprob_diff):
         problems.append(f"at worst by {check.max_logprob_diff:.3g} > {check.max_bound:.3g} (noise {check.max_noise:.3g} "
-                        f"× {NOISE_MULT:g}, floor {MAX_FLOOR[dtype]:g})")
+                        f"× {NOISE_MULT:g}, floor {MAX_FLOOR[dtype]:g}) at {check.positions_over_max} positions")
     if bad:
         problems.append(f"{len(bad)} greedy token(s) not the reference's argmax beyond a near-tie "
                         f"(2 × {check.max_bound:.3g}): {bad[0][0]}, the reference's margin {bad[0][1]:.3g}")
@@ -228,8 +263,19 @@ def reference_layer(model: torch.nn.Module, config: EngineConfig, cases: list[Ca
     chosen, prefill = reference_cases(cases)
     check = ReferenceCheck(attention=_attention_implementation(model))
     try:
-        problems = _judge_transformers(check, _transformers_positions(model, config.dtype, chosen, outputs,
-                                                                      check.attention), config.dtype)
+        if config.dtype == "float32" and quantizes_activations(model):
+            # In float32 the activation quantizers are the only noise, and chaotic: pcg's and transformers'
+            # summation orders (1e-7 apart) land a value on either side of a rounding step, the KV carries it to
+            # later tokens, and neither noise run need land one (2 of 20 seeds on the CPU smoke matrix failed so).
+            # So pcg's engine is held exactly on the float twin (same weights dequantized, no quantizer), and the
+            # quantized layers by the kernel check.
+            check.subject = "the float twin"
+            outputs = _float_twin_outputs(model, config, chosen)
+            positions = _transformers_positions(model, "float32", chosen, outputs, check.attention,
+                                                make_twin=lambda m, _: float_twin(m))
+        else:
+            positions = _transformers_positions(model, config.dtype, chosen, outputs, check.attention)
+        problems = _judge_transformers(check, positions, config.dtype)
         if quantized:
             problems += _judge_kernels(check, model, config, prefill)
     except Exception as e:  # noqa: BLE001 - out of memory, a forward transformers refuses: said, never a silent pass
@@ -239,6 +285,17 @@ def reference_layer(model: torch.nn.Module, config: EngineConfig, cases: list[Ca
     check.status = "fail" if problems else "pass"
     check.reason = "; ".join(problems)[:1800]
     return check
+
+
+def _float_twin_outputs(model: torch.nn.Module, config: EngineConfig, cases: list[Case]) -> dict[str, list[SequenceOutput]]:
+    """pcg's eager engine on the model's float twin (float32, no quantizer), the cases run as the suite runs them."""
+    engine = Engine(float_twin(model), replace(config, dtype="float32", capture=replace(config.capture, backend="disabled")))
+    try:
+        return {c.name: engine.generate([list(p) for p in c.prompts], c.new_tokens, 2, prompt_logprobs=True, chunk=c.chunk)
+                for c in cases}
+    finally:
+        engine = None
+        _free()
 
 
 def _free() -> None:
