@@ -64,6 +64,7 @@ def result_rows(records: Sequence[CellRecord]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"key": r.key, **{a: r.axes.get(a) for a in AXES}, "status": str(r.status),
                                "reason": r.reason, "duration_s": r.duration_s, "attempt": r.attempt}
         row.update(flatten_metrics(r.metrics))
+        row["reference"] = r.metrics.reference.status if r.metrics.reference else None  # the judge's reference layer
         rows.append(row)
     return rows
 

@@ -75,7 +75,17 @@ def _result(frame: Rows) -> str:
     else:
         speed += " (no passing cell has timings)"
     counts = table(["status", "cells"], list(t.counts.items()))
-    return f"{rate}\n\n{speed}\n\n{counts}"
+    return f"{rate}\n\n{speed}\n\n{_reference(frame)}{counts}"
+
+
+def _reference(frame: Rows) -> str:
+    """The reference layer's verdicts (is eager right?), where the run's cells recorded one."""
+    seen = [r["reference"] for r in frame if r.get("reference")]
+    if not seen:
+        return ""
+    counts = {s: seen.count(s) for s in ("pass", "fail", "not_measured") if s in seen}
+    words = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items())
+    return f"**Reference layer** (eager against transformers and the kernels' reference math): {words}\n\n"
 
 
 def _per_token(row: Mapping[str, Any], token_cols: list[str]) -> str:

@@ -62,3 +62,15 @@ def test_empty_run_summary(run):
     md = summary_markdown(run, [])
     assert "No cells in this run." in md and "Pass rate: n/a" in md and "Geomean speedup: n/a" in md
     assert summary_markdown(None, []).startswith("# pcg compatibility run: unnamed run")
+
+
+def test_the_reference_layer_is_counted_where_cells_recorded_it(row, run):
+    from harness.outcome import ReferenceCheck
+
+    rows = [row("a", "pass"), row("b", "fail_accuracy", reason="reference layer: FAIL: …"), row("c", "pass"), row("d")]
+    for r, status in zip(rows, ("pass", "fail", "not_measured")):
+        r.metrics.reference = ReferenceCheck(status=status)
+    md = summary_markdown(run, rows)
+    assert "**Reference layer** (eager against transformers and the kernels' reference math): 1 pass, 1 fail, " \
+           "1 not measured" in md
+    assert "Reference layer" not in summary_markdown(run, [row("e")])  # rows from before the layer: no line
