@@ -2,7 +2,7 @@
 # Issue 47 on the device: the FP8 block layouts over K-block counts, the 8-bit and shape GPU tests, and cells under
 # the judge's reference layer. Phases (default all): layout tests before after seeds
 #   layout — benchmarks/fp8_block_layout.py (old vs new weight-scale layout, K/128 = 1…20; W4AFP8's block GEMM)
-#   tests  — pytest -m gpu on the 8-bit kernel tests and the shape tests
+#   tests  — pytest -m gpu on the 8-bit kernel tests, the shape tests and an HF fp8 checkpoint at hidden 896
 #   before — Qwen2.5-0.5B (24 layers) × fp8_block × piecewise with the old layout planted (PCG_PLUGINS)
 #   after  — the same cell with the fix, under piecewise, breakable and full
 #   seeds  — one unquantized nightly cell (piecewise, flex, 4096 tokens) per seed model (lists/reference-seeds.txt)
@@ -15,6 +15,7 @@ if [[ " $phases " == *" layout "* ]]; then
 fi
 if [[ " $phases " == *" tests "* ]]; then
   timeout 240 python3 -m pytest -q -m gpu tests/pcg_core/test_quant_gpu.py tests/pcg_core/test_quant_shapes_gpu.py \
+    tests/harness/cell/test_reference_checkpoint.py \
     2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
 fi
 if [[ " $phases " == *" before "* ]]; then
