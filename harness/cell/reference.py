@@ -7,8 +7,11 @@ of 4). This layer holds eager to references that share none of pcg's fast paths:
 - **transformers**: pcg's eager prompt and output logprobs against transformers' own forward of the same weights
   (its attention implementation, MLA unabsorbed, one sequence at a time, unpadded, teacher-forced on eager's greedy
   tokens), every kernel replaced by the math it is held to (pcg_core.quant.twin.reference_twin), in float32. The
-  bounds come from that reference's own noise: the same forward in the cell's dtype against float32, times
-  NOISE_MULT, never under a per-dtype floor. A greedy token that is not the reference's argmax must be a near-tie.
+  bounds come from that reference's own noise, times NOISE_MULT, never under a per-dtype floor: in half precision
+  the same forward in the cell's dtype; in float32 transformers' other attention implementation (or a rounding-step
+  nudge). Mean and max |Δlogprob| over positions are both held; a greedy token that is not the reference's argmax
+  must be a near-tie. Float32 cells whose activations are quantized are held on the float twin instead (their
+  quantizers turn 1e-7 into whole rounding steps, chaotically), their quantized layers by the kernel check.
 - **kernels** (quantized cells): on synthetic bf16 weights the output distribution is flat enough that a garbage
   GEMM moves a logprob by only a few nats, so the kernels are also held per layer, on hidden states: pcg's eager
   engine with the kernels against the same engine on the reference twin (same activation quantization, dequantized
