@@ -175,7 +175,7 @@ def _lookup_run(store: Any, ref: str) -> dict[str, Any]:
     try:
         return store.run(int(ref) if ref.isdigit() else ref)
     except KeyError as e:
-        raise ConfigError(f"run {ref!r} is not in the store ({e}); `pcgh report` lists the latest run") from e
+        raise ConfigError(f"run {ref!r} is not in the store ({e}); `pcgh runs` lists the runs there") from e
 
 
 def report(args: argparse.Namespace) -> int:

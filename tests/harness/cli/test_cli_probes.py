@@ -181,3 +181,9 @@ def test_run_exits_1_when_a_launched_cell_fails_and_says_so_briefly(tmp_path: Pa
     assert "1 fail_capture" in out and "pcgh report 1 --db" in out
     assert len(out.splitlines()) <= 5  # a short summary; the full report is `pcgh report`
     assert main(["run", str(matrix), "--db", db, "--logs", logs, "--allow-failures", "--no-report"]) == 0
+
+
+def test_an_unknown_run_points_to_pcgh_runs(tree: Path) -> None:
+    res = _pcgh("diff", "1", "99", "--db", "n.db", cwd=tree)
+    _one_line_exit_2(res)
+    assert "`pcgh runs` lists the runs there" in res.stderr
