@@ -7,8 +7,9 @@ models` lists the cards without loading the runtime; `load_model` and `build_con
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pcg_core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from pcg_core.model.architectures import SUPPORTED_ARCHITECTURES, architecture_of, check_supported, unsupported_reason
@@ -30,14 +31,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pcg_core.model' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
