@@ -33,7 +33,8 @@ def test_cell_json_passes_on_tiny_moe(graph, capsys):
     assert m.capture_s is not None and m.compile_s is not None and m.graph_pool_bytes is not None
     assert m.max_prompt_logprob_diff is not None and m.max_output_logprob_diff is not None
     assert set(m.latency_ms) == {8, 32} and all(v > 0 for v in m.speedup.values())
-    assert set(m.phase_s) == {"load", "eager", "capture", "run", "latency"}  # where the cell's time went
+    assert set(m.phase_s) == {"load", "eager", "reference", "capture", "run", "latency"}  # where the cell's time went
+    assert m.reference.status == "pass" and m.reference.positions > 0  # eager held to transformers' forward
     assert all(v >= 0 for v in m.phase_s.values()) and sum(m.phase_s.values()) <= m.cell_s + 1e-3
 
 
