@@ -172,7 +172,7 @@ def test_bad_flag_value_is_rejected_by_argparse(capsys):
     with pytest.raises(SystemExit) as e:
         main(["cell", "--model", "qwen3-0.6b", "--graph", "piecewise", "--max-tokens", "-4"])
     assert e.value.code == 2
-    assert "positive integer" in capsys.readouterr().err
+    assert "argument --max-tokens: expected a token count from 1 to 1048576, got -4" in capsys.readouterr().err
 
 
 def test_models_lists_every_card(capsys):
