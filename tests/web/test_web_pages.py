@@ -202,6 +202,30 @@ def test_the_cell_page_shows_what_the_judge_looked_at(tmp_path: Path) -> None:
         assert "What the judge looked at" not in text(client.get("/cell", params={"key": "k2"}).text)
 
 
+def test_the_cell_page_shows_the_reference_layer(tmp_path: Path) -> None:
+    """Is eager right? The reference layer's verdict and numbers on the cell page; a cell stored before the layer
+    existed has no such section."""
+    from harness.outcome import CellMetrics, CellRecord, ReferenceCheck
+
+    ref = ReferenceCheck(status="fail", reason="the kernels differ from their reference math", attention="sdpa",
+                         positions=228, mean_logprob_diff=0.8, max_logprob_diff=5.1, mean_noise=0.002, max_noise=0.04,
+                         mean_bound=0.01, max_bound=0.16, positions_over_max=200, token_flips=3, kernel_rel=912.0,
+                         kernel_bound=0.005, kernel_layer="attention 0's input", kernel_noise=0.001, scheme_rel=0.04)
+    axes = {"model": "qwen2.5-0.5b:trim:24", "quant": "fp8_block", "attention": "flex", "parallel": "tp1",
+            "graph": "piecewise", "compiler": "eager"}
+    with_ref = CellRecord(key="k1", axes=axes, status="fail_accuracy", reason="reference layer: FAIL",
+                          metrics=CellMetrics(reference=ref))
+    without = CellRecord(key="k2", axes={**axes, "graph": "full"}, status="pass", metrics=CellMetrics())
+    url = f"sqlite:///{tmp_path / 'ref.db'}"
+    with Store(url) as store:
+        store.import_run("nightly", "nightly.yaml", {}, [with_ref, without])
+    with TestClient(create_app(url)) as client:
+        page = text(client.get("/cell", params={"key": "k1"}).text)
+        assert "Is eager right?" in page and "the kernels differ from their reference math" in page
+        assert "912 (bound 0.005) at attention 0" in page and "over 228 positions" in page
+        assert "Is eager right?" not in text(client.get("/cell", params={"key": "k2"}).text)
+
+
 def test_a_cpu_runs_page_does_not_headline_a_graph_speedup(tmp_path: Path) -> None:
     """On CPU no CUDA graph is captured: the eager-vs-backend timings are no graph speedup to headline."""
     from harness.outcome import CellRecord
