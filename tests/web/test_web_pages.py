@@ -182,48 +182,47 @@ def test_docs_are_swagger_ui_from_our_own_static_files(sqlite_client: TestClient
 def test_the_cell_page_shows_what_the_judge_looked_at(tmp_path: Path) -> None:
     """The suite's coverage, stored with the cell (harness.outcome.SuiteCoverage), on its page; a cell stored before
     coverage existed has no such section."""
-    from harness.outcome import CellMetrics, CellRecord, SuiteCoverage
+    from harness.outcome import CellMetrics, SuiteCoverage
 
     cov = SuiteCoverage(buckets=10, buckets_hit=7, largest_bucket_hit=False, regions=2, regions_hit=2,
                         layouts={16: 5, 64: 2}, decode_steps=14, decode_layouts=5, beyond_ladder_forwards=8,
                         eager_forwards=1, repeat_identical=True)
+    page, older = _cell_pages(tmp_path, CellMetrics(coverage=cov))
+    assert "What the judge looked at" in page
+    assert "7/10 buckets (largest NO)" in page and "largest not replayed" in page
+    assert "16: 5, 64: 2" in page and "14 (5 batch memberships)" in page and "bitwise equal to its first run" in page
+    assert "What the judge looked at" not in older
+
+
+def _cell_pages(tmp_path: Path, metrics, status: str = "pass") -> tuple[str, str]:
+    """The text of the cell page of a cell with `metrics`, and of one stored with none (before they existed)."""
+    from harness.outcome import CellMetrics, CellRecord
+
     axes = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": "full",
             "compiler": "eager"}
-    with_cov = CellRecord(key="k1", axes=axes, status="pass", metrics=CellMetrics(coverage=cov))
-    without = CellRecord(key="k2", axes={**axes, "graph": "piecewise"}, status="pass", metrics=CellMetrics())
-    url = f"sqlite:///{tmp_path / 'cov.db'}"
+    cell = CellRecord(key="k1", axes=axes, status=status, metrics=metrics)
+    older = CellRecord(key="k2", axes={**axes, "graph": "piecewise"}, status="pass", metrics=CellMetrics())
+    url = f"sqlite:///{tmp_path / 'cells.db'}"
     with Store(url) as store:
-        store.import_run("smoke", "smoke.yaml", {}, [with_cov, without])
+        store.import_run("smoke", "smoke.yaml", {}, [cell, older])
     with TestClient(create_app(url)) as client:
-        page = text(client.get("/cell", params={"key": "k1"}).text)
-        assert "What the judge looked at" in page
-        assert "7/10 buckets (largest NO)" in page and "largest not replayed" in page
-        assert "16: 5, 64: 2" in page and "14 (5 batch memberships)" in page and "bitwise equal to its first run" in page
-        assert "What the judge looked at" not in text(client.get("/cell", params={"key": "k2"}).text)
+        return (text(client.get("/cell", params={"key": "k1"}).text),
+                text(client.get("/cell", params={"key": "k2"}).text))
 
 
 def test_the_cell_page_shows_the_reference_layer(tmp_path: Path) -> None:
     """Is eager right? The reference layer's verdict and numbers on the cell page; a cell stored before the layer
     existed has no such section."""
-    from harness.outcome import CellMetrics, CellRecord, ReferenceCheck
+    from harness.outcome import CellMetrics, ReferenceCheck
 
     ref = ReferenceCheck(status="fail", reason="the kernels differ from their reference math", attention="sdpa",
                          positions=228, mean_logprob_diff=0.8, max_logprob_diff=5.1, mean_noise=0.002, max_noise=0.04,
                          mean_bound=0.01, max_bound=0.16, positions_over_max=200, token_flips=3, kernel_rel=912.0,
                          kernel_bound=0.005, kernel_layer="attention 0's input", kernel_noise=0.001, scheme_rel=0.04)
-    axes = {"model": "qwen2.5-0.5b:trim:24", "quant": "fp8_block", "attention": "flex", "parallel": "tp1",
-            "graph": "piecewise", "compiler": "eager"}
-    with_ref = CellRecord(key="k1", axes=axes, status="fail_accuracy", reason="reference layer: FAIL",
-                          metrics=CellMetrics(reference=ref))
-    without = CellRecord(key="k2", axes={**axes, "graph": "full"}, status="pass", metrics=CellMetrics())
-    url = f"sqlite:///{tmp_path / 'ref.db'}"
-    with Store(url) as store:
-        store.import_run("nightly", "nightly.yaml", {}, [with_ref, without])
-    with TestClient(create_app(url)) as client:
-        page = text(client.get("/cell", params={"key": "k1"}).text)
-        assert "Is eager right?" in page and "the kernels differ from their reference math" in page
-        assert "912 (bound 0.005) at attention 0" in page and "over 228 positions" in page
-        assert "Is eager right?" not in text(client.get("/cell", params={"key": "k2"}).text)
+    page, older = _cell_pages(tmp_path, CellMetrics(reference=ref), status="fail_accuracy")
+    assert "Is eager right?" in page and "the kernels differ from their reference math" in page
+    assert "912 (bound 0.005) at attention 0" in page and "over 228 positions" in page
+    assert "Is eager right?" not in older
 
 
 def test_a_cpu_runs_page_does_not_headline_a_graph_speedup(tmp_path: Path) -> None:
