@@ -190,3 +190,27 @@ def test_the_line_map_follows_merge_overrides(tmp_path, loader):
     data, lines = load_yaml_with_lines(path)
     assert data["m"] == {"x": 1, "y": {"z": 3}}
     assert lines[("m", "y", "z")] == 4 and lines[("m", "x")] == 1
+
+
+@pytest.mark.slow
+def test_deep_nesting_reads_as_ours_under_pyyaml_6_0_4_in_a_fresh_venv(tmp_path):
+    """The version a fresh install resolved when the test above first failed (its libyaml refuses nesting itself):
+    a venv over this one's packages with PyYAML 6.0.4 installed on top, the deep-nesting tests run there. Skipped
+    where the package index cannot be reached."""
+    import subprocess
+    import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    pip = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "pyyaml==6.0.4"],
+                         capture_output=True, text=True, timeout=300)
+    if pip.returncode != 0:
+        pytest.skip(f"PyYAML 6.0.4 could not be installed here: {pip.stderr.strip()[-300:]}")
+    version = subprocess.run([str(py), "-c", "import yaml; print(yaml.__version__)"], capture_output=True, text=True)
+    assert version.stdout.strip() == "6.0.4", version
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)), "-k",
+                          "deep_nesting_is_refused or own_nesting_refusal"], cwd=root, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0 and " passed" in res.stdout, res.stdout[-3000:] + res.stderr[-1000:]
