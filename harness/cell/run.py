@@ -238,9 +238,10 @@ def _with_reference(m: CellMetrics, status: Status, reason: str) -> tuple[Status
     if check is None or check.status == "pass":
         return status, reason
     line = f"reference layer: {check.summary()}"
+    joined = (f"{reason}; {line}" if reason else line)[:2000]
     if check.status == "fail" and status in (Status.PASS, Status.PASS_FLAKY):
-        return Status.FAIL_ACCURACY, f"{reason}; {line}" if reason else line
-    return status, (f"{reason}; {line}" if reason else line)[:2000]
+        return Status.FAIL_ACCURACY, joined
+    return status, joined
 
 
 def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Outputs]:
