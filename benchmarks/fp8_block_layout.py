@@ -1,7 +1,7 @@
 """The FP8 block GEMMs against their reference math over K-block counts 1…20 (issue 47): the 128×128-block linear
 (`QuantLinear`, fp8_block) as it ran before (`torch._scaled_mm`, the weight-block scales a plain transpose, stride
 K/128) and as it runs now (`scaled_mm` with the documented layout, `block_weight_scales`: K/128 padded to 4), and W4AFP8's 1×128 × 1×128 block-scaled GEMM
-(`w4a8.block_scaled_mm`). Weights from `structured_weight` where present (block scales that vary 10–100×), else
+(`fp8_gemm.block_scaled_mm`). Weights from `structured_weight` where present (block scales that vary 10–100×), else
 `randn · k^-0.5`. Relative (Frobenius) error per K; CUDA only.
 
     python benchmarks/fp8_block_layout.py
@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from pcg_core.quant import QuantLinear
-from pcg_core.quant import linear as quant_linear
-from pcg_core.quant.schemes import get_scheme, reference_linear
+from pcg_core.quant.layers import linear as quant_linear
+from pcg_core.quant.schemes.w8a8 import get_scheme, reference_linear
 
 try:
     from pcg_core.quant.synthetic_weights import structured_weight
@@ -33,10 +33,10 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def main() -> None:
-    new_layout = quant_linear._block_fp8_mm
+    new_layout = quant_linear.block_fp8_mm
     from planted_fp8_block_layout import old_block_fp8_mm as old_layout  # (importing it plants it: undone here)
 
-    quant_linear._block_fp8_mm = new_layout
+    quant_linear.block_fp8_mm = new_layout
     print(f"weights: {'structured_weight' if structured_weight else 'randn'}; N = 896 (7 blocks) and 1024 (8)")
     print(f"{'K':>5} {'K/128':>5} {'M':>5} {'N':>5} {'old layout':>11} {'new layout':>11}")
     worst_new = 0.0
@@ -52,17 +52,17 @@ def main() -> None:
                 want = reference_linear(x, layer.weight, layer.weight_scale, layer.scheme)
                 rels = []
                 for layout in (old_layout, new_layout):
-                    quant_linear._block_fp8_mm = layout
+                    quant_linear.block_fp8_mm = layout
                     try:
                         rels.append(_rel(layer(x), want))
                     except RuntimeError:  # a torch that checks the old operand's stride refuses it
                         rels.append(float("nan"))
                     finally:
-                        quant_linear._block_fp8_mm = new_layout
+                        quant_linear.block_fp8_mm = new_layout
                 worst_new = max(worst_new, rels[1])
                 print(f"{k:>5} {kb:>5} {m:>5} {n:>5} {rels[0]:>11.3g} {rels[1]:>11.3g}")
     print(f"worst new-layout relative error: {worst_new:.3g}")
-    from pcg_core.quant import w4a8
+    from pcg_core.quant.kernels import fp8_gemm
     print("W4AFP8 block_scaled_mm (1×128 × 1×128): K, K/128, relative error against the float32 product")
     for kb in range(1, 21):
         k, n, m = 128 * kb, 1024, 130
@@ -71,7 +71,7 @@ def main() -> None:
         w8 = (torch.randn(n, k, generator=g, device="cuda") * 50).clamp(-448, 448).to(torch.float8_e4m3fn)
         sx = torch.rand(m, generator=g, device="cuda") + 0.1
         scales = torch.rand(n, kb, generator=g, device="cuda") * 10 + 0.1
-        got = w4a8.block_scaled_mm(xq, sx, w8, scales, None, torch.bfloat16)
+        got = fp8_gemm.block_scaled_mm(xq, sx, w8, scales, None, torch.bfloat16)
         ws = scales.repeat_interleave(128, 1)
         want = (xq.float() * sx[:, None]) @ (w8.float() * ws).t()
         print(f"{k:>5} {kb:>5} {_rel(got, want):>11.3g}")

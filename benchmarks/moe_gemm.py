@@ -17,11 +17,12 @@ from pathlib import Path
 
 import torch
 
-from pcg_core.quant import experts, moe_gemm
-from pcg_core.quant.e2m1 import e2m1_table
-from pcg_core.quant.fp4 import FP4_SCHEMES
-from pcg_core.quant.int4 import INT4_SCHEMES
-from pcg_core.quant.schemes import get_scheme
+from pcg_core.quant.layers import experts
+from pcg_core.quant.kernels import moe_gemm
+from pcg_core.quant.schemes.e2m1 import e2m1_table
+from pcg_core.quant.schemes.fp4 import FP4_SCHEMES
+from pcg_core.quant.schemes.int4 import INT4_SCHEMES
+from pcg_core.quant.schemes.w8a8 import get_scheme
 from quant_gemm import replay_ms, write_json  # benchmarks/, the script's own folder
 
 DEVICE = "cuda"  # the script runs on the GPU; a CPU dry run (TRITON_INTERPRET=1) sets it

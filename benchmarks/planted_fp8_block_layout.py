@@ -5,7 +5,7 @@ that names it."""
 
 import torch
 
-import pcg_core.quant.linear as linear
+import pcg_core.quant.layers.linear as linear
 
 
 def old_block_fp8_mm(xq: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
@@ -13,4 +13,4 @@ def old_block_fp8_mm(xq: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor, w
     return torch._scaled_mm(xq, weight.t(), scale_a=sx, scale_b=weight_scale.t(), out_dtype=torch.bfloat16)
 
 
-linear._block_fp8_mm = old_block_fp8_mm
+linear.block_fp8_mm = old_block_fp8_mm

@@ -5,7 +5,7 @@ runs it: fused). Prints a table of ms and the ratio to bf16; --json writes the n
 
     PYTHONPATH=. python benchmarks/quant_gemm.py [--n 8192 --k 4096 --tokens 8,64,512,4096 --compile] [--sweep-int8]
 
---sweep-int8 times every candidate configuration of our INT8 kernel (pcg_core/quant/int8_mm.py) at each M
+--sweep-int8 times every candidate configuration of our INT8 kernel (pcg_core/quant/kernels/int8_gemm.py) at each M
 and prints the best: how its configuration table was chosen.
 """
 
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from pcg_core.quant import SCHEMES, QuantLinear, int8_mm
-from pcg_core.quant.schemes import quantize_activation
+from pcg_core.quant import SCHEMES, QuantLinear
+from pcg_core.quant.kernels import int8_gemm as int8_mm
+from pcg_core.quant.schemes.w8a8 import quantize_activation
 
 # Candidate INT8 configurations for --sweep-int8: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages).
 INT8_CANDIDATES = [

@@ -1,4 +1,4 @@
-"""W4A16 (`pcg::w4a16_linear`, pcg_core/quant/w4a16.py) against bf16 F.linear on one N×K layer (default
+"""W4A16 (`pcg::w4a16_linear`, pcg_core/quant/kernels/w4a16_gemm.py) against bf16 F.linear on one N×K layer (default
 8192×4096), side by side: every row a captured CUDA graph replayed, CUDA events around each replay after a
 warm-up, the median of --repeat (≥ 50). Rows: bf16, awq-like (asym, g128), gptq-like (sym, g128) without and with
 act-order Int4Linear, and an NVFP4 Fp4Linear (`pcg::fp4_linear`, fp4_w4a16.py). Prints ms and the ratio to bf16 with the
@@ -25,7 +25,9 @@ from pathlib import Path
 
 import torch
 
-from pcg_core.quant import Fp4Linear, Int4Linear, fp4_w4a16, get_scheme, w4a16
+from pcg_core.quant import Fp4Linear, Int4Linear, get_scheme
+from pcg_core.quant.kernels import fp4_gemm as fp4_w4a16
+from pcg_core.quant.kernels import w4a16_gemm as w4a16
 from quant_gemm import replay_ms, write_json  # benchmarks/, the script's own folder: replays timed, --out
 
 TARGETS = {8: 1.3, 4096: 1.25}  # W4A16 time / bf16 time, at most

@@ -1,4 +1,4 @@
-"""W4A8 (`pcg::w4a8_linear`, pcg_core/quant/w4a8.py) against bf16 F.linear on one N×K layer (default 8192×4096):
+"""W4A8 (`pcg::w4a8_linear`, pcg_core/quant/kernels/w4a8_gemm.py) against bf16 F.linear on one N×K layer (default 8192×4096):
 int4 weights (symmetric, g128) × int8 activations (w4a8) and × FP8 e4m3 ones (w4afp8), each row a captured CUDA
 graph replayed (benchmarks/quant_gemm.py's replay_ms: CUDA events around each replay after a warm-up, the median
 of --repeat ≥ 50). Prints ms, the ratio to bf16 and the target (≤ 1.1× at M = 4096), and the share of the
@@ -23,8 +23,10 @@ from pathlib import Path
 
 import torch
 
-from pcg_core.quant import w4a8
-from pcg_core.quant.int4 import INT4_SCHEMES, W4A8Linear
+from pcg_core.quant.kernels import fp8_gemm
+from pcg_core.quant.kernels import w4a8_gemm as w4a8
+from pcg_core.quant.layers.int4_linear import W4A8Linear
+from pcg_core.quant.schemes.int4 import INT4_SCHEMES
 from quant_gemm import replay_ms, write_json  # benchmarks/, the script's own folder: replays timed, --out
 
 TARGETS = {4096: 1.1}  # W4A8 time / bf16 time, at most
@@ -119,7 +121,7 @@ def sweep(n: int, k: int, repeat: int, tokens: list[int], candidates: list[tuple
                     print(f"  {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:120]}")
             if scratch and w4a8.scaled_mm_fits(x, layer.act, layer.group, n, k):
                 try:
-                    times["scaled_mm"] = replay_ms(lambda t: w4a8.block_scaled_mm(
+                    times["scaled_mm"] = replay_ms(lambda t: fp8_gemm.block_scaled_mm(
                         t, sx, weight, layer.scales, None, torch.bfloat16), xq, repeat)
                 except Exception as e:  # noqa: BLE001 - cuBLASLt without 1×128 × 1×128 block scaling: reported
                     print(f"  {name} M={m} scaled_mm: {type(e).__name__}: {str(e)[:200]}")

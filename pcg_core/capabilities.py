@@ -24,16 +24,16 @@ QUANTIZATION = ("none", *SCHEMES, *INT4_SCHEMES, *FP4_SCHEMES)  # schemes the ru
 QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8", "awq", "gptq", "mxfp4")
 # What the loader cannot read yet in a real checkpoint of each scheme, by model-card feature (synthetic weights
 # are quantized in memory). Empty for the 8-bit schemes since per-expert MoE checkpoints are read
-# (quant/expert_checkpoint.py).
+# (quant/formats/experts.py).
 QUANT_CHECKPOINT_LIMITS: dict[str, str] = {}
-# int4 experts' per-expert checkpoint tensors are read too (quant/expert_checkpoint.py), gate and up with their own
+# int4 experts' per-expert checkpoint tensors are read too (quant/formats/experts.py), gate and up with their own
 # act-order each; W4A8 / W4AFP8 experts (8-bit token activations) as well, synthetic or real.
 INT4_CHECKPOINT_LIMITS: dict[str, str] = {}
-# FP4 experts run quantized (synthetic weights, either layout: quant/fp4_experts.py), and their checkpoint tensors
+# FP4 experts run quantized (synthetic weights, either layout: quant/layers/fp4_experts.py), and their checkpoint tensors
 # are read: NVFP4 per expert (ModelOpt, compressed-tensors) and gpt-oss's own MXFP4 blocks.
 FP4_CHECKPOINT_LIMITS: dict[str, str] = {}
 # Schemes the runtime runs whose own checkpoint format the loader does not read yet (the request verdict's reason).
-# (Empty since gpt-oss's MXFP4 format is read: quant/checkpoint.py, fp4_experts.py.)
+# (Empty since gpt-oss's MXFP4 format is read: quant/formats/checkpoint.py, fp4_experts.py.)
 SCHEME_CHECKPOINTS: dict[str, str] = {}
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
 

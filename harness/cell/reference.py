@@ -41,9 +41,9 @@ from pcg_core.config import EngineConfig
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.engine import LOGITS_CHUNK, head_logits
 from pcg_core.model.mla import uninstall_mla
-from pcg_core.quant.int4 import Int4Scheme
-from pcg_core.quant.linear import scheme_of
-from pcg_core.quant.schemes import Scheme
+from pcg_core.quant.schemes.int4 import Int4Scheme
+from pcg_core.quant.layers.linear import scheme_of
+from pcg_core.quant.schemes.w8a8 import Scheme
 from pcg_core.quant.twin import float_twin, reference_twin
 
 # How far beyond the reference's own half-precision noise (the same forward in the cell's dtype against float32)

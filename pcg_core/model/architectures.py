@@ -23,7 +23,7 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "Qwen3MoeForCausalLM": ("moe",),
     "MixtralForCausalLM": ("moe",),
     # attention sinks (per-head s_aux) and every other layer a 128-token sliding window; clamped SwiGLU experts
-    # with biases (transformers' grouped path); FP4 experts in pcg_core/quant/fp4_experts.py
+    # with biases (transformers' grouped path); FP4 experts in pcg_core/quant/layers/fp4_experts.py
     "GptOssForCausalLM": ("moe", "sliding_window", "sinks"),
     # MLA (absorbed, over a latent cache: pcg_core/model/mla.py), dense first layers, routed + shared experts
     # behind the sigmoid, group-limited router; YaRN rotary scaling as transformers implements it

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, grouped_mm_experts_forward
 
-from pcg_core.quant.experts import grouped_quantized_experts_forward, quantized_experts_forward
+from pcg_core.quant.layers.experts import grouped_quantized_experts_forward, quantized_experts_forward
 from pcg_core.quant.twin import routed_float_experts_forward
 
 EXPERTS_IMPLEMENTATION = "pcg"
@@ -32,7 +32,7 @@ def _dense_masked_experts(self, hidden_states: torch.Tensor, top_k_index: torch.
 
 def quantized_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                       top_k_weights: torch.Tensor) -> torch.Tensor:
-    """Experts quantized in place (pcg_core.quant.experts): the grouped path on CUDA in bf16, the reference
+    """Experts quantized in place (pcg_core.quant.layers.experts): the grouped path on CUDA in bf16, the reference
     elsewhere and in a reference twin (`reference_math`, pcg_core.quant.twin). Shared by every experts module that
     holds transformers' layout (transformers' and our own)."""
     kernel = hidden_states.device.type == "cuda" and hidden_states.dtype == torch.bfloat16

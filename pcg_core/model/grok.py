@@ -146,7 +146,7 @@ class Grok1Router(nn.Module):
 
 class Grok1Experts(nn.Module):
     """The experts in transformers' fused layout (gate_up_proj [E, 2I, H], gate first; down_proj [E, H, I]) and its
-    calling convention (hidden [T, H], top_k_index, top_k_weights), so pcg_core.quant.experts quantizes them and
+    calling convention (hidden [T, H], top_k_index, top_k_weights), so pcg_core.quant.layers.experts quantizes them and
     runs them quantized as any transformers experts module. Unquantized they run densely masked: every expert on
     every token, zero weight where not routed (static shapes, capturable)."""
 

@@ -3,12 +3,14 @@ checkpoint loader/writer; int4 weights (int4.py: AWQ/GPTQ packings, Int4Linear) 
 packings, Fp4Linear). pcg owns these; transformers stays the model definition."""
 
 from pcg_core.quant.calibrate import record_input_absmax
-from pcg_core.quant.checkpoint import LoadReport, load_quantized, write_checkpoint
-from pcg_core.quant.formats import SUPPORTED_FORMATS, QuantSpec, detect
-from pcg_core.quant.fp4 import FP4_SCHEMES, Fp4Linear, Fp4Scheme
-from pcg_core.quant.int4 import INT4_SCHEMES, Int4Linear, Int4Scheme
-from pcg_core.quant.linear import QuantLinear, quantize_model, quantized_modules, scheme_of
-from pcg_core.quant.schemes import SCHEMES, Scheme, get_scheme
+from pcg_core.quant.formats.checkpoint import LoadReport, load_quantized, write_checkpoint
+from pcg_core.quant.formats.detect import SUPPORTED_FORMATS, QuantSpec, detect
+from pcg_core.quant.layers.fp4_linear import Fp4Linear
+from pcg_core.quant.schemes.fp4 import FP4_SCHEMES, Fp4Scheme
+from pcg_core.quant.layers.int4_linear import Int4Linear
+from pcg_core.quant.schemes.int4 import INT4_SCHEMES, Int4Scheme
+from pcg_core.quant.layers.linear import QuantLinear, quantize_model, quantized_modules, scheme_of
+from pcg_core.quant.schemes.w8a8 import SCHEMES, Scheme, get_scheme
 
 __all__ = ["FP4_SCHEMES", "INT4_SCHEMES", "SCHEMES", "SUPPORTED_FORMATS", "Fp4Linear", "Fp4Scheme", "Int4Linear",
            "Int4Scheme", "LoadReport", "QuantLinear", "QuantSpec", "Scheme", "detect", "get_scheme", "load_quantized",

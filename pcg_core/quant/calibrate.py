@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
-from pcg_core.quant.experts import intermediate_absmax, is_experts, quantizable
+from pcg_core.quant.layers.experts import intermediate_absmax, is_experts, quantizable
 
 
 @contextmanager

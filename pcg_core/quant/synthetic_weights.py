@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 import torch
 
-from pcg_core.quant.expert_layout import in_out
-from pcg_core.quant.experts import PROJECTIONS, is_experts
+from pcg_core.quant.layers.expert_layout import in_out
+from pcg_core.quant.layers.experts import PROJECTIONS, is_experts
 
 ROW_BLOCK = 128  # 128×128 weight blocks (schemes.BLOCK), and the rows that share a block's scale
 COL_BLOCK = 128

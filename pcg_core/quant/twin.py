@@ -25,9 +25,9 @@ import types
 
 import torch
 
-from pcg_core.quant import experts as quant_experts
-from pcg_core.quant.expert_layout import add_bias, canonical_weight, first_projection
-from pcg_core.quant.linear import reference_forward, scheme_of
+from pcg_core.quant.layers import experts as quant_experts
+from pcg_core.quant.layers.expert_layout import add_bias, canonical_weight, first_projection
+from pcg_core.quant.layers.linear import reference_forward, scheme_of
 
 
 def _quantized_linear(module: torch.nn.Module) -> bool:

@@ -40,7 +40,7 @@ def tiny_model(arch: str, layers: int = 2, dtype: torch.dtype = torch.float32, d
 def routed_experts(arch: str):
     """A tiny MoE model's first fused experts module with 16 tokens routed to 2 experts each: (module, hidden
     states, top-k expert ids, top-k weights), seeded."""
-    from pcg_core.quant.experts import is_experts
+    from pcg_core.quant.layers.experts import is_experts
 
     lm = tiny_model(arch)
     mod = next(m for m in lm.model.modules() if is_experts(m))

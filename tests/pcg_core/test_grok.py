@@ -212,7 +212,7 @@ def test_quantized_grok_experts_are_the_float_forward_on_dequantized_weights(mod
     """Weight-only int4: the quantized experts equal the module's own float forward on the dequantized weights
     (act-order undone), GELU-tanh gate and all; the same with SiLU in place of GELU must not."""
     from pcg_core.quant import get_scheme, quantize_model
-    from pcg_core.quant.experts import _all_dequantized
+    from pcg_core.quant.layers.experts import _all_dequantized
 
     lm = model[0]
     q = copy.deepcopy(lm.model)

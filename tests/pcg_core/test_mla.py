@@ -125,10 +125,12 @@ def test_quantized_kv_b_proj_is_absorbed_dequantized(deepseek, scheme):
     """DeepSeek's FP8 checkpoints quantize kv_b_proj, and a 4-bit model quantizes it too: the absorbed forward must
     use the weight it stands for (act-order undone), not its raw codes — nor fail on a layer without `.weight`."""
     from pcg_core.quant import get_scheme
-    from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme
-    from pcg_core.quant.int4 import INT4_SCHEMES, Int4Linear, W4A8Linear
-    from pcg_core.quant.linear import QuantLinear
-    from pcg_core.quant.schemes import dequantize_weight
+    from pcg_core.quant.layers.fp4_linear import Fp4Linear
+    from pcg_core.quant.schemes.fp4 import Fp4Scheme
+    from pcg_core.quant.layers.int4_linear import Int4Linear, W4A8Linear
+    from pcg_core.quant.schemes.int4 import INT4_SCHEMES
+    from pcg_core.quant.layers.linear import QuantLinear
+    from pcg_core.quant.schemes.w8a8 import dequantize_weight
 
     s = get_scheme(scheme)
     lm, _ = deepseek

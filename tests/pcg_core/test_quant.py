@@ -16,14 +16,14 @@ from pcg_core.errors import UnsupportedModel
 from pcg_core.model.experts import pcg_experts_forward
 from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
 from pcg_core.quant import SCHEMES, QuantLinear, detect, quantize_model, record_input_absmax, write_checkpoint
-from pcg_core.quant.experts import (
+from pcg_core.quant.layers.experts import (
     expert_weight,
     grouped_quantized_experts_forward,
     is_experts,
     quantize_experts,
     quantized_experts_forward,
 )
-from pcg_core.quant.schemes import (
+from pcg_core.quant.schemes.w8a8 import (
     FP8_MAX,
     dequantize_weight,
     expand_block_scale,
@@ -144,7 +144,7 @@ def _declared(tmp_path, qc=None, legacy=None):
 
 
 def test_each_declaration_maps_onto_its_scheme(tmp_path):
-    from pcg_core.quant.formats import declaration
+    from pcg_core.quant.formats.detect import declaration
 
     for fmt, scheme, legacy in FORMATS:
         d = tmp_path / f"{fmt}-{scheme}-{legacy}"

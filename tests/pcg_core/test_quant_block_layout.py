@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn.functional import ScalingType, scaled_mm
 
-from pcg_core.quant.linear import _block_fp8_mm, block_weight_scales
+from pcg_core.quant.kernels.fp8_gemm import block_fp8_mm as _block_fp8_mm, block_weight_scales
 
 
 def _operands(m: int, nb: int, kb: int):

@@ -1,5 +1,5 @@
 """Every expert's weight dequantized at once (the grouped forwards, a float twin) is built chunk by chunk of experts
-(pcg_core/quant/expert_layout.py: dequantize_by_chunks), so a big MoE layer's float32 temporaries stay one chunk's:
+(pcg_core/quant/layers/expert_layout.py: dequantize_by_chunks), so a big MoE layer's float32 temporaries stay one chunk's:
 the chunked result equals the one-shot result bitwise for every scheme family, and a chunk written at the wrong
 experts shows."""
 
@@ -9,12 +9,12 @@ import pytest
 import torch
 from pcg_helpers import routed_experts
 
-from pcg_core.quant import expert_layout
-from pcg_core.quant.expert_layout import dequantize_by_chunks
-from pcg_core.quant.experts import _all_dequantized, quantize_experts
-from pcg_core.quant.fp4 import FP4_SCHEMES
-from pcg_core.quant.fp4_experts import fp4_dequantized, quantize_experts_fp4
-from pcg_core.quant.schemes import get_scheme
+from pcg_core.quant.layers import expert_layout
+from pcg_core.quant.layers.expert_layout import dequantize_by_chunks
+from pcg_core.quant.layers.experts import _all_dequantized, quantize_experts
+from pcg_core.quant.schemes.fp4 import FP4_SCHEMES
+from pcg_core.quant.layers.fp4_experts import fp4_dequantized, quantize_experts_fp4
+from pcg_core.quant.schemes.w8a8 import get_scheme
 
 
 def test_chunks_cover_every_expert_once(monkeypatch):

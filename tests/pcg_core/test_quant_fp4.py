@@ -1,4 +1,4 @@
-"""pcg_core/quant/fp4.py: the FP4 packings against hand-worked known answers, bit-exact round trips into the canonical
+"""pcg_core/quant/schemes/fp4.py: the FP4 packings against hand-worked known answers, bit-exact round trips into the canonical
 layout, the reference quantizers' error bound, and two outside oracles that read and write the same bytes:
 
 - compressed-tensors 0.20.1 (CPU): `NVFP4PackedCompressor.compress/decompress` (its CPU fallbacks; the Triton
@@ -20,30 +20,12 @@ import pytest
 import torch
 
 from pcg_core.errors import ConfigError
-from pcg_core.quant.fp4 import (
-    E2M1_VALUES,
-    MXFP4_BLOCK,
-    NVFP4_BLOCK,
-    Fp4Linear,
-    Fp4Weight,
-    ct_nvfp4_pack,
-    ct_nvfp4_unpack,
-    e2m1_decode,
-    e2m1_encode,
-    e8m0_decode,
-    e8m0_encode,
-    interleave_gate_up,
-    modelopt_nvfp4_pack,
-    modelopt_nvfp4_unpack,
-    mxfp4_experts_pack,
-    mxfp4_experts_unpack,
-    mxfp4_experts_weight,
-    pack_e2m1,
-    quantize_mxfp4,
-    quantize_nvfp4,
-    split_gate_up,
-    unpack_e2m1,
-)
+from pcg_core.quant.layers.fp4_linear import Fp4Linear
+from pcg_core.quant.schemes.fp4 import (E2M1_VALUES, MXFP4_BLOCK, NVFP4_BLOCK, Fp4Weight, ct_nvfp4_pack,
+                                        ct_nvfp4_unpack, e2m1_decode, e2m1_encode, e8m0_decode, e8m0_encode,
+                                        interleave_gate_up, modelopt_nvfp4_pack, modelopt_nvfp4_unpack,
+                                        mxfp4_experts_pack, mxfp4_experts_unpack, mxfp4_experts_weight, pack_e2m1,
+                                        quantize_mxfp4, quantize_nvfp4, split_gate_up, unpack_e2m1)
 
 
 def _ct() -> SimpleNamespace:

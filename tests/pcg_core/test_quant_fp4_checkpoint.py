@@ -1,4 +1,4 @@
-"""pcg_core/quant/fp4_checkpoint.py and the loader: ModelOpt NVFP4 (config.json and the legacy hf_quant_config.json)
+"""pcg_core/quant/formats/fp4.py and the loader: ModelOpt NVFP4 (config.json and the legacy hf_quant_config.json)
 and compressed-tensors nvfp4-pack-quantized (NVFP4A16, and the NVFP4 preset's W4A4 run as W4A16) checkpoints
 written from a float model load back into exactly the FP4 weights that model quantizes to; compressed-tensors'
 NVFP4 decompressor and its ModelOpt converter read our files; planted reader faults (nibble order, the global's
@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 from pcg_core.errors import UnsupportedModel
 from pcg_core.model.loader import build_config, load_model, read_config_file, shrink_config, synthetic_model
 from pcg_core.quant import FP4_SCHEMES, Fp4Linear, detect, get_scheme, quantize_model, write_checkpoint
-from pcg_core.quant import fp4_checkpoint as ckpt
-from pcg_core.quant.fp4 import NVFP4_BLOCK, quantize_nvfp4
+from pcg_core.quant.formats import fp4 as ckpt
+from pcg_core.quant.schemes.fp4 import NVFP4_BLOCK, quantize_nvfp4
 
 CONFIGS = Path(__file__).resolve().parents[2] / "harness" / "models" / "configs"
 LLAMA, MOE = "meta-llama__Llama-3.1-8B-Instruct.json", "Qwen__Qwen3-30B-A3B.json"
@@ -277,7 +277,7 @@ def test_moe_experts_load_back_exactly_the_weights_written(variant, tmp_path):
     """Qwen3-MoE's experts as ModelOpt / compressed-tensors write them (one NVFP4 linear per expert and projection,
     each with its own global) read into the fused FP4 expert buffers: gate's and up's rows keep their own globals;
     a missing companion tensor is named."""
-    from pcg_core.quant.fp4_experts import fp4_dequantized
+    from pcg_core.quant.layers.fp4_experts import fp4_dequantized
 
     data, model = _synthetic(MOE)
     data = data | {"moe_intermediate_size": 64}  # whole blocks of 16 (the tiny MoE's experts are 48 wide)
@@ -322,7 +322,7 @@ def test_gpt_oss_mxfp4_checkpoint_loads_back_exactly_the_experts_written(tmp_pat
     tensor is named; the dense linears stay nn.Linear."""
     import copy
 
-    from pcg_core.quant.fp4_experts import fp4_dequantized, quantize_experts_fp4
+    from pcg_core.quant.layers.fp4_experts import fp4_dequantized, quantize_experts_fp4
 
     data, model = _synthetic("openai__gpt-oss-120b.json")
     mx = FP4_SCHEMES["mxfp4"]

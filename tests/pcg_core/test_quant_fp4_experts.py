@@ -1,4 +1,4 @@
-"""FP4 MoE experts (pcg_core/quant/fp4_experts.py): the reference forward is the dequantized math exactly, held to
+"""FP4 MoE experts (pcg_core/quant/layers/fp4_experts.py): the reference forward is the dequantized math exactly, held to
 transformers' own float experts forward over weights decoded HERE, independently (e2m1 from its bit fields, nibbles
 by hand, e8m0 as 2^(s − 127)); planted faults move the output past the tolerance; gpt-oss's on-disk MXFP4 round
 trips; the grouped path matches the reference; and whole cells pass on tiny Qwen3-MoE, Mixtral and gpt-oss."""
@@ -15,12 +15,12 @@ from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
 from pcg_core.errors import UnsupportedModel
-from pcg_core.quant.experts import grouped_quantized_experts_forward, quantized_experts_forward
-from pcg_core.quant.fp4 import FP4_SCHEMES, modelopt_nvfp4_pack, modelopt_nvfp4_unpack, quantize_nvfp4
-from pcg_core.quant.fp4_experts import (fp4_experts_forward, gpt_oss_mxfp4_tensors, grouped_fp4_experts_forward,
+from pcg_core.quant.layers.experts import grouped_quantized_experts_forward, quantized_experts_forward
+from pcg_core.quant.schemes.fp4 import FP4_SCHEMES, modelopt_nvfp4_pack, modelopt_nvfp4_unpack, quantize_nvfp4
+from pcg_core.quant.layers.fp4_experts import (fp4_experts_forward, gpt_oss_mxfp4_tensors, grouped_fp4_experts_forward,
                                         install_fp4_experts, load_gpt_oss_mxfp4, quantize_experts_fp4,
                                         read_gpt_oss_mxfp4)
-from pcg_core.quant.linear import quantize_model
+from pcg_core.quant.layers.linear import quantize_model
 
 E, H, I, T, TOP_K = 4, 64, 96, 12, 2
 TOL = 1e-4  # float32, relative to the output's largest magnitude: only the summation order differs

@@ -1,4 +1,4 @@
-"""pcg_core/quant/fp4_w4a16.py: the `pcg::fp4_linear` op's CPU implementation is Fp4Linear's reference exactly, its
+"""pcg_core/quant/kernels/fp4_gemm.py: the `pcg::fp4_linear` op's CPU implementation is Fp4Linear's reference exactly, its
 fake implementation traces, and the Triton kernels (run by Triton's interpreter on CPU tensors) match the float32
 reference for NVFP4 (block 16) and MXFP4 (block 32) weights with and without a global scale, while planted faults
 (nibble order swapped, the wrong block size, the global scale dropped) fail the same comparison.
@@ -16,16 +16,9 @@ import pytest
 import torch
 from triton_interpreter import interpreted, rel, run_interpreted_tests
 
-from pcg_core.quant import fp4_w4a16
-from pcg_core.quant.fp4 import (
-    MXFP4_BLOCK,
-    NVFP4_BLOCK,
-    Fp4Linear,
-    Fp4Weight,
-    pack_e2m1,
-    quantize_mxfp4,
-    quantize_nvfp4,
-)
+from pcg_core.quant.kernels import fp4_gemm as fp4_w4a16
+from pcg_core.quant.layers.fp4_linear import Fp4Linear
+from pcg_core.quant.schemes.fp4 import MXFP4_BLOCK, NVFP4_BLOCK, Fp4Weight, pack_e2m1, quantize_mxfp4, quantize_nvfp4
 
 
 # Kernel vs float32 reference, relative (Frobenius). e2m1 × an e4m3 or power-of-two scale has ≤ 6 significant

@@ -1,5 +1,5 @@
 """gpt-oss's experts (transformers' GptOssExperts: transposed [E, in, out] weights, gate/up interleaved along out,
-biases, a clamped swiglu) under the 8-bit and int4 schemes (pcg_core/quant/experts.py, expert_layout.py).
+biases, a clamped swiglu) under the 8-bit and int4 schemes (pcg_core/quant/layers/experts.py, expert_layout.py).
 
 The weights are held in the canonical [E, N out, K in] orientation, so 128×128 blocks and int4 groups run along the
 input. The reference forward is held to the math written out HERE from the module's buffers: codes and scales
@@ -21,12 +21,12 @@ from pcg_helpers import config_path, make_engine, prompts_of, routed_experts, ti
 
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant import INT4_SCHEMES, SCHEMES
-from pcg_core.quant import experts as experts_mod
+from pcg_core.quant.layers import experts as experts_mod
 from pcg_core.quant.calibrate import record_input_absmax
-from pcg_core.quant.expert_layout import in_out
-from pcg_core.quant.experts import grouped_quantized_experts_forward, quantize_experts, quantized_experts_forward
-from pcg_core.quant.int4 import Int4Scheme, quantize_int4_ordered
-from pcg_core.quant.schemes import quantize_weight
+from pcg_core.quant.layers.expert_layout import in_out
+from pcg_core.quant.layers.experts import grouped_quantized_experts_forward, quantize_experts, quantized_experts_forward
+from pcg_core.quant.schemes.int4 import Int4Scheme, quantize_int4_ordered
+from pcg_core.quant.schemes.w8a8 import quantize_weight
 
 ALL = [*SCHEMES, *INT4_SCHEMES]
 QMAX = {"int8": 127.0, "fp8": 448.0}
@@ -242,7 +242,7 @@ def test_planted_faults_fail_the_comparison(name, fault, monkeypatch):
 
 @pytest.mark.parametrize("name", ["fp8_block", "w4a8"])
 def test_quantize_model_holds_gpt_oss_experts_and_the_graph_path_matches_eager_on_cpu(name):
-    from pcg_core.quant.linear import quantize_model
+    from pcg_core.quant.layers.linear import quantize_model
 
     lm = tiny_model("gpt-oss")
     swapped = quantize_model(lm.model, (SCHEMES | INT4_SCHEMES)[name])
@@ -259,7 +259,7 @@ def test_quantize_model_holds_gpt_oss_experts_and_the_graph_path_matches_eager_o
 def test_per_expert_checkpoints_of_gpt_oss_experts_are_refused_both_ways(tmp_path):
     from pcg_core.model.loader import build_config, load_model, read_config_file, shrink_config, synthetic_model
     from pcg_core.quant import FP4_SCHEMES, write_checkpoint
-    from pcg_core.quant.formats import declaration
+    from pcg_core.quant.formats.detect import declaration
 
     data = shrink_config(read_config_file(config_path("gpt-oss")), tiny=True, layers=2)
     model = synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0, peaked=True)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from pcg_core.quant import SCHEMES, QuantLinear
-from pcg_core.quant.linear import _kernel_ok
-from pcg_core.quant.schemes import get_scheme, quantize_activation, reference_linear
+from pcg_core.quant.layers.linear import _kernel_ok
+from pcg_core.quant.schemes.w8a8 import get_scheme, quantize_activation, reference_linear
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -78,7 +78,7 @@ def _replayed(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) ->
 def test_int8_kernel_equals_int_mm_with_the_same_epilogue(m, n, k):
     """INT8 products accumulate exactly in int32, so our kernel must equal torch._int_mm followed by the same
     float32 scaling, bit for bit, whatever its tiles and tile edges."""
-    from pcg_core.quant import int8_mm
+    from pcg_core.quant.kernels import int8_gemm as int8_mm
 
     if not int8_mm.available():
         pytest.skip("needs Triton")
@@ -100,8 +100,9 @@ def test_grouped_quantized_experts_track_the_dense_reference(name, fused, monkey
     against the float32 dense reference on the same quantized experts, and its replay bitwise equal to eager."""
     from pcg_helpers import tiny_model
 
-    from pcg_core.quant import moe_gemm, record_input_absmax
-    from pcg_core.quant.experts import grouped_quantized_experts_forward, is_experts, quantize_experts, quantized_experts_forward
+    from pcg_core.quant import record_input_absmax
+    from pcg_core.quant.kernels import moe_gemm
+    from pcg_core.quant.layers.experts import grouped_quantized_experts_forward, is_experts, quantize_experts, quantized_experts_forward
 
     monkeypatch.setattr(moe_gemm, "ENABLED", fused)
     calls = []
@@ -157,7 +158,7 @@ def test_int4_linear_on_cuda_replays_its_cpu_reference(name):
     assert torch.equal(_replayed(gpu, xg.clone()), eager)
 
 
-# --- W4A16: pcg::w4a16_linear (quant/w4a16.py) at a real width ----------------------------------------------------
+# --- W4A16: pcg::w4a16_linear (quant/kernels/w4a16_gemm.py) at a real width ----------------------------------------------------
 
 # Kernel vs the float32 reference (Int4Weight.reference_linear), relative (Frobenius). Both use the same codes,
 # scales and zero points; the kernel rounds the dequantized weight to bf16 for the tensor cores (≤ 2^-9 relative
@@ -205,7 +206,7 @@ def test_w4a16_act_order_rows_permuted_at_real_widths(m, k, monkeypatch):
     and MLP widths the cells run (Qwen3-8B 12288, Llama-3.1-8B 14336) — beyond ROW_PERMUTE_MAX_K too, for it to be
     raised — M not a multiple of the rows per program: exactly x[:, perm], a replay bitwise equal, a reversed
     permutation caught."""
-    from pcg_core.quant import w4a16
+    from pcg_core.quant.kernels import w4a16_gemm as w4a16
 
     monkeypatch.setattr(w4a16, "ROW_PERMUTE_MAX_K", w4a16.ROW_PERMUTE_ELEMENTS)
 
@@ -231,7 +232,7 @@ def test_w4a16_bias_and_fp16_activations(int4_layers, dtype, m):
 def test_w4a16_kernel_launched_with_a_wrong_group_is_caught(int4_layers, m):
     """A planted fault: the kernel told the group is 256 while the weight's is 128 (every other group's scales
     read wrong); the comparison above must fail it."""
-    from pcg_core.quant import w4a16
+    from pcg_core.quant.kernels import w4a16_gemm as w4a16
 
     layer = int4_layers["awq"]
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
@@ -261,7 +262,7 @@ def test_w4a16_replay_is_bitwise_equal_to_eager(int4_layers, name, m):
 
 def test_w4a16_every_table_row_compiles_and_matches(int4_layers):
     """Each GEMM_CONFIGS row at the largest M it serves (capped at 128), forced past the threshold."""
-    from pcg_core.quant import w4a16
+    from pcg_core.quant.kernels import w4a16_gemm as w4a16
 
     layer = int4_layers["gptq"]
     for top, cfg in w4a16.GEMM_CONFIGS:
@@ -297,7 +298,7 @@ def fp4_layers():
 
 
 def _fp4_rel(layer, x: torch.Tensor, got: torch.Tensor | None = None) -> float:
-    from pcg_core.quant import fp4_w4a16
+    from pcg_core.quant.kernels import fp4_gemm as fp4_w4a16
 
     got = layer(x) if got is None else got
     want = fp4_w4a16.reference(x.float(), layer.weight_packed, layer.weight_scale, layer.global_scale, layer.block,
@@ -333,7 +334,7 @@ def test_fp4_fp16_activations_odd_global_and_3d_input(fp4_layers, m):
 @pytest.mark.parametrize("m", [8, 64, 65, 512])
 @pytest.mark.parametrize("fault", ["nibble order swapped", "block size wrong", "global scale dropped"])
 def test_fp4_planted_faults_are_caught(fp4_layers, m, fault):
-    from pcg_core.quant import fp4_w4a16
+    from pcg_core.quant.kernels import fp4_gemm as fp4_w4a16
 
     layer = fp4_layers["nvfp4"]
     packed, s, g, block = layer.weight_packed, layer.weight_scale, layer.global_scale, 16
@@ -368,7 +369,7 @@ def test_fp4_replay_is_bitwise_equal_to_eager(fp4_layers, name, m):
 
 def test_fp4_every_table_row_compiles_and_matches(fp4_layers):
     """Each GEMM_CONFIGS row at the largest M it serves (capped at 128), forced past the threshold, both blocks."""
-    from pcg_core.quant import fp4_w4a16
+    from pcg_core.quant.kernels import fp4_gemm as fp4_w4a16
 
     for name, layer in fp4_layers.items():
         for top, cfg in fp4_w4a16.GEMM_CONFIGS:
@@ -380,7 +381,7 @@ def test_fp4_every_table_row_compiles_and_matches(fp4_layers):
             assert rel < W4A16_RTOL, f"{name} {cfg} M={m}: {rel:.3g}"
 
 
-# --- moe_gemm: the grouped GEMM over quantized experts' codes (quant/moe_gemm.py) at Qwen3-30B-A3B's widths --------
+# --- moe_gemm: the grouped GEMM over quantized experts' codes (quant/kernels/moe_gemm.py) at Qwen3-30B-A3B's widths --------
 
 
 @pytest.fixture(scope="module")
@@ -393,7 +394,7 @@ def moe_weights():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import moe_gemm as bench  # benchmarks/moe_gemm.py: the same stand-ins the timing uses
 
-    from pcg_core.quant import experts
+    from pcg_core.quant.layers import experts
 
     e, n, k = bench.SHAPES["qwen3-30b"]
     mods = {name: bench.stand_in(name, e, n, k) for name in bench.ALL_FORMATS}
@@ -407,7 +408,8 @@ def test_moe_gemm_equals_the_dequantizing_path(moe_weights, name, rows):
     """moe_gemm against dequantize-every-expert + torch._grouped_mm (the same bf16 weights, another summation
     order), every configuration row, a replay bitwise equal to eager, and the rows given to the neighbouring
     experts caught."""
-    from pcg_core.quant import experts, moe_gemm
+    from pcg_core.quant.layers import experts
+    from pcg_core.quant.kernels import moe_gemm
 
     weights, (x, counts, _) = moe_weights
     mod, w = weights[name]

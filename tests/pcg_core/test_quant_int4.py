@@ -1,4 +1,4 @@
-"""pcg_core/quant/int4.py: AWQ and GPTQ packings against hand-packed known answers, round trips into the canonical
+"""pcg_core/quant/schemes/int4.py: AWQ and GPTQ packings against hand-packed known answers, round trips into the canonical
 layout, act-order, and the planted faults a wrong port makes (nibble order, AWQ interleave, GPTQ's z − 1, g_idx
 ignored), each of which must move the dequantized weight."""
 
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from pcg_core.errors import ConfigError
-from pcg_core.quant.int4 import (AWQ_ORDER, PLAIN_ORDER, Int4Linear, Int4Weight, awq_pack, awq_unpack, gptq_pack,
-                                 gptq_unpack, pack_nibbles, quantize_int4, unpack_nibbles)
+from pcg_core.quant.layers.int4_linear import Int4Linear
+from pcg_core.quant.schemes.int4 import (AWQ_ORDER, PLAIN_ORDER, Int4Weight, awq_pack, awq_unpack, gptq_pack,
+                                         gptq_unpack, pack_nibbles, quantize_int4, unpack_nibbles)
 
 
 def _weight(n=16, k=64, seed=0) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""pcg_core/quant/int4_checkpoint.py and the loader: AWQ, GPTQ (v1, v2) and compressed-tensors pack-quantized
+"""pcg_core/quant/formats/int4.py and the loader: AWQ, GPTQ (v1, v2) and compressed-tensors pack-quantized
 checkpoints written in their producers' layouts load back into exactly the int4 weights written; the
 compressed-tensors package reads ours and we read its; planted reader faults (AWQ interleave, GPTQ's z − 1,
 g_idx ignored, compressed-tensors' zero offset) move the loaded weights; bad declarations and files are refused
@@ -16,10 +16,10 @@ from safetensors.torch import load_file, save_file
 from pcg_core.errors import UnsupportedModel
 from pcg_core.model.loader import build_config, load_model, read_config_file, shrink_config, synthetic_model
 from pcg_core.quant import Int4Linear, detect, write_checkpoint
-from pcg_core.quant import int4 as int4_mod
-from pcg_core.quant import int4_checkpoint as ckpt
-from pcg_core.quant.int4 import PLAIN_ORDER, Int4Scheme, quantize_int4, quantize_int4_ordered
-from pcg_core.quant.int4_checkpoint import Int4Format, ct_pack, ct_unpack, stored_weight
+from pcg_core.quant.schemes import int4 as int4_mod
+from pcg_core.quant.formats import int4 as ckpt
+from pcg_core.quant.schemes.int4 import PLAIN_ORDER, Int4Scheme, quantize_int4, quantize_int4_ordered
+from pcg_core.quant.formats.int4 import Int4Format, ct_pack, ct_unpack, stored_weight
 
 CONFIGS = Path(__file__).resolve().parents[2] / "harness" / "models" / "configs"
 LLAMA, QWEN3, MOE = "meta-llama__Llama-3.1-8B-Instruct.json", "Qwen__Qwen3-0.6B.json", "Qwen__Qwen3-30B-A3B.json"
@@ -241,7 +241,7 @@ def _expert_weights(model: torch.nn.Module, group: int, scheme: Int4Scheme, fmt:
 def test_moe_experts_load_back_exactly_the_weights_written(variant, tmp_path):
     """Qwen3-MoE's experts as the producers write them (one packed linear per expert and projection, each with its
     own act-order) read into the fused int4 expert buffers: gate and up each keep their permutation."""
-    from pcg_core.quant.experts import _int4_dequantized
+    from pcg_core.quant.layers.experts import _int4_dequantized
 
     data, model = _synthetic(MOE, **MOE_WIDTHS)
     fmt, scheme = VARIANTS[variant]
@@ -266,7 +266,7 @@ def test_moe_experts_load_back_exactly_the_weights_written(variant, tmp_path):
 def test_moe_experts_planted_faults_move_the_weights(tmp_path):
     """The same file read with gate and up's permutations swapped, or with one expert's g_idx dropped, gives other
     weights: the check above can fail."""
-    from pcg_core.quant.experts import _int4_dequantized
+    from pcg_core.quant.layers.experts import _int4_dequantized
 
     data, model = _synthetic(MOE, **MOE_WIDTHS)
     write_checkpoint(model, data, tmp_path, "gptq", VARIANTS["gptq-sym-actorder"][1])

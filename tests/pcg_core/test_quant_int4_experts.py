@@ -1,4 +1,4 @@
-"""int4 MoE experts (pcg_core/quant/experts.py, awq and gptq): each expert quantized as an int4 linear is, held in
+"""int4 MoE experts (pcg_core/quant/layers/experts.py, awq and gptq): each expert quantized as an int4 linear is, held in
 the canonical layout stacked over experts; the dequantized weights equal each expert's own Int4Weight exactly
 (act-order undone in the weight), the forward tracks the float experts, the grouped path (what CUDA runs) equals
 the dense reference, and planted faults (scales given to the next expert, act-order's permutation ignored)
@@ -12,9 +12,9 @@ from pcg_helpers import routed_experts
 
 from pcg_core.model.experts import pcg_experts_forward
 from pcg_core.quant import INT4_SCHEMES
-from pcg_core.quant.experts import (_int4_dequantized, grouped_quantized_experts_forward, quantize_experts,
+from pcg_core.quant.layers.experts import (_int4_dequantized, grouped_quantized_experts_forward, quantize_experts,
                                     quantized_experts_forward)
-from pcg_core.quant.int4 import quantize_int4_ordered
+from pcg_core.quant.schemes.int4 import quantize_int4_ordered
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

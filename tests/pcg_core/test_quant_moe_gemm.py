@@ -1,4 +1,4 @@
-"""The grouped GEMM over quantized experts (pcg_core/quant/moe_gemm.py): its block table covers every sorted row once
+"""The grouped GEMM over quantized experts (pcg_core/quant/kernels/moe_gemm.py): its block table covers every sorted row once
 with its own expert, for any routing; the kernel (under Triton's interpreter on CPU, float32 so the comparison is
 tight) equals each row through its expert's dequantized weight for every weight format, ragged blocks and
 experts with no rows included; planted faults (rows given to the neighbouring expert, the next expert's scales,
@@ -11,11 +11,11 @@ import pytest
 import torch
 from triton_interpreter import interpreted, rel, run_interpreted_tests
 
-from pcg_core.quant import moe_gemm
-from pcg_core.quant.e2m1 import e2m1_table, unpack_e2m1
-from pcg_core.quant.int4 import pack_nibbles
-from pcg_core.quant.moe_gemm import ExpertWeights, block_table, grouped_linear
-from pcg_core.quant.schemes import BLOCK, FP8
+from pcg_core.quant.kernels import moe_gemm
+from pcg_core.quant.schemes.e2m1 import e2m1_table, unpack_e2m1
+from pcg_core.quant.schemes.int4 import pack_nibbles
+from pcg_core.quant.kernels.moe_gemm import ExpertWeights, block_table, grouped_linear
+from pcg_core.quant.schemes.w8a8 import BLOCK, FP8
 
 E, N, K = 5, 96, 256  # N not a multiple of the 64-wide tiles: the edge is masked
 COUNTS = [7, 0, 20, 1, 12]  # an expert without rows, one with a single row, blocks cut short
@@ -216,9 +216,9 @@ def test_interpreted_grouped_forward_by_the_kernel_equals_the_reference(name, mo
     fallback), and rows given to other experts must show."""
     from pcg_helpers import routed_experts
 
-    from pcg_core.quant import experts
-    from pcg_core.quant.fp4_experts import quantize_experts_fp4
-    from pcg_core.quant.schemes import get_scheme
+    from pcg_core.quant.layers import experts
+    from pcg_core.quant.layers.fp4_experts import quantize_experts_fp4
+    from pcg_core.quant.schemes.w8a8 import get_scheme
 
     mod, x, idx, w = routed_experts("qwen3-moe")
     scheme = get_scheme(name)

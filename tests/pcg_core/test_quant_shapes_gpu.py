@@ -29,14 +29,19 @@ import torch
 from test_quant_gpu import KERNEL_RTOL, W4A16_RTOL
 from test_quant_w4a8 import RTOL as W4A8_RTOL
 
-from pcg_core.quant import experts, fp4_w4a16, moe_gemm, w4a8
-from pcg_core.quant import linear as quant_linear
-from pcg_core.quant.fp4 import FP4_SCHEMES, Fp4Linear
-from pcg_core.quant.fp4_experts import quantize_experts_fp4
-from pcg_core.quant.int4 import INT4_SCHEMES, Int4Linear, W4A8Linear
-from pcg_core.quant.linear import QuantLinear, _kernel_ok
-from pcg_core.quant.nibbles import dequantize_codes, unpack_nibbles
-from pcg_core.quant.schemes import BLOCK, SCHEMES, get_scheme, reference_linear
+from pcg_core.quant.layers import experts
+from pcg_core.quant.kernels import fp4_gemm as fp4_w4a16
+from pcg_core.quant.kernels import moe_gemm
+from pcg_core.quant.kernels import w4a8_gemm as w4a8
+from pcg_core.quant.layers import linear as quant_linear
+from pcg_core.quant.layers.fp4_linear import Fp4Linear
+from pcg_core.quant.schemes.fp4 import FP4_SCHEMES
+from pcg_core.quant.layers.fp4_experts import quantize_experts_fp4
+from pcg_core.quant.layers.int4_linear import Int4Linear, W4A8Linear
+from pcg_core.quant.schemes.int4 import INT4_SCHEMES
+from pcg_core.quant.layers.linear import QuantLinear, _kernel_ok
+from pcg_core.quant.schemes.nibbles import dequantize_codes, unpack_nibbles
+from pcg_core.quant.schemes.w8a8 import BLOCK, SCHEMES, get_scheme, reference_linear
 from pcg_core.quant.synthetic_weights import structured_weight
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -238,7 +243,7 @@ def test_the_old_block_scale_layout_fails_this_check_at_k_896(layers, m, monkeyp
         sx = sx.t().contiguous().t()
         return torch._scaled_mm(xq, weight.t(), scale_a=sx, scale_b=weight_scale.t(), out_dtype=torch.bfloat16)
 
-    monkeypatch.setattr(quant_linear, "_block_fp8_mm", old_block_fp8_mm)
+    monkeypatch.setattr(quant_linear, "block_fp8_mm", old_block_fp8_mm)
     with pytest.raises(AssertionError, match=r"fp8_block N=640 K=896 .* kernel: "):
         try:
             check("fp8_block", layer, m)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from pcg_helpers import tiny_model
 
-from pcg_core.quant.expert_layout import canonical_weight, in_out
-from pcg_core.quant.experts import PROJECTIONS, is_experts
-from pcg_core.quant.schemes import SCHEMES, quantize_weight, reference_linear
+from pcg_core.quant.layers.expert_layout import canonical_weight, in_out
+from pcg_core.quant.layers.experts import PROJECTIONS, is_experts
+from pcg_core.quant.schemes.w8a8 import SCHEMES, quantize_weight, reference_linear
 from pcg_core.quant.synthetic_weights import make_realistic_, structured_weight, weight_structure
 
 

@@ -13,7 +13,7 @@ from pcg_core import CaptureConfig, Engine, EngineConfig
 from pcg_core.model import load_model
 from pcg_core.quant import get_scheme, quantize_model
 from pcg_core.quant import twin as twin_mod
-from pcg_core.quant.experts import PROJECTIONS, dequantized_experts_weight
+from pcg_core.quant.layers.experts import PROJECTIONS, dequantized_experts_weight
 from pcg_core.quant.twin import float_twin
 
 # On CPU in float32 the weight-only quantized model is its twin's math up to summation order (~1e-6). mxfp4: gpt-oss
@@ -145,7 +145,7 @@ def test_a_half_precision_twin_computes_in_float32_without_copying_a_weight(mode
 def test_a_twin_built_from_the_wrong_weights_is_told_apart(monkeypatch, model, scheme):
     """Planted: a twin whose experts' weights (dequantized, or the float ones: gpt-oss's transposed) have their
     input channels reversed."""
-    from pcg_core.quant import experts as quant_experts
+    from pcg_core.quant.layers import experts as quant_experts
 
     _, q = _quantized(model, scheme, torch.bfloat16)
     prompt = list(range(3, 15))

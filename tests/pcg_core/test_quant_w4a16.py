@@ -1,4 +1,4 @@
-"""pcg_core/quant/w4a16.py: the `pcg::w4a16_linear` op's CPU implementation is the int4 reference exactly, its fake
+"""pcg_core/quant/kernels/w4a16_gemm.py: the `pcg::w4a16_linear` op's CPU implementation is the int4 reference exactly, its fake
 implementation traces, and the Triton kernels (run by Triton's interpreter on CPU tensors) match the reference
 for the shapes, groups, zero points and act-order the models use, while planted faults (a wrong group constexpr,
 the nibble order reversed, act-order dropped) fail the same comparison.
@@ -17,15 +17,9 @@ import pytest
 import torch
 from triton_interpreter import interpreted, rel, run_interpreted_tests
 
-from pcg_core.quant import w4a16
-from pcg_core.quant.int4 import (
-    PLAIN_ORDER,
-    Int4Linear,
-    Int4Weight,
-    pack_nibbles,
-    quantize_int4,
-    unpack_nibbles,
-)
+from pcg_core.quant.kernels import w4a16_gemm as w4a16
+from pcg_core.quant.layers.int4_linear import Int4Linear
+from pcg_core.quant.schemes.int4 import PLAIN_ORDER, Int4Weight, pack_nibbles, quantize_int4, unpack_nibbles
 
 
 # Kernel vs float32 reference, relative (Frobenius). fp16 activations: the dequantized weight is rounded to fp16

@@ -1,4 +1,4 @@
-"""pcg_core/quant/w4a8.py and W4A8Linear: int4 weights × 8-bit activations (int8, FP8 e4m3) quantized per token.
+"""pcg_core/quant/kernels/w4a8_gemm.py and W4A8Linear: int4 weights × 8-bit activations (int8, FP8 e4m3) quantized per token.
 
 The op's CPU implementation is held to an independent computation (schemes.quantize_activation, the int4
 dequantization, a hand-computed known answer); the Triton kernels, run by Triton's interpreter on CPU tensors,
@@ -18,10 +18,13 @@ import torch
 from triton_interpreter import interpreted, rel, run_interpreted_tests
 
 from pcg_core.errors import UnsupportedModel
-from pcg_core.quant import w4a8
-from pcg_core.quant.formats import detect
-from pcg_core.quant.int4 import INT4_SCHEMES, PLAIN_ORDER, Int4Weight, W4A8Linear, pack_nibbles, quantize_int4, unpack_nibbles
-from pcg_core.quant.schemes import SCHEMES, get_scheme, quantize_activation
+from pcg_core.quant.kernels import fp8_gemm
+from pcg_core.quant.kernels import w4a8_gemm as w4a8
+from pcg_core.quant.formats.detect import detect
+from pcg_core.quant.layers.int4_linear import W4A8Linear
+from pcg_core.quant.schemes.int4 import (INT4_SCHEMES, PLAIN_ORDER, Int4Weight, pack_nibbles, quantize_int4,
+                                         unpack_nibbles)
+from pcg_core.quant.schemes.w8a8 import SCHEMES, get_scheme, quantize_activation
 
 # Kernel vs the float32 reference, relative (Frobenius). int8: the kernel quantizes the activation bitwise as the
 # reference does and sums each group exactly in int32, so only fp32 summation order (~1e-6) and the fp16/bf16
@@ -124,7 +127,7 @@ def test_the_module_forward_is_the_op_and_act_order_permutes_first(act_order):
 
 def test_quantize_model_swaps_in_w4a8_linears():
     """Dense linears become W4A8Linears (MoE experts: test_quant_w4a8_experts.py)."""
-    from pcg_core.quant.linear import quantize_model
+    from pcg_core.quant.layers.linear import quantize_model
 
     model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
     names = quantize_model(model, get_scheme("w4afp8"), skip=())
@@ -205,9 +208,9 @@ def llama():
 @pytest.mark.parametrize("name", ["w4a8", "w4afp8"])
 def test_a_checkpoint_round_trip_loads_the_buffers_written(name, llama, tmp_path):
     from pcg_core.model.loader import load_model
-    from pcg_core.quant.checkpoint import write_checkpoint
-    from pcg_core.quant.int4 import quantize_int4_ordered
-    from pcg_core.quant.int4_checkpoint import Int4Format, common_group, stored_weight
+    from pcg_core.quant.formats.checkpoint import write_checkpoint
+    from pcg_core.quant.schemes.int4 import quantize_int4_ordered
+    from pcg_core.quant.formats.int4 import Int4Format, common_group, stored_weight
 
     data, model = llama
     scheme = INT4_SCHEMES[name]
@@ -237,7 +240,7 @@ def test_compressed_tensors_parses_our_declaration(name):
     pytest.importorskip("compressed_tensors")
     from compressed_tensors.quantization import QuantizationConfig, QuantizationStrategy, QuantizationType
 
-    from pcg_core.quant.int4_checkpoint import declaration
+    from pcg_core.quant.formats.int4 import declaration
 
     qc = QuantizationConfig.model_validate(declaration("compressed-tensors", INT4_SCHEMES[name], 128, ("lm_head",)))
     group = qc.config_groups["group_0"]
@@ -275,7 +278,7 @@ def test_w4a8_declarations_the_loader_runs():
 
 
 def test_w4a8_is_written_as_compressed_tensors_only():
-    from pcg_core.quant.int4_checkpoint import declaration
+    from pcg_core.quant.formats.int4 import declaration
 
     with pytest.raises(ValueError, match="compressed-tensors pack-quantized only"):
         declaration("gptq", INT4_SCHEMES["w4a8"], 128, ())
@@ -524,7 +527,7 @@ def test_gpu_fp8_large_m_paths_match_and_the_block_scaled_gemm_catches_faults(w4
     w4a8.launch_act_quant(x, "fp8", xq, sx)
     w8 = torch.empty(8192, 4096, device="cuda", dtype=w4a8.FP8)
     w4a8.launch_to_8bit(layer.qweight, layer.zeros, 128, w8)
-    assert rel(w4a8.block_scaled_mm(xq, sx, w8, scales, None, torch.bfloat16), want) < RTOL[torch.bfloat16]
-    off = w4a8.block_scaled_mm(xq, sx, w8, scales.roll(1, dims=1).contiguous(), None, torch.bfloat16)
+    assert rel(fp8_gemm.block_scaled_mm(xq, sx, w8, scales, None, torch.bfloat16), want) < RTOL[torch.bfloat16]
+    off = fp8_gemm.block_scaled_mm(xq, sx, w8, scales.roll(1, dims=1).contiguous(), None, torch.bfloat16)
     assert rel(off, want) > RTOL[torch.bfloat16]
-    assert rel(w4a8.block_scaled_mm(xq, torch.ones_like(sx), w8, scales, None, torch.bfloat16), want) > RTOL[torch.bfloat16]
+    assert rel(fp8_gemm.block_scaled_mm(xq, torch.ones_like(sx), w8, scales, None, torch.bfloat16), want) > RTOL[torch.bfloat16]

@@ -1,4 +1,4 @@
-"""W4A8 / W4AFP8 MoE experts (pcg_core/quant/experts.py with a W4A8 Int4Scheme): int4 weights held as the
+"""W4A8 / W4AFP8 MoE experts (pcg_core/quant/layers/experts.py with a W4A8 Int4Scheme): int4 weights held as the
 weight-only int4 experts hold them, each projection's input quantized per token to int8 or FP8 e4m3 first. The
 reference forward is that math exactly (and each projection is W4A8Linear's op on the expert's own weight), the
 grouped path CUDA runs equals it, planted faults (the activation scale divided by, the activations left in 16
@@ -17,10 +17,10 @@ from pcg_helpers import make_engine, prompts_of, routed_experts, tiny_model
 from safetensors.torch import load_file
 
 from pcg_core.quant import INT4_SCHEMES
-from pcg_core.quant import experts as experts_mod
-from pcg_core.quant.experts import (_int4_dequantized, grouped_quantized_experts_forward, quantize_experts,
+from pcg_core.quant.layers import experts as experts_mod
+from pcg_core.quant.layers.experts import (_int4_dequantized, grouped_quantized_experts_forward, quantize_experts,
                                     quantized_experts_forward)
-from pcg_core.quant.int4 import quantize_int4_ordered
+from pcg_core.quant.schemes.int4 import quantize_int4_ordered
 
 W4A8 = ["w4a8", "w4afp8"]
 QMAX = {"int8": 127.0, "fp8": 448.0}
@@ -71,7 +71,7 @@ def test_reference_forward_is_the_w4a8_math_exactly(arch, name):
     got = quantized_experts_forward(mod, x, idx, w)
     assert torch.equal(got, _expected(mod, floats, scheme, x, idx, w))
     # each projection is W4A8Linear's op (its CPU reference) on the expert's own weight
-    from pcg_core.quant import w4a8
+    from pcg_core.quant.kernels import w4a8_gemm as w4a8
 
     e, p = 1, "down_proj"
     h = torch.randn(5, mod.down_proj_scales.shape[-1] * getattr(mod, f"{p}_group"))
@@ -110,7 +110,7 @@ def test_planted_activation_faults_show(name, fault, monkeypatch):
 
 @pytest.mark.parametrize("name", W4A8)
 def test_quantize_model_gives_w4a8_experts_and_the_graph_path_matches_eager_on_cpu(name):
-    from pcg_core.quant.linear import quantize_model
+    from pcg_core.quant.layers.linear import quantize_model
 
     lm = tiny_model("qwen3-moe")
     swapped = quantize_model(lm.model, INT4_SCHEMES[name])
@@ -127,7 +127,7 @@ def test_quantize_model_gives_w4a8_experts_and_the_graph_path_matches_eager_on_c
 
 def _moe_checkpoint(tmp_path: Path, name: str):
     from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
-    from pcg_core.quant.checkpoint import write_checkpoint
+    from pcg_core.quant.formats.checkpoint import write_checkpoint
 
     data = shrink_config(read_config_file(CONFIGS / "Qwen__Qwen3-30B-A3B.json"), tiny=True, layers=2)
     data |= {"hidden_size": 128, "moe_intermediate_size": 128}  # widths the formats' groups (32 and up) divide
@@ -139,7 +139,7 @@ def _moe_checkpoint(tmp_path: Path, name: str):
 @pytest.mark.parametrize("name", W4A8)
 def test_a_moe_checkpoint_round_trip_gives_w4a8_experts(name, tmp_path):
     from pcg_core.model.loader import load_model
-    from pcg_core.quant.int4_checkpoint import Int4Format, common_group, stored_weight
+    from pcg_core.quant.formats.int4 import Int4Format, common_group, stored_weight
 
     scheme = INT4_SCHEMES[name]
     model = _moe_checkpoint(tmp_path, name)

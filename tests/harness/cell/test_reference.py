@@ -16,9 +16,9 @@ from harness.cell.reference import reference_cases
 from harness.cell.prompts import prompt_suite
 from pcg_core.attention.sdpa import SdpaBackend
 from pcg_core.quant import QuantLinear
-from pcg_core.quant.int4 import Int4Linear
-from pcg_core.quant.nibbles import dequantize_codes, unpack_nibbles
-from pcg_core.quant.schemes import reference_linear
+from pcg_core.quant.layers.int4_linear import Int4Linear
+from pcg_core.quant.schemes.nibbles import dequantize_codes, unpack_nibbles
+from pcg_core.quant.schemes.w8a8 import reference_linear
 
 
 def _cell(model: str = "qwen3-0.6b", quant: str = "none", graph: str = "breakable", **kw):

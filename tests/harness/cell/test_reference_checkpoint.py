@@ -24,7 +24,7 @@ from pcg_core import load_model
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine
 from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
-from pcg_core.quant import linear as quant_linear
+from pcg_core.quant.layers import linear as quant_linear
 from pcg_core.quant.synthetic_weights import make_realistic_
 
 CONFIG = Path(__file__).resolve().parents[3] / "harness" / "models" / "configs" / "Qwen__Qwen2.5-0.5B.json"
@@ -96,6 +96,6 @@ def test_on_cuda_the_block_gemm_as_it_was_fails_the_same_check(checkpoint, monke
         sx = sx.t().contiguous().t()
         return torch._scaled_mm(xq, weight.t(), scale_a=sx, scale_b=weight_scale.t(), out_dtype=torch.bfloat16)
 
-    monkeypatch.setattr(quant_linear, "_block_fp8_mm", old_block_fp8_mm)
+    monkeypatch.setattr(quant_linear, "block_fp8_mm", old_block_fp8_mm)
     check = reference_check(checkpoint, "cuda", "bfloat16")
     assert check.status == "fail" and check.kernel_rel > check.kernel_bound, check

@@ -14,8 +14,8 @@ from harness.cell.run import run_cell
 from harness.cell.spec import CellSpec
 from harness.outcome import Status
 from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
-from pcg_core.quant.checkpoint import write_checkpoint
-from pcg_core.quant.int4 import INT4_SCHEMES
+from pcg_core.quant.formats.checkpoint import write_checkpoint
+from pcg_core.quant.schemes.int4 import INT4_SCHEMES
 
 CONFIGS = {"llama": "meta-llama__Llama-3.1-8B-Instruct.json", "qwen3": "Qwen__Qwen3-0.6B.json",
            "qwen3-moe": "Qwen__Qwen3-30B-A3B.json"}

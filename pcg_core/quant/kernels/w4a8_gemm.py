@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from pcg_core.quant.nibbles import dequantize_codes, unpack_nibbles
-from pcg_core.quant.w4a16 import launch_splitk_reduce
+from pcg_core.quant.schemes.nibbles import dequantize_codes, unpack_nibbles
+from pcg_core.quant.kernels.fp8_gemm import block_scaled_mm
+from pcg_core.quant.kernels.w4a16_gemm import launch_splitk_reduce
 
 try:
     import triton
@@ -38,7 +39,7 @@ except ImportError:  # CPU machines and CI: the op's CPU implementation is the r
     triton = None
 
 ACTS = ("int8", "fp8")  # the `act` argument's values: 8-bit activation types
-FP8 = torch.float8_e4m3fn
+FP8 = torch.float8_e4m3fn  # schemes.w8a8.FP8
 QMAX = {"int8": 127.0, "fp8": float(torch.finfo(FP8).max)}  # schemes.INT8_MAX / FP8_MAX (no import: a cycle)
 QDTYPE = {"int8": torch.int8, "fp8": FP8}
 TINY = 1e-12  # schemes._TINY: an all-zero row quantizes to zeros, not NaN
@@ -124,7 +125,7 @@ def reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
 # --- the kernels --------------------------------------------------------------------------------------------
 
 if triton is not None:
-    from pcg_core.quant.w4a16 import _spread8
+    from pcg_core.quant.kernels.w4a16_gemm import _spread8
 
     @triton.jit
     def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, QMAX_: tl.constexpr, IS_FP8: tl.constexpr,
@@ -290,23 +291,6 @@ def scaled_mm_fits(x: torch.Tensor, act: str, group: int, n: int, k: int) -> boo
     """Whether cuBLASLt's block-scaled FP8 GEMM computes this op: FP8 activations, groups of 128 (its block),
     CUDA, K and N multiples of 16."""
     return act == "fp8" and group == 128 and x.is_cuda and n % 16 == 0 and k % 128 == 0
-
-
-def block_scaled_mm(xq: torch.Tensor, sx: torch.Tensor, w8: torch.Tensor, scales: torch.Tensor,
-                    bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """(M, N) = Σ_g sx · s_g · (xq_g · w8_gᵀ) (+ bias) through `torch._scaled_mm` with 1×128 blocks on both sides:
-    the activation's scale per (token, group) is its per-token scale repeated, column-major (M, K/128); the
-    weight's is `scales` (N, K/128) handed over as (K/128, N) row-major, the layout cuBLASLt reads. M is padded
-    to a multiple of 4 (the block-scaled kernels' requirement, as linear.py's block FP8)."""
-    m, k = xq.shape
-    pad = (-m) % 4
-    if pad:
-        xq = torch.nn.functional.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(FP8)
-        sx = torch.nn.functional.pad(sx, (0, pad), value=1.0)
-    sa = sx[None, :].expand(k // 128, m + pad).contiguous().t()
-    sb = scales.t().contiguous()
-    out = torch._scaled_mm(xq, w8.t(), scale_a=sa, scale_b=sb, out_dtype=dtype)[:m]
-    return out if bias is None else out + bias
 
 
 # --- the op ---------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from pcg_core.quant.nibbles import dequantize_codes, unpack_nibbles
+from pcg_core.quant.schemes.nibbles import dequantize_codes, unpack_nibbles
 
 try:
     import triton

@@ -25,11 +25,11 @@ from typing import Protocol
 
 import torch
 
-import pcg_core.quant.moe_gemm as moe_gemm
+import pcg_core.quant.kernels.moe_gemm as moe_gemm
 from pcg_core.errors import UnsupportedModel
-from pcg_core.quant.e2m1 import e2m1_table, pack_e2m1, unpack_e2m1
-from pcg_core.quant.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection, in_out
-from pcg_core.quant.fp4 import (FP4_SCHEMES, MXFP4_BLOCK, NVFP4_BLOCK, Fp4Scheme, Fp4Weight, interleave_gate_up,
+from pcg_core.quant.schemes.e2m1 import e2m1_table, pack_e2m1, unpack_e2m1
+from pcg_core.quant.layers.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection, in_out
+from pcg_core.quant.schemes.fp4 import (FP4_SCHEMES, MXFP4_BLOCK, NVFP4_BLOCK, Fp4Scheme, Fp4Weight, interleave_gate_up,
                                 mxfp4_experts_pack, mxfp4_experts_weight,
                                 quantize_mxfp4, quantize_nvfp4)
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from pcg_core.errors import ConfigError, UnsupportedModel
-from pcg_core.quant.files import CheckpointTensors
-from pcg_core.quant.fp4 import (E2M1_MAX, E4M3_MAX, NVFP4_BLOCK, Fp4Linear, Fp4Scheme, Fp4Weight, ct_nvfp4_pack,
-                                ct_nvfp4_unpack, modelopt_nvfp4_pack, modelopt_nvfp4_unpack)
+from pcg_core.quant.formats.files import CheckpointTensors
+from pcg_core.quant.layers.fp4_linear import Fp4Linear
+from pcg_core.quant.schemes.fp4 import (E2M1_MAX, E4M3_MAX, NVFP4_BLOCK, Fp4Scheme, Fp4Weight, ct_nvfp4_pack,
+                                        ct_nvfp4_unpack, modelopt_nvfp4_pack, modelopt_nvfp4_unpack)
 
 FP4_FORMATS = ("modelopt", "compressed-tensors")
 # The tensor whose presence says a linear is quantized, per format (ModelOpt's only when stored as uint8).

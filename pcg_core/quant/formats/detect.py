@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from pcg_core.errors import UnsupportedModel
-from pcg_core.quant.fp4 import FP4_SCHEMES, NVFP4_BLOCK, Fp4Scheme
-from pcg_core.quant.fp4_checkpoint import Fp4Format
-from pcg_core.quant.int4 import Int4Scheme
-from pcg_core.quant.int4_checkpoint import Int4Format
-from pcg_core.quant.schemes import INT8_STATIC, SCHEMES, Scheme
+from pcg_core.quant.schemes.fp4 import FP4_SCHEMES, NVFP4_BLOCK, Fp4Scheme
+from pcg_core.quant.formats.fp4 import Fp4Format
+from pcg_core.quant.schemes.int4 import Int4Scheme
+from pcg_core.quant.formats.int4 import Int4Format
+from pcg_core.quant.schemes.w8a8 import INT8_STATIC, SCHEMES, Scheme
 
 HF_QUANT_CONFIG = "hf_quant_config.json"  # ModelOpt's legacy declaration, beside config.json
 MODELOPT_ALGOS = {"FP8": "fp8_per_tensor", "FP8_PER_CHANNEL_PER_TOKEN": "fp8_per_token"}

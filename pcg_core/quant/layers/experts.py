@@ -29,15 +29,15 @@ from __future__ import annotations
 
 import torch
 
-import pcg_core.quant.moe_gemm as moe_gemm
-from pcg_core.quant.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection, in_out
-from pcg_core.quant.fp4 import Fp4Scheme
-from pcg_core.quant.fp4_experts import (fp4_dequantized, fp4_expert_weights, fp4_experts_forward,
+import pcg_core.quant.kernels.moe_gemm as moe_gemm
+from pcg_core.quant.layers.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection, in_out
+from pcg_core.quant.schemes.fp4 import Fp4Scheme
+from pcg_core.quant.layers.fp4_experts import (fp4_dequantized, fp4_expert_weights, fp4_experts_forward,
                                         grouped_fp4_experts_forward)
-from pcg_core.quant.int4 import Int4Scheme, Int4Weight, pack_nibbles, quantize_int4_ordered, unpack_nibbles
-from pcg_core.quant.schemes import (BLOCK, Scheme, expand_activation_scale, quantize_activation,
+from pcg_core.quant.schemes.int4 import Int4Scheme, Int4Weight, pack_nibbles, quantize_int4_ordered, unpack_nibbles
+from pcg_core.quant.schemes.w8a8 import (BLOCK, Scheme, expand_activation_scale, quantize_activation,
                                     quantize_weight, weight_scale_shape)
-from pcg_core.quant.w4a8 import quantize_act
+from pcg_core.quant.kernels.w4a8_gemm import quantize_act
 
 PROJECTIONS = ("gate_up_proj", "up_proj", "down_proj")
 

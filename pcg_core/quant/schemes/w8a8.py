@@ -17,8 +17,8 @@ from typing import Literal
 
 import torch
 
-from pcg_core.quant.fp4 import FP4_SCHEMES, Fp4Scheme
-from pcg_core.quant.int4 import INT4_SCHEMES, Int4Scheme
+from pcg_core.quant.schemes.fp4 import FP4_SCHEMES, Fp4Scheme
+from pcg_core.quant.schemes.int4 import INT4_SCHEMES, Int4Scheme
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448

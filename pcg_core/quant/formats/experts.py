@@ -18,15 +18,15 @@ from pathlib import Path
 import torch
 
 from pcg_core.errors import UnsupportedModel
-from pcg_core.quant.experts import install, install_int4, quantizable
-from pcg_core.quant.files import EIGHT_BIT, CheckpointTensors, shaped
-from pcg_core.quant.formats import QuantSpec
-from pcg_core.quant.fp4 import quantize_nvfp4
-from pcg_core.quant.fp4_checkpoint import Fp4Format, fp4_tensors, read_fp4_weight
-from pcg_core.quant.fp4_experts import install_fp4_experts
-from pcg_core.quant.int4 import Int4Scheme, Int4Weight, quantize_int4_ordered
-from pcg_core.quant.int4_checkpoint import Int4Format, int4_tensors, read_int4_weight, stored_weight
-from pcg_core.quant.schemes import BLOCK, FP8, Scheme, quantize_weight, weight_scale_shape
+from pcg_core.quant.layers.experts import install, install_int4, quantizable
+from pcg_core.quant.formats.files import EIGHT_BIT, CheckpointTensors, shaped
+from pcg_core.quant.formats.detect import QuantSpec
+from pcg_core.quant.schemes.fp4 import quantize_nvfp4
+from pcg_core.quant.formats.fp4 import Fp4Format, fp4_tensors, read_fp4_weight
+from pcg_core.quant.layers.fp4_experts import install_fp4_experts
+from pcg_core.quant.schemes.int4 import Int4Scheme, Int4Weight, quantize_int4_ordered
+from pcg_core.quant.formats.int4 import Int4Format, int4_tensors, read_int4_weight, stored_weight
+from pcg_core.quant.schemes.w8a8 import BLOCK, FP8, Scheme, quantize_weight, weight_scale_shape
 
 
 @dataclass(frozen=True)

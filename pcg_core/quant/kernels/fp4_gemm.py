@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
-import pcg_core.quant.w4a16 as w4a16  # noqa: PLR0402 - the module, not the package (whose __init__ imports fp4.py)
-from pcg_core.quant.e2m1 import e2m1_table, unpack_e2m1
-from pcg_core.quant.w4a16 import triton
+import pcg_core.quant.kernels.w4a16_gemm as w4a16  # noqa: PLR0402 - the module, not the package (whose __init__ imports fp4.py)
+from pcg_core.quant.schemes.e2m1 import e2m1_table, unpack_e2m1
+from pcg_core.quant.kernels.w4a16_gemm import triton
 
 if triton is not None:
     import triton.language as tl

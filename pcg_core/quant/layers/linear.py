@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import torch
 
-from pcg_core.quant.fp4_w4a16 import reference as fp4_reference
-from pcg_core.quant.w4a8 import reference as w4a8_reference
-from pcg_core.quant.w4a16 import reference as w4a16_reference
-from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme
-from pcg_core.quant.fp4_experts import fp4_unsupported_reason, quantize_experts_fp4
-from pcg_core.quant.int4 import Int4Linear, Int4Scheme, W4A8Linear
-from pcg_core.quant.int8_mm import available as int8_kernel_available
-from pcg_core.quant.experts import check_quantizable, is_experts, quantize_experts
-from pcg_core.quant.schemes import (BLOCK, Scheme, dequantize_weight, quantize_activation, quantize_weight, reference_linear,
+from pcg_core.quant.kernels.fp4_gemm import reference as fp4_reference
+from pcg_core.quant.kernels.w4a8_gemm import reference as w4a8_reference
+from pcg_core.quant.kernels.w4a16_gemm import reference as w4a16_reference
+from pcg_core.quant.layers.fp4_linear import Fp4Linear
+from pcg_core.quant.schemes.fp4 import Fp4Scheme
+from pcg_core.quant.layers.fp4_experts import fp4_unsupported_reason, quantize_experts_fp4
+from pcg_core.quant.layers.int4_linear import Int4Linear, W4A8Linear
+from pcg_core.quant.schemes.int4 import Int4Scheme
+from pcg_core.quant.kernels.fp8_gemm import block_fp8_mm, pad_rows, scaled_fp8_mm
+from pcg_core.quant.kernels.int8_gemm import available as int8_kernel_available
+from pcg_core.quant.layers.experts import check_quantizable, is_experts, quantize_experts
+from pcg_core.quant.schemes.w8a8 import (BLOCK, Scheme, dequantize_weight, quantize_activation, quantize_weight, reference_linear,
                                      weight_scale_shape)
 
 
@@ -108,47 +111,18 @@ def _kernel_ok(x: torch.Tensor, mod: QuantLinear) -> bool:
     return n % 16 == 0 and k % 16 == 0
 
 
-def _pad_rows(x: torch.Tensor, multiple: int, extra: int = 0) -> torch.Tensor:
-    """x with zero rows appended up to a multiple of `multiple` (plus `extra`): token counts the kernels refuse
-    (block FP8 wants M % 4 == 0; _int_mm, the INT8 fallback without Triton, M > 16) padded, not branched on."""
-    pad = (-x.shape[0]) % multiple + extra
-    return torch.nn.functional.pad(x, (0, 0, 0, pad))
-
-
-def block_weight_scales(scale: torch.Tensor) -> torch.Tensor:
-    """128×128 weight-block scales (N/128, K/128) as cuBLASLt reads them for the second operand: (L4, N/128), stride
-    (1, L4), L4 = K/128 rounded up to a multiple of 4, the rows past K/128 zero (torch's scaled_mm documents the
-    layout). `torch._scaled_mm` took the plain transpose (stride K/128) and handed cuBLASLt a pointer it reads with
-    stride L4: every K/128 that is not a multiple of 4 (Qwen2.5-0.5B's 896 = 7 blocks) multiplied blocks by other
-    blocks' scales (relative error 0.9–1.8e7 on the H200), in eager and graph alike; and torch 2.11's `_scaled_mm`
-    refuses the padded stride. So the block GEMM goes through `scaled_mm` with the recipes named. A copy per call:
-    (N/128) × L4 floats."""
-    kb = scale.shape[1]
-    return torch.nn.functional.pad(scale.float(), (0, (-kb) % 4)).t()
-
-
-def _block_fp8_mm(xq: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
-    """xq (M, K) FP8 with 1×128 group scales sx (M, K/128), times the (N, K) FP8 weight with 128×128 block scales:
-    bf16 (M, N). M must be a multiple of 4 (the caller pads)."""
-    from torch.nn.functional import ScalingType, scaled_mm
-
-    sx = sx.t().contiguous().t()  # column-major, as cuBLASLt's 1×128 block scaling wants
-    return scaled_mm(xq, weight.t(), sx, ScalingType.BlockWise1x128, block_weight_scales(weight_scale),
-                     ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
-
-
 def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
     s, m = mod.scheme, x.shape[0]
     if s.kind == "int8":
         xq, sx = quantize_activation(x, s, mod.input_scale)
         if int8_kernel_available():  # scales applied in the GEMM's epilogue, bf16 written once
             return torch.ops.pcg.int8_scaled_mm(xq, mod.weight, sx, mod.weight_scale, mod.bias)
-        xq = _pad_rows(xq, 8, 24)  # ≥ 24 rows: _int_mm needs M > 16
+        xq = pad_rows(xq, 8, 24)  # ≥ 24 rows: _int_mm needs M > 16
         acc = torch._int_mm(xq, mod.weight.t())[:m]
         out = acc.float() * sx * mod.weight_scale.view(1, -1)
     elif s.weights == "block":  # cuBLASLt refuses fast accumulation with block scales
-        xq, sx = quantize_activation(_pad_rows(x, 4), s)
-        out = _block_fp8_mm(xq, sx, mod.weight, mod.weight_scale)[:m]
+        xq, sx = quantize_activation(pad_rows(x, 4), s)
+        out = block_fp8_mm(xq, sx, mod.weight, mod.weight_scale)[:m]
     else:
         # Per-tensor and row-wise scales: fast accumulation (as the serving engines' FP8 GEMMs run on Hopper),
         # held to the reference by the kernel tests like every other path.
@@ -157,7 +131,7 @@ def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
             sa, sb = sx, mod.weight_scale.view(1, -1)
         else:
             sa, sb = sx.reshape(()), mod.weight_scale.reshape(())
-        out = torch._scaled_mm(xq, mod.weight.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+        out = scaled_fp8_mm(xq, mod.weight, sa, sb)
     if mod.bias is not None:
         out = out + mod.bias
     return out.to(torch.bfloat16)

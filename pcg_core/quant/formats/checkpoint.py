@@ -19,18 +19,20 @@ import torch
 from safetensors.torch import save_file
 
 from pcg_core.errors import UnsupportedModel
-from pcg_core.quant.expert_checkpoint import ExpertLayout, layout_for, read_experts, write_experts
-from pcg_core.quant.experts import is_experts
-from pcg_core.quant.files import EIGHT_BIT, CheckpointTensors, shaped
-from pcg_core.quant.formats import HF_QUANT_CONFIG, QuantSpec, declaration
-from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme, quantize_nvfp4
-from pcg_core.quant.fp4_experts import gpt_oss_mxfp4_tensors, read_gpt_oss_mxfp4
-from pcg_core.quant.fp4_checkpoint import Fp4Format, declaration as fp4_declaration, fp4_tensors, read_fp4_linear
-from pcg_core.quant.int4 import Int4Linear, Int4Scheme, quantize_int4_ordered
-from pcg_core.quant.int4_checkpoint import (Int4Format, common_group, declaration as int4_declaration, int4_tensors,
+from pcg_core.quant.formats.experts import ExpertLayout, layout_for, read_experts, write_experts
+from pcg_core.quant.layers.experts import is_experts
+from pcg_core.quant.formats.files import EIGHT_BIT, CheckpointTensors, shaped
+from pcg_core.quant.formats.detect import HF_QUANT_CONFIG, QuantSpec, declaration
+from pcg_core.quant.layers.fp4_linear import Fp4Linear
+from pcg_core.quant.schemes.fp4 import Fp4Scheme, quantize_nvfp4
+from pcg_core.quant.layers.fp4_experts import gpt_oss_mxfp4_tensors, read_gpt_oss_mxfp4
+from pcg_core.quant.formats.fp4 import Fp4Format, declaration as fp4_declaration, fp4_tensors, read_fp4_linear
+from pcg_core.quant.layers.int4_linear import Int4Linear
+from pcg_core.quant.schemes.int4 import Int4Scheme, quantize_int4_ordered
+from pcg_core.quant.formats.int4 import (Int4Format, common_group, declaration as int4_declaration, int4_tensors,
                                             read_int4_linear, stored_weight)
-from pcg_core.quant.linear import QuantLinear
-from pcg_core.quant.schemes import Scheme, quantize_weight
+from pcg_core.quant.layers.linear import QuantLinear
+from pcg_core.quant.schemes.w8a8 import Scheme, quantize_weight
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from pcg_core.errors import ConfigError, UnsupportedModel
-from pcg_core.quant.files import CheckpointTensors
-from pcg_core.quant.int4 import (NIBBLES, Int4Linear, Int4Scheme, Int4Weight, W4A8Linear, awq_pack, awq_unpack,
-                                 gptq_pack, gptq_unpack, original_codes, pack_nibbles, unpack_nibbles, with_act_order)
+from pcg_core.quant.formats.files import CheckpointTensors
+from pcg_core.quant.layers.int4_linear import Int4Linear, W4A8Linear
+from pcg_core.quant.schemes.int4 import (NIBBLES, Int4Scheme, Int4Weight, awq_pack, awq_unpack, gptq_pack, gptq_unpack,
+                                         original_codes, pack_nibbles, unpack_nibbles, with_act_order)
 
 INT4_FORMATS = ("awq", "gptq", "gptq_v2", "compressed-tensors")
 # The tensor whose presence says a linear is quantized, per format.
