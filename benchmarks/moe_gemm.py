@@ -28,7 +28,7 @@ from quant_gemm import replay_ms, write_json  # benchmarks/, the script's own fo
 DEVICE = "cuda"  # the script runs on the GPU; a CPU dry run (TRITON_INTERPRET=1) sets it
 SHAPES = {"qwen3-30b": (128, 1536, 2048), "deepseek-v3": (256, 4096, 7168)}  # (E, N = 2·moe_intermediate, K = hidden)
 TOP_K = 8
-FORMATS = ["gptq", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "fp4", "mxfp4"]  # timed (act-order first)
+FORMATS = ["gptq", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "nvfp4", "mxfp4"]  # timed (act-order first)
 ALL_FORMATS = ["fp8_per_tensor", *FORMATS]  # stand_in builds each (the GPU test checks every one)
 SWEEP = [(16, 64, 128, 4, 3), (16, 128, 128, 4, 3), (32, 64, 128, 4, 3), (32, 128, 64, 4, 3), (64, 64, 128, 4, 3),
          (64, 128, 64, 8, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3), (64, 256, 64, 8, 3)]
@@ -46,7 +46,7 @@ def stand_in(name: str, e: int, n: int, k: int) -> torch.nn.Module:
         mod.register_buffer("gate_up_proj", torch.randint(0, 256, (e, n, k // 2), generator=g, device=DEVICE,
                                                           dtype=torch.uint8))
         mod.register_buffer("gate_up_proj_scale", torch.rand(e, n, k // block, generator=g, device=DEVICE) * 0.01)
-        glob = torch.rand(e, n, generator=g, device=DEVICE) + 0.5 if name == "fp4" else None  # NVFP4's row globals
+        glob = torch.rand(e, n, generator=g, device=DEVICE) + 0.5 if name == "nvfp4" else None  # NVFP4's row globals
         mod.register_buffer("gate_up_proj_global", glob)
         mod.register_buffer("fp4_e2m1", e2m1_table(torch.device(DEVICE)), persistent=False)
         mod.fp4_block = block

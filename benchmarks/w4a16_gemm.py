@@ -1,7 +1,7 @@
 """W4A16 (`pcg::w4a16_linear`, pcg_core/quant/kernels/w4a16_gemm.py) against bf16 F.linear on one N×K layer (default
 8192×4096), side by side: every row a captured CUDA graph replayed, CUDA events around each replay after a
 warm-up, the median of --repeat (≥ 50). Rows: bf16, awq-like (asym, g128), gptq-like (sym, g128) without and with
-act-order Int4Linear, and an NVFP4 Fp4Linear (`pcg::fp4_linear`, fp4_w4a16.py). Prints ms and the ratio to bf16 with the
+act-order Int4Linear, and an NVFP4 Fp4Linear (`pcg::fp4_linear`, kernels/fp4_gemm.py). Prints ms and the ratio to bf16 with the
 targets (≤ 1.3× at M = 8, ≤ 1.25× at M = 4096; meets_target judges every quantized column); --out writes JSON. Reads no clocks and sets none: the GPU runs as it is configured.
 
     PYTHONPATH=. python benchmarks/w4a16_gemm.py [--n 8192 --k 4096 --tokens 8,64,512,4096 --out r.json]
@@ -40,7 +40,7 @@ SWEEP_CANDIDATES = [  # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps, stages); BLO
     (64, 64, 128, 1, 4, 4), (64, 64, 64, 1, 4, 4), (64, 128, 128, 1, 8, 3), (64, 128, 64, 1, 4, 4),
     (64, 32, 128, 1, 4, 4), (64, 64, 128, 2, 4, 4),
 ]
-FP4_SWEEP_CANDIDATES = [  # BLOCK_K ≤ 64 keeps the decoded tile out of spills (fp4_w4a16.py's note); 128 tried too
+FP4_SWEEP_CANDIDATES = [  # BLOCK_K ≤ 64 keeps the decoded tile out of spills (kernels/fp4_gemm.py's note); 128 tried too
     (16, 64, 64, 4, 4, 4), (16, 64, 64, 8, 4, 4), (16, 64, 64, 2, 4, 4), (16, 32, 64, 4, 4, 4), (16, 128, 64, 4, 4, 4),
     (16, 64, 128, 4, 4, 3), (16, 64, 32, 8, 4, 5), (16, 128, 64, 2, 8, 4), (32, 64, 64, 2, 4, 4),
     (32, 64, 64, 4, 4, 4), (32, 32, 64, 2, 4, 4), (32, 128, 64, 2, 8, 4), (32, 64, 32, 4, 4, 5),

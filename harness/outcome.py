@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pcg_core.quant.schemes import registry as quant_registry
+
 
 class Status(StrEnum):
     """What happened to a cell. Only `pass` and `pass_flaky` pass; see NOT_COUNTED for the pass rate."""
@@ -84,6 +86,22 @@ class ModelRef:
 def cell_key(axes: dict[str, str]) -> str:
     """The stable key of the cell at these axes."""
     return "|".join(f"{a}={axes[a]}" for a in AXES)
+
+
+def canonical_axes(axes: Mapping[str, str]) -> dict[str, str]:
+    """The axes as the runtime names them now: a quantization alias (fp4, NVFP4's name before the registry) read as
+    its scheme (nvfp4), so a stored run's cells meet tonight's under one key."""
+    quant = axes.get("quant")
+    return {**axes, "quant": quant_registry.canonical(quant)} if isinstance(quant, str) else dict(axes)
+
+
+def key_spellings(key: str) -> list[str]:
+    """`key` and every spelling a store may hold it under (the quant axis by an alias): for lookups by key."""
+    out = [key]
+    for alias, name in quant_registry.ALIASES.items():
+        if f"|quant={name}|" in f"|{key}|":
+            out.append(f"|{key}|".replace(f"|quant={name}|", f"|quant={alias}|")[1:-1])
+    return out
 
 
 MAX_ATTEMPT = 100  # a cell runs once and is retried once; anything near this is not an attempt number
@@ -351,6 +369,10 @@ class CellRecord(CellOutcome):
     def read(cls, row: Mapping[str, Any]) -> CellRecord:
         """A record as a store holds it: strict about everything but the metrics, read leniently
         (CellMetrics.lenient), since a writer may have stored them before they had a type."""
+        axes = row.get("axes")
+        if isinstance(axes, Mapping) and (now := canonical_axes(axes)) != dict(axes):  # a renamed value, stored before
+            key = row.get("key")
+            row = {**row, "axes": now, "key": cell_key(now) if set(axes) == set(AXES) and key == cell_key(axes) else key}
         try:
             return cls.model_validate(row)
         except ValidationError:

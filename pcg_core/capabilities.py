@@ -16,12 +16,11 @@ from pcg_core.attention import attention_backend_names, get_attention_backend
 from pcg_core.capture import capture_backend_names, get_capture_backend
 from pcg_core.config import COMPILERS, DTYPES
 from pcg_core.model import architectures
-from pcg_core.quant import FP4_SCHEMES, INT4_SCHEMES, SCHEMES
+from pcg_core.quant.schemes import registry as quant_registry
 
-QUANTIZATION = ("none", *SCHEMES, *INT4_SCHEMES, *FP4_SCHEMES)  # schemes the runtime can execute
-# Checkpoint formats the loader reads (quant_method values, and ModelOpt's hf_quant_config.json), onto those schemes:
-# modelopt and compressed-tensors carry NVFP4 (fp4) as well as the 8-bit schemes.
-QUANT_FORMATS = ("fp8", "compressed-tensors", "modelopt", "w8a8_int8", "awq", "gptq", "mxfp4")
+QUANTIZATION = ("none", *quant_registry.MATRIX_SCHEMES)  # schemes the runtime can execute (the registry's)
+# Checkpoint formats the loader reads (quant_method values, and ModelOpt's hf_quant_config.json), onto those schemes.
+QUANT_FORMATS = quant_registry.FORMATS
 # What the loader cannot read yet in a real checkpoint of each scheme, by model-card feature (synthetic weights
 # are quantized in memory). Empty for the 8-bit schemes since per-expert MoE checkpoints are read
 # (quant/formats/experts.py).
@@ -33,7 +32,7 @@ INT4_CHECKPOINT_LIMITS: dict[str, str] = {}
 # are read: NVFP4 per expert (ModelOpt, compressed-tensors) and gpt-oss's own MXFP4 blocks.
 FP4_CHECKPOINT_LIMITS: dict[str, str] = {}
 # Schemes the runtime runs whose own checkpoint format the loader does not read yet (the request verdict's reason).
-# (Empty since gpt-oss's MXFP4 format is read: quant/formats/checkpoint.py, fp4_experts.py.)
+# (Empty since gpt-oss's MXFP4 format is read: quant/formats/checkpoint.py, layers/fp4_experts.py.)
 SCHEME_CHECKPOINTS: dict[str, str] = {}
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
 
@@ -44,7 +43,8 @@ def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION
     a real checkpoint or synthetic weights, or None: one wording for the matrix pre-check (which passes its
     capabilities' table) and a cell asked for it directly."""
     have, features = list(supported), list(features)
-    if quant not in have:
+    quant = quant_registry.canonical(quant)  # an alias (fp4) is its scheme (nvfp4), in a table stored before too
+    if quant not in {quant_registry.canonical(h) for h in have}:
         return f"quantization {quant!r} is not supported by the runtime yet (supported: {', '.join(have)})"
     if quant != "none" and real_weights:
         reasons = checkpoint_limits(quant) if limits is None else limits
@@ -56,9 +56,10 @@ def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION
 
 def checkpoint_limits(quant: str) -> dict[str, str]:
     """What the loader cannot read yet in a real checkpoint of scheme `quant`, by model-card feature."""
-    if quant in INT4_SCHEMES:
+    weights = quant_registry.info(quant).weights if quant in QUANTIZATION[1:] else None
+    if weights == "int4":
         return dict(INT4_CHECKPOINT_LIMITS)
-    if quant in FP4_SCHEMES:
+    if weights == "fp4":
         return dict(FP4_CHECKPOINT_LIMITS)
     return dict(QUANT_CHECKPOINT_LIMITS)
 
@@ -111,9 +112,12 @@ def capabilities() -> dict[str, Any]:
         "compilers": list(COMPILERS),
         "dtypes": list(DTYPES),
         "quantization": list(QUANTIZATION),
-        "quant_schemes": {n: {"description": sc.description, "capturable": True, "checkpoint_limits": checkpoint_limits(n),
-                              **({"checkpoints": SCHEME_CHECKPOINTS[n]} if n in SCHEME_CHECKPOINTS else {})}
-                          for n, sc in (SCHEMES | INT4_SCHEMES | FP4_SCHEMES).items()},
+        "quant_schemes": {s.name: {"description": s.description, "capturable": True, "aliases": list(s.aliases),
+                                   "weights": s.weights, "activations": s.activations, "family": s.family,
+                                   "needs": s.needs, "formats": list(s.formats), "layer": s.layer,
+                                   "kernels": list(s.kernels), "checkpoint_limits": checkpoint_limits(s.name),
+                                   **({"checkpoints": SCHEME_CHECKPOINTS[s.name]} if s.name in SCHEME_CHECKPOINTS else {})}
+                          for s in quant_registry.SCHEME_INFO.values() if s.matrix},
         "quant_formats": list(QUANT_FORMATS),
         "parallel": dict(PARALLEL),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,

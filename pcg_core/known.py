@@ -11,27 +11,19 @@ from __future__ import annotations
 
 import re
 
+from pcg_core.quant.schemes import registry as quant_registry
+
 # Fixed choices of the runtime, by name (pcg_core.config maps the dtypes to torch's).
 COMPILERS: tuple[str, ...] = ("eager", "inductor")
 DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
-# Quantization schemes: the runtime runs pcg_core.capabilities.QUANTIZATION today; the rest is planned (see the
-# research notes on quantization on H200) or is a checkpoint format `pcgh request` reports.
-KNOWN_QUANTIZATION: tuple[str, ...] = (
-    "none",
-    # umbrella words: the checkpoint's own granularity
-    "fp8", "int8", "int4", "fp4",
-    # FP8: per-tensor (static activation scale), per-token × per-channel (dynamic), DeepSeek 128×128 blocks
-    "fp8_per_tensor", "fp8_per_token", "fp8_block",
-    # INT8 weights and activations (SmoothQuant-style); int4 weights with fp8/int8 or 16-bit activations
-    "int8_w8a8", "w4a8", "w4afp8", "w4a16",
-    # int4 weight-only checkpoints
-    "awq", "gptq",
-    # 4-bit floats: NVIDIA's (e4m3 scale per 16) and OCP's (e8m0 scale per 32, gpt-oss)
-    "nvfp4", "mxfp4",
-    # checkpoint formats (quant_method values) `pcgh request --quant` accepts
-    "modelopt", "compressed-tensors", "bitsandbytes", "gguf",
-)
+# Quantization: the runtime's schemes and their aliases come from the one registry (quant/schemes/registry.py,
+# torch-free); beside them, the umbrella words for a checkpoint's own granularity and the checkpoint formats
+# (quant_method values) `pcgh request --quant` accepts.
+QUANT_UMBRELLAS: tuple[str, ...] = ("fp8", "int8", "int4")
+QUANT_REQUEST_FORMATS: tuple[str, ...] = ("modelopt", "compressed-tensors", "bitsandbytes", "gguf")
+KNOWN_QUANTIZATION: tuple[str, ...] = tuple(dict.fromkeys((
+    "none", *QUANT_UMBRELLAS, *quant_registry.MATRIX_SCHEMES, *quant_registry.ALIASES, *QUANT_REQUEST_FORMATS)))
 
 # Attention backends planned but not registered yet; registered ones (pcg_core.attention) are known as well.
 PLANNED_ATTENTION: tuple[str, ...] = (

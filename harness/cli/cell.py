@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from harness.cli.args import DefaultsShown, bounded_int, positive_float, positive_int, seed_int
 from pcg_core.known import COMPILERS, DTYPE_NAMES, KNOWN_QUANTIZATION, MAX_TOKENS, parse_parallel
+from pcg_core.quant.schemes import registry as quant_registry
 from pcg_core.registry import CAPTURE_BACKENDS
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ def _quant(text: str) -> str:
         near = difflib.get_close_matches(text, KNOWN_QUANTIZATION, n=3)
         hint = f"did you mean {', '.join(near)}? " if near else ""
         raise argparse.ArgumentTypeError(f"unknown quantization {text!r}; {hint}known: {', '.join(KNOWN_QUANTIZATION)}")
-    return text
+    return quant_registry.canonical(text)  # an alias (fp4) runs, and is recorded, as its scheme (nvfp4)
 
 
 def _parallel(text: str) -> str:

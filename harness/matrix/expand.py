@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass
 
 from harness.cell.spec import CellSpec
-from harness.matrix.names import did_you_mean, matches_none
+from harness.matrix.names import did_you_mean, matches_none, value_matches
 from harness.matrix.schema import Matrix, Override
 from harness.outcome import AXES, ModelRef, cell_key
 from pcg_core.errors import ConfigError
@@ -37,7 +37,7 @@ class _RuleSet:
 
     def __init__(self, rules: list[dict[str, str]], values: dict[str, list[str]]):
         self.all = (1 << len(rules)) - 1
-        self.masks = {a: {v: sum(1 << i for i, r in enumerate(rules) if a not in r or fnmatch.fnmatchcase(v, r[a]))
+        self.masks = {a: {v: sum(1 << i for i, r in enumerate(rules) if a not in r or value_matches(a, r[a], v))
                           for v in vs} for a, vs in values.items()}
 
     def satisfied(self, axes: dict[str, str]) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 from harness.cards import CARDS_DIR, ModelCard, find_card
 from harness.outcome import AXES, ModelRef
 from pcg_core.known import COMPILERS, KNOWN_QUANTIZATION, PLANNED_ATTENTION, parse_parallel
+from pcg_core.quant.schemes import registry as quant_registry
 
 # Every cell is a process (minutes on a GPU): the full matrix is ~3,000 cells. expand() walks the whole cross
 # product before any filter, so a product this big is a mistake (or a bomb), not a plan.
@@ -104,7 +105,18 @@ class _Models:
         return None
 
 
-def _matches_any(pattern: str, values: list[str]) -> bool:
+def value_matches(axis: str, pattern: str, value: str) -> bool:
+    """A rule's or filter's pattern against an axis value: a glob, and on the quant axis also `family:GLOB`, the
+    schemes of a family (w8a8, w4a8, w4a16, or the weights' type fp8, int8, int4, fp4: quant/schemes/registry.py),
+    so a matrix selects schemes by what they are rather than by how their names are spelled."""
+    if axis == "quant":
+        return quant_registry.quant_matches(pattern, value)
+    return fnmatch.fnmatchcase(value, pattern)
+
+
+def _matches_any(pattern: str, values: list[str], axis: str = "") -> bool:
+    if axis == "quant":
+        return any(value_matches(axis, pattern, v) for v in values)
     if not any(c in pattern for c in "*?["):
         return pattern in values
     match = re.compile(fnmatch.translate(pattern)).match  # as fnmatchcase does, compiled once for the whole list
@@ -113,8 +125,12 @@ def _matches_any(pattern: str, values: list[str]) -> bool:
 
 def matches_none(pattern: str, axis: str, values: list[str], most: int = 8, whose: str = "the matrix's") -> str | None:
     """Why `pattern` (a glob on `axis`) is dead: it matches none of `values`, with the nearest ones; else None."""
-    if _matches_any(pattern, values):
+    if _matches_any(pattern, values, axis):
         return None
+    if axis == "quant" and pattern.startswith(quant_registry.FAMILY_PREFIX):
+        fams = ", ".join(quant_registry.FAMILIES)
+        return (f"{pattern!r} matches none of {whose} quant values ({', '.join(values)}); families: {fams}"
+                f"{did_you_mean(pattern[len(quant_registry.FAMILY_PREFIX):], list(quant_registry.FAMILIES))}")
     have = ", ".join(values) if len(values) <= most else f"{', '.join(values[:most])}, … {len(values)} in all"
     return f"{pattern!r} matches none of {whose} {axis} values ({have}){did_you_mean(pattern, values)}"
 

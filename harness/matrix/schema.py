@@ -20,6 +20,7 @@ from harness.matrix.yaml_lines import line_of, load_yaml_with_lines
 from harness.outcome import AXES, ModelRef
 from pcg_core.errors import ConfigError
 from pcg_core.known import MAX_TOKENS
+from pcg_core.quant.schemes import registry as quant_registry
 
 # Ranges, so a typo fails at load instead of as a 6 GB allocation or a week-long run:
 MAX_NEW_TOKENS = 4096  # greedy decode steps per prompt, each judged: the suite needs ≤ 16; 4096 is minutes per cell
@@ -66,6 +67,12 @@ class Axes(_Strict):
     graph: list[str] = Field(default_factory=lambda: ["piecewise"], min_length=1)
     compiler: list[str] = Field(default_factory=lambda: ["eager"], min_length=1)
 
+    @field_validator("quant")
+    @classmethod
+    def _quant_names(cls, values: list[str]) -> list[str]:
+        """A scheme's alias (fp4, as stored runs and older matrices spell NVFP4) is the scheme: one cell, one key."""
+        return list(dict.fromkeys(quant_registry.canonical(v) for v in values))
+
     @field_validator("model")
     @classmethod
     def _model_variant(cls, values: list[str]) -> list[str]:
@@ -89,6 +96,8 @@ class Override(_Strict):
         if bad:
             limits = [a for a in AXES if a != "model"]
             raise ValueError(f"unknown axis {bad}{did_you_mean(bad[0], limits)} (limits may name {', '.join(limits)})")
+        if "quant" in value:  # as the axis reads them: an alias is its scheme
+            value = {**value, "quant": [quant_registry.canonical(v) for v in value["quant"]]}
         return value
 
 

@@ -22,6 +22,7 @@ from harness.request.schema import config_hash
 from harness.request.structure import read_structure
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.quant import detect as detect_quantization
+from pcg_core.quant.schemes import registry as quant_registry
 
 
 def _loader_reading(config: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -129,6 +130,7 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
     total = count.total if count else None
     h200s = h200s_needed(total) if total else None
     memory = memory_bytes(total) if total else {}
+    quants = [quant_registry.canonical(q) for q in quants or []]  # fp4 is NVFP4's alias: the same verdict
     wanted_quant = quants or [quant_word(quant)]
     verdicts = {
         "model": model_verdict(architecture, reason, features, caps),

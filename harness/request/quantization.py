@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from pcg_core.errors import ConfigError
+from pcg_core.known import KNOWN_QUANTIZATION
+from pcg_core.quant.schemes import registry as quant_registry
 
-# Names a --quant flag may use: the matrix's quant-axis words. Whether the runtime can run one is the
-# runtime's capability table's call (verdicts.py), not this list's.
-QUANT_WORDS = ("none", "fp8", "int8", "int4", "awq", "gptq", "w4a8", "w4afp8", "mxfp4", "nvfp4", "modelopt", "compressed-tensors", "bitsandbytes", "gguf")
+# Names a --quant flag may use: the matrix's quant-axis words (the registry's schemes and aliases, the umbrella
+# words, the checkpoint formats). Whether the runtime can run one is the capability table's call (verdicts.py).
+QUANT_WORDS = KNOWN_QUANTIZATION
 # Fields that describe storage, per method; anything else a method has is kept too, in the order published.
 _KEY_ORDER = ("bits", "group_size", "fmt", "weight_block_size", "activation_scheme", "quant_algo", "kv_cache_quant_algo",
               "sym", "desc_act", "zero_point", "version", "format")
@@ -26,7 +28,7 @@ def check_quant_words(words: list[str]) -> list[str]:
         word = w.strip().lower()
         if word not in QUANT_WORDS:
             raise ConfigError(f"--quant {w!r} is not a quantization scheme; use one of {', '.join(QUANT_WORDS)}")
-        out.append(word)
+        out.append(quant_registry.canonical(word))  # fp4 asks for NVFP4, as the runtime names it
     return out
 
 

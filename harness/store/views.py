@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import ColumnElement, Connection, Engine, Text, cast, func, literal_column, select
 
-from harness.outcome import CellRecord
+from harness.outcome import CellRecord, key_spellings
 from harness.store.models import CellResult, Run, RunCounts, final_attempt, first_recorded
 
 REASON_CHARS = 400  # of a reason, enough for the one-line tooltips and tables; the cell page reads it whole
@@ -183,7 +183,7 @@ class Views:
         every attempt (retries are few)."""
         q = (select(CellResult.run_id, Run.name, Run.started_at, Run.trigger, *RECORD_COLUMNS)
              .join(Run, Run.id == CellResult.run_id)
-             .where(CellResult.key == key)
+             .where(CellResult.key.in_(key_spellings(key)))  # stored under an older spelling too (quant=fp4)
              .order_by(CellResult.run_id, CellResult.attempt))
         rows: dict[int, tuple[Any, int]] = {}
         with self._engine.connect() as conn:

@@ -21,20 +21,20 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
         rows = store.results(first["id"])
         attempts_before = store.results(first["id"], all_attempts=True)
     # unquantized: 14 models × 3 attention backends × 3 graph backends; 8-bit: 4 schemes × 3 models × sdpa × 3 graphs;
-    # 4-bit weight-only (awq, gptq, fp4): 3 schemes × 3 models × sdpa × 3 graphs
+    # 4-bit weight-only (awq, gptq, nvfp4): 3 schemes × 3 models × sdpa × 3 graphs
     assert len(rows) == 126 + 36 + 27
     assert all(r.status in STATUSES for r in rows)
     launched = [r for r in rows if r.status != "unsupported"]
     # 11 runnable models (gpt-oss and Grok-2 the newest; DeepSeek-V3 and Kimi-K2 with MLA) × {sdpa, flex} × 3 graphs;
     # varlen is marked unsupported on the CPU, with the reason; each 8-bit scheme on Llama, Qwen3 and Qwen3-MoE ×
-    # 3 graphs; each 4-bit weight-only scheme (awq, gptq, fp4) on Llama, Qwen3 and Qwen3-MoE × 3 graphs
+    # 3 graphs; each 4-bit weight-only scheme (awq, gptq, nvfp4) on Llama, Qwen3 and Qwen3-MoE × 3 graphs
     assert len(launched) == 66 + 36 + 27 and all(r.passed for r in launched), \
         [(r.key, r.status, r.reason) for r in launched if not r.passed]
     mla_flex = [r for r in rows if r.axes["model"] in ("deepseek-v3:tiny", "kimi-k2:tiny") and r.axes["attention"] == "flex"]
     assert len(mla_flex) == 6 and all(r.passed for r in mla_flex)
     grok_flex = [r for r in rows if r.axes["model"] == "grok-2:tiny" and r.axes["attention"] == "flex"]
     assert len(grok_flex) == 3 and all(r.passed for r in grok_flex)
-    quantized = [r for r in rows if r.axes["quant"] not in ("none", "awq", "gptq", "fp4")]
+    quantized = [r for r in rows if r.axes["quant"] not in ("none", "awq", "gptq", "nvfp4")]
     assert len(quantized) == 36 and all(r.passed for r in quantized)
     # 7 linears per dense layer; 4 + the fused experts per MoE layer; 2 layers
     layers = {"llama-3.1-8b:tiny": 14, "qwen3-0.6b:tiny": 14, "qwen3-30b-a3b:tiny": 10}
@@ -46,7 +46,7 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
     moe4 = [r for r in int4 if r.axes["model"] == "qwen3-30b-a3b:tiny"]  # 4 linears + the int4 experts per layer
     assert len(moe4) == 6 and all(r.passed and r.metrics.quant_layers == 10 and r.metrics.quant_logprob_diff > 0
                                   for r in moe4)
-    fp4 = [r for r in rows if r.axes["quant"] == "fp4"]
+    fp4 = [r for r in rows if r.axes["quant"] == "nvfp4"]
     dense_fp4 = [r for r in fp4 if r.axes["model"] != "qwen3-30b-a3b:tiny"]
     assert len(dense_fp4) == 6 and all(r.passed and r.metrics.quant_layers == 14 and r.metrics.quant_logprob_diff > 0
                                        for r in dense_fp4)

@@ -180,7 +180,7 @@ def test_backends_declare_the_length_temperature():
 # 0.06 fp8, 0.017 int8, 0.14–0.19 4-bit over three seeds); a fault (codes read as floats, a wrong activation) is
 # O(1). mxfp4 needs K in whole blocks of 32: the tiny experts' 48 are not (real widths are).
 QUANT_REL = {"fp8_per_token": 0.1, "fp8_block": 0.1, "int8_w8a8": 0.04, "awq": 0.3, "gptq": 0.3, "w4a8": 0.3,
-             "w4afp8": 0.3, "fp4": 0.3}
+             "w4afp8": 0.3, "nvfp4": 0.3}
 
 
 def _experts_rel(lm, scheme: str, seed: int = 0) -> float:

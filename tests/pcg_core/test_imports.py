@@ -93,3 +93,39 @@ def test_the_package_exports_load_lazily_and_keep_their_old_homes():
     assert pcg_core.UnsupportedModel is pcg_core.errors.UnsupportedModel
     with pytest.raises(AttributeError):
         pcg_core.no_such_name  # noqa: B018
+
+
+# pcg_core/quant/'s rooms, lowest first: the math, the kernels over it, the layers calling the kernels, the formats
+# filling the layers; the top level (twin, calibrate, synthetic_weights) may use them all.
+QUANT_ROOMS = {"schemes": 0, "kernels": 1, "layers": 2, "formats": 3}
+
+
+def _quant_floor(name: str) -> int:
+    parts = name.split(".")
+    return QUANT_ROOMS.get(parts[2], len(QUANT_ROOMS)) if len(parts) > 2 else len(QUANT_ROOMS)
+
+
+def quant_upward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} → {b}" for a, targets in graph.items() if a.startswith("pcg_core.quant.")
+                  for b in targets if b.startswith("pcg_core.quant.") and _quant_floor(b) > _quant_floor(a))
+
+
+def test_quantization_rooms_import_only_downward():
+    assert {"pcg_core.quant.schemes.registry", "pcg_core.quant.kernels.fp8_gemm", "pcg_core.quant.layers.linear",
+            "pcg_core.quant.formats.detect"} <= set(GRAPH)
+    assert quant_upward(GRAPH) == []
+    inside = sorted(n for n in MODULES if n.startswith("pcg_core.quant.") and "pcg_core.quant" in raw_imports(n))
+    assert inside == []  # the lazy package root is for callers outside quant/
+
+
+@pytest.mark.parametrize("src, dst", [("pcg_core.quant.schemes.w8a8", "pcg_core.quant.kernels.fp8_gemm"),
+                                      ("pcg_core.quant.kernels.w4a8_gemm", "pcg_core.quant.layers.int4_linear"),
+                                      ("pcg_core.quant.layers.linear", "pcg_core.quant.formats.detect")])
+def test_a_planted_upward_quant_import_is_caught(src, dst):
+    planted = {k: set(v) for k, v in GRAPH.items()}
+    planted[src].add(dst)
+    assert f"{src} → {dst}" in quant_upward(planted)
+
+
+def test_the_scheme_registry_needs_only_the_standard_library():
+    assert {t for t in raw_imports("pcg_core.quant.schemes.registry") if t.split(".")[0] not in sys.stdlib_module_names} == set()

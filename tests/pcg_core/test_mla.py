@@ -120,7 +120,7 @@ def test_planted_mla_faults_are_caught(deepseek, fault, monkeypatch):
     assert _gap(_ours(lm, PROMPT, backend="disabled"), want) > 1e-3, fault
 
 
-@pytest.mark.parametrize("scheme", ["fp8_block", "gptq", "w4a8", "fp4"])
+@pytest.mark.parametrize("scheme", ["fp8_block", "gptq", "w4a8", "nvfp4"])
 def test_quantized_kv_b_proj_is_absorbed_dequantized(deepseek, scheme):
     """DeepSeek's FP8 checkpoints quantize kv_b_proj, and a 4-bit model quantizes it too: the absorbed forward must
     use the weight it stands for (act-order undone), not its raw codes — nor fail on a layer without `.weight`."""
@@ -191,7 +191,7 @@ def test_a_linear_calibration_never_ran_gets_a_nan_static_scale_not_a_made_up_on
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quant", ["fp8_per_tensor", "gptq", "w4a8", "fp4"])
+@pytest.mark.parametrize("quant", ["fp8_per_tensor", "gptq", "w4a8", "nvfp4"])
 def test_quantized_deepseek_cells_pass(quant):
     from harness.cell import CellSpec, run_cell
 

@@ -31,7 +31,7 @@ def test_chunks_cover_every_expert_once(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "gptq", "w4a8",
-                                  "fp4"])
+                                  "nvfp4"])
 def test_chunked_equals_one_shot(name, monkeypatch):
     mod, *_ = routed_experts("qwen3-moe")
     scheme = get_scheme(name)

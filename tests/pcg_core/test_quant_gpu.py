@@ -275,7 +275,7 @@ def test_w4a16_every_table_row_compiles_and_matches(int4_layers):
         assert rel < W4A16_RTOL, f"{cfg} M={m}: {rel:.3g}"
 
 
-# --- FP4 W4A16 (pcg::fp4_linear, fp4_w4a16.py) -------------------------------------------------------------------
+# --- FP4 W4A16 (pcg::fp4_linear, kernels/fp4_gemm.py) -------------------------------------------------------------------
 # The fused GEMM's bf16 weight tile is exact (e2m1 × e4m3/e8m0 scale ≤ 6 significant bits; the global multiplies
 # the fp32 accumulator), so it differs from the float32 reference by the bf16 output rounding (≈ 1e-3 RMS) and
 # fp32 summation order; dequantize + cuBLAS also rounds W·g to bf16 once (≈ 1.5e-3). W4A16_RTOL leaves ≥ 6×, while
@@ -403,7 +403,7 @@ def moe_weights():
 
 
 @pytest.mark.parametrize("rows", [1, 37, 4096])
-@pytest.mark.parametrize("name", [*SCHEMES, "awq", "gptq", "fp4", "mxfp4"])
+@pytest.mark.parametrize("name", [*SCHEMES, "awq", "gptq", "nvfp4", "mxfp4"])
 def test_moe_gemm_equals_the_dequantizing_path(moe_weights, name, rows):
     """moe_gemm against dequantize-every-expert + torch._grouped_mm (the same bf16 weights, another summation
     order), every configuration row, a replay bitwise equal to eager, and the rows given to the neighbouring

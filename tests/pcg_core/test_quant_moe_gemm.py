@@ -209,9 +209,9 @@ def test_the_kernel_under_the_interpreter():
 
 @interpreted
 @pytest.mark.parametrize("name", ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "gptq", "w4a8",
-                                  "fp4"])
+                                  "nvfp4"])
 def test_interpreted_grouped_forward_by_the_kernel_equals_the_reference(name, monkeypatch):
-    """The experts' grouped forward (experts.py; FP4: fp4_experts.py) with its GEMMs by this kernel (ENABLED)
+    """The experts' grouped forward (experts.py; FP4: layers/fp4_experts.py) with its GEMMs by this kernel (ENABLED)
     against the dense reference on a tiny Qwen3-MoE layer, float32; the kernel must have run (not the dequantizing
     fallback), and rows given to other experts must show."""
     from pcg_helpers import routed_experts
@@ -222,7 +222,7 @@ def test_interpreted_grouped_forward_by_the_kernel_equals_the_reference(name, mo
 
     mod, x, idx, w = routed_experts("qwen3-moe")
     scheme = get_scheme(name)
-    if name == "fp4":
+    if name == "nvfp4":
         quantize_experts_fp4(mod, scheme)
     else:
         experts.quantize_experts(mod, scheme, input_absmax={"gate_up": 4.0, "down": 4.0})

@@ -53,7 +53,7 @@ def on_gpu(test):
 
 
 EIGHT_BIT = [*SCHEMES, "int8_w8a8_static"]  # QuantLinear
-FOUR_BIT = ["awq", "gptq", "w4a8", "w4afp8", "fp4", "mxfp4"]  # Int4Linear, W4A8Linear, Fp4Linear
+FOUR_BIT = ["awq", "gptq", "w4a8", "w4afp8", "nvfp4", "mxfp4"]  # Int4Linear, W4A8Linear, Fp4Linear
 KINDS = EIGHT_BIT + FOUR_BIT
 K_BLOCKS = list(range(1, 21))
 SWEEP_N = 640
@@ -77,7 +77,7 @@ REAL_SHAPES = [  # (N out, K in): K-block count in the comment
 ]
 MOE_SHAPES = {"qwen3-30b-a3b-down": (2048, 768), "qwen1.5-moe-down": (2048, 1408), "gpt-oss-down": (2880, 2880)}
 MOE_EXPERTS = 8  # the kernel's indexing does not depend on E; few experts keep the GPU time small
-MOE_FORMATS = [*SCHEMES, "awq", "gptq", "fp4", "mxfp4"]  # what test_quant_gpu's moe_gemm test runs
+MOE_FORMATS = [*SCHEMES, "awq", "gptq", "nvfp4", "mxfp4"]  # what test_quant_gpu's moe_gemm test runs
 
 
 def rtol(name: str) -> float:
@@ -256,7 +256,7 @@ def test_the_old_block_scale_layout_fails_this_check_at_k_896(layers, m, monkeyp
 
 def experts_module(name: str, n: int, k: int, device: str, num: int = MOE_EXPERTS) -> torch.nn.Module:
     """A module holding one projection (`down_proj`, [E, N, K]) of `num` experts with structured float weights,
-    quantized in place by experts.py's (fp4_experts.py's) own quantizer for scheme `name`."""
+    quantized in place by experts.py's (layers/fp4_experts.py's) own quantizer for scheme `name`."""
     g = torch.Generator(device=device).manual_seed(n * 100_003 + k)
     mod = torch.nn.Module()
     mod.num_experts = num

@@ -18,7 +18,7 @@ from pcg_core.quant.twin import float_twin
 
 # On CPU in float32 the weight-only quantized model is its twin's math up to summation order (~1e-6). mxfp4: gpt-oss
 # only (the other tiny widths are not multiples of its 32-wide blocks).
-WEIGHT_ONLY = ["awq", "gptq", "fp4", "mxfp4"]
+WEIGHT_ONLY = ["awq", "gptq", "nvfp4", "mxfp4"]
 WITH_ACTIVATIONS = ["fp8_per_token", "fp8_block", "int8_w8a8", "w4a8", "w4afp8"]
 
 

@@ -9,6 +9,7 @@ not (transformers 5.17 does that with ModelOpt and w8a8_int8 checkpoints).
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import re
@@ -21,7 +22,7 @@ from pcg_core.quant.schemes.fp4 import FP4_SCHEMES, NVFP4_BLOCK, Fp4Scheme
 from pcg_core.quant.formats.fp4 import Fp4Format
 from pcg_core.quant.schemes.int4 import Int4Scheme
 from pcg_core.quant.formats.int4 import Int4Format
-from pcg_core.quant.schemes.w8a8 import INT8_STATIC, SCHEMES, Scheme
+from pcg_core.quant.schemes.w8a8 import INT8_STATIC, SCHEMES, Scheme, get_scheme
 
 HF_QUANT_CONFIG = "hf_quant_config.json"  # ModelOpt's legacy declaration, beside config.json
 MODELOPT_ALGOS = {"FP8": "fp8_per_tensor", "FP8_PER_CHANNEL_PER_TOKEN": "fp8_per_token"}
@@ -107,6 +108,11 @@ def detect(config_data: dict[str, Any], model_dir: str | Path | None = None) -> 
     raise _refuse(where, f"quant_method {method or '(none)'!r} is not supported yet")
 
 
+def _variant(name: str, **fields: Any) -> Scheme | Int4Scheme | Fp4Scheme:
+    """Scheme `name` (schemes/registry.py) as this checkpoint declares it: its own group, symmetry, description."""
+    return dataclasses.replace(get_scheme(name), **fields)
+
+
 def _kv_cache_unsupported(where: str, value: Any) -> None:
     if value not in (None, "", "none", "NONE"):
         raise _refuse(where, f"declares a quantized KV cache ({value}); FP8 KV-cache scales (k_scale/v_scale) are not "
@@ -142,7 +148,7 @@ def _modelopt(q: dict[str, Any], where: str, producer: str) -> QuantSpec:
     if algo == "NVFP4":
         if (group := q.get("group_size", NVFP4_BLOCK)) != NVFP4_BLOCK:
             raise _refuse(where, f"ModelOpt NVFP4 with group_size {group!r}: NVFP4 blocks are {NVFP4_BLOCK} wide")
-        scheme = Fp4Scheme("fp4", NVFP4_BLOCK, "ModelOpt NVFP4 checkpoint: e2m1 weights, e4m3 scales per 16, an fp32 "
+        scheme = _variant("nvfp4", description="ModelOpt NVFP4 checkpoint: e2m1 weights, e4m3 scales per 16, an fp32 "
                                                "global; declared W4A4, run as W4A16 (input_scale checked, not applied)")
         return QuantSpec("modelopt", scheme, ignore, where=where, fp4=Fp4Format("modelopt", act_scale=True))
     return QuantSpec("modelopt", SCHEMES[MODELOPT_ALGOS[algo]], ignore, where=where)
@@ -170,7 +176,7 @@ def _awq(qc: dict[str, Any], where: str) -> QuantSpec:
         raise _refuse(where, "AWQ without zero points (zero_point: false) is not read yet")
     group = _int4_group("awq", qc.get("group_size", qc.get("q_group_size", 128)), where)
     ignore = tuple(f"*{m}*" for m in qc.get("modules_to_not_convert") or ())  # AutoAWQ's rule: a substring
-    scheme = Int4Scheme("awq", group, sym=False, act_order=False,
+    scheme = _variant("awq", group=group, sym=False, act_order=False,
                         description=f"AWQ gemm checkpoint: int4 weights with zero points per group of {group}")
     return QuantSpec("awq", scheme, ignore, where=where, int4=Int4Format("awq", group))
 
@@ -188,7 +194,7 @@ def _gptq(qc: dict[str, Any], where: str) -> QuantSpec:
         raise _refuse(where, "a GPTQ-quantized lm_head (lm_head: true) is not read yet")
     group = _int4_group("gptq", qc.get("group_size", 128), where)
     sym, act_order = bool(qc.get("sym", True)), bool(qc.get("desc_act", False))
-    scheme = Int4Scheme("gptq", group, sym=sym, act_order=act_order,
+    scheme = _variant("gptq", group=group, sym=sym, act_order=act_order,
                         description=f"GPTQ checkpoint ({fmt}): int4 weights, {'symmetric' if sym else 'zero points'}, "
                                     f"group {group}{', act-order' if act_order else ''}")
     return QuantSpec("gptq", scheme, (), where=where, int4=Int4Format(fmt, group))
@@ -226,7 +232,7 @@ def _ct_pack_quantized(qc: dict[str, Any], where: str) -> QuantSpec:
     sym = bool(w.get("symmetric", True))
     act_order = actorder in (True, "group")  # weight/static: groups stay contiguous in K, no g_idx
     name, preset = {None: ("gptq", "W4A16"), "int8": ("w4a8", "W4A8"), "fp8": ("w4afp8", "W4AFP8")}[acts]
-    scheme = Int4Scheme(name, group, sym=sym, act_order=act_order, activations=acts,
+    scheme = _variant(name, group=group, sym=sym, act_order=act_order, activations=acts,
                         description=f"compressed-tensors {preset}: int4 weights, {'symmetric' if sym else 'zero points'}, "
                                     f"{'per channel' if group == -1 else f'group {group}'}"
                                     f"{', act-order' if act_order else ''}"
@@ -264,7 +270,7 @@ def _ct_nvfp4(qc: dict[str, Any], where: str) -> QuantSpec:
                                 "activations (NVFP4A16) or the NVFP4 preset's W4A4 ones (4-bit float, tensor_group 16, "
                                 "dynamic 'local'), which run as W4A16")
     how = "declared W4A4, run as W4A16 (input_global_scale checked, not applied)" if a is not None else "W4A16"
-    scheme = Fp4Scheme("fp4", NVFP4_BLOCK, f"compressed-tensors NVFP4 checkpoint: e2m1 weights, e4m3 scales per 16, "
+    scheme = _variant("nvfp4", description=f"compressed-tensors NVFP4 checkpoint: e2m1 weights, e4m3 scales per 16, "
                                            f"an fp32 global (reciprocal); {how}")
     return QuantSpec("compressed-tensors", scheme, tuple(qc.get("ignore") or ()), where=where,
                      fp4=Fp4Format("compressed-tensors", act_scale=a is not None))

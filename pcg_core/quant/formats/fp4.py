@@ -1,7 +1,7 @@
 """NVFP4 weight checkpoints (ModelOpt, compressed-tensors nvfp4-pack-quantized): reading a linear's tensors into
 Fp4Linear, and writing them for synthetic checkpoints in the producers' exact layouts.
 
-Both formats convert into fp4.py's canonical `Fp4Weight` at load (ModelOpt's global multiplies, compressed-tensors'
+Both formats convert into schemes/fp4.py's canonical `Fp4Weight` at load (ModelOpt's global multiplies, compressed-tensors'
 divides), so nothing past the loader knows which producer wrote a weight. The rule that keeps weights honest is
 the int4 loader's: a linear is quantized exactly when its packed tensor is in the files (ModelOpt: `weight` stored
 as uint8; compressed-tensors: `weight_packed`), and then every companion tensor must be there in the shape and

@@ -1,7 +1,7 @@
 """int4 weight-only checkpoints (AWQ, GPTQ, compressed-tensors pack-quantized): reading a linear's tensors into
 Int4Linear, and writing them for synthetic checkpoints in the producers' exact layouts.
 
-Every format converts into int4.py's one canonical layout at load, so nothing past the loader knows which
+Every format converts into schemes/int4.py's one canonical layout at load, so nothing past the loader knows which
 producer wrote a weight. The rule that keeps weights honest is the 8-bit loader's: a linear is quantized exactly
 when its packed tensor is in the files, and then every companion tensor (zeros, scales, g_idx, shape) must be
 there in the shapes the declared group size implies; a linear stored in 16 bits is kept in 16 bits.
@@ -11,7 +11,7 @@ signed codes + 8 in plain nibble order along K (the same words as our unsigned c
 the model's dtype, `weight_zero_point` int32 (N/8, K/G) (asymmetric only; signed zero + 8, packed along N),
 `weight_shape` (2,) = (N, K), `weight_g_idx` (K,) with act-order "group". W4A8 / W4AFP8 store the same tensors and
 declare `input_activations` (8 bits, per token, dynamic: no activation tensors on disk); they load into W4A8Linear
-(MoE experts' per-expert tensors into W4A8 experts: expert_checkpoint.py, experts.py).
+(MoE experts' per-expert tensors into W4A8 experts: formats/experts.py, experts.py).
 """
 
 from __future__ import annotations

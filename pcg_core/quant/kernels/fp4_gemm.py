@@ -1,12 +1,12 @@
 """`pcg::fp4_linear`: y = x · Wᵀ (+ b) with W in Fp4Linear's layout (e2m1 codes two a byte, block scales, a global).
 
 Hopper has no FP4 MMA (../shared/research/quant-and-attention-on-h200.md §4.6), so FP4 runs weight-only, as
-w4a16.py runs int4, with the same two paths chosen by the token count M (a Python int when the op runs):
+kernels/w4a16_gemm.py runs int4, with the same two paths chosen by the token count M (a Python int when the op runs):
 
 - M ≤ THRESHOLD_M: a Triton GEMM that reads the packed bytes, decodes each e2m1 code arithmetically (its three
   magnitude bits placed in an fp16's exponent/mantissa: fp16 bits (c & 7) << 9 are the magnitude · 2^-14, sign bit
   3 → bit 15), multiplies by the block scale in float32 and feeds the tensor cores in the activation dtype with
-  fp32 accumulation ("swap AB", as w4a16.py). The global scale is applied to the fp32 accumulator, not the tile:
+  fp32 accumulation ("swap AB", as kernels/w4a16_gemm.py). The global scale is applied to the fp32 accumulator, not the tile:
   e2m1 × an e4m3 scale has at most 6 significant bits, so the tile is then EXACT in bf16/fp16 (NVFP4; MXFP4's
   power-of-two scales too, within the dtype's range). Deterministic split-K at M ≤ 32 (w4a16's reduce kernel).
 - M > THRESHOLD_M: a Triton kernel writes W = (e2m1 · s) · g into a scratch (N, K) of the activation dtype, the
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-import pcg_core.quant.kernels.w4a16_gemm as w4a16  # noqa: PLR0402 - the module, not the package (whose __init__ imports fp4.py)
+import pcg_core.quant.kernels.w4a16_gemm as w4a16  # noqa: PLR0402 - the module, not the package (whose __init__ imports schemes/fp4.py)
 from pcg_core.quant.schemes.e2m1 import e2m1_table, unpack_e2m1
 from pcg_core.quant.kernels.w4a16_gemm import triton
 

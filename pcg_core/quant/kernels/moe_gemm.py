@@ -42,7 +42,7 @@ try:
 except ImportError:  # CPU machines and CI: the callers' dequantizing paths run
     triton = None
 
-# The experts' grouped forwards (experts.py, fp4_experts.py) run this kernel where it takes the layout (a switch for
+# The experts' grouped forwards (experts.py, layers/fp4_experts.py) run this kernel where it takes the layout (a switch for
 # the tests and benchmarks that time both ways). On the H200 (benchmarks/results/2026-12-03c-h200-moe-gemm/):
 # test_quant_gpu.py's moe_gemm tests pass, and Qwen3-30B's gate_up over 8…4096 tokens takes 0.10-0.97 ms for the
 # 8-bit schemes (0.6-2.3× bf16 `_grouped_mm`) where dequantize + `_grouped_mm` took 3.3-4.6 ms; AWQ 0.12-1.19 where

@@ -1,4 +1,4 @@
-"""`pcg::w4a16_linear`: y = x · Wᵀ (+ b) with W held as int4 codes in the canonical layout of int4.py.
+"""`pcg::w4a16_linear`: y = x · Wᵀ (+ b) with W held as int4 codes in the canonical layout of schemes/int4.py.
 
 Why our own kernels (../shared/research/quant-and-attention-on-h200.md §3, §4.7): tinygemm collapses above
 M ≈ 16 and Int4Linear's reference dequantizes to float32 on every call. Two paths, chosen by the token count
@@ -232,7 +232,7 @@ def launch_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
 
 def launch_splitk_reduce(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, split: int,
                          dummy: torch.Tensor | None = None) -> None:
-    """out (M, N) = Σ ws[s] (+ bias) over the split in a fixed order (shared with fp4_w4a16.py)."""
+    """out (M, N) = Σ ws[s] (+ bias) over the split in a fixed order (shared with kernels/fp4_gemm.py)."""
     mn, n = out.numel(), out.shape[-1]
     _splitk_reduce_kernel[(triton.cdiv(mn, REDUCE_BLOCK),)](ws, (ws if dummy is None else dummy) if bias is None
                                                             else bias, out, mn, n, SPLIT_K=split,

@@ -1,4 +1,4 @@
-"""`pcg::w4a8_linear`: y = x · Wᵀ (+ b) with W int4 codes in the canonical layout of int4.py and the activation
+"""`pcg::w4a8_linear`: y = x · Wᵀ (+ b) with W int4 codes in the canonical layout of schemes/int4.py and the activation
 quantized per token to 8 bits (int8 or FP8 e4m3) on the fly: compressed-tensors' W4A8 and W4AFP8 presets.
 
 Why (../shared/research/quant-and-attention-on-h200.md §4.5): W4A16 at prefill sizes is dequantize + a bf16 GEMM;

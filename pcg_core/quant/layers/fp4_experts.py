@@ -148,7 +148,7 @@ def quantize_experts_fp4(module: torch.nn.Module, scheme: Fp4Scheme) -> None:
 def install_fp4_experts(module: torch.nn.Module, scheme: Fp4Scheme, down: Sequence[Fp4Weight],
                         up: Sequence[Fp4Weight], gate: Sequence[Fp4Weight] | None = None) -> None:
     """A float experts module takes per-expert FP4 weights as a checkpoint stores them (ModelOpt's and
-    compressed-tensors' `experts.<e>.{gate,up,down}_proj`, each unpacked by fp4.py into an (N, K) Fp4Weight):
+    compressed-tensors' `experts.<e>.{gate,up,down}_proj`, each unpacked by schemes/fp4.py into an (N, K) Fp4Weight):
     gate and up rows become the module's gate_up_proj (concatenated, or interleaved for gpt-oss's layout), each
     row keeping its linear's own global."""
     _check(module, scheme)
@@ -191,7 +191,7 @@ def _ones_if_none(g: torch.Tensor | None, w: Fp4Weight) -> torch.Tensor:
 def load_gpt_oss_mxfp4(module: torch.nn.Module, gate_up_blocks: torch.Tensor, gate_up_scales: torch.Tensor,
                        down_blocks: torch.Tensor, down_scales: torch.Tensor, gate_up_bias: torch.Tensor | None = None,
                        down_bias: torch.Tensor | None = None) -> None:
-    """A float GptOssExperts takes its checkpoint's MXFP4 tensors (fp4.py's layout notes): the blocks' rows are
+    """A float GptOssExperts takes its checkpoint's MXFP4 tensors (schemes/fp4.py's layout notes): the blocks' rows are
     the canonical rows (gate/up interleaved), so codes and e8m0 scales are held as stored. Biases (bf16 on disk)
     are copied into the module's float bias parameters."""
     scheme = FP4_SCHEMES["mxfp4"]

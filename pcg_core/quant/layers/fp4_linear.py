@@ -13,7 +13,7 @@ from pcg_core.quant.schemes.fp4 import MXFP4_BLOCK, NVFP4_BLOCK, Fp4Scheme, Fp4W
 class Fp4Linear(torch.nn.Module):
     """y = x Wᵀ + b with W in the canonical FP4 layout: codes packed two a byte along K, low nibble first
     (`weight_packed`, (N, K/2)), float32 block `weight_scale` (N, K/B) and a float32 `global_scale` multiplier
-    (1 when the format has none). The forward is one `pcg::fp4_linear` call (fp4_w4a16.py): on CUDA the FP4
+    (1 when the format has none). The forward is one `pcg::fp4_linear` call (kernels/fp4_gemm.py): on CUDA the FP4
     W4A16 Triton kernels read these buffers as they are, elsewhere the reference math (dequantize, then the float
     GEMM); static shapes and no host syncs, so a CUDA graph can capture it."""
 
@@ -67,7 +67,7 @@ class Fp4Linear(torch.nn.Module):
         return Fp4Weight(unpack_e2m1(self.weight_packed), self.weight_scale, self.block, None if g == 1.0 else g)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`pcg::fp4_linear` (fp4_w4a16.py): W4A16 Triton kernels on CUDA, elsewhere this reference exactly."""
+        """`pcg::fp4_linear` (kernels/fp4_gemm.py): W4A16 Triton kernels on CUDA, elsewhere this reference exactly."""
         return fp4_linear(x, self.weight_packed, self.weight_scale, self.global_scale, self.block, self.bias)
 
     def extra_repr(self) -> str:

@@ -14,7 +14,7 @@ from pcg_core.quant.schemes.nibbles import NIBBLES, pack_nibbles, unpack_nibbles
 class Int4Linear(torch.nn.Module):
     """y = x Wᵀ + b with W in the canonical int4 layout: codes packed 8 per int32 along K (`qweight`, (N, K/8)),
     float32 group `scales` and `zeros` (N, K/G), and act-order's `perm` (K,) or None. The forward is one
-    `pcg::w4a16_linear` call (w4a16.py): on CUDA the W4A16 Triton kernels read these buffers as they are (the
+    `pcg::w4a16_linear` call (kernels/w4a16_gemm.py): on CUDA the W4A16 Triton kernels read these buffers as they are (the
     activation read through `perm`), elsewhere the reference math (dequantize, then the float GEMM); static-shape
     and sync-free like every op a graph captures, opaque to dynamo."""
 
@@ -79,7 +79,7 @@ class Int4Linear(torch.nn.Module):
 
 class W4A8Linear(Int4Linear):
     """Int4Linear's buffers with the activation quantized per token to 8 bits (`act`: "int8" or "fp8"): the
-    forward is one `pcg::w4a8_linear` call (w4a8.py), the 8-bit tensor cores on CUDA, the reference elsewhere.
+    forward is one `pcg::w4a8_linear` call (kernels/w4a8_gemm.py), the 8-bit tensor cores on CUDA, the reference elsewhere.
     Act-order permutes the activation first (an index_select): a per-token scale does not depend on K's order,
     so quantizing the permuted row is quantizing the row."""
 

@@ -1,7 +1,7 @@
 """`QuantLinear`: an nn.Linear whose weight is stored quantized, swapped into transformers' model in its place.
 
 Two paths, one module. On CUDA in bf16 the scheme's kernel runs (`torch._scaled_mm` for per-tensor and row-wise
-FP8, torch's `scaled_mm` for block FP8, our Triton `pcg::int8_scaled_mm` for INT8, int8_mm.py), the activation
+FP8, torch's `scaled_mm` for block FP8, our Triton `pcg::int8_scaled_mm` for INT8, kernels/int8_gemm.py), the activation
 quantization written in plain torch ops so that inductor fuses it into the piece around it. Everywhere else (CPU, other dtypes, shapes a kernel refuses) the reference runs:
 schemes.reference_linear, the plain math the kernels are held to. Both paths are static-shape and sync-free,
 so a QuantLinear is captured like any other op.

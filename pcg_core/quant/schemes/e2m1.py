@@ -1,5 +1,5 @@
 """e2m1 (FP4) codes: their 16 values and the two-a-byte packing (low nibble = even k), what the FP4 formats
-(fp4.py) and the FP4 W4A16 op's reference (fp4_w4a16.py) share, in a module of its own so that neither imports the
+(fp4.py) and the FP4 W4A16 op's reference (kernels/fp4_gemm.py) share, in a module of its own so that neither imports the
 other's module (fp4.py's Fp4Linear calls the op). e2m1: bit 3 the sign, bits 0..2 index the magnitudes 0, .5, 1,
 1.5, 2, 3, 4, 6 (code 8 is −0)."""
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from pcg_core.errors import ConfigError
+from pcg_core.quant.schemes import registry
 from pcg_core.quant.schemes.e2m1 import E2M1_VALUES, e2m1_decode, e2m1_table, pack_e2m1, unpack_e2m1  # noqa: F401 (the FP4 words, here too)
 
 E2M1_MAX = 6.0
@@ -85,12 +86,8 @@ class Fp4Scheme:
     act_dynamic: bool = True
 
 
-FP4_SCHEMES: dict[str, Fp4Scheme] = {s.name: s for s in (
-    Fp4Scheme("fp4", NVFP4_BLOCK, "NVFP4 W4A16: e2m1 weights, an e4m3 scale per block of 16 and an fp32 global; "
-                                  "activations stay 16-bit (ModelOpt NVFP4, compressed-tensors NVFP4A16/NVFP4)"),
-    Fp4Scheme("mxfp4", MXFP4_BLOCK, "MXFP4 W4A16: e2m1 weights, a power-of-two (e8m0) scale per block of 32, no "
-                                    "global; activations stay 16-bit (OCP MX, gpt-oss's experts)"),
-)}
+FP4_SCHEMES: dict[str, Fp4Scheme] = {name: Fp4Scheme(name=name, description=description, **fields)
+                                    for name, description, fields in registry.math_params("fp4")}
 
 
 @dataclass

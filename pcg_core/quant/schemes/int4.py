@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from pcg_core.errors import ConfigError
+from pcg_core.quant.schemes import registry
 from pcg_core.quant.schemes.nibbles import NIBBLES, PLAIN_ORDER, dequantize_codes, pack_nibbles, unpack_nibbles  # noqa: F401 (the int4 words, here too)
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # column (within 8) held by nibble i of an AWQ word
@@ -56,18 +57,8 @@ class Int4Scheme:
         raise NotImplementedError(f"{self.name}: K = {k} is not a multiple of its group {self.group} (nor of 64, 32 or 16)")
 
 
-INT4_SCHEMES: dict[str, Int4Scheme] = {s.name: s for s in (
-    Int4Scheme("awq", 128, sym=False, act_order=False,
-               description="int4 weights with zero points per group of 128, 16-bit activations (AutoAWQ gemm)"),
-    Int4Scheme("gptq", 128, sym=True, act_order=True,
-               description="int4 weights, symmetric per group of 128, act-order (GPTQ desc_act), 16-bit activations"),
-    Int4Scheme("w4a8", 128, sym=True, act_order=False, activations="int8",
-               description="int4 weights, symmetric per group of 128 × int8 activations, dynamic per token "
-                           "(compressed-tensors W4A8)"),
-    Int4Scheme("w4afp8", 128, sym=True, act_order=False, activations="fp8",
-               description="int4 weights, symmetric per group of 128 × FP8 e4m3 activations, dynamic per token "
-                           "(compressed-tensors W4AFP8)"),
-)}
+INT4_SCHEMES: dict[str, Int4Scheme] = {name: Int4Scheme(name=name, description=description, **fields)
+                                      for name, description, fields in registry.math_params("int4")}
 
 
 @dataclass

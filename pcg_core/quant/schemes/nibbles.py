@@ -1,5 +1,5 @@
 """4-bit integer codes packed 8 per int32 word, and the dequantization W = (q − z)·s per group: what the int4
-formats (int4.py) and the W4A16 op's reference (w4a16.py) share, in a module of its own so that neither imports
+formats (int4.py) and the W4A16 op's reference (kernels/w4a16_gemm.py) share, in a module of its own so that neither imports
 the other's module (int4.py's Int4Linear calls the op)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The 8-bit quantization schemes: how weights and activations are quantized, and the plain math they stand for.
 
 A scheme is granularity, not file format: ModelOpt `FP8`, compressed-tensors `FP8` and a per-tensor HF `fp8`
-checkpoint all load into `fp8_per_tensor` (formats.py maps each format onto a scheme). Everything here is
+checkpoint all load into `fp8_per_tensor` (formats/detect.py maps each format onto a scheme). Everything here is
 plain torch and runs on a CPU: the quantizers write synthetic checkpoints and quantize synthetic models, the
 dequantizers are the reference every kernel path is held to.
 
@@ -17,6 +17,7 @@ from typing import Literal
 
 import torch
 
+from pcg_core.quant.schemes import registry
 from pcg_core.quant.schemes.fp4 import FP4_SCHEMES, Fp4Scheme
 from pcg_core.quant.schemes.int4 import INT4_SCHEMES, Int4Scheme
 
@@ -51,34 +52,20 @@ class Scheme:
         return FP8_MAX if self.kind == "fp8" else INT8_MAX
 
 
-SCHEMES: dict[str, Scheme] = {s.name: s for s in (
-    Scheme("fp8_per_tensor", "fp8", "tensor", "tensor", False,
-           "FP8 e4m3, one scale per weight and a static one per activation (ModelOpt FP8, compressed-tensors FP8)"),
-    Scheme("fp8_per_token", "fp8", "channel", "token", True,
-           "FP8 e4m3, per-channel weights × per-token dynamic activations (compressed-tensors FP8_DYNAMIC, "
-           "ModelOpt FP8_PER_CHANNEL_PER_TOKEN, fbgemm_fp8)"),
-    Scheme("fp8_block", "fp8", "block", "group", True,
-           "FP8 e4m3, 128×128 weight blocks × 1×128 dynamic activation groups (HF fp8 as DeepSeek-V3 and Qwen3-FP8 "
-           "ship it, compressed-tensors FP8_BLOCK)"),
-    Scheme("int8_w8a8", "int8", "channel", "token", True,
-           "INT8, per-channel weights × per-token dynamic activations, symmetric (compressed-tensors INT8_W8A8, "
-           "SGLang w8a8_int8)"),
-)}
-# Variants a checkpoint can declare that no matrix value names: same granularity family, static activations.
-INT8_STATIC = Scheme("int8_w8a8_static", "int8", "channel", "tensor", False,
-                     "INT8, per-channel weights × one static activation scale (compressed-tensors int-quantized, static)")
+_ALL = {name: Scheme(name=name, description=description, **fields)
+        for name, description, fields in registry.math_params("w8a8")}
+SCHEMES: dict[str, Scheme] = {n: s for n, s in _ALL.items() if registry.SCHEME_INFO[n].matrix}
+# A variant a checkpoint can declare that no matrix value names: same granularity family, static activations.
+INT8_STATIC = _ALL["int8_w8a8_static"]
 
 
 def get_scheme(name: str) -> Scheme | Int4Scheme | Fp4Scheme:
-    if name == INT8_STATIC.name:
-        return INT8_STATIC
-    if name in INT4_SCHEMES:
-        return INT4_SCHEMES[name]
-    if name in FP4_SCHEMES:
-        return FP4_SCHEMES[name]
-    if name not in SCHEMES:
-        raise KeyError(f"quantization scheme {name!r} is not one of {', '.join([*SCHEMES, *INT4_SCHEMES, *FP4_SCHEMES])}")
-    return SCHEMES[name]
+    """The math object of scheme `name` or an alias of it (schemes/registry.py declares both); KeyError otherwise."""
+    name = registry.info(name).name
+    for table in (_ALL, INT4_SCHEMES, FP4_SCHEMES):
+        if name in table:
+            return table[name]
+    raise KeyError(f"quantization scheme {name!r} is declared but has no math object")
 
 
 # Weights ------------------------------------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def test_an_axis_product_too_large_to_expand_is_an_error(tmp_path):
 
 def test_known_but_unimplemented_names_load_and_are_unsupported_cells(tmp_path):
     """The nightly's planned schemes and backends are cells, unsupported with the pre-check's reason."""
-    path = _matrix(tmp_path, "  quant: [w4a8, nvfp4]\n  attention: [fa3]\n  parallel: [tp2-ep8]\n")
+    path = _matrix(tmp_path, "  quant: [w4a8, gguf]\n  attention: [fa3]\n  parallel: [tp2-ep8]\n")
     caps = capabilities()
     for cell in expand(load_matrix(path)):
         reason = precheck(cell, caps, {})
@@ -208,3 +208,22 @@ def test_filters_and_tiers_that_select_nothing_are_errors(tmp_path, filters, tie
     for w in words:
         assert w in str(e.value), str(e.value)
     assert [c.axes["graph"] for c in select(m, [{"model": "mixtral*"}], "quick", "m.yaml")] == ["piecewise"]
+
+
+def test_a_family_rule_selects_schemes_and_an_alias_is_its_scheme(tmp_path):
+    """`family:` patterns select by what a scheme is; `fp4` (NVFP4's old name) in the axis is the nvfp4 cell."""
+    path = _matrix(tmp_path, "  quant: [none, fp4, nvfp4, awq, fp8_block, w4a8]\ninclude:\n"
+                             "  - {quant: none}\n  - {quant: 'family:w4a16'}\n")
+    assert load_matrix(path).axes.quant == ["none", "nvfp4", "awq", "fp8_block", "w4a8"]
+    cells = expand(load_matrix(path))
+    assert [c.axes["quant"] for c in cells] == ["none", "nvfp4", "awq"]
+    caps = capabilities()
+    assert precheck(next(c for c in cells if c.axes["quant"] == "nvfp4"), caps, {}) is None  # it launches
+
+
+@pytest.mark.parametrize("family, words", [("w4a61", ["w4a16"]), ("fp9", ["fp8", "fp4"])])
+def test_a_family_that_selects_nothing_is_an_error_naming_the_families(tmp_path, family, words):
+    path = _matrix(tmp_path, f"  quant: [none, awq, fp8_block, nvfp4]\nexclude:\n  - {{quant: 'family:{family}'}}\n")
+    err = _error(path)
+    assert f"'family:{family}' matches none" in err and "families: w8a8" in err
+    assert all(repr(w) in err for w in words[:1]), err

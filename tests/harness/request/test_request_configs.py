@@ -166,9 +166,17 @@ def test_a_tp_size_the_runtime_does_not_run_is_said_as_a_what_if(pcgh, db):
 
 def test_requested_quant_and_tp_are_checked():
     cfg = json.loads((REPO_CONFIGS / "Qwen__Qwen3-0.6B.json").read_text())
-    r = analyze(cfg, model="q", quants=["none", "nvfp4"], tps=[1, 3])
-    assert r["requested"] == {"quant": ["none", "nvfp4"], "tp": [1, 3]}
-    assert not r["verdicts"]["quant"]["ok"] and "nvfp4 is not supported" in r["verdicts"]["quant"]["reason"]
+    r = analyze(cfg, model="q", quants=["none", "gguf"], tps=[1, 3])
+    assert r["requested"] == {"quant": ["none", "gguf"], "tp": [1, 3]}
+    assert not r["verdicts"]["quant"]["ok"] and "gguf is not supported" in r["verdicts"]["quant"]["reason"]
     par = r["verdicts"]["parallel"]
     assert not par["ok"] and "TP 3 does not divide the heads" in par["reason"] and "tp1: runs on 1 GPU" in par["reason"]
     assert analyze(cfg, model="q", quants=["none"], tps=[1])["verdicts"]["parallel"]["ok"]
+
+
+@pytest.mark.parametrize("word", ["nvfp4", "fp4"])
+def test_nvfp4_is_the_runtimes_name_and_fp4_its_alias(word):
+    """The runtime runs NVFP4 (W4A16); a request for it, by its name or the old one, is not `unsupported`."""
+    cfg = json.loads((REPO_CONFIGS / "Qwen__Qwen3-0.6B.json").read_text())
+    r = analyze(cfg, model="q", quants=[word], tps=[1])
+    assert r["requested"]["quant"] == ["nvfp4"] and r["verdicts"]["quant"]["ok"], r["verdicts"]["quant"]

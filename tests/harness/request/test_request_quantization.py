@@ -64,9 +64,9 @@ def test_quantized_supported_architecture_fails_only_the_quant_axis():
     assert v["ok"] and "gptq supported" in v["reason"], v  # the per-expert int4 tensors are read
     nvfp4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
     nv = analyze(BASE | {"quantization_config": nvfp4})["verdicts"]["quant"]
-    assert nv["ok"] and "modelopt (as fp4) supported" in nv["reason"], nv  # the loader reads NVFP4, runs it W4A16
+    assert nv["ok"] and "modelopt (as nvfp4) supported" in nv["reason"], nv  # the loader reads NVFP4, runs it W4A16
     nv_moe = analyze(load_config("Qwen__Qwen3-30B-A3B.json") | {"quantization_config": nvfp4})["verdicts"]["quant"]
-    assert nv_moe["ok"] and "modelopt (as fp4) supported" in nv_moe["reason"], nv_moe  # per-expert NVFP4 tensors are read
+    assert nv_moe["ok"] and "modelopt (as nvfp4) supported" in nv_moe["reason"], nv_moe  # per-expert NVFP4 tensors are read
     g32 = analyze(BASE | {"quantization_config": nvfp4 | {"group_size": 32}})["verdicts"]["quant"]
     assert not g32["ok"] and "NVFP4 with group_size 32" in g32["reason"], g32
     assert r["verdicts"]["model"]["ok"] and r["verdicts"]["graph"]["ok"]
