@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from pcg_core.quant.kernels.fp4_gemm import fp4_linear  # registers pcg::fp4_linear
+from pcg_core.quant.kernels.fp4_gemm import reference as fp4_reference
 from pcg_core.quant.schemes.e2m1 import e2m1_table, pack_e2m1, unpack_e2m1
 from pcg_core.quant.schemes.fp4 import MXFP4_BLOCK, NVFP4_BLOCK, Fp4Scheme, Fp4Weight, quantize_mxfp4, quantize_nvfp4
 
@@ -65,6 +66,10 @@ class Fp4Linear(torch.nn.Module):
         global of 1 reads as none, the same W."""
         g = float(self.global_scale)
         return Fp4Weight(unpack_e2m1(self.weight_packed), self.weight_scale, self.block, None if g == 1.0 else g)
+
+    def reference(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 (M, K) through the plain math pcg::fp4_linear is held to, on any device."""
+        return fp4_reference(x2, self.weight_packed, self.weight_scale, self.global_scale, self.block, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`pcg::fp4_linear` (kernels/fp4_gemm.py): W4A16 Triton kernels on CUDA, elsewhere this reference exactly."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from pcg_core.quant.kernels.w4a8_gemm import ACTS as W4A8_ACTS, w4a8_linear  # registers pcg::w4a8_linear
+from pcg_core.quant.kernels.w4a8_gemm import ACTS as W4A8_ACTS
+from pcg_core.quant.kernels.w4a8_gemm import reference as w4a8_reference
+from pcg_core.quant.kernels.w4a8_gemm import w4a8_linear  # registers pcg::w4a8_linear
+from pcg_core.quant.kernels.w4a16_gemm import reference as w4a16_reference
 from pcg_core.quant.kernels.w4a16_gemm import w4a16_linear  # registers pcg::w4a16_linear
 from pcg_core.quant.schemes.int4 import Int4Scheme, Int4Weight, quantize_int4_ordered
 from pcg_core.quant.schemes.nibbles import NIBBLES, pack_nibbles, unpack_nibbles
@@ -66,6 +69,10 @@ class Int4Linear(torch.nn.Module):
         weight as a matrix (MLA's absorbed kv_b_proj) rather than through the layer."""
         return self.weight_int4().original()
 
+    def reference(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 (M, K) through the plain math pcg::w4a16_linear is held to, on any device."""
+        return w4a16_reference(x2, self.qweight, self.scales, self.zeros, self.group, self.perm, self.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         out = w4a16_linear(x.reshape(-1, self.in_features), self.qweight, self.scales, self.zeros, self.group,
@@ -97,6 +104,11 @@ class W4A8Linear(Int4Linear):
         mod = super().from_scheme(linear, scheme)
         mod.act = scheme.activations
         return mod
+
+    def reference(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 (M, K) through the plain math pcg::w4a8_linear is held to (act-order's permutation first)."""
+        x2 = x2 if self.perm is None else x2.index_select(1, self.perm)
+        return w4a8_reference(x2, self.qweight, self.scales, self.zeros, self.group, self.act, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]

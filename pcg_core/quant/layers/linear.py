@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from pcg_core.quant.kernels.fp4_gemm import reference as fp4_reference
-from pcg_core.quant.kernels.w4a8_gemm import reference as w4a8_reference
-from pcg_core.quant.kernels.w4a16_gemm import reference as w4a16_reference
 from pcg_core.quant.layers.fp4_linear import Fp4Linear
 from pcg_core.quant.schemes.fp4 import Fp4Scheme
 from pcg_core.quant.layers.fp4_experts import fp4_unsupported_reason, quantize_experts_fp4
@@ -59,6 +56,15 @@ class QuantLinear(torch.nn.Module):
         """W (N, K) float32: for callers that use the weight as a matrix (MLA's absorbed kv_b_proj)."""
         return dequantize_weight(self.weight, self.weight_scale, self.scheme).float()
 
+    @property
+    def quant_scheme(self) -> Scheme:
+        """The name every quantized module answers to (scheme_of), as Int4Linear and Fp4Linear carry it."""
+        return self.scheme
+
+    def reference(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 (M, K) through the plain math this layer's kernels are held to, on any device."""
+        return reference_linear(x2, self.weight, self.weight_scale, self.scheme, self.input_scale, self.bias)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme.name}"
 
@@ -68,30 +74,26 @@ class QuantLinear(torch.nn.Module):
         if _kernel_ok(x2, self):
             out = _cuda_linear(x2, self)
         else:
-            out = reference_linear(x2, self.weight, self.weight_scale, self.scheme, self.input_scale, self.bias)
+            out = self.reference(x2)
         return out.reshape(*lead, self.out_features)
+
+
+QUANTIZED_LINEARS = (QuantLinear, Int4Linear, Fp4Linear)  # W4A8Linear is an Int4Linear
 
 
 def reference_forward(mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """x (M, K) through a quantized linear's reference math on any device (the plain implementation of its op,
-    which CPU runs and every CUDA kernel is held to): one entry for each quantized linear kind."""
-    if isinstance(mod, QuantLinear):
-        return reference_linear(x, mod.weight, mod.weight_scale, mod.scheme, mod.input_scale, mod.bias)
-    if isinstance(mod, W4A8Linear):  # before Int4Linear: its subclass
-        x = x if mod.perm is None else x.index_select(1, mod.perm)
-        return w4a8_reference(x, mod.qweight, mod.scales, mod.zeros, mod.group, mod.act, mod.bias)
-    if isinstance(mod, Int4Linear):
-        return w4a16_reference(x, mod.qweight, mod.scales, mod.zeros, mod.group, mod.perm, mod.bias)
-    if isinstance(mod, Fp4Linear):
-        return fp4_reference(x, mod.weight_packed, mod.weight_scale, mod.global_scale, mod.block, mod.bias)
-    raise TypeError(f"{type(mod).__name__} is not a quantized linear this file knows")
+    which CPU runs and every CUDA kernel is held to): each quantized linear class says its own (`reference`)."""
+    if not isinstance(mod, QUANTIZED_LINEARS):
+        raise TypeError(f"{type(mod).__name__} is not a quantized linear ({', '.join(c.__name__ for c in QUANTIZED_LINEARS)})")
+    return mod.reference(x)
 
 
 def scheme_of(module: torch.nn.Module) -> Scheme | Int4Scheme | Fp4Scheme | None:
     """The scheme a module's weights are held in, or None for a float module: one reading for every quantized kind
     (a QuantLinear's `scheme`; the `quant_scheme` that Int4Linear, Fp4Linear and quantized experts carry), so the
     cell and the float twin agree on which modules are quantized."""
-    return module.scheme if isinstance(module, QuantLinear) else getattr(module, "quant_scheme", None)
+    return getattr(module, "quant_scheme", None)
 
 
 def quantized_modules(model: torch.nn.Module) -> dict[str, str]:
