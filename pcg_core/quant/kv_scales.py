@@ -117,7 +117,7 @@ def _scale(tensors: Any, key: str) -> float:
         raise UnsupportedModel(f"{where} is {t.dtype}; KV-cache scales are float32, bfloat16 or float16")
     v = float(t.float())
     if not math.isfinite(v) or v <= 0:
-        raise UnsupportedModel(f"{where} is {v}; a KV-cache scale must be finite and positive (the checkpoint's "
+        raise UnsupportedModel(f"{where} is {v:.6g}; a KV-cache scale must be finite and positive (the checkpoint's "
                                "calibration is broken: re-export it)")
     return v
 

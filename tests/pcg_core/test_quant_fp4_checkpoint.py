@@ -208,14 +208,14 @@ def _ct_decl(weights=None, acts=None, **extra):
 @pytest.mark.parametrize("qc, message", [
     ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32}, "NVFP4 with group_size 32"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4_AWQ", "group_size": 16}, "NVFP4-AWQ (pre_quant_scale"),
-    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}, "quantized KV cache"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "NVFP4"}, "kv_cache_quant_algo 'NVFP4' is not read"),
     ({"quant_method": "modelopt", "quant_algo": "W4A8_NVFP4_FP8"}, "quant_algo 'W4A8_NVFP4_FP8'"),
     (_ct_decl(dict(CT_W, group_size=32)), "'group_size': 32"),
     (_ct_decl(dict(CT_W, num_bits=8)), "'num_bits': 8"),
     (_ct_decl(dict(CT_W, symmetric=False)), "'symmetric': False"),
     (_ct_decl(acts={"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}), "'num_bits': 8"),
     (_ct_decl(acts=dict(CT_W, dynamic=True)), "'dynamic': True"),
-    (_ct_decl(kv_cache_scheme={"num_bits": 8}), "quantized KV cache"),
+    (_ct_decl(kv_cache_scheme={"num_bits": 8}), "kv_cache_scheme with {'type': 'int'} is not read"),
     (_ct_decl(quantization_status="frozen"), "quantization_status 'frozen'"),
 ])
 def test_declarations_the_loader_cannot_read_are_refused_by_name(qc, message):
