@@ -16,7 +16,7 @@ from pcg_core.errors import UnsupportedModel
 from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
 from pcg_core.quant import FP4_SCHEMES, SCHEMES, calibrate_kv_scales, detect, load_quantized, write_checkpoint
 from pcg_core.quant.kv_scales import CT_FP8_KV_SCHEME, MODELOPT_FP8_KV_SCHEME, READ_TODAY
-from pcg_helpers import CONFIGS, config_path
+from pcg_helpers import CONFIGS, config_path, make_engine
 
 L0, L1 = "model.layers.0.self_attn.", "model.layers.1.self_attn."
 
@@ -225,3 +225,21 @@ def test_the_writer_declares_kv_caches_only_where_the_format_has_one(tmp_path, q
                          kv_scales=kv)
     with pytest.raises(ValueError, match="attention layers are"):
         write_checkpoint(model, data, tmp_path, "modelopt", FP4_SCHEMES["fp4"], kv_scales={0: kv[0]})
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "deepseek-v3"])
+def test_calibration_measures_what_pcg_s_kv_cache_holds(arch):
+    """The scales × 448 against the absmax of pcg's own KV cache after the same prompt's prefill: equal for K and V
+    (after Qwen3's k_norm and the rotary embedding, as cached); for MLA's latent an upper bound, tight within √2 (its
+    rope part is bounded by its pairs' norms). A calibration of k_proj's raw output would be off by the norm's gain."""
+    model, data = _tiny(arch)
+    ids = torch.randint(0, data["vocab_size"], (1, 20), generator=torch.Generator().manual_seed(4))
+    kv = calibrate_kv_scales(model, ids)
+    engine = make_engine(model, "disabled")
+    engine.forward(engine.prefill_batch([ids[0].tolist()]))
+    for layer, (k, v) in kv.items():
+        held_k, held_v = float(engine.cache.k[layer].abs().max()), float(engine.cache.v[layer].abs().max())
+        if arch == "deepseek-v3":
+            assert held_k <= k * 448 * (1 + 1e-5) and k * 448 <= held_k * 2**0.5 and k == v
+        else:
+            assert k * 448 == pytest.approx(held_k, rel=1e-4) and v * 448 == pytest.approx(held_v, rel=1e-4)
