@@ -80,7 +80,7 @@ def detect(config_data: dict[str, Any], model_dir: str | Path | None = None) -> 
     legacy = Path(model_dir) / HF_QUANT_CONFIG if model_dir is not None else None
     qc = config_data.get("quantization_config")
     if legacy is not None and legacy.is_file():
-        if qc:
+        if qc and not (isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "modelopt"):
             raise _refuse(str(legacy), "declares a quantization and so does config.json's quantization_config; "
                                        "remove the stale one")
         try:
@@ -88,7 +88,10 @@ def detect(config_data: dict[str, Any], model_dir: str | Path | None = None) -> 
         except (OSError, json.JSONDecodeError) as e:
             raise UnsupportedModel(f"{legacy}: unreadable ({e}); it declares the checkpoint's quantization, so the "
                                    "weights cannot be loaded without it") from e
-        return _modelopt(data.get("quantization") or {}, str(legacy), data.get("producer", {}).get("name", "modelopt"))
+        spec = _modelopt(data.get("quantization") or {}, str(legacy), data.get("producer", {}).get("name", "modelopt"))
+        if qc:  # ModelOpt's export writes both: hf_quant_config.json and its conversion into config.json
+            _same_modelopt(spec, _modelopt(qc, "config.json quantization_config", "modelopt"), legacy)
+        return spec
     if not qc:
         return None
     where = "config.json quantization_config"
@@ -110,6 +113,17 @@ def detect(config_data: dict[str, Any], model_dir: str | Path | None = None) -> 
     if method == "mxfp4":  # gpt-oss: the experts' blocks/scales tensors; the modules it lists stay 16-bit
         return QuantSpec("mxfp4", FP4_SCHEMES["mxfp4"], tuple(qc.get("modules_to_not_convert") or ()), where=where)
     raise _refuse(where, f"quant_method {method or '(none)'!r} is not supported yet")
+
+
+def _same_modelopt(legacy: QuantSpec, converted: QuantSpec, path: Path) -> None:
+    """hf_quant_config.json and config.json's quantization_config, as ModelOpt's export writes them side by side,
+    must say the same (scheme, excluded modules, KV cache); a disagreement means one of them is stale."""
+    got = {"scheme": (legacy.scheme.name, converted.scheme.name), "excluded modules": (set(legacy.ignore),
+           set(converted.ignore)), "FP8 KV cache": (legacy.kv_cache is not None, converted.kv_cache is not None)}
+    bad = [f"{k} {a!r} vs {b!r}" for k, (a, b) in got.items() if a != b]
+    if bad:
+        raise _refuse(str(path), f"and config.json's quantization_config disagree ({'; '.join(bad)}); one of them is "
+                                 "stale: remove it")
 
 
 def _hf_fp8(qc: dict[str, Any], where: str) -> QuantSpec:

@@ -243,3 +243,40 @@ def test_calibration_measures_what_pcg_s_kv_cache_holds(arch):
             assert held_k <= k * 448 * (1 + 1e-5) and k * 448 <= held_k * 2**0.5 and k == v
         else:
             assert k * 448 == pytest.approx(held_k, rel=1e-4) and v * 448 == pytest.approx(held_v, rel=1e-4)
+
+
+def _modelopt_export_layout(tmp_path):
+    """The folder as ModelOpt's export leaves it: hf_quant_config.json, and config.json's quantization_config its
+    conversion (convert_hf_quant_config_format: quant_algo, ignore, kv_cache_scheme, config_groups, producer)."""
+    legacy = json.loads((tmp_path / "hf_quant_config.json").read_text())
+    q = legacy["quantization"]
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "config_groups": {"group_0": {"input_activations": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
+                                      "weights": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
+                                      "targets": ["Linear"]}},
+        "ignore": q["exclude_modules"], "quant_algo": q["quant_algo"], "kv_cache_scheme": dict(MODELOPT_FP8_KV_SCHEME),
+        "producer": legacy["producer"], "quant_method": "modelopt"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return cfg
+
+
+def test_a_modelopt_export_with_both_declarations_loads_when_they_agree(tmp_path, qwen3):
+    kv = _write(tmp_path, qwen3, legacy=True)
+    cfg = _modelopt_export_layout(tmp_path)
+    assert _close(load_model(str(tmp_path), weights="real").model.pcg_kv_scales, kv)
+    for key, value, words in [("kv_cache_scheme", None, "FP8 KV cache True vs False"),
+                              ("ignore", [], "excluded modules {'lm_head'} vs set()")]:
+        bad = json.loads(json.dumps(cfg))
+        bad["quantization_config"][key] = value
+        (tmp_path / "config.json").write_text(json.dumps(bad))
+        with pytest.raises(UnsupportedModel, match="disagree") as e:
+            load_model(str(tmp_path), weights="real")
+        assert words in str(e.value) and "hf_quant_config.json" in str(e.value)
+
+
+def test_another_producers_declaration_beside_hf_quant_config_is_still_refused(tmp_path):
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": {
+        "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}))
+    with pytest.raises(UnsupportedModel, match="remove the stale one"):
+        detect(_ct(CT_FP8_KV_SCHEME), tmp_path)
