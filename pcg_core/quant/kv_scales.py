@@ -145,6 +145,8 @@ def read_kv_scales(model: torch.nn.Module, tensors: Any, spec: KvCacheSpec, file
                                    ((MODELOPT_KV_SCALES[0], CT_KV_SCALES[0], k), (MODELOPT_KV_SCALES[1], CT_KV_SCALES[1], v))
                                    if got is None)
             have = f"; {k or v} is there" if (k or v) else ""
+            if f"{prefix}.k_proj.output_scale" in tensors:  # llm-compressor before its attention quantization
+                have += f"; {prefix}.k_proj.output_scale (older compressed-tensors' naming) is not read"
             raise UnsupportedModel(f"{tensors.path}: {spec.where} declares an FP8 KV cache ({spec.declared}) but layer "
                                    f"{idx}'s {missing} is missing{have}: every attention layer needs its k and v scale")
         ks, vs = _scale(tensors, k), _scale(tensors, v)

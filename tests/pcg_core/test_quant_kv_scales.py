@@ -280,3 +280,12 @@ def test_another_producers_declaration_beside_hf_quant_config_is_still_refused(t
         "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}))
     with pytest.raises(UnsupportedModel, match="remove the stale one"):
         detect(_ct(CT_FP8_KV_SCHEME), tmp_path)
+
+
+def test_older_compressed_tensors_naming_is_refused_saying_so(tmp_path, qwen3):
+    _write(tmp_path, qwen3, "compressed-tensors")
+    _edit(tmp_path, lambda t: [t.update({k.replace("self_attn.k_scale", "self_attn.k_proj.output_scale")
+                                         .replace("self_attn.v_scale", "self_attn.v_proj.output_scale"): t.pop(k)})
+                               for k in list(t) if k.endswith(("k_scale", "v_scale"))])
+    with pytest.raises(UnsupportedModel, match=r"layer 0's .* is missing; .*k_proj.output_scale \(older compressed-tensors' naming\)"):
+        load_model(str(tmp_path), weights="real")
