@@ -9,14 +9,31 @@ import json
 
 import pytest
 import torch
+from pcg_helpers import CONFIGS, config_path, make_engine
 from safetensors.torch import load_file, save_file
 
 from pcg_core import load_model
 from pcg_core.errors import UnsupportedModel
-from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
-from pcg_core.quant import FP4_SCHEMES, SCHEMES, calibrate_kv_scales, detect, load_quantized, write_checkpoint
-from pcg_core.quant.kv_scales import CT_FP8_KV_SCHEME, MODELOPT_FP8_KV_SCHEME, READ_TODAY
-from pcg_helpers import CONFIGS, config_path, make_engine
+from pcg_core.model.loader import (
+    build_config,
+    read_config_file,
+    shrink_config,
+    synthetic_model,
+)
+from pcg_core.quant import (
+    FP4_SCHEMES,
+    INT4_SCHEMES,
+    SCHEMES,
+    calibrate_kv_scales,
+    detect,
+    load_quantized,
+    write_checkpoint,
+)
+from pcg_core.quant.kv_scales import (
+    CT_FP8_KV_SCHEME,
+    MODELOPT_FP8_KV_SCHEME,
+    READ_TODAY,
+)
 
 L0, L1 = "model.layers.0.self_attn.", "model.layers.1.self_attn."
 
@@ -221,8 +238,7 @@ def test_a_declaration_without_any_scales_is_refused(tmp_path, qwen3):
 def test_the_writer_declares_kv_caches_only_where_the_format_has_one(tmp_path, qwen3):
     model, data, kv = qwen3
     with pytest.raises(ValueError, match="no FP8 KV-cache declaration for format 'awq'"):
-        write_checkpoint(model, data, tmp_path, "awq", __import__("pcg_core.quant", fromlist=["INT4_SCHEMES"]).INT4_SCHEMES["awq"],
-                         kv_scales=kv)
+        write_checkpoint(model, data, tmp_path, "awq", INT4_SCHEMES["awq"], kv_scales=kv)
     with pytest.raises(ValueError, match="attention layers are"):
         write_checkpoint(model, data, tmp_path, "modelopt", FP4_SCHEMES["fp4"], kv_scales={0: kv[0]})
 

@@ -17,8 +17,19 @@ from harness.cell.spec import CellSpec
 from harness.outcome import CellMetrics, CellRecord, CheckpointKvScales, Status
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine
-from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
-from pcg_core.quant import FP4_SCHEMES, SCHEMES, calibrate_kv_scales, record_input_absmax, write_checkpoint
+from pcg_core.model.loader import (
+    build_config,
+    read_config_file,
+    shrink_config,
+    synthetic_model,
+)
+from pcg_core.quant import (
+    FP4_SCHEMES,
+    SCHEMES,
+    calibrate_kv_scales,
+    record_input_absmax,
+    write_checkpoint,
+)
 
 CONFIGS = {"qwen3": "Qwen__Qwen3-0.6B.json", "deepseek-v3": "deepseek-ai__DeepSeek-V3.json"}
 CASES = {  # name: (model, format, scheme, legacy declaration, the cell's quant)
