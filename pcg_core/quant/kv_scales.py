@@ -22,12 +22,14 @@ checkpoint whose scales are broken is refused rather than loaded with them silen
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from pcg_core.errors import UnsupportedModel
+from pcg_core.quant.files import CheckpointTensors
 
 FP8_E4M3_MAX = 448.0
 MODELOPT_KV_SCALES = (".k_proj.k_scale", ".v_proj.v_scale")
@@ -105,7 +107,7 @@ def attention_modules(model: torch.nn.Module) -> dict[int, tuple[str, bool]]:
     return dict(sorted(out.items()))
 
 
-def _scale(tensors: Any, key: str) -> float:
+def _scale(tensors: CheckpointTensors, key: str) -> float:
     """The scale `key` as a float: one element, floating point, finite and positive, or an error naming it and its
     file."""
     t = tensors.get(key)
@@ -122,7 +124,7 @@ def _scale(tensors: Any, key: str) -> float:
     return v
 
 
-def _pick(tensors: Any, prefix: str, suffixes: tuple[str, str]) -> str | None:
+def _pick(tensors: CheckpointTensors, prefix: str, suffixes: tuple[str, str]) -> str | None:
     found = [prefix + s for s in suffixes if prefix + s in tensors]
     if len(found) > 1:
         raise UnsupportedModel(f"{tensors.path}: both {found[0]} and {found[1]} are there: one KV-cache scale per "
@@ -130,10 +132,10 @@ def _pick(tensors: Any, prefix: str, suffixes: tuple[str, str]) -> str | None:
     return found[0] if found else None
 
 
-def read_kv_scales(model: torch.nn.Module, tensors: Any, spec: KvCacheSpec, file_key: Any = str,
-                   ) -> dict[int, tuple[float, float]]:
+def read_kv_scales(model: torch.nn.Module, tensors: CheckpointTensors, spec: KvCacheSpec,
+                   file_key: Callable[[str], str] = str) -> dict[int, tuple[float, float]]:
     """{decoder layer index: (k_scale, v_scale)} of every attention layer the model keeps, read from `tensors`
-    (files.CheckpointTensors, which then counts them used) in either producer's naming; `file_key` maps a module name
+    (which then counts them used) in either producer's naming; `file_key` maps a module name
     to the files' spelling. A layer without both is an error naming the tensor that is missing."""
     out = {}
     for idx, (name, mla) in attention_modules(model).items():
@@ -169,8 +171,8 @@ def declare_kv_cache(fmt: str, qc: dict | None, legacy_cfg: dict | None) -> tupl
     return qc, legacy_cfg
 
 
-def kv_scale_tensors(model: torch.nn.Module, fmt: str, scales: dict[int, tuple[float, float]], file_key: Any = str,
-                     ) -> dict[str, torch.Tensor]:
+def kv_scale_tensors(model: torch.nn.Module, fmt: str, scales: dict[int, tuple[float, float]],
+                     file_key: Callable[[str], str] = str) -> dict[str, torch.Tensor]:
     """The k/v scale tensors of every attention layer, named, shaped and typed as `fmt`'s producer writes them."""
     layers = attention_modules(model)
     if set(scales) != set(layers):
