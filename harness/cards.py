@@ -13,6 +13,7 @@ from typing import Any
 from harness.safe_yaml import compose_and_load
 from pcg_core.errors import ConfigError
 from pcg_core.known import KNOWN_QUANTIZATION
+from pcg_core.quant.schemes import registry as quant_registry
 from pcg_core.model.config_file import read_config_file
 
 CARDS_DIR = Path(__file__).parent / "models"
@@ -101,7 +102,7 @@ def _quantized(path: Path, value: Any) -> dict[str, str]:
             raise ConfigError(f"{path}: quantized: unknown scheme {scheme!r}; known: {', '.join(schemes)}")
         if not isinstance(hub_id, str) or not _HUB_ID.match(hub_id):
             raise ConfigError(f"{path}: quantized.{scheme}: {hub_id!r} is not a hub id of the form org/name")
-    return dict(value)
+    return {quant_registry.canonical(scheme): hub_id for scheme, hub_id in value.items()}  # fp4: nvfp4
 
 
 def load_cards(directory: Path = CARDS_DIR) -> dict[str, ModelCard]:

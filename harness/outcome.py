@@ -190,6 +190,27 @@ class ReferenceCheck(_Model):
         return f"{head} — " + "; ".join(parts) if parts else head
 
 
+class CheckpointKvScales(_Model):
+    """A checkpoint that declares an FP8 KV cache: its per-layer k/v scales as the loader read and checked them
+    (pcg_core/quant/formats/kv_scales.py), and whether the run applied them (False: the KV cache ran in the model dtype,
+    where they are unused)."""
+
+    layers: int = 0
+    k_min: float | None = None
+    k_max: float | None = None
+    v_min: float | None = None
+    v_max: float | None = None
+    applied: bool = False
+
+    def summary(self) -> str:
+        """One line for `pcgh cell` and the cell's reason."""
+        ranges = (f" (k {self.k_min:.3g}–{self.k_max:.3g}, v {self.v_min:.3g}–{self.v_max:.3g})"
+                  if None not in (self.k_min, self.k_max, self.v_min, self.v_max) else "")
+        use = "applied" if self.applied else "not applied: the KV cache ran in the model dtype"
+        return (f"the checkpoint declares an FP8 KV cache; the k/v scales of its {self.layers} attention layers were "
+                f"read and checked{ranges}, {use}")
+
+
 class SuiteCoverage(_Model):
     """What the prompt suite made the graph candidate run (harness/cell/coverage.py counts it): printed per cell,
     stored with it, shown on its page, so a judge that passed also says what it looked at."""
@@ -241,6 +262,8 @@ class CellMetrics(_Model):
     # float model on the first case — what the scheme costs, recorded, never judged.
     quant_layers: int | None = None
     quant_logprob_diff: float | None = None
+    # A checkpoint declaring an FP8 KV cache: its scales as read and checked. None: none declared (or an older row).
+    checkpoint_kv_scales: CheckpointKvScales | None = None
     # Capture.
     pieces: int | None = None
     graphs_captured: int | None = None

@@ -23,7 +23,7 @@ from harness.cell.prompts import Case, latency_token_counts, prompt_suite, repea
 from harness.cell.reference import reference_layer
 from harness.cell.spec import CellSpec
 from harness.cell.timing import median_ms
-from harness.outcome import CellMetrics, CellOutcome, EagerSelfDiff, Latency, Status
+from harness.outcome import CellMetrics, CellOutcome, CheckpointKvScales, EagerSelfDiff, Latency, Status
 from pcg_core.attention import get_attention_backend
 from pcg_core.capabilities import attention_unsupported_reason, parallel_unsupported_reason, quant_unsupported_reason
 from pcg_core.config import CaptureConfig, EngineConfig
@@ -150,6 +150,7 @@ def _load(cell: _Cell) -> None:
     except Exception as e:  # noqa: BLE001 - any failure to build the model means eager cannot run
         raise _crash(Status.EAGER_FAIL, e) from e
     cell.metrics.layers = cell.lm.config.num_hidden_layers
+    cell.metrics.checkpoint_kv_scales = _kv_scales_read(cell.lm.model)
     cell.cases = prompt_suite(cell.config.capture.ladder, cell.lm.config.vocab_size, seed=s.seed, max_new_tokens=s.max_new_tokens)
     page = cell.config.page_size or get_attention_backend(cell.config.attention).page_size
     need = max(c.kv_slots(page) for c in cell.cases)
@@ -159,6 +160,16 @@ def _load(cell: _Cell) -> None:
     elif not cell.lm.synthetic and (got := sorted(set(quantized_modules(cell.lm.model).values()))):
         raise _Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got)}; the cell asks for none (a 16-bit "
                                         "model): run it as quant " + got[0])
+
+
+def _kv_scales_read(model: torch.nn.Module) -> CheckpointKvScales | None:
+    """What the loader read of a declared FP8 KV cache (the model's `pcg_kv_scales`, pcg_core/quant/formats/kv_scales.py),
+    for the record; None when the checkpoint declares none."""
+    scales = getattr(model, "pcg_kv_scales", None)
+    if not scales:
+        return None
+    k, v = [s[0] for s in scales.values()], [s[1] for s in scales.values()]
+    return CheckpointKvScales(layers=len(scales), k_min=min(k), k_max=max(k), v_min=min(v), v_max=max(v), applied=False)
 
 
 def _quantize(cell: _Cell) -> None:
@@ -453,6 +464,9 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
             status, reason = stop.status, f"latency: {stop.reason}; judge: {status}{': ' + reason if reason else ''}"[:2000]
     except _Stop as stop:
         status, reason = _with_reference(metrics, stop.status, stop.reason)
+    if metrics.checkpoint_kv_scales is not None:  # a load fact the verdict's reader needs: the scales went unused
+        reason = (f"{reason}; " if reason else "") + metrics.checkpoint_kv_scales.summary()
+        reason = reason[:2000]
     close_phase()
     metrics.cell_s = round(time.perf_counter() - t0, 3)
     return CellOutcome(status=status, reason=reason, metrics=metrics, duration_s=metrics.cell_s)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pcg_core.quant.schemes import registry as quant_registry
+
 
 @dataclass
 class CellSpec:
@@ -27,5 +29,6 @@ class CellSpec:
     latency_repeat: int | None = None  # None: 20 on a GPU, 5 on a CPU
 
     def __post_init__(self) -> None:
+        self.quant = quant_registry.canonical(self.quant)  # an alias (fp4) runs as its scheme (nvfp4)
         if self.dtype is None:
             self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"

@@ -38,3 +38,62 @@ def record_input_absmax(model: torch.nn.Module) -> Iterator[dict[str, float]]:
     finally:
         for h in handles:
             h.remove()
+
+
+_KV_CALIBRATION = "pcg_kv_calibration"
+
+
+def calibrate_kv_scales(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[int, tuple[float, float]]:
+    """{decoder layer index: (k_scale, v_scale)}, each the absmax of what that layer's KV cache holds over a forward
+    of `input_ids` [1, T], divided by FP8 e4m3's 448: a producer's FP8 KV-cache calibration (ModelOpt's, without
+    its clamp to ≥ 1, so the scales vary by layer as a mix-up needs them to). The keys are taken after the norm and
+    the rotary embedding, as cached; an MLA layer's one scale covers its latent row [normed c, rotated k_rot]
+    (a rotation moves each (x, y) pair on its circle, so the rope part is bounded by its pairs' norms)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from pcg_core.quant.formats.kv_scales import FP8_E4M3_MAX, attention_modules
+
+    seen: dict[int, list[float]] = {}
+
+    def keep(idx: int, k: float, v: float) -> None:
+        old = seen.setdefault(idx, [0.0, 0.0])
+        old[0], old[1] = max(old[0], k), max(old[1], v)
+
+    def recording(module, query, key, value, attention_mask, **kwargs):
+        if not hasattr(module, "kv_lora_rank"):  # MLA: the latent, from the hooks below
+            keep(module.layer_idx, float(key.detach().abs().max()), float(value.detach().abs().max()))
+        kwargs.pop("s_aux", None)  # gpt-oss's sinks: the scores' normalizer, not what the cache holds
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(_KV_CALIBRATION, recording)
+    handles, absorbed = [], {}
+    for idx, (name, mla) in attention_modules(model).items():
+        if not mla:
+            continue
+        mod = model.get_submodule(name)
+        if "forward" in mod.__dict__:  # pcg's absorbed forward (it runs in pcg's engine): transformers' own here
+            absorbed[mod] = mod.__dict__.pop("forward")
+        rank = mod.kv_lora_rank
+
+        def latent(_m, _a, out, idx=idx):
+            keep(idx, float(out.detach().abs().max()), 0.0)
+
+        def rope_part(_m, _a, out, idx=idx, rank=rank):
+            r = out[..., rank:].detach().float()
+            half = r.shape[-1] // 2
+            pairs = torch.cat([torch.hypot(r[..., :half], r[..., half:]), torch.hypot(r[..., 0::2], r[..., 1::2])], -1)
+            keep(idx, float(pairs.max()), 0.0)
+        handles += [mod.kv_a_layernorm.register_forward_hook(latent), mod.kv_a_proj_with_mqa.register_forward_hook(rope_part)]
+    previous = model.config._attn_implementation
+    try:
+        model.set_attn_implementation(_KV_CALIBRATION)
+        with torch.no_grad():
+            model(input_ids=input_ids, use_cache=False)
+    finally:
+        model.set_attn_implementation(previous)
+        for h in handles:
+            h.remove()
+        for mod, forward in absorbed.items():
+            mod.forward = forward
+    return {idx: (k / FP8_E4M3_MAX, (v or k) / FP8_E4M3_MAX) for idx, (k, v) in sorted(seen.items())}

@@ -21,7 +21,7 @@ from pcg_core.quant.schemes.fp4 import NVFP4_BLOCK, quantize_nvfp4
 
 CONFIGS = Path(__file__).resolve().parents[2] / "harness" / "models" / "configs"
 LLAMA, MOE = "meta-llama__Llama-3.1-8B-Instruct.json", "Qwen__Qwen3-30B-A3B.json"
-FP4 = FP4_SCHEMES["fp4"]
+FP4 = FP4_SCHEMES["nvfp4"]
 # variant → (format, legacy declaration file, W4A4 declared); "ct-w4a4" is written as NVFP4A16, then declared W4A4
 VARIANTS = {
     "modelopt": ("modelopt", False, True),
@@ -89,11 +89,11 @@ def test_each_format_loads_back_exactly_the_weights_it_wrote(variant, llama, tmp
     _write(variant, model, data, tmp_path)
     assert (tmp_path / "hf_quant_config.json").is_file() is legacy
     spec = detect(json.loads((tmp_path / "config.json").read_text()), tmp_path)
-    assert (spec.format, spec.scheme.name, spec.fp4.name, spec.fp4.act_scale) == (fmt, "fp4", fmt, w4a4)
+    assert (spec.format, spec.scheme.name, spec.fp4.name, spec.fp4.act_scale) == (fmt, "nvfp4", fmt, w4a4)
     assert spec.where.endswith("hf_quant_config.json") is legacy
     lm = load_model(str(tmp_path), weights="real")
     assert _mismatch(lm.model, _expected(model)) == 0.0
-    assert all(m.quant_scheme.name == "fp4" for m in lm.model.modules() if isinstance(m, Fp4Linear))
+    assert all(m.quant_scheme.name == "nvfp4" for m in lm.model.modules() if isinstance(m, Fp4Linear))
     assert type(lm.model.lm_head) is torch.nn.Linear  # left in 16 bits, as written
     assert ("W4A4" in spec.scheme.description) is w4a4
 
@@ -208,14 +208,14 @@ def _ct_decl(weights=None, acts=None, **extra):
 @pytest.mark.parametrize("qc, message", [
     ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32}, "NVFP4 with group_size 32"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4_AWQ", "group_size": 16}, "NVFP4-AWQ (pre_quant_scale"),
-    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}, "quantized KV cache"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "NVFP4"}, "kv_cache_quant_algo 'NVFP4' is not read"),
     ({"quant_method": "modelopt", "quant_algo": "W4A8_NVFP4_FP8"}, "quant_algo 'W4A8_NVFP4_FP8'"),
     (_ct_decl(dict(CT_W, group_size=32)), "'group_size': 32"),
     (_ct_decl(dict(CT_W, num_bits=8)), "'num_bits': 8"),
     (_ct_decl(dict(CT_W, symmetric=False)), "'symmetric': False"),
     (_ct_decl(acts={"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}), "'num_bits': 8"),
     (_ct_decl(acts=dict(CT_W, dynamic=True)), "'dynamic': True"),
-    (_ct_decl(kv_cache_scheme={"num_bits": 8}), "quantized KV cache"),
+    (_ct_decl(kv_cache_scheme={"num_bits": 8}), "kv_cache_scheme with {'type': 'int'} is not read"),
     (_ct_decl(quantization_status="frozen"), "quantization_status 'frozen'"),
 ])
 def test_declarations_the_loader_cannot_read_are_refused_by_name(qc, message):
@@ -296,7 +296,7 @@ def test_moe_experts_load_back_exactly_the_weights_written(variant, tmp_path):
         i = flt.gate_up_proj.shape[1] // 2
         want = torch.stack([torch.cat([quantize_nvfp4(w[:i]).dequantize(), quantize_nvfp4(w[i:]).dequantize()])
                             for w in flt.gate_up_proj.detach()])
-        assert mods[name].quant_scheme.name == "fp4"
+        assert mods[name].quant_scheme.name == "nvfp4"
         assert torch.equal(fp4_dequantized(mods[name], "gate_up_proj", torch.float32), want), name
         down = torch.stack([quantize_nvfp4(w).dequantize() for w in flt.down_proj.detach()])
         assert torch.equal(fp4_dequantized(mods[name], "down_proj", torch.float32), down), name

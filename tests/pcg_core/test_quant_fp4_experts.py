@@ -107,7 +107,7 @@ def _quantized(make, scheme: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     return flt, q
 
 
-@pytest.mark.parametrize("scheme", ["fp4", "mxfp4"])
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("layout", ["gpt_oss", "qwen3"])
 def test_the_reference_is_the_dequantized_math(layout, scheme):
     make, transposed = (_gpt_oss, True) if layout == "gpt_oss" else (_qwen3, False)
@@ -245,7 +245,7 @@ def test_per_expert_nvfp4_weights_keep_each_linear_global(layout):
     ws = {n: [unpack(t[e]) for e in range(E)] for n, t in (("gate", gate), ("up", up), ("down", down))}
     assert ws["gate"][0].global_scale != ws["up"][0].global_scale
     q = copy.deepcopy(flt)
-    install_fp4_experts(q, FP4_SCHEMES["fp4"], ws["down"], ws["up"], ws["gate"])
+    install_fp4_experts(q, FP4_SCHEMES["nvfp4"], ws["down"], ws["up"], ws["gate"])
     deq = {n: torch.stack([w.dequantize() for w in v]) for n, v in ws.items()}
     rows = torch.stack((deq["gate"], deq["up"]), 2).flatten(1, 2) if layout == "gpt_oss" else torch.cat((deq["gate"], deq["up"]), 1)
     assert torch.equal(_decoded_buffers(q, "gate_up_proj"), rows) and torch.equal(_decoded_buffers(q, "down_proj"), deq["down"])
@@ -256,7 +256,7 @@ def test_per_expert_nvfp4_weights_keep_each_linear_global(layout):
         ref.gate_up_proj.copy_(rows.transpose(1, 2) if t else rows), ref.down_proj.copy_(deq["down"].transpose(1, 2) if t else deq["down"])
     assert _rel(fp4_experts_forward(q, x, idx, w), ref(x, idx, w)) < TOL
     with pytest.raises(ValueError, match="expected 4 per-expert weights"):
-        install_fp4_experts(copy.deepcopy(flt), FP4_SCHEMES["fp4"], ws["down"][:-1], ws["up"], ws["gate"])
+        install_fp4_experts(copy.deepcopy(flt), FP4_SCHEMES["nvfp4"], ws["down"][:-1], ws["up"], ws["gate"])
 
 
 class _Block(torch.nn.Module):
@@ -267,8 +267,8 @@ class _Block(torch.nn.Module):
 
 def test_quantize_model_holds_experts_and_refuses_what_it_cannot_before_any_swap():
     model = _Block(_qwen3())
-    assert quantize_model(model, FP4_SCHEMES["fp4"]) == ["proj", "experts"]
-    assert model.experts.quant_scheme.name == "fp4" and type(model.proj).__name__ == "Fp4Linear"
+    assert quantize_model(model, FP4_SCHEMES["nvfp4"]) == ["proj", "experts"]
+    assert model.experts.quant_scheme.name == "nvfp4" and type(model.proj).__name__ == "Fp4Linear"
     cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=48, num_experts=E, num_experts_per_tok=TOP_K)
     narrow = _Block(Qwen3MoeExperts(cfg))  # K = 48 of down_proj: not whole MXFP4 blocks of 32
     with pytest.raises(NotImplementedError, match=r"experts: Qwen3MoeExperts.down_proj: input width K = 48"):
@@ -277,12 +277,12 @@ def test_quantize_model_holds_experts_and_refuses_what_it_cannot_before_any_swap
     own = _Block(_qwen3())
     own.experts.not_quantizable_reason = "a module with its own float forward"
     with pytest.raises(NotImplementedError, match="its own float forward"):
-        quantize_model(own, FP4_SCHEMES["fp4"])
+        quantize_model(own, FP4_SCHEMES["nvfp4"])
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("scheme", ["fp4", "mxfp4"])
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("layout", ["gpt_oss", "qwen3"])
 def test_grouped_path_matches_the_reference_on_cuda(layout, scheme):
     _, q = _quantized(_gpt_oss if layout == "gpt_oss" else _qwen3, scheme)
@@ -305,7 +305,7 @@ def test_grouped_path_matches_the_reference_on_cuda(layout, scheme):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,quant,graph", [("qwen3-30b-a3b", "fp4", "piecewise"), ("mixtral-8x7b", "mxfp4", "breakable"),
+@pytest.mark.parametrize("model,quant,graph", [("qwen3-30b-a3b", "nvfp4", "piecewise"), ("mixtral-8x7b", "mxfp4", "breakable"),
                                                ("gpt-oss-120b", "mxfp4", "piecewise"), ("gpt-oss-120b", "fp4", "breakable")])
 def test_synthetic_fp4_moe_cells_pass(model, quant, graph):
     from harness.cell.run import CellSpec, run_cell

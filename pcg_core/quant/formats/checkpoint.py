@@ -33,6 +33,7 @@ from pcg_core.quant.formats.int4 import (Int4Format, common_group, declaration a
                                             read_int4_linear, stored_weight)
 from pcg_core.quant.layers.linear import QuantLinear
 from pcg_core.quant.schemes.w8a8 import Scheme, quantize_weight
+from pcg_core.quant.formats.kv_scales import declare_kv_cache, kv_scale_tensors, read_kv_scales
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -42,10 +43,15 @@ class LoadReport:
     quantized: list[str] = field(default_factory=list)  # linears swapped for QuantLinear
     unquantized: list[str] = field(default_factory=list)  # linears the checkpoint keeps in 16 bits
     skipped_layers: int = 0  # tensors of layers past the ones kept
+    # A checkpoint declaring an FP8 KV cache: {decoder layer: (k_scale, v_scale)}, read and checked (kv_scales.py);
+    # also set on the model as `pcg_kv_scales`. Empty: none declared.
+    kv_scales: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, layers: int | None = None) -> LoadReport:
-    """Fill `model` (transformers' class, built for the config) from the quantized checkpoint at `path`."""
+    """Fill `model` (transformers' class, built for the config) from the quantized checkpoint at `path`. A declared
+    FP8 KV cache's scales are read and checked, and set on the model as `pcg_kv_scales` ({decoder layer index:
+    (k_scale, v_scale)}, dequantization multipliers: k ≈ k_fp8 · k_scale) for the runtime that applies them."""
     path = Path(path)
     tensors, report, layout = CheckpointTensors(path), LoadReport(), layout_for(model)
     for name, mod in list(model.named_modules()):
@@ -79,7 +85,10 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
         _swap(model, name, _quant_linear(mod, w, tensors, layout.file_key(name), spec))
         report.quantized.append(name)
     _load_rest(model, tensors, layout, report)
-    _check_all_used(tensors, layers, report)
+    if spec.kv_cache is not None:
+        report.kv_scales = read_kv_scales(model, tensors, spec.kv_cache, layout.file_key)
+        model.pcg_kv_scales = dict(report.kv_scales)
+    _check_all_used(tensors, layers, report, spec)
     if not report.quantized:
         four = spec.int4 or spec.fp4
         stored = (f"packed in 4 bits ({four.packed_key('<linear>')})" if four else "stored in 8 bits"
@@ -172,7 +181,7 @@ def _load_rest(model: torch.nn.Module, tensors: CheckpointTensors, layout: Exper
             param.copy_(t.to(param.dtype))
 
 
-def _check_all_used(tensors: CheckpointTensors, layers: int | None, report: LoadReport) -> None:
+def _check_all_used(tensors: CheckpointTensors, layers: int | None, report: LoadReport, spec: QuantSpec) -> None:
     left = []
     for k in tensors.keys():
         if k in tensors.used:
@@ -182,9 +191,12 @@ def _check_all_used(tensors: CheckpointTensors, layers: int | None, report: Load
             report.skipped_layers += 1
             continue
         left.append(k)
-    if any(k.endswith(("k_scale", "v_scale")) for k in left):
-        raise UnsupportedModel(f"{tensors.path}: holds FP8 KV-cache scales (k_scale/v_scale); this runtime does not apply "
-                               "them yet")
+    if kv := sorted(k for k in left if k.endswith(("k_scale", "v_scale"))):
+        why = ("the model has no attention layer of that name" if spec.kv_cache is not None else
+               f"{spec.where} declares no quantized KV cache (ModelOpt: kv_cache_quant_algo FP8; compressed-tensors: "
+               "kv_cache_scheme), so they would go unread; the declaration or the files are wrong")
+        raise UnsupportedModel(f"{tensors.path}: holds KV-cache scales ({', '.join(kv[:2])}{', …' if len(kv) > 2 else ''}) "
+                               f"but {why}")
     if left:
         raise UnsupportedModel(f"{tensors.path}: {len(left)} tensors the model does not use, e.g. {', '.join(sorted(left)[:4])}: "
                                "a different architecture or an unsupported quantization layout")
@@ -194,11 +206,14 @@ def _check_all_used(tensors: CheckpointTensors, layers: int | None, report: Load
 def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_dir: str | Path, fmt: str,
                      scheme: Scheme | Int4Scheme | Fp4Scheme,
                      *, legacy: bool = False, ignore: tuple[str, ...] = ("lm_head",), shards: int = 1,
-                     input_absmax: dict[str, float] | None = None) -> Path:
+                     input_absmax: dict[str, float] | None = None,
+                     kv_scales: dict[int, tuple[float, float]] | None = None) -> Path:
     """`model`'s float weights quantized with `scheme` and written as `fmt`'s producer writes them: tensor names,
     dtypes and shapes, config.json's quantization_config (or ModelOpt's legacy hf_quant_config.json). A static
     scheme needs each linear's calibrated input absmax (calibrate.record_input_absmax). Test utility and
-    synthetic-checkpoint maker; nothing here is read back by the loader except through the files."""
+    synthetic-checkpoint maker; nothing here is read back by the loader except through the files. `kv_scales`
+    ({decoder layer: (k_scale, v_scale)}, e.g. calibrate.calibrate_kv_scales) declares an FP8 KV cache and writes
+    them as the producer does (modelopt, compressed-tensors)."""
     if not scheme.act_dynamic and input_absmax is None:
         raise ValueError(f"{scheme.name} has static activation scales: pass input_absmax from a calibration run")
     out = Path(out_dir)
@@ -224,6 +239,8 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     else:
         int4 = None
         qc, legacy_cfg = declaration(fmt, scheme, ignore, legacy)
+    if kv_scales is not None:
+        qc, legacy_cfg = declare_kv_cache(fmt, qc, legacy_cfg)
     scale_name = "weight_scale_inv" if fmt == "fp8" else "weight_scale"
 
     def as_stored(s: torch.Tensor) -> torch.Tensor:
@@ -256,6 +273,8 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
                 tensors[f"{layout.file_key(mod)}.input_scale"] = torch.tensor(max(input_absmax[mod], 1e-6) / scheme.qmax)
         else:
             tensors[file_key] = t.detach().clone().contiguous()
+    if kv_scales is not None:
+        tensors.update(kv_scale_tensors(model, fmt, kv_scales, layout.file_key))
     if getattr(model.config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)
     keys = sorted(tensors)

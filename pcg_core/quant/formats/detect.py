@@ -13,7 +13,7 @@ import dataclasses
 import fnmatch
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from pcg_core.quant.formats.fp4 import Fp4Format
 from pcg_core.quant.schemes.int4 import Int4Scheme
 from pcg_core.quant.formats.int4 import Int4Format
 from pcg_core.quant.schemes.w8a8 import INT8_STATIC, SCHEMES, Scheme, get_scheme
+from pcg_core.quant.formats.kv_scales import KvCacheSpec, ct_kv_cache, modelopt_kv_cache
 
 HF_QUANT_CONFIG = "hf_quant_config.json"  # ModelOpt's legacy declaration, beside config.json
 MODELOPT_ALGOS = {"FP8": "fp8_per_tensor", "FP8_PER_CHANNEL_PER_TOKEN": "fp8_per_token"}
@@ -37,6 +38,8 @@ SUPPORTED_FORMATS = (
     "W4AFP8: the same weights × int8 / FP8 activations per token, dynamic)",
     "compressed-tensors nvfp4-pack-quantized (NVFP4A16; NVFP4 W4A4 run as W4A16)",
     "mxfp4 (gpt-oss: MoE experts as e2m1 blocks + e8m0 scales per 32, everything else 16-bit)",
+    "an FP8 KV cache declared by modelopt or compressed-tensors (per-tensor k/v scales read and checked; the KV cache "
+    "runs in the model dtype)",
 )
 INT4_GROUPS = {"awq": (32, 64, 128), "gptq": (-1, 32, 64, 128), "compressed-tensors": (-1, 32, 64, 128)}
 
@@ -46,7 +49,8 @@ class QuantSpec:
     """What a checkpoint declares: its format, the scheme its quantized linears use, the layers it leaves in
     16 bits (names or patterns, the format's own syntax), and the weight scale's tensor name; for int4 weights
     (`scheme` an Int4Scheme named by its family, awq or gptq, with the checkpoint's own group and symmetry) and
-    NVFP4 ones (`scheme` the fp4 Fp4Scheme) how the files store them."""
+    NVFP4 ones (`scheme` the fp4 Fp4Scheme) how the files store them; `kv_cache` when it declares an FP8 KV cache
+    (its k/v scales are then read: kv_scales.py)."""
 
     format: str
     scheme: Scheme | Int4Scheme | Fp4Scheme
@@ -55,6 +59,7 @@ class QuantSpec:
     where: str = "config.json"
     int4: Int4Format | None = None
     fp4: Fp4Format | None = None
+    kv_cache: KvCacheSpec | None = None
 
     def ignored(self, module: str) -> bool:
         for pat in self.ignore:
@@ -76,7 +81,7 @@ def detect(config_data: dict[str, Any], model_dir: str | Path | None = None) -> 
     legacy = Path(model_dir) / HF_QUANT_CONFIG if model_dir is not None else None
     qc = config_data.get("quantization_config")
     if legacy is not None and legacy.is_file():
-        if qc:
+        if qc and not (isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "modelopt"):
             raise _refuse(str(legacy), "declares a quantization and so does config.json's quantization_config; "
                                        "remove the stale one")
         try:
@@ -84,7 +89,10 @@ def detect(config_data: dict[str, Any], model_dir: str | Path | None = None) -> 
         except (OSError, json.JSONDecodeError) as e:
             raise UnsupportedModel(f"{legacy}: unreadable ({e}); it declares the checkpoint's quantization, so the "
                                    "weights cannot be loaded without it") from e
-        return _modelopt(data.get("quantization") or {}, str(legacy), data.get("producer", {}).get("name", "modelopt"))
+        spec = _modelopt(data.get("quantization") or {}, str(legacy), data.get("producer", {}).get("name", "modelopt"))
+        if qc:  # ModelOpt's export writes both: hf_quant_config.json and its conversion into config.json
+            _same_modelopt(spec, _modelopt(qc, "config.json quantization_config", "modelopt"), legacy)
+        return spec
     if not qc:
         return None
     where = "config.json quantization_config"
@@ -113,10 +121,15 @@ def _variant(name: str, **fields: Any) -> Scheme | Int4Scheme | Fp4Scheme:
     return dataclasses.replace(get_scheme(name), **fields)
 
 
-def _kv_cache_unsupported(where: str, value: Any) -> None:
-    if value not in (None, "", "none", "NONE"):
-        raise _refuse(where, f"declares a quantized KV cache ({value}); FP8 KV-cache scales (k_scale/v_scale) are not "
-                             "applied by this runtime yet, and running without them would be wrong")
+def _same_modelopt(legacy: QuantSpec, converted: QuantSpec, path: Path) -> None:
+    """hf_quant_config.json and config.json's quantization_config, as ModelOpt's export writes them side by side,
+    must say the same (scheme, excluded modules, KV cache); a disagreement means one of them is stale."""
+    got = {"scheme": (legacy.scheme.name, converted.scheme.name), "excluded modules": (set(legacy.ignore),
+           set(converted.ignore)), "FP8 KV cache": (legacy.kv_cache is not None, converted.kv_cache is not None)}
+    bad = [f"{k} {a!r} vs {b!r}" for k, (a, b) in got.items() if a != b]
+    if bad:
+        raise _refuse(str(path), f"and config.json's quantization_config disagree ({'; '.join(bad)}); one of them is "
+                                 "stale: remove it")
 
 
 def _hf_fp8(qc: dict[str, Any], where: str) -> QuantSpec:
@@ -135,6 +148,11 @@ def _hf_fp8(qc: dict[str, Any], where: str) -> QuantSpec:
 
 
 def _modelopt(q: dict[str, Any], where: str, producer: str) -> QuantSpec:
+    spec = _modelopt_weights(q, where, producer)
+    return replace(spec, kv_cache=modelopt_kv_cache(q, where))
+
+
+def _modelopt_weights(q: dict[str, Any], where: str, producer: str) -> QuantSpec:
     if producer != "modelopt":
         raise _refuse(where, f"producer {producer!r} is not ModelOpt")
     algo = str(q.get("quant_algo", ""))
@@ -143,7 +161,6 @@ def _modelopt(q: dict[str, Any], where: str, producer: str) -> QuantSpec:
                              "channel) is not read yet; plain NVFP4 is")
     if algo not in MODELOPT_ALGOS and algo != "NVFP4":
         raise _refuse(where, f"ModelOpt quant_algo {algo or '(none)'!r} is not supported yet")
-    _kv_cache_unsupported(where, q.get("kv_cache_quant_algo") or q.get("kv_cache_scheme"))
     ignore = tuple(q.get("exclude_modules") or q.get("ignore") or ())
     if algo == "NVFP4":
         if (group := q.get("group_size", NVFP4_BLOCK)) != NVFP4_BLOCK:
@@ -277,13 +294,17 @@ def _ct_nvfp4(qc: dict[str, Any], where: str) -> QuantSpec:
 
 
 def _compressed_tensors(qc: dict[str, Any], where: str) -> QuantSpec:
+    kv_cache = ct_kv_cache(qc.get("kv_cache_scheme"), where)
+    return replace(_ct_weights(qc, where), kv_cache=kv_cache)
+
+
+def _ct_weights(qc: dict[str, Any], where: str) -> QuantSpec:
     fmt = qc.get("format")
     if fmt not in ("float-quantized", "int-quantized", "naive-quantized", "pack-quantized", "nvfp4-pack-quantized"):
         raise _refuse(where, f"compressed-tensors format {fmt!r} is not supported yet")
     if qc.get("quantization_status", "compressed") != "compressed":
         raise _refuse(where, f"compressed-tensors quantization_status {qc.get('quantization_status')!r}: only compressed "
                              "checkpoints (quantized weights on disk)")
-    _kv_cache_unsupported(where, qc.get("kv_cache_scheme"))
     if fmt in ("pack-quantized", "nvfp4-pack-quantized"):
         return _ct_pack_quantized(qc, where) if fmt == "pack-quantized" else _ct_nvfp4(qc, where)
     groups = qc.get("config_groups") or {}

@@ -22,6 +22,7 @@ class CheckpointTensors:
         if not files:
             raise UnsupportedModel(f"{path}: no .safetensors files")
         self.path = path
+        self._files = files
         self._handles = [safe_open(f, framework="pt") for f in files]
         self._where: dict[str, int] = {k: i for i, h in enumerate(self._handles) for k in h.keys()}
         self.used: set[str] = set()
@@ -31,6 +32,10 @@ class CheckpointTensors:
 
     def keys(self) -> list[str]:
         return list(self._where)
+
+    def file_of(self, key: str) -> str:
+        """The name of the file that holds `key`, for messages that point at it."""
+        return self._files[self._where[key]].name
 
     def stored_dtype(self, key: str) -> str:
         """The tensor's dtype as the file header names it (U8, BF16, F8_E4M3 …), without reading it or counting it

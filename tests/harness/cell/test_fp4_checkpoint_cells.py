@@ -33,7 +33,7 @@ def test_fp4_checkpoint_cells_pass(fmt, model, graph, tmp_path):
     data |= WIDEN.get(model, {})
     float_model = synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0, peaked=True)
     fmt_name, legacy = FORMATS[fmt]
-    write_checkpoint(float_model, data, tmp_path, fmt_name, FP4_SCHEMES["fp4"], legacy=legacy)
+    write_checkpoint(float_model, data, tmp_path, fmt_name, FP4_SCHEMES["nvfp4"], legacy=legacy)
     out = run_cell(CellSpec(str(tmp_path), weights="real", quant="fp4", graph=graph, max_tokens=64, max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
     # 7 linears per layer (MoE: 4 attention linears and the experts), 2 layers; lm_head stays in 16 bits
@@ -50,9 +50,9 @@ def test_a_synthetic_fp4_cell_passes():
 
 def test_fp4_cells_refuse_what_they_cannot_run_yet_before_loading():
     real = run_cell(CellSpec("llama-3.1-8b", weights="real", quant="fp4"))
-    assert real.status == Status.UNSUPPORTED and "declares no fp4 checkpoint" in real.reason
+    assert real.status == Status.UNSUPPORTED and "declares no nvfp4 checkpoint" in real.reason
     moe = run_cell(CellSpec("qwen3-30b-a3b", weights="real", quant="fp4"))  # MoE checkpoints are read (above)
-    assert moe.status == Status.UNSUPPORTED and "declares no fp4 checkpoint" in moe.reason
+    assert moe.status == Status.UNSUPPORTED and "declares no nvfp4 checkpoint" in moe.reason
     assert moe.metrics.quant_layers is None  # stopped before quantizing anything
 
 
