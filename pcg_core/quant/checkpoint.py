@@ -27,8 +27,8 @@ from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme, quantize_nvfp4
 from pcg_core.quant.fp4_experts import gpt_oss_mxfp4_tensors, read_gpt_oss_mxfp4
 from pcg_core.quant.fp4_checkpoint import Fp4Format, declaration as fp4_declaration, fp4_tensors, read_fp4_linear
 from pcg_core.quant.int4 import Int4Linear, Int4Scheme, quantize_int4_ordered
-from pcg_core.quant.int4_checkpoint import (Int4Format, common_group, declaration as int4_declaration, int4_tensors,
-                                            read_int4_linear, stored_weight)
+from pcg_core.quant.int4_checkpoint import (CT_INT, Int4Format, common_group, declaration as int4_declaration,
+                                            int4_tensors, read_int4_linear, stored_weight)
 from pcg_core.quant.linear import QuantLinear
 from pcg_core.quant.schemes import Scheme, quantize_weight
 
@@ -54,7 +54,7 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
         if is_experts(mod):
             (report.quantized if read_experts(mod, name, tensors, spec, layout) else report.unquantized).append(name)
             continue
-        if spec.int4 is not None and type(mod) is torch.nn.Linear and spec.int4.packed_key(layout.file_key(name)) in tensors:
+        if spec.int4 is not None and type(mod) is torch.nn.Linear and spec.int4.is_packed(tensors, layout.file_key(name)):
             _swap(model, name, _int4_linear(mod, layout.file_key(name), tensors, spec))
             report.quantized.append(name)
             continue
@@ -80,7 +80,7 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     _check_all_used(tensors, layers, report)
     if not report.quantized:
         four = spec.int4 or spec.fp4
-        stored = (f"packed in 4 bits ({four.packed_key('<linear>')})" if four else "stored in 8 bits"
+        stored = (f"stored in 4 bits ({four.packed_key('<linear>')})" if four else "stored in 8 bits"
                   if spec.format != "mxfp4" else "an MoE expert module in MXFP4 (<experts>.gate_up_proj_blocks)")
         raise UnsupportedModel(f"{path}: {spec.where} declares {spec.format} ({spec.scheme.name}) but no linear layer's weight "
                                f"is {stored}; the declaration or the files are wrong")
@@ -192,11 +192,17 @@ def _check_all_used(tensors: CheckpointTensors, layers: int | None, report: Load
 def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_dir: str | Path, fmt: str,
                      scheme: Scheme | Int4Scheme | Fp4Scheme,
                      *, legacy: bool = False, ignore: tuple[str, ...] = ("lm_head",), shards: int = 1,
-                     input_absmax: dict[str, float] | None = None) -> Path:
+                     input_absmax: dict[str, float] | None = None, ct_format: str = "pack-quantized") -> Path:
     """`model`'s float weights quantized with `scheme` and written as `fmt`'s producer writes them: tensor names,
     dtypes and shapes, config.json's quantization_config (or ModelOpt's legacy hf_quant_config.json). A static
-    scheme needs each linear's calibrated input absmax (calibrate.record_input_absmax). Test utility and
-    synthetic-checkpoint maker; nothing here is read back by the loader except through the files."""
+    scheme needs each linear's calibrated input absmax (calibrate.record_input_absmax). `ct_format`: the
+    compressed-tensors format of int4 weights, pack-quantized (8 per int32) or int-quantized (one per int8, as
+    llm-compressor writes W4A8 / W4AFP8). Test utility and synthetic-checkpoint maker; nothing here is read back
+    by the loader except through the files."""
+    if ct_format not in ("pack-quantized", "int-quantized"):
+        raise ValueError(f"ct_format {ct_format!r}: int4 weights are written pack-quantized or int-quantized")
+    if ct_format != "pack-quantized" and (fmt != "compressed-tensors" or not isinstance(scheme, Int4Scheme)):
+        raise ValueError(f"ct_format is compressed-tensors' layout of int4 weights, not of {fmt} {scheme.name}")
     if not scheme.act_dynamic and input_absmax is None:
         raise ValueError(f"{scheme.name} has static activation scales: pass input_absmax from a calibration run")
     out = Path(out_dir)
@@ -214,8 +220,9 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     elif isinstance(scheme, Int4Scheme):
         widths = [m.in_features for m in linears.values()] + [w.shape[-1] for m in experts.values()
                                                               for w in (m.down_proj, getattr(m, "gate_up_proj", m.down_proj))]
-        int4 = Int4Format(fmt, common_group(scheme, widths))
-        qc, legacy_cfg = int4_declaration(fmt, scheme, int4.group, ignore), None
+        int4 = Int4Format(CT_INT if fmt == "compressed-tensors" and ct_format == "int-quantized" else fmt,
+                          common_group(scheme, widths))
+        qc, legacy_cfg = int4_declaration(int4.name, scheme, int4.group, ignore), None
     elif isinstance(scheme, Fp4Scheme):  # ModelOpt's NVFP4 declares W4A4 (input_scale); compressed-tensors' NVFP4A16
         int4, fp4 = None, Fp4Format(fmt, act_scale=fmt == "modelopt")
         qc, legacy_cfg = fp4_declaration(fp4, ignore, legacy)
