@@ -124,7 +124,8 @@ def ct_int_unpack(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.T
     g = k if group == -1 else group
     if k % g or k % NIBBLES:
         raise ConfigError(f"weight has {k} input channels; 4-bit weights need a multiple of {NIBBLES} and of the group {g}")
-    if tuple(scale.shape) not in ((n, k // g),) + (((n,),) if g == k else ()):
+    shapes = ((n, k // g),) + (((n,),) if g == k else ())  # per channel: (N, 1) as compressed-tensors writes, or (N,)
+    if tuple(scale.shape) not in shapes:
         raise ConfigError(f"weight_scale is {tuple(scale.shape)}; {n} outputs × {k} inputs in groups of {g} need "
                           f"{(n, k // g)}")
     if not scale.dtype.is_floating_point:
@@ -132,7 +133,7 @@ def ct_int_unpack(weight: torch.Tensor, scale: torch.Tensor, zero_point: torch.T
     _in_4_bits(weight, "weight")
     zeros = torch.full((n, k // g), 8.0)
     if zero_point is not None:
-        if zero_point.dtype != torch.int8 or zero_point.numel() != n * (k // g):
+        if zero_point.dtype != torch.int8 or tuple(zero_point.shape) not in shapes:
             raise ConfigError(f"weight_zero_point is {zero_point.dtype} {tuple(zero_point.shape)}; asymmetric 4-bit "
                               f"weights need int8 {(n, k // g)}")
         _in_4_bits(zero_point, "weight_zero_point")

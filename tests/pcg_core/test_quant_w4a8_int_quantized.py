@@ -30,10 +30,10 @@ def ct() -> None:
     pytest.importorskip("compressed_tensors")  # a dev dependency: its tests skip cleanly without it
 
 
-def _scheme(name: str, sym: bool = True) -> Int4Scheme:
+def _scheme(name: str, sym: bool = True, group: int | None = None) -> Int4Scheme:
     base = INT4_SCHEMES[name]
-    return Int4Scheme(base.name, base.group, sym=sym, act_order=False, description=base.description,
-                      activations=base.activations)
+    return Int4Scheme(base.name, base.group if group is None else group, sym=sym, act_order=False,
+                      description=base.description, activations=base.activations)
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +52,17 @@ def _write(model, data, path, scheme, ct_format="int-quantized"):
 # --- the same weights as pack-quantized ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, sym", [("w4a8", True), ("w4a8", False), ("w4afp8", True)])
-def test_int_quantized_loads_the_same_model_as_pack_quantized(moe, tmp_path, name, sym):
+@pytest.mark.parametrize("name, sym, group", [("w4a8", True, None), ("w4a8", False, None), ("w4afp8", True, None),
+                                              ("w4a8", False, -1)])
+def test_int_quantized_loads_the_same_model_as_pack_quantized(moe, tmp_path, name, sym, group):
     model, data = moe
-    scheme = _scheme(name, sym)
+    scheme = _scheme(name, sym, group)
     a = load_model(str(_write(model, data, tmp_path / "int", scheme)), weights="real").model
     b = load_model(str(_write(model, data, tmp_path / "pack", scheme, "pack-quantized")), weights="real").model
     qc = json.loads((tmp_path / "int" / "config.json").read_text())["quantization_config"]
-    assert qc["format"] == "int-quantized" and qc["config_groups"]["group_0"]["weights"]["symmetric"] is sym
+    weights = qc["config_groups"]["group_0"]["weights"]
+    assert qc["format"] == "int-quantized" and weights["symmetric"] is sym
+    assert weights["strategy"] == ("channel" if group == -1 else "group")
     stored = load_file(tmp_path / "int" / "model.safetensors")
     w = stored["model.layers.0.self_attn.q_proj.weight"]
     assert w.dtype == torch.int8 and int(w.min()) >= -8 and int(w.max()) <= 7 and int(w.min()) < 0
@@ -95,13 +98,13 @@ def _loaded(lm) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("sym", [True, False])
-def test_compressed_tensors_decompresses_our_files_to_our_weights(moe, tmp_path, sym):
+@pytest.mark.parametrize("sym, group", [(True, None), (False, None), (False, -1)])
+def test_compressed_tensors_decompresses_our_files_to_our_weights(moe, tmp_path, sym, group):
     ct()
     from compressed_tensors.compressors.naive_quantized.base import IntQuantizationCompressor
 
     model, data = moe
-    _write(model, data, tmp_path, _scheme("w4a8", sym))
+    _write(model, data, tmp_path, _scheme("w4a8", sym, group))
     scheme = _ct_scheme(json.loads((tmp_path / "config.json").read_text())["quantization_config"])
     stored = load_file(tmp_path / "model.safetensors")
     loaded = _loaded(load_model(str(tmp_path), weights="real").model)
@@ -217,6 +220,12 @@ def test_values_outside_4_bits_are_refused_not_wrapped(moe, tmp_path):
         with pytest.raises(UnsupportedModel, match=rf"{key}: {suffix} holds {value} at \[3, {col}\] \(1 values "
                                                    r"outside \[-8, 7\]\)"):
             load_model(str(tmp_path), weights="real")
+    t = dict(clean)  # zero points of the right count in the wrong layout
+    t[f"{key}.weight_zero_point"] = clean[f"{key}.weight_zero_point"].reshape(1, -1).contiguous()
+    save_file(t, tmp_path / "model.safetensors")
+    with pytest.raises(UnsupportedModel, match=rf"{key}: weight_zero_point is torch.int8 \(1, 128\); asymmetric 4-bit "
+                                               r"weights need int8 \(128, 1\)"):
+        load_model(str(tmp_path), weights="real")
     save_file(clean, tmp_path / "model.safetensors")  # the control: the same files unchanged load
     assert len(_loaded(load_model(str(tmp_path), weights="real").model)) == 8 + 2 * 8 * 3
 
@@ -228,6 +237,7 @@ def test_values_outside_4_bits_are_refused_not_wrapped(moe, tmp_path):
      "weight_g_idx is there, but compressed-tensors int-quantized has no act-order"),
     (lambda t, k: t.pop(f"{k}.weight_scale"), r"weight_scale is missing \(compressed-tensors int-quantized stores it"),
     (lambda t, k: t.update({f"{k}.weight_scale": torch.ones(64, 4)}), r"weight_scale is \(64, 4\); 64 outputs"),
+    (lambda t, k: t.update({f"{k}.weight_scale": t[f"{k}.weight_scale"].t().contiguous()}), r"weight_scale is \(2, 64\)"),
     (lambda t, k: t.update({f"{k}.weight": t[f"{k}.weight"].float()}), None),
 ])
 def test_files_that_do_not_match_the_declaration_are_refused(moe, tmp_path, change, match):
