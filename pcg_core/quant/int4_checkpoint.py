@@ -190,11 +190,13 @@ def read_int4_weight(name: str, tensors: CheckpointTensors, fmt: Int4Format, sch
             w = _read_ct_int(name, tensors, fmt, scheme, need)
         else:
             zp = need("weight_zero_point") if not scheme.sym else None
-            if scheme.sym and f"{name}.weight_zero_point" in tensors:
-                raise UnsupportedModel(f"{path}: {name}.weight_zero_point is there, but the checkpoint declares symmetric "
-                                       "weights (no zero points)")
+            if scheme.sym and f"{name}.weight_zero_point" in tensors:  # a ConfigError: prefixed with path and name below
+                raise ConfigError("weight_zero_point is there, but the checkpoint declares symmetric weights (no zero "
+                                  "points)")
             w = ct_unpack(need("weight_packed"), need("weight_scale"), zp, need("weight_shape"), maybe("weight_g_idx"),
                           fmt.group)
+    except UnsupportedModel:  # already names the file and the tensor (a missing companion)
+        raise
     except ConfigError as e:
         raise UnsupportedModel(f"{path}: {name}: {e}") from e
     if tuple(w.q.shape) != tuple(shape):
@@ -208,13 +210,13 @@ def read_int4_weight(name: str, tensors: CheckpointTensors, fmt: Int4Format, sch
 
 def _read_ct_int(name: str, tensors: CheckpointTensors, fmt: Int4Format, scheme: Int4Scheme,
                  need: Callable[[str], torch.Tensor]) -> Int4Weight:
-    path = tensors.path
+    """The int-quantized tensors of `name`; errors are ConfigErrors, which read_int4_weight prefixes with the file
+    and the linear."""
     if f"{name}.weight_g_idx" in tensors:
-        raise UnsupportedModel(f"{path}: {name}.weight_g_idx is there, but compressed-tensors int-quantized has no "
-                               "act-order (its compressor ignores g_idx); only pack-quantized act-order is read")
+        raise ConfigError("weight_g_idx is there, but compressed-tensors int-quantized has no act-order (its compressor "
+                          "ignores g_idx); only pack-quantized act-order is read")
     if scheme.sym and f"{name}.weight_zero_point" in tensors:
-        raise UnsupportedModel(f"{path}: {name}.weight_zero_point is there, but the checkpoint declares symmetric "
-                               "weights (no zero points)")
+        raise ConfigError("weight_zero_point is there, but the checkpoint declares symmetric weights (no zero points)")
     zp = need("weight_zero_point") if not scheme.sym else None
     return ct_int_unpack(need("weight"), need("weight_scale"), zp, fmt.group)
 

@@ -250,8 +250,9 @@ def test_files_that_do_not_match_the_declaration_are_refused(moe, tmp_path, chan
         with pytest.raises(UnsupportedModel, match="tensors the model does not use, e.g. .*q_proj.weight_scale"):
             load_model(str(tmp_path), weights="real")
         return
-    with pytest.raises(UnsupportedModel, match=match):
+    with pytest.raises(UnsupportedModel, match=match) as e:
         load_model(str(tmp_path), weights="real")
+    assert str(e.value).startswith(f"{tmp_path}: model.layers.0.self_attn.q_proj") and str(e.value).count(str(tmp_path)) == 1
 
 
 def _ct(weights: dict | None = None, acts: dict | None = None, fmt: str = "int-quantized", **group) -> dict:
