@@ -30,7 +30,7 @@ from pcg_core.model.grok import MODEL_TYPE as _GROK_MODEL_TYPE  # noqa: F401 - r
 from pcg_core.model.mla import install_mla
 from pcg_core.quant import detect as detect_quantization
 from pcg_core.quant import load_quantized
-from pcg_core.quant.files import INDEX, SINGLE, CheckpointTensors, read_index
+from pcg_core.quant.files import INDEX, SINGLE, CheckpointTensors, index_of, read_index
 
 # Widths of the `tiny` variant: small enough for a CPU test, shaped like the real thing (GQA kept, MoE kept).
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16, "moe_intermediate_size": 48}
@@ -111,13 +111,28 @@ def fetch_hub_weights(hub_id: str, revision: str | None = None) -> str:
     try:
         folder = snapshot_download(hub_id, revision=revision, allow_patterns=["*.json"],
                                    local_files_only=not hub_reachable())
-        weights = sorted(set(read_index(Path(folder)).values())) if (Path(folder) / INDEX).is_file() else ["*.safetensors"]
+        weights = _hub_weight_files(Path(folder))
         return snapshot_download(hub_id, revision=revision, allow_patterns=["*.json", *weights],
                                  local_files_only=not hub_reachable())
     except RepositoryNotFoundError as e:
         raise ConfigError(f"hub id {hub_id!r}: no such model on the hub (or it is gated); check the id") from e
     except LocalEntryNotFoundError as e:
         raise ConfigError(f"hub id {hub_id!r}: weights are not in the local cache and the hub cannot be reached") from e
+
+
+def _hub_weight_files(folder: Path) -> list[str]:
+    """The weight files to download, from the JSON already there: config.json's transformers_weights (a file, or an
+    index and its shards), else the index's shards, else every .safetensors."""
+    try:
+        named = read_config_file(folder).get("transformers_weights")
+    except ConfigError:
+        named = None  # no readable config.json: the load that follows says so
+    index = index_of(folder, named if isinstance(named, str) else None)
+    if index is not None and (folder / index).is_file():
+        return sorted(set(read_index(folder, index).values()))
+    if isinstance(named, str):
+        return [named]
+    return ["*.safetensors"]
 
 
 def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool = False) -> dict[str, Any]:
@@ -265,18 +280,19 @@ def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.devic
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, **_implementation_kwargs(config))
         load_quantized(model, path, spec, layers=config.num_hidden_layers)
     else:
-        _check_16bit_files(Path(path))
+        _check_16bit_files(Path(path), config_data.get("transformers_weights"))
         model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, **_implementation_kwargs(config))
     install_mla(model)
     return model.to(device).eval().requires_grad_(False)  # .to(): device_map would need accelerate
 
 
-def _check_16bit_files(path: Path) -> None:
+def _check_16bit_files(path: Path, named: str | None) -> None:
     """A 16-bit checkpoint is read by transformers, which resolves its files as the quantized loader does
-    (pcg_core.quant.files) but reads only model.safetensors or an index's shards; checked here first so that a
-    missing shard, a stale index or a tensor in two files is an error naming them, never transformers' own."""
-    files = CheckpointTensors(path).files
-    if not (path / INDEX).is_file() and files != [path / SINGLE]:
+    (pcg_core.quant.files) but reads only model.safetensors, an index's shards or the file config.json's
+    transformers_weights names; checked here first so that a missing shard, a stale index or a tensor in two files
+    is an error naming them, never transformers' own."""
+    files = CheckpointTensors(path, named).files
+    if named is None and not (path / INDEX).is_file() and files != [path / SINGLE]:
         raise UnsupportedModel(f"{path}: holds {', '.join(f.name for f in files)} but neither {SINGLE} nor {INDEX}; "
                                f"transformers reads 16-bit weights from those only: rename a single file to {SINGLE}, "
                                f"or write {INDEX} naming the shards")

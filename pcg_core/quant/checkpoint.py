@@ -45,7 +45,8 @@ class LoadReport:
 def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, layers: int | None = None) -> LoadReport:
     """Fill `model` (transformers' class, built for the config) from the quantized checkpoint at `path`."""
     path = Path(path)
-    tensors, report, layout = CheckpointTensors(path), LoadReport(), layout_for(model)
+    tensors = CheckpointTensors(path, getattr(model.config, "transformers_weights", None))
+    report, layout = LoadReport(), layout_for(model)
     for name, mod in list(model.named_modules()):
         if is_experts(mod) and spec.format == "mxfp4":
             if _mxfp4_experts(mod, layout.file_key(name), tensors):

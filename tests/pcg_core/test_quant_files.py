@@ -185,3 +185,56 @@ def test_the_hub_download_asks_for_the_index_shards_only(tmp_path, monkeypatch):
     asked.clear()
     loader.fetch_hub_weights("org/model")
     assert asked[-1] == ["*.json", "*.safetensors"]
+    (tmp_path / "config.json").write_text(json.dumps({"transformers_weights": "weights-fp8.safetensors"}))
+    loader.fetch_hub_weights("org/model")
+    assert asked[-1] == ["*.json", "weights-fp8.safetensors"]
+
+
+# --- config.json's transformers_weights: the file transformers reads instead ------------------------------------
+
+
+def _name_weights(path, named):
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(cfg | {"transformers_weights": named}))
+
+
+def test_transformers_weights_names_the_file_for_both_loaders(qwen3, tmp_path):
+    model, data = qwen3
+    write_checkpoint(model, data, tmp_path / "q", "compressed-tensors", SCHEMES["fp8_per_token"])
+    (tmp_path / "q" / "model.safetensors").rename(tmp_path / "q" / "weights-fp8.safetensors")
+    save_file({"extra.weight": torch.zeros(2)}, tmp_path / "q" / "consolidated.safetensors")
+    _name_weights(tmp_path / "q", "weights-fp8.safetensors")
+    assert sum(isinstance(m, QuantLinear) for m in load_model(str(tmp_path / "q"), weights="real").model.modules()) == 14
+    src = tiny_model("llama", layers=2)
+    src.model.save_pretrained(tmp_path / "f")
+    (tmp_path / "f" / "model.safetensors").rename(tmp_path / "f" / "weights.safetensors")
+    with pytest.raises(UnsupportedModel, match="holds weights.safetensors but neither"):  # the control: unnamed
+        load_model(str(tmp_path / "f"), weights="real")
+    _name_weights(tmp_path / "f", "weights.safetensors")
+    got, ref = load_model(str(tmp_path / "f"), weights="real").model.state_dict(), src.model.state_dict()
+    assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)
+
+
+@pytest.mark.parametrize("named, match", [
+    ("../elsewhere.safetensors", "is not a .safetensors file or a .safetensors.index.json inside the folder"),
+    ("model.bin", "is not a .safetensors file"),
+    ("gone.safetensors", "transformers_weights names gone.safetensors, which is not in"),
+])
+def test_a_bad_transformers_weights_is_an_error_naming_it(tmp_path, named, match):
+    save_file({"a": torch.zeros(2)}, tmp_path / "model.safetensors")
+    with pytest.raises(UnsupportedModel, match=match):
+        CheckpointTensors(tmp_path, named)
+
+
+def test_transformers_weights_may_name_an_index(tmp_path):
+    save_file({"a": torch.zeros(2)}, tmp_path / "w-1.safetensors")
+    save_file({"b": torch.zeros(2)}, tmp_path / "w-2.safetensors")
+    save_file({"a": torch.ones(2)}, tmp_path / "model.safetensors")  # what transformers would read without the name
+    (tmp_path / "w.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "w-1.safetensors",
+                                                                                 "b": "w-2.safetensors"}}))
+    t = CheckpointTensors(tmp_path, "w.safetensors.index.json")
+    assert [f.name for f in t.files] == ["w-1.safetensors", "w-2.safetensors"] and torch.equal(t.get("a"), torch.zeros(2))
+    (tmp_path / "w.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "w-2.safetensors",
+                                                                                 "b": "w-2.safetensors"}}))
+    with pytest.raises(UnsupportedModel, match=r"w\.safetensors\.index\.json: maps a to w-2\.safetensors, but no shard holds it"):
+        CheckpointTensors(tmp_path, "w.safetensors.index.json")
