@@ -2,8 +2,9 @@
 what the linear and the expert loaders share.
 
 Which files are the checkpoint is decided as transformers and vLLM decide it, so that a file beside the model's
-(Mistral repositories ship `consolidated.safetensors` beside the shards) is never read: the index's shards, else
-`model.safetensors`, else every `*.safetensors` (safetensors_files).
+(Mistral repositories ship `consolidated.safetensors` beside the shards) is never read: the file config.json's
+`transformers_weights` names, else the index's shards, else `model.safetensors`, else every `*.safetensors`
+(safetensors_files).
 """
 
 from __future__ import annotations
