@@ -3,8 +3,9 @@ first --layers layers), for `pcgh cell --model DIR --weights real --quant SCHEME
 each format is checked at trimmed real widths on the GPU machine, where nothing is downloaded.
 
     PYTHONPATH=. python benchmarks/quant_checkpoint.py --model llama-3.1-8b --layers 2 --format awq --scheme awq --out /tmp/ck
-    formats: awq, gptq, gptq_v2, compressed-tensors (int4 schemes: pack-quantized, W4A8/W4AFP8 only there;
-    8-bit: float/int-quantized), fp8, modelopt, w8a8_int8 — the pairs pcg_core.quant.write_checkpoint writes
+    formats: awq, gptq, gptq_v2, compressed-tensors (int4 schemes: pack-quantized, or with --ct-format
+    int-quantized W4A8/W4AFP8 as llm-compressor writes them; 8-bit: float/int-quantized), fp8, modelopt,
+    w8a8_int8 — the pairs pcg_core.quant.write_checkpoint writes
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--format", required=True)
     p.add_argument("--scheme", required=True, help="awq, gptq, w4a8, w4afp8 (MoE experts too), or an 8-bit scheme")
+    p.add_argument("--ct-format", default="pack-quantized", choices=["pack-quantized", "int-quantized"],
+                   help="compressed-tensors' layout of int4 weights (int-quantized: W4A8/W4AFP8, one value per int8)")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -34,7 +37,8 @@ def main() -> None:
     t = time.perf_counter()
     data = shrink_config(dict(card.config), layers=args.layers)
     model = synthetic_model(build_config(data), dtype=torch.bfloat16, device="cpu", seed=args.seed, peaked=True)
-    write_checkpoint(model, data, args.out, args.format, get_scheme(args.scheme))
+    write_checkpoint(model, data, args.out, args.format, get_scheme(args.scheme),
+                     **({"ct_format": args.ct_format} if args.ct_format != "pack-quantized" else {}))
     print(f"{args.model} ×{args.layers} as {args.format} ({args.scheme}) → {args.out} in {time.perf_counter() - t:.0f} s")
 
 

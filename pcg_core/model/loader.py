@@ -30,6 +30,7 @@ from pcg_core.model.grok import MODEL_TYPE as _GROK_MODEL_TYPE  # noqa: F401 - r
 from pcg_core.model.mla import install_mla
 from pcg_core.quant import detect as detect_quantization
 from pcg_core.quant import load_quantized
+from pcg_core.quant.formats.files import INDEX, SINGLE, CheckpointTensors, index_of, read_index
 
 # Widths of the `tiny` variant: small enough for a CPU test, shaped like the real thing (GQA kept, MoE kept).
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16, "moe_intermediate_size": 48}
@@ -101,16 +102,37 @@ def fetch_hub_file(hub_id: str, filename: str, revision: str | None = None) -> s
 
 
 def fetch_hub_weights(hub_id: str, revision: str | None = None) -> str:
+    """The model's JSON files, then its weights: the shards its index names (a repository's other .safetensors,
+    Mistral's consolidated.safetensors, are never downloaded), else every .safetensors (read as
+    pcg_core.quant.formats.files resolves them)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
-        return snapshot_download(hub_id, revision=revision, allow_patterns=["*.json", "*.safetensors"],
+        folder = snapshot_download(hub_id, revision=revision, allow_patterns=["*.json"],
+                                   local_files_only=not hub_reachable())
+        weights = _hub_weight_files(Path(folder))
+        return snapshot_download(hub_id, revision=revision, allow_patterns=["*.json", *weights],
                                  local_files_only=not hub_reachable())
     except RepositoryNotFoundError as e:
         raise ConfigError(f"hub id {hub_id!r}: no such model on the hub (or it is gated); check the id") from e
     except LocalEntryNotFoundError as e:
         raise ConfigError(f"hub id {hub_id!r}: weights are not in the local cache and the hub cannot be reached") from e
+
+
+def _hub_weight_files(folder: Path) -> list[str]:
+    """The weight files to download, from the JSON already there: config.json's transformers_weights (a file, or an
+    index and its shards), else the index's shards, else every .safetensors."""
+    try:
+        named = read_config_file(folder).get("transformers_weights")
+    except ConfigError:
+        named = None  # no readable config.json: the load that follows says so
+    index = index_of(folder, named if isinstance(named, str) else None)
+    if index is not None and (folder / index).is_file():
+        return sorted(set(read_index(folder, index).values()))
+    if isinstance(named, str):
+        return [named]
+    return ["*.safetensors"]
 
 
 def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool = False) -> dict[str, Any]:
@@ -258,13 +280,28 @@ def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.devic
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, **_implementation_kwargs(config))
         load_quantized(model, path, spec, layers=config.num_hidden_layers)
     else:
+        _check_16bit_files(Path(path), config_data.get("transformers_weights"))
         model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, **_implementation_kwargs(config))
     install_mla(model)
     return model.to(device).eval().requires_grad_(False)  # .to(): device_map would need accelerate
 
 
+def _check_16bit_files(path: Path, named: str | None) -> None:
+    """A 16-bit checkpoint is read by transformers, which resolves its files as the quantized loader does
+    (pcg_core.quant.formats.files) but reads only model.safetensors, an index's shards or the file config.json's
+    transformers_weights names; checked here first so that a missing shard, a stale index or a tensor in two files
+    is an error naming them, never transformers' own."""
+    files = CheckpointTensors(path, named).files
+    if named is None and not (path / INDEX).is_file() and files != [path / SINGLE]:
+        raise UnsupportedModel(f"{path}: holds {', '.join(f.name for f in files)} but neither {SINGLE} nor {INDEX}; "
+                               f"transformers reads 16-bit weights from those only: rename a single file to {SINGLE}, "
+                               f"or write {INDEX} naming the shards")
+
+
 def has_weights(path: Path) -> bool:
-    return any(path.glob("*.safetensors"))
+    """Whether the folder claims weights (an index, or any .safetensors); which files are read, and whether they
+    are all there, is pcg_core.quant.formats.files' to say when they are read."""
+    return (path / INDEX).is_file() or any(path.glob("*.safetensors"))
 
 
 def load_model(

@@ -280,7 +280,7 @@ def test_w4a8_declarations_the_loader_runs():
 def test_w4a8_is_written_as_compressed_tensors_only():
     from pcg_core.quant.formats.int4 import declaration
 
-    with pytest.raises(ValueError, match="compressed-tensors pack-quantized only"):
+    with pytest.raises(ValueError, match="compressed-tensors pack-quantized or int-quantized only"):
         declaration("gptq", INT4_SCHEMES["w4a8"], 128, ())
 
 

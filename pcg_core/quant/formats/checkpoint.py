@@ -29,8 +29,8 @@ from pcg_core.quant.layers.fp4_experts import gpt_oss_mxfp4_tensors, read_gpt_os
 from pcg_core.quant.formats.fp4 import Fp4Format, declaration as fp4_declaration, fp4_tensors, read_fp4_linear
 from pcg_core.quant.layers.int4_linear import Int4Linear
 from pcg_core.quant.schemes.int4 import Int4Scheme, quantize_int4_ordered
-from pcg_core.quant.formats.int4 import (Int4Format, common_group, declaration as int4_declaration, int4_tensors,
-                                            read_int4_linear, stored_weight)
+from pcg_core.quant.formats.int4 import (CT_INT, Int4Format, common_group, declaration as int4_declaration,
+                                        int4_tensors, read_int4_linear, stored_weight)
 from pcg_core.quant.layers.linear import QuantLinear
 from pcg_core.quant.schemes.w8a8 import Scheme, quantize_weight
 from pcg_core.quant.formats.kv_scales import declare_kv_cache, kv_scale_tensors, read_kv_scales
@@ -53,7 +53,8 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     FP8 KV cache's scales are read and checked, and set on the model as `pcg_kv_scales` ({decoder layer index:
     (k_scale, v_scale)}, dequantization multipliers: k ≈ k_fp8 · k_scale) for the runtime that applies them."""
     path = Path(path)
-    tensors, report, layout = CheckpointTensors(path), LoadReport(), layout_for(model)
+    tensors = CheckpointTensors(path, getattr(model.config, "transformers_weights", None))
+    report, layout = LoadReport(), layout_for(model)
     for name, mod in list(model.named_modules()):
         if is_experts(mod) and spec.format == "mxfp4":
             if _mxfp4_experts(mod, layout.file_key(name), tensors):
@@ -62,7 +63,7 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
         if is_experts(mod):
             (report.quantized if read_experts(mod, name, tensors, spec, layout) else report.unquantized).append(name)
             continue
-        if spec.int4 is not None and type(mod) is torch.nn.Linear and spec.int4.packed_key(layout.file_key(name)) in tensors:
+        if spec.int4 is not None and type(mod) is torch.nn.Linear and spec.int4.is_packed(tensors, layout.file_key(name)):
             _swap(model, name, _int4_linear(mod, layout.file_key(name), tensors, spec))
             report.quantized.append(name)
             continue
@@ -91,7 +92,7 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     _check_all_used(tensors, layers, report, spec)
     if not report.quantized:
         four = spec.int4 or spec.fp4
-        stored = (f"packed in 4 bits ({four.packed_key('<linear>')})" if four else "stored in 8 bits"
+        stored = (f"stored in 4 bits ({four.packed_key('<linear>')})" if four else "stored in 8 bits"
                   if spec.format != "mxfp4" else "an MoE expert module in MXFP4 (<experts>.gate_up_proj_blocks)")
         raise UnsupportedModel(f"{path}: {spec.where} declares {spec.format} ({spec.scheme.name}) but no linear layer's weight "
                                f"is {stored}; the declaration or the files are wrong")
@@ -206,14 +207,20 @@ def _check_all_used(tensors: CheckpointTensors, layers: int | None, report: Load
 def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_dir: str | Path, fmt: str,
                      scheme: Scheme | Int4Scheme | Fp4Scheme,
                      *, legacy: bool = False, ignore: tuple[str, ...] = ("lm_head",), shards: int = 1,
-                     input_absmax: dict[str, float] | None = None,
+                     input_absmax: dict[str, float] | None = None, ct_format: str = "pack-quantized",
                      kv_scales: dict[int, tuple[float, float]] | None = None) -> Path:
     """`model`'s float weights quantized with `scheme` and written as `fmt`'s producer writes them: tensor names,
     dtypes and shapes, config.json's quantization_config (or ModelOpt's legacy hf_quant_config.json). A static
-    scheme needs each linear's calibrated input absmax (calibrate.record_input_absmax). Test utility and
-    synthetic-checkpoint maker; nothing here is read back by the loader except through the files. `kv_scales`
-    ({decoder layer: (k_scale, v_scale)}, e.g. calibrate.calibrate_kv_scales) declares an FP8 KV cache and writes
-    them as the producer does (modelopt, compressed-tensors)."""
+    scheme needs each linear's calibrated input absmax (calibrate.record_input_absmax). `ct_format`: the
+    compressed-tensors format of int4 weights, pack-quantized (8 per int32) or int-quantized (one per int8, as
+    llm-compressor writes W4A8 / W4AFP8). `kv_scales` ({decoder layer: (k_scale, v_scale)}, e.g.
+    calibrate.calibrate_kv_scales) declares an FP8 KV cache and writes them as the producer does (modelopt,
+    compressed-tensors). Test utility and synthetic-checkpoint maker; nothing here is read back by the loader
+    except through the files."""
+    if ct_format not in ("pack-quantized", "int-quantized"):
+        raise ValueError(f"ct_format {ct_format!r}: int4 weights are written pack-quantized or int-quantized")
+    if ct_format != "pack-quantized" and (fmt != "compressed-tensors" or not isinstance(scheme, Int4Scheme)):
+        raise ValueError(f"ct_format is compressed-tensors' layout of int4 weights, not of {fmt} {scheme.name}")
     if not scheme.act_dynamic and input_absmax is None:
         raise ValueError(f"{scheme.name} has static activation scales: pass input_absmax from a calibration run")
     out = Path(out_dir)
@@ -231,8 +238,9 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     elif isinstance(scheme, Int4Scheme):
         widths = [m.in_features for m in linears.values()] + [w.shape[-1] for m in experts.values()
                                                               for w in (m.down_proj, getattr(m, "gate_up_proj", m.down_proj))]
-        int4 = Int4Format(fmt, common_group(scheme, widths))
-        qc, legacy_cfg = int4_declaration(fmt, scheme, int4.group, ignore), None
+        int4 = Int4Format(CT_INT if fmt == "compressed-tensors" and ct_format == "int-quantized" else fmt,
+                          common_group(scheme, widths))
+        qc, legacy_cfg = int4_declaration(int4.name, scheme, int4.group, ignore), None
     elif isinstance(scheme, Fp4Scheme):  # ModelOpt's NVFP4 declares W4A4 (input_scale); compressed-tensors' NVFP4A16
         int4, fp4 = None, Fp4Format(fmt, act_scale=fmt == "modelopt")
         qc, legacy_cfg = fp4_declaration(fp4, ignore, legacy)

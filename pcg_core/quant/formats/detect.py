@@ -21,7 +21,7 @@ from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.schemes.fp4 import FP4_SCHEMES, NVFP4_BLOCK, Fp4Scheme
 from pcg_core.quant.formats.fp4 import Fp4Format
 from pcg_core.quant.schemes.int4 import Int4Scheme
-from pcg_core.quant.formats.int4 import Int4Format
+from pcg_core.quant.formats.int4 import CT_INT, Int4Format
 from pcg_core.quant.schemes.w8a8 import INT8_STATIC, SCHEMES, Scheme, get_scheme
 from pcg_core.quant.formats.kv_scales import KvCacheSpec, ct_kv_cache, modelopt_kv_cache
 
@@ -36,6 +36,8 @@ SUPPORTED_FORMATS = (
     "gptq (4-bit, checkpoint_format gptq or gptq_v2, sym or not, group -1/32/64/128, desc_act)",
     "compressed-tensors pack-quantized (W4A16: 4-bit int weights, sym or not, group or channel, actorder; W4A8 / "
     "W4AFP8: the same weights × int8 / FP8 activations per token, dynamic)",
+    "compressed-tensors int-quantized W4A8 / W4AFP8 (llm-compressor's layout: 4-bit int weights stored as int8, sym or "
+    "not, group or channel, without act-order; × int8 / FP8 activations per token, dynamic)",
     "compressed-tensors nvfp4-pack-quantized (NVFP4A16; NVFP4 W4A4 run as W4A16)",
     "mxfp4 (gpt-oss: MoE experts as e2m1 blocks + e8m0 scales per 32, everything else 16-bit)",
     "an FP8 KV cache declared by modelopt or compressed-tensors (per-tensor k/v scales read and checked; the KV cache "
@@ -234,7 +236,7 @@ def _ct_pack_quantized(qc: dict[str, Any], where: str) -> QuantSpec:
     """compressed-tensors W4A16 (its `pack-quantized` format): runs as the gptq family (llm-compressor makes it
     with GPTQ; the weights are the same int4 groups)."""
     here, w, a = _one_ct_group(qc, where)
-    acts = _w4a8_activations(a, here) if a is not None else None
+    acts = _w4a8_activations(a, here, "pack-quantized") if a is not None else None
     _four_bits("compressed-tensors pack-quantized", w.get("num_bits"), here)
     if w.get("type", "int") != "int" or w.get("dynamic"):
         raise _refuse(here, f"{w.get('type')} weights{' (dynamic)' if w.get('dynamic') else ''}: pack-quantized reads "
@@ -258,16 +260,17 @@ def _ct_pack_quantized(qc: dict[str, Any], where: str) -> QuantSpec:
                      int4=Int4Format("compressed-tensors", group))
 
 
-def _w4a8_activations(a: dict[str, Any], here: str) -> str:
-    """The 8-bit activation type ("int8" or "fp8") of a pack-quantized W4A8 / W4AFP8 declaration: per-token,
-    dynamic, symmetric, as compressed-tensors' presets write them; anything else is refused by name."""
+def _w4a8_activations(a: dict[str, Any], here: str, fmt: str) -> str:
+    """The 8-bit activation type ("int8" or "fp8") of a W4A8 / W4AFP8 declaration in `fmt`: per-token, dynamic,
+    symmetric, as compressed-tensors' presets write them; anything else is refused by name."""
     want = {"num_bits": 8, "strategy": "token", "dynamic": True, "symmetric": True}
     got = {k: a.get(k, True if k == "symmetric" else None) for k in want}
     kind = a.get("type", "int")
     if got != want or kind not in ("int", "float"):
-        raise _refuse(here, f"4-bit weights × activations {a}: pack-quantized reads 16-bit activations (W4A16, no "
-                            "input_activations) or 8-bit ones per token, dynamic and symmetric (W4A8: type int, "
-                            "W4AFP8: type float); static activation scales and other strategies are not read")
+        w16 = "16-bit activations (W4A16, no input_activations) or " if fmt == "pack-quantized" else ""
+        raise _refuse(here, f"4-bit weights × activations {a}: {fmt} is read with {w16}8-bit activations per token, "
+                            "dynamic and symmetric (W4A8: type int, W4AFP8: type float); static activation scales, "
+                            "other strategies and other widths are not read")
     return "int8" if kind == "int" else "fp8"
 
 
@@ -299,19 +302,71 @@ def _compressed_tensors(qc: dict[str, Any], where: str) -> QuantSpec:
 
 
 def _ct_weights(qc: dict[str, Any], where: str) -> QuantSpec:
-    fmt = qc.get("format")
+    fmt = _ct_format(qc, where)
     if fmt not in ("float-quantized", "int-quantized", "naive-quantized", "pack-quantized", "nvfp4-pack-quantized"):
-        raise _refuse(where, f"compressed-tensors format {fmt!r} is not supported yet")
+        raise _refuse(where, f"compressed-tensors format {fmt!r} is not read; the formats read are float-quantized, "
+                             "int-quantized and naive-quantized (8-bit, and 4-bit int weights × 8-bit activations), "
+                             "pack-quantized (4-bit int weights) and nvfp4-pack-quantized")
     if qc.get("quantization_status", "compressed") != "compressed":
         raise _refuse(where, f"compressed-tensors quantization_status {qc.get('quantization_status')!r}: only compressed "
                              "checkpoints (quantized weights on disk)")
     if fmt in ("pack-quantized", "nvfp4-pack-quantized"):
         return _ct_pack_quantized(qc, where) if fmt == "pack-quantized" else _ct_nvfp4(qc, where)
     groups = qc.get("config_groups") or {}
+    if any(isinstance(g, dict) and (g.get("weights") or {}).get("num_bits") == 4 for g in groups.values()):
+        return _ct_int_quantized(qc, where, fmt)
     schemes = {_ct_group(name, g, where) for name, g in groups.items()}
     if len(schemes) != 1:
         raise _refuse(where, f"{len(schemes)} different schemes in config_groups; one per checkpoint is supported")
     return QuantSpec("compressed-tensors", schemes.pop(), tuple(qc.get("ignore") or ()), where=where)
+
+
+def _ct_format(qc: dict[str, Any], where: str) -> Any:
+    """The checkpoint's compressed-tensors format: the top-level one, or the one its config groups name (recent
+    compressed-tensors writes it in each group too; "mixed-precision" at the top when they differ)."""
+    top = qc.get("format")
+    named = {g.get("format") for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict) and g.get("format")}
+    if len(named) > 1:
+        raise _refuse(where, f"config_groups in formats {sorted(named)}; one format per checkpoint is read")
+    if named:
+        (one,) = named
+        if top not in (None, one, "mixed-precision"):
+            raise _refuse(where, f"format {top!r}, but its config_groups say {one!r}; the declaration contradicts itself")
+        return one
+    return top
+
+
+def _ct_int_quantized(qc: dict[str, Any], where: str, fmt: str) -> QuantSpec:
+    """compressed-tensors W4A8 / W4AFP8 in `int-quantized` (or `naive-quantized`, the same tensors): what
+    llm-compressor writes for int weights with quantized activations. The same Int4Scheme as pack-quantized's,
+    read from int8 values (int4_checkpoint.CT_INT)."""
+    here, w, a = _one_ct_group(qc, where)
+    if a is None:
+        raise _refuse(here, f"4-bit weight-only in {fmt}: 4-bit int weights are read from {fmt} with 8-bit activations "
+                            "(W4A8, W4AFP8) and weight-only (W4A16) from pack-quantized")
+    acts = _w4a8_activations(a, here, fmt)
+    if w.get("type", "int") != "int" or w.get("dynamic"):
+        raise _refuse(here, f"{w.get('type')} weights{' (dynamic)' if w.get('dynamic') else ''}: {fmt} 4-bit weights "
+                            "are read as static int weights")
+    strategy = w.get("strategy")
+    if strategy not in ("group", "channel"):
+        raise _refuse(here, f"weight strategy {strategy!r}: {fmt} 4-bit weights are read per group or per channel")
+    group = _int4_group("compressed-tensors", -1 if strategy == "channel" else w.get("group_size"), here)
+    actorder = w.get("actorder")
+    if actorder in (True, "group"):
+        raise _refuse(here, f"actorder {actorder!r} in {fmt}: that format stores no g_idx (compressed-tensors' own "
+                            "compressor ignores it), so its groups are not known; act-order is read from pack-quantized")
+    if actorder not in (None, False, "weight", "static"):
+        raise _refuse(here, f"actorder {actorder!r}: only weight, static or none in {fmt}")
+    sym = bool(w.get("symmetric", True))
+    name, preset = {"int8": ("w4a8", "W4A8"), "fp8": ("w4afp8", "W4AFP8")}[acts]
+    scheme = Int4Scheme(name, group, sym=sym, act_order=False, activations=acts,
+                        description=f"compressed-tensors {preset} ({fmt}): int4 weights stored as int8, "
+                                    f"{'symmetric' if sym else 'zero points'}, "
+                                    f"{'per channel' if group == -1 else f'group {group}'}, {acts} activations per "
+                                    "token (dynamic)")
+    return QuantSpec("compressed-tensors", scheme, tuple(qc.get("ignore") or ()), where=where,
+                     int4=Int4Format(CT_INT, group))
 
 
 def _ct_group(name: str, g: dict[str, Any], where: str) -> Scheme:
@@ -321,12 +376,16 @@ def _ct_group(name: str, g: dict[str, Any], where: str) -> Scheme:
     if targets != ["Linear"]:
         raise _refuse(here, f"targets {targets}: only ['Linear']")
     if a is None:
-        raise _refuse(here, "weight-only quantization (no input_activations) is not supported yet")
+        raise _refuse(here, f"{w.get('num_bits')}-bit {w.get('type')} weight-only quantization (no input_activations) is "
+                            "not read; weight-only checkpoints are read as pack-quantized int4 (W4A16) and "
+                            "nvfp4-pack-quantized (NVFP4A16), 8-bit weight-only (W8A16) not yet")
     if w.get("num_bits") != 8 or a.get("num_bits") != 8:
-        raise _refuse(here, f"{w.get('num_bits')}-bit weights × {a.get('num_bits')}-bit activations: this loader reads 8-bit "
-                            "schemes (4-bit ones come later)")
+        raise _refuse(here, f"{w.get('num_bits')}-bit weights × {a.get('num_bits')}-bit activations: float-/int-quantized "
+                            "is read with 8-bit weights × 8-bit activations (FP8, INT8) and 4-bit int weights × 8-bit "
+                            "activations (W4A8, W4AFP8); other widths are not read")
     if not (w.get("symmetric", True) and a.get("symmetric", True)):
-        raise _refuse(here, "asymmetric (zero-point) 8-bit quantization is not supported yet")
+        raise _refuse(here, "asymmetric (zero-point) 8-bit weights or activations: 8-bit schemes are read symmetric only "
+                            "(zero points are read for 4-bit weights)")
     key = (w.get("type"), w.get("strategy"), a.get("strategy"), bool(a.get("dynamic")))
     table = {
         ("float", "tensor", "tensor", False): SCHEMES["fp8_per_tensor"],

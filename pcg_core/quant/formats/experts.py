@@ -126,12 +126,17 @@ def _read_int4_experts(module: torch.nn.Module, name: str, tensors: CheckpointTe
     declared scheme, installed with them, carries the activation type their forwards quantize to."""
     path, fmt, e_n = tensors.path, spec.int4, module.num_experts
     keys = {p: [f"{base}.{e}.{proj}" for e in range(e_n)] for p, proj in parts.items()}
-    packed = {fmt.packed_key(k) in tensors for ks in keys.values() for k in ks}
+    packed = {fmt.is_packed(tensors, k) for ks in keys.values() for k in ks}
     if packed == {False}:
         if missing := [k for ks in keys.values() for k in ks if f"{k}.weight" not in tensors]:
             raise UnsupportedModel(f"{path}: the experts of {name} need {fmt.packed_key(missing[0])} or {missing[0]}.weight "
                                    f"(and {len(missing) - 1} more), which the checkpoint does not have")
-        _copy_float(module, {p: [tensors.get(f"{k}.weight") for k in ks] for p, ks in keys.items()}, "gate" in parts)
+        loaded = {p: [tensors.get(f"{k}.weight") for k in ks] for p, ks in keys.items()}
+        if eight := next((f"{keys[p][e]}.weight" for p, ts in loaded.items() for e, t in enumerate(ts)
+                          if t.dtype in EIGHT_BIT), None):
+            raise UnsupportedModel(f"{path}: {eight} is stored in 8 bits, but {spec.where} declares {spec.scheme.name} "
+                                   f"(4-bit) weights")
+        _copy_float(module, loaded, "gate" in parts)
         return False
     if packed == {False, True}:
         raise UnsupportedModel(f"{path}: {name}'s experts are partly packed in 4 bits ({fmt.packed_key(keys['down'][0])}) "

@@ -56,13 +56,15 @@ def test_w4a8_synthetic_cells_pass(quant, model, graph):
     assert out.metrics.quant_layers == (10 if model == "qwen3-30b-a3b" else 14)  # MoE: 4 attention linears, the experts
 
 
-def test_pcgh_request_verdicts_on_w4a8_checkpoints():
-    """A compressed-tensors W4A8 checkpoint's quant verdict: the dense model's and the MoE's both run (as w4afp8)."""
+@pytest.mark.parametrize("fmt", ["pack-quantized", "int-quantized"])
+def test_pcgh_request_verdicts_on_w4a8_checkpoints(fmt):
+    """A compressed-tensors W4A8 checkpoint's quant verdict, in either layout: the dense model's and the MoE's both
+    run (as w4afp8); int-quantized act-order is refused, saying where act-order is read."""
     import json
 
     from harness.request.analyze import analyze
 
-    qc = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+    qc = {"quant_method": "compressed-tensors", "format": fmt, "config_groups": {"group_0": {
         "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
                                            "group_size": 128},
         "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "strategy": "token"}}}}
@@ -75,3 +77,28 @@ def test_pcgh_request_verdicts_on_w4a8_checkpoints():
     assert dense["ok"] and "as w4afp8" in dense["reason"], dense
     moe = verdict("Qwen__Qwen3-30B-A3B.json")
     assert moe["ok"] and "as w4afp8" in moe["reason"], moe
+    qc["config_groups"]["group_0"]["weights"]["actorder"] = "group"
+    ordered = verdict(CONFIGS["qwen3"])
+    assert ordered["ok"] is (fmt == "pack-quantized"), ordered
+    assert fmt == "pack-quantized" or "act-order is read from pack-quantized" in ordered["reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quant, model, graph, sym", [
+    ("w4a8", "qwen3-moe", "piecewise", True), ("w4afp8", "llama", "breakable", True), ("w4a8", "qwen3", "piecewise", False),
+])
+def test_int_quantized_checkpoint_cells_pass(quant, model, graph, sym, tmp_path):
+    """The same schemes as llm-compressor writes them (compressed-tensors int-quantized: 4-bit values in int8),
+    symmetric or with zero points, dense and MoE."""
+    from pcg_core.quant.schemes.int4 import Int4Scheme
+
+    data = shrink_config(read_config_file(CARDS_DIR / "configs" / CONFIGS[model]), tiny=True, layers=2)
+    data |= WIDEN.get(model, {})
+    float_model = synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0, peaked=True)
+    base = INT4_SCHEMES[quant]
+    scheme = Int4Scheme(base.name, base.group, sym=sym, act_order=False, description=base.description,
+                        activations=base.activations)
+    write_checkpoint(float_model, data, tmp_path, "compressed-tensors", scheme, ct_format="int-quantized")
+    out = run_cell(CellSpec(str(tmp_path), weights="real", quant=quant, graph=graph, max_tokens=64, max_new_tokens=2))
+    assert out.status == Status.PASS, out.reason
+    assert out.metrics.quant_layers == (10 if model == "qwen3-moe" else 14)
