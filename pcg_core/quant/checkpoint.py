@@ -22,7 +22,7 @@ from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.expert_checkpoint import ExpertLayout, layout_for, read_experts, write_experts
 from pcg_core.quant.experts import is_experts
 from pcg_core.quant.files import EIGHT_BIT, CheckpointTensors, shaped
-from pcg_core.quant.formats import HF_QUANT_CONFIG, QuantSpec, declaration
+from pcg_core.quant.formats import HF_QUANT_CONFIG, QuantSpec, declaration, ignored
 from pcg_core.quant.fp4 import Fp4Linear, Fp4Scheme, quantize_nvfp4
 from pcg_core.quant.fp4_experts import gpt_oss_mxfp4_tensors, read_gpt_oss_mxfp4
 from pcg_core.quant.fp4_checkpoint import Fp4Format, declaration as fp4_declaration, fp4_tensors, read_fp4_linear
@@ -202,7 +202,8 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     layout = layout_for(model)
-    linears = {n: m for n, m in model.named_modules() if type(m) is torch.nn.Linear and not n.endswith(ignore)}
+    linears = {n: m for n, m in model.named_modules()
+               if type(m) is torch.nn.Linear and not ignored(layout.file_key(n), ignore)}
     experts = {n: m for n, m in model.named_modules() if is_experts(m)}
     fp4 = None
     if fmt == "mxfp4":  # gpt-oss's own format: the experts' blocks/scales tensors, every linear in 16 bits
