@@ -10,6 +10,7 @@ import copy
 import pytest
 
 from harness.cards import load_cards
+
 from request_helpers import cache_config
 
 COMMIT = "4" * 40
