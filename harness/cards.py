@@ -51,8 +51,7 @@ class ModelCard:
             return None
         if hub == self.hub_id:
             return self.config
-        vendored = (self.path.parent if self.path else CARDS_DIR) / "configs" / hub.replace("/", "__", 1)
-        vendored = vendored.with_name(vendored.name + ".json")
+        vendored = (self.path.parent if self.path else CARDS_DIR) / "configs" / f"{hub.replace('/', '__', 1)}.json"
         return read_config_file(vendored) if vendored.is_file() else None
 
     def checkpoint_reason(self, quant: str) -> str | None:
