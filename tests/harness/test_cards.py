@@ -6,6 +6,10 @@ import json
 import pytest
 
 from harness.cards import ModelCard, _load, load_cards
+from harness.cell.spec import CellSpec
+from harness.matrix.expand import Cell
+from harness.matrix.precheck import precheck
+from pcg_core.capabilities import capabilities
 from pcg_core.errors import ConfigError
 
 
@@ -125,3 +129,14 @@ def test_a_checkpoint_config_vendored_beside_the_cards_is_checked_too(tmp_path):
     c = _load(card)
     assert "reads as gptq, not fp8_block" in c.checkpoint_reason("fp8_block")
     assert c.checkpoint_config("int8_w8a8") is None and c.checkpoint_reason("int8_w8a8") is None
+
+
+def test_the_precheck_turns_a_real_weights_cell_of_an_unreadable_declared_checkpoint_unsupported(tmp_path):
+    """Before any download: a full cell of a checkpoint the card promises but pcg would not read as that scheme."""
+    axes = {"model": "k2t:full", "quant": "gptq", "attention": "sdpa", "parallel": "tp1", "graph": "piecewise",
+            "compiler": "eager"}
+    cell = Cell(key="k", axes=axes, spec=CellSpec(model="k2t", quant="gptq", weights="real", device="cpu"), timeout_s=60)
+    good = _thinking_variant(tmp_path, '{"gptq": "moonshotai/Kimi-K2-Thinking"}')
+    assert precheck(cell, capabilities(), {"k2t": good}) is None
+    bad = _thinking_variant(tmp_path, '{"gptq": "moonshotai/Kimi-K2-Thinking"}', group_size=16)
+    assert "whose quantization_config pcg does not read" in precheck(cell, capabilities(), {"k2t": bad})
