@@ -44,6 +44,39 @@ class ModelCard:
         return (f"card {self.id} declares no {quant} checkpoint for real weights (it declares: {have}); add one under "
                 f"`quantized:` in {self.path.name if self.path else 'its card'}")
 
+    def checkpoint_config(self, quant: str) -> dict[str, Any] | None:
+        """The config.json of the checkpoint the card declares for `quant`, where the repository holds it: the
+        card's own config for its own hub id, else configs/<org>__<name>.json beside the card; None otherwise."""
+        hub = self.checkpoint_for(quant)
+        if hub is None:
+            return None
+        if hub == self.hub_id:
+            return self.config
+        vendored = (self.path.parent if self.path else CARDS_DIR) / "configs" / f"{hub.replace('/', '__', 1)}.json"
+        return read_config_file(vendored) if vendored.is_file() else None
+
+    def checkpoint_reason(self, quant: str) -> str | None:
+        """Why pcg's loader would not read the checkpoint the card declares for `quant` as that scheme (its
+        quantization_config refused, or read as another scheme), or None; None too where the repository does not
+        hold that checkpoint's config. The loader's own reader decides (pcg_core.quant.detect), so a card cannot
+        promise a checkpoint the runtime refuses. Imports the quantization code (torch): call it lazily."""
+        config = self.checkpoint_config(quant)
+        if config is None or quant == "none":
+            return None
+        from pcg_core.errors import UnsupportedModel
+        from pcg_core.quant import detect
+
+        hub, where = self.checkpoint_for(quant), self.path.name if self.path else f"card {self.id}"
+        try:
+            spec = detect(config)
+        except UnsupportedModel as e:
+            return f"{where}: quantized.{quant} names {hub}, whose quantization_config pcg does not read: {e}"
+        got = spec.scheme.name if spec is not None else "none"
+        if got != quant:
+            return (f"{where}: quantized.{quant} names {hub}, whose quantization_config pcg reads as {got}, not {quant}; "
+                    f"declare it as `{got}: {hub}` under `quantized:`")
+        return None
+
     @property
     def architecture_reason(self) -> str | None:
         """Why the runtime's architecture table lacks this card's architecture (its config's `architectures[0]`,

@@ -130,7 +130,8 @@ def _check_runtime(spec: CellSpec) -> None:
     card = find_card(spec.model)
     features = card.features if card else ()
     reason = (quant_unsupported_reason(spec.quant, features=features, real_weights=spec.weights == "real")
-              or (card.no_checkpoint_reason(spec.quant) if card and spec.weights == "real" else None)
+              or ((card.no_checkpoint_reason(spec.quant) or card.checkpoint_reason(spec.quant))
+                  if card and spec.weights == "real" else None)
               or parallel_unsupported_reason(spec.parallel))
     if not reason:
         reason = attention_unsupported_reason(spec.attention, spec.device, features)

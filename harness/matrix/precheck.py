@@ -34,7 +34,7 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
     if reason := quant_unsupported_reason(a["quant"], caps["quantization"], card.features, cell.spec.weights == "real",
                                           limits):
         return reason
-    if cell.spec.weights == "real" and (reason := card.no_checkpoint_reason(a["quant"])):
+    if cell.spec.weights == "real" and (reason := card.no_checkpoint_reason(a["quant"]) or card.checkpoint_reason(a["quant"])):
         return reason
     if reason := attention_unsupported_reason(a["attention"], cell.spec.device, card.features, caps["attention_backends"]):
         return reason

@@ -22,7 +22,7 @@ from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.formats.experts import ExpertLayout, layout_for, read_experts, write_experts
 from pcg_core.quant.layers.experts import is_experts
 from pcg_core.quant.formats.files import EIGHT_BIT, CheckpointTensors, shaped
-from pcg_core.quant.formats.detect import HF_QUANT_CONFIG, QuantSpec, declaration
+from pcg_core.quant.formats.detect import HF_QUANT_CONFIG, QuantSpec, declaration, ignored
 from pcg_core.quant.layers.fp4_linear import Fp4Linear
 from pcg_core.quant.schemes.fp4 import Fp4Scheme, quantize_nvfp4
 from pcg_core.quant.layers.fp4_experts import gpt_oss_mxfp4_tensors, read_gpt_oss_mxfp4
@@ -226,7 +226,8 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     layout = layout_for(model)
-    linears = {n: m for n, m in model.named_modules() if type(m) is torch.nn.Linear and not n.endswith(ignore)}
+    linears = {n: m for n, m in model.named_modules()
+               if type(m) is torch.nn.Linear and not ignored(layout.file_key(n), ignore)}
     experts = {n: m for n, m in model.named_modules() if is_experts(m)}
     fp4 = None
     if fmt == "mxfp4":  # gpt-oss's own format: the experts' blocks/scales tensors, every linear in 16 bits

@@ -64,13 +64,21 @@ class QuantSpec:
     kv_cache: KvCacheSpec | None = None
 
     def ignored(self, module: str) -> bool:
-        for pat in self.ignore:
-            if pat.startswith("re:"):
-                if re.match(pat[3:], module):  # compressed-tensors' rule: a match at the start
-                    return True
-            elif module == pat or fnmatch.fnmatchcase(module, pat) or module.endswith("." + pat):
+        return ignored(module, self.ignore)
+
+
+def ignored(module: str, patterns: tuple[str, ...] | list[str]) -> bool:
+    """Whether `module` (a dotted name, as the files spell it) is among the layers a declaration leaves unquantized:
+    `re:` patterns match at the start (compressed-tensors' rule: Kimi-K2-Thinking's `re:.*self_attn.*`), others
+    by name, glob or dotted suffix. The reader and the writer of synthetic checkpoints share it, so a written
+    ignore list means what it means to a loader."""
+    for pat in patterns:
+        if pat.startswith("re:"):
+            if re.match(pat[3:], module):
                 return True
-        return False
+        elif module == pat or fnmatch.fnmatchcase(module, pat) or module.endswith("." + pat):
+            return True
+    return False
 
 
 def _refuse(where: str, what: str) -> UnsupportedModel:
