@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device call for the 8-bit schemes (issue 12): phases, default all.
-#   tests  — the kernels against the reference math and under capture (tests/pcg_core/test_quant_gpu.py)
+#   tests  — the kernels against the reference math and under capture (tests/pcg_core/quant/kernels/test_quant_gpu.py)
 #   micro  — benchmarks/quant_gemm.py: each scheme vs bf16, 8192×4096, M = 8/64/512/4096, eager and inductor
 #   cells  — `pcgh cell` on CUDA: each scheme × Llama, Qwen3, Qwen3-MoE trimmed × {piecewise, breakable, full}
 # Usage on the GPU machine, from the repo root: bash benchmarks/gpu_quant.sh [tests] [micro] [cells]
 source "$(dirname "$0")/gpu_env.sh"
 phases=${*:-tests micro cells}
 tests() {
-  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/pcg_core/test_quant_gpu.py 2>&1 | tee "$OUT/gpu_quant_tests.txt" | tail -15
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/pcg_core/quant/kernels/test_quant_gpu.py 2>&1 | tee "$OUT/gpu_quant_tests.txt" | tail -15
 }
 micro() {
   timeout ${MICRO_TIMEOUT:-240} python3 benchmarks/quant_gemm.py --compile --json "$OUT/quant_gemm.json" 2>&1 | tee "$OUT/quant_gemm.txt" | tail -14

@@ -17,8 +17,8 @@
 source "$(dirname "$0")/gpu_env.sh"
 phases=${*:-tests micro cells ckpt}
 tests() {
-  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/pcg_core/test_quant_gpu.py tests/pcg_core/test_quant_w4a8.py \
-    tests/pcg_core/test_quant_fp4_experts.py -k "int4 or w4a16 or fp4 or w4a8" 2>&1 | tee "$OUT/quant4_tests.txt" | tail -15
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/pcg_core/quant/kernels/test_quant_gpu.py tests/pcg_core/quant/kernels/test_quant_w4a8.py \
+    tests/pcg_core/quant/layers/test_quant_fp4_experts.py -k "int4 or w4a16 or fp4 or w4a8" 2>&1 | tee "$OUT/quant4_tests.txt" | tail -15
 }
 w4a8() {
   timeout ${W4A8_TIMEOUT:-100} python3 benchmarks/w4a8_gemm.py --out "$OUT/w4a8_gemm.json" 2>&1 | tee "$OUT/w4a8_gemm.txt" | tail -8
@@ -39,7 +39,7 @@ cells() {
   for f in "$OUT"/quant_cells.*; do mv "$f" "${f/quant_cells/quant4_cells}"; done
 }
 moe() {
-  timeout ${MOE_TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/pcg_core/test_quant_gpu.py \
+  timeout ${MOE_TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu tests/pcg_core/quant/kernels/test_quant_gpu.py \
     -k "moe_gemm or grouped or rows_permuted" 2>&1 | tee "$OUT/moe_tests.txt" | tail -8
   timeout ${MOE_BENCH_TIMEOUT:-300} python3 benchmarks/moe_gemm.py --out "$OUT/moe_gemm.json" 2>&1 | tee "$OUT/moe_gemm.txt" | tail -16
 }

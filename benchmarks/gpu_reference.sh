@@ -14,7 +14,7 @@ if [[ " $phases " == *" layout "* ]]; then
   timeout 120 python3 "$here/fp8_block_layout.py" 2>&1 | tee "$OUT/fp8_block_layout.txt" | tail -8
 fi
 if [[ " $phases " == *" tests "* ]]; then
-  timeout 240 python3 -m pytest -q -m gpu tests/pcg_core/test_quant_gpu.py tests/pcg_core/test_quant_shapes_gpu.py \
+  timeout 240 python3 -m pytest -q -m gpu tests/pcg_core/quant/kernels/test_quant_gpu.py tests/pcg_core/quant/kernels/test_quant_shapes_gpu.py \
     tests/harness/cell/test_reference_checkpoint.py \
     2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
 fi

@@ -282,7 +282,7 @@ def test_real_weights_load_from_a_local_checkpoint(tmp_path):
 
 def test_declared_quantization_over_16_bit_files_is_refused(tmp_path):
     # A config that declares a quantization its files do not hold is refused, not loaded either way
-    # (tests/pcg_core/test_quant.py covers the quantized checkpoints themselves).
+    # (tests/pcg_core/quant/schemes/test_quant.py covers the quantized checkpoints themselves).
     _save_tiny_checkpoint(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}

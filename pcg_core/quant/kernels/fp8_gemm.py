@@ -7,7 +7,7 @@
 - `block_scaled_mm`: 1×128 groups on both sides (W4AFP8 after its int4 weight is converted to FP8).
 
 No reference lives here: schemes/w8a8.py's `reference_linear` is the plain math each of these is held to (the
-GPU tests in tests/pcg_core/test_quant_gpu.py and test_quant_shapes_gpu.py).
+GPU tests in tests/pcg_core/quant/kernels/test_quant_gpu.py and test_quant_shapes_gpu.py).
 """
 
 from __future__ import annotations

@@ -250,7 +250,7 @@ def test_first_diverging_piece_is_named():
 
 def test_int4_cells_refuse_what_they_cannot_run_yet():
     """awq/gptq run on dense and MoE models (synthetic, gpt-oss's transposed, biased experts included:
-    tests/pcg_core/test_quant_gpt_oss_experts.py; or a checkpoint in the format: test_int4_checkpoint_cells.py). A
+    tests/pcg_core/quant/layers/test_quant_gpt_oss_experts.py; or a checkpoint in the format: test_int4_checkpoint_cells.py). A
     card without such a checkpoint (dense or MoE, gpt-oss's too: its card declares MXFP4 only) is unsupported
     before any weight is built."""
     real = run_cell(CellSpec("llama-3.1-8b", weights="real", quant="awq"))

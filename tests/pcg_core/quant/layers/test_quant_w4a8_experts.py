@@ -24,7 +24,7 @@ from pcg_core.quant.schemes.int4 import quantize_int4_ordered
 
 W4A8 = ["w4a8", "w4afp8"]
 QMAX = {"int8": 127.0, "fp8": 448.0}
-CONFIGS = Path(__file__).resolve().parents[2] / "harness" / "models" / "configs"
+CONFIGS = Path(__file__).resolve().parents[4] / "harness" / "models" / "configs"
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -6,7 +6,7 @@ reference for NVFP4 (block 16) and MXFP4 (block 32) weights with and without a g
 As in test_quant_w4a16.py, the interpreter tests run only with TRITON_INTERPRET=1 set before the kernels are
 defined; `test_the_kernels_under_the_interpreter` runs them in a child pytest with it set where Triton is and no GPU:
 
-    TRITON_INTERPRET=1 /tmp/tvenv/bin/python -m pytest -q tests/pcg_core/test_quant_fp4_w4a16.py
+    TRITON_INTERPRET=1 /tmp/tvenv/bin/python -m pytest -q tests/pcg_core/quant/kernels/test_quant_fp4_w4a16.py
 """
 
 from __future__ import annotations

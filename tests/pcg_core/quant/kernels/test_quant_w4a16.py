@@ -7,7 +7,7 @@ The interpreter tests run only with TRITON_INTERPRET=1 set before the kernels ar
 installed and no GPU is, `test_the_kernels_under_the_interpreter` runs them in a child pytest with it set:
 
     python -m venv --system-site-packages /tmp/tvenv && /tmp/tvenv/bin/pip install triton==3.6.0 "numpy<2.4"
-    /tmp/tvenv/bin/python -m pytest -q tests/pcg_core/test_quant_w4a16.py
+    /tmp/tvenv/bin/python -m pytest -q tests/pcg_core/quant/kernels/test_quant_w4a16.py
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ GPU tests are marked `gpu` and skipped without CUDA; the tests at the end run th
 the CPU (where each module's forward IS its reference) for the constructor and reference wiring. On the H200
 (torch 2.11, Triton 3.6) the file took ~40 s with Triton's cache warm and ~105 s cold (compiling dominates).
 
-    PYTHONPATH=. python -m pytest -q tests/pcg_core/test_quant_shapes_gpu.py
+    PYTHONPATH=. python -m pytest -q tests/pcg_core/quant/kernels/test_quant_shapes_gpu.py
 """
 
 from __future__ import annotations

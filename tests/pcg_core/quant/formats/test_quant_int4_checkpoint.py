@@ -21,7 +21,7 @@ from pcg_core.quant.formats import int4 as ckpt
 from pcg_core.quant.schemes.int4 import PLAIN_ORDER, Int4Scheme, quantize_int4, quantize_int4_ordered
 from pcg_core.quant.formats.int4 import Int4Format, ct_pack, ct_unpack, stored_weight
 
-CONFIGS = Path(__file__).resolve().parents[2] / "harness" / "models" / "configs"
+CONFIGS = Path(__file__).resolve().parents[4] / "harness" / "models" / "configs"
 LLAMA, QWEN3, MOE = "meta-llama__Llama-3.1-8B-Instruct.json", "Qwen__Qwen3-0.6B.json", "Qwen__Qwen3-30B-A3B.json"
 # The tiny MoE's experts (48 wide) widened to what the formats' groups (32 and up) divide, two groups of 64 and up
 MOE_WIDTHS = {"hidden_size": 128, "moe_intermediate_size": 128}

@@ -6,7 +6,7 @@ are held to that reference, and planted faults (group scales one group off, the 
 nibble order reversed) must fail the same comparison. GPU tests (marked `gpu`) run the compiled kernels at a real
 width and replay them in a CUDA graph. Interpreter tests run in a child pytest with TRITON_INTERPRET=1:
 
-    /tmp/tvenv/bin/python -m pytest -q tests/pcg_core/test_quant_w4a8.py
+    /tmp/tvenv/bin/python -m pytest -q tests/pcg_core/quant/kernels/test_quant_w4a8.py
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def llama():
 
     from pcg_core.model.loader import build_config, read_config_file, shrink_config, synthetic_model
 
-    configs = Path(__file__).resolve().parents[2] / "harness" / "models" / "configs"
+    configs = Path(__file__).resolve().parents[4] / "harness" / "models" / "configs"
     data = shrink_config(read_config_file(configs / "meta-llama__Llama-3.1-8B-Instruct.json"), tiny=True, layers=2)
     return data, synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0, peaked=True)
 

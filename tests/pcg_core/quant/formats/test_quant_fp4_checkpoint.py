@@ -19,7 +19,7 @@ from pcg_core.quant import FP4_SCHEMES, Fp4Linear, detect, get_scheme, quantize_
 from pcg_core.quant.formats import fp4 as ckpt
 from pcg_core.quant.schemes.fp4 import NVFP4_BLOCK, quantize_nvfp4
 
-CONFIGS = Path(__file__).resolve().parents[2] / "harness" / "models" / "configs"
+CONFIGS = Path(__file__).resolve().parents[4] / "harness" / "models" / "configs"
 LLAMA, MOE = "meta-llama__Llama-3.1-8B-Instruct.json", "Qwen__Qwen3-30B-A3B.json"
 FP4 = FP4_SCHEMES["nvfp4"]
 # variant → (format, legacy declaration file, W4A4 declared); "ct-w4a4" is written as NVFP4A16, then declared W4A4

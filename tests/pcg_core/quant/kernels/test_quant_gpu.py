@@ -391,7 +391,7 @@ def moe_weights():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmarks"))
     import moe_gemm as bench  # benchmarks/moe_gemm.py: the same stand-ins the timing uses
 
     from pcg_core.quant.layers import experts

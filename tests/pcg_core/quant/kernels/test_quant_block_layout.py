@@ -1,7 +1,7 @@
 """The FP8 128×128-block GEMM's scale operands, checked on the CPU through torch's own shape and stride rules (its
 meta kernels): every K-block count 1…20 and odd N-block counts are taken in the layout linear.py passes, and the
 plain transpose it passed before issue 47 (stride K/128, which cuBLASLt read as if padded to 4) is refused wherever
-K/128 is not a multiple of 4 — so a return to it fails here, not only on a GPU (tests/pcg_core/test_quant_shapes_gpu.py
+K/128 is not a multiple of 4 — so a return to it fails here, not only on a GPU (tests/pcg_core/quant/kernels/test_quant_shapes_gpu.py
 holds the numbers to the reference there)."""
 
 from __future__ import annotations
