@@ -240,19 +240,25 @@ def _one_ct_group(qc: dict[str, Any], where: str) -> tuple[str, dict[str, Any], 
     return here, g.get("weights") or {}, g.get("input_activations")
 
 
+def _ct_int4_group(w: dict[str, Any], here: str, fmt: str) -> int:
+    """The group of a compressed-tensors config group's 4-bit weights (-1: per channel), in either format that
+    holds them (pack-quantized, int-quantized): static int weights per group or per channel, or refused by name."""
+    if w.get("type", "int") != "int" or w.get("dynamic"):
+        raise _refuse(here, f"{w.get('type')} weights{' (dynamic)' if w.get('dynamic') else ''}: {fmt} 4-bit weights "
+                            "are read as static int weights")
+    strategy = w.get("strategy")
+    if strategy not in ("group", "channel"):
+        raise _refuse(here, f"weight strategy {strategy!r}: {fmt} 4-bit weights are read per group or per channel")
+    return _int4_group("compressed-tensors", -1 if strategy == "channel" else w.get("group_size"), here)
+
+
 def _ct_pack_quantized(qc: dict[str, Any], where: str) -> QuantSpec:
     """compressed-tensors W4A16 (its `pack-quantized` format): runs as the gptq family (llm-compressor makes it
     with GPTQ; the weights are the same int4 groups)."""
     here, w, a = _one_ct_group(qc, where)
     acts = _w4a8_activations(a, here, "pack-quantized") if a is not None else None
     _four_bits("compressed-tensors pack-quantized", w.get("num_bits"), here)
-    if w.get("type", "int") != "int" or w.get("dynamic"):
-        raise _refuse(here, f"{w.get('type')} weights{' (dynamic)' if w.get('dynamic') else ''}: pack-quantized reads "
-                            "static int weights")
-    strategy = w.get("strategy")
-    if strategy not in ("group", "channel"):
-        raise _refuse(here, f"weight strategy {strategy!r}: only group and channel")
-    group = _int4_group("compressed-tensors", -1 if strategy == "channel" else w.get("group_size"), here)
+    group = _ct_int4_group(w, here, "pack-quantized")
     actorder = w.get("actorder")
     if actorder not in (None, False, True, "group", "weight", "static"):
         raise _refuse(here, f"actorder {actorder!r}: only group, weight, static or none")
@@ -353,13 +359,7 @@ def _ct_int_quantized(qc: dict[str, Any], where: str, fmt: str) -> QuantSpec:
         raise _refuse(here, f"4-bit weight-only in {fmt}: 4-bit int weights are read from {fmt} with 8-bit activations "
                             "(W4A8, W4AFP8) and weight-only (W4A16) from pack-quantized")
     acts = _w4a8_activations(a, here, fmt)
-    if w.get("type", "int") != "int" or w.get("dynamic"):
-        raise _refuse(here, f"{w.get('type')} weights{' (dynamic)' if w.get('dynamic') else ''}: {fmt} 4-bit weights "
-                            "are read as static int weights")
-    strategy = w.get("strategy")
-    if strategy not in ("group", "channel"):
-        raise _refuse(here, f"weight strategy {strategy!r}: {fmt} 4-bit weights are read per group or per channel")
-    group = _int4_group("compressed-tensors", -1 if strategy == "channel" else w.get("group_size"), here)
+    group = _ct_int4_group(w, here, fmt)
     actorder = w.get("actorder")
     if actorder in (True, "group"):
         raise _refuse(here, f"actorder {actorder!r} in {fmt}: that format stores no g_idx (compressed-tensors' own "

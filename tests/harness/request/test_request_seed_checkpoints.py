@@ -47,7 +47,7 @@ def test_k2_thinking_asked_as_gptq_runs_and_as_awq_means_other_weights(request_j
 
 @pytest.mark.parametrize("change, words", [
     ({"group_size": 16}, "compressed-tensors group_size 16: the int4 loader reads groups of -1, 32, 64, 128"),
-    ({"type": "float"}, "float weights: pack-quantized reads static int weights"),
+    ({"type": "float"}, "float weights: pack-quantized 4-bit weights are read as static int weights"),
 ])
 def test_a_k2_thinking_declaration_the_loader_refuses_turns_the_quant_verdict_down(request_json, offline, change, words):
     config = copy.deepcopy(load_cards()["kimi-k2-thinking"].config)
