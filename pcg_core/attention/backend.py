@@ -83,12 +83,10 @@ class AttentionBackend(ABC):
 
 
 def write_kv(cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store this forward's K and V rows in their slots (padding rows land in the pad slot). A latent (MLA) cache
-    stores K only: its V is a view of K's first columns, and so is the v it is handed."""
-    k_cache, v_cache = cache.k[layer], cache.v[layer]
-    k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    if not cache.latent:
-        v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    """Store this forward's K and V rows in their slots (padding rows land in the pad slot), quantized with the
+    layer's scale tensors where the cache is FP8 (KVCache.write). A latent (MLA) cache stores K only: its V is a
+    view of K's first columns, and so is the v it is handed."""
+    cache.write(layer, k, v, slot_mapping)
 
 
 def zero_padding(out: torch.Tensor, attn: torch.Tensor, valid: torch.Tensor) -> None:

@@ -94,7 +94,7 @@ class VarlenBackend(AttentionBackend):
         write_kv(c, params.layer, k, v, md.slot_mapping)
         whole = torch.cuda.is_current_stream_capturing() or self.total_k == 0  # static shapes (or a dummy batch)
         idx = self.gather if whole else self.gather[: self.total_k]
-        keys, values = c.k[params.layer].index_select(0, idx), c.v[params.layer].index_select(0, idx)
+        keys, values = c.read(params.layer, idx)  # gathered first, then (FP8 cache) dequantized
         kw: dict = {"scale": params.scale}
         w = params.sliding_window
         if "window_size" in _PARAMS:
