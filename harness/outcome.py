@@ -42,7 +42,10 @@ NOT_COUNTED: tuple[str, ...] = (Status.EAGER_FAIL, Status.UNSUPPORTED, Status.SK
 NOT_RETRIED: tuple[str, ...] = (*PASSING, Status.UNSUPPORTED, Status.SKIPPED, Status.EAGER_FAIL, Status.EAGER_NONDETERMINISTIC)
 
 # A cell is one point of these axes.
-AXES = ("model", "quant", "attention", "parallel", "graph", "compiler")
+AXES = ("model", "quant", "attention", "parallel", "graph", "compiler", "kv_cache")
+# Axes added after runs were stored, with the value every cell had before: a record without the axis holds it, and
+# a cell at that value keeps the key it had before the axis existed (so stored runs still read and compare).
+AXIS_DEFAULTS: dict[str, str] = {"kv_cache": "auto"}
 
 _VARIANT = re.compile(r"^(full|tiny|trim:([1-9][0-9]*))$")
 VARIANT_GRAMMAR = "full, tiny or trim:N (N ≥ 1)"
@@ -82,8 +85,15 @@ class ModelRef:
 
 
 def cell_key(axes: dict[str, str]) -> str:
-    """The stable key of the cell at these axes."""
-    return "|".join(f"{a}={axes[a]}" for a in AXES)
+    """The stable key of the cell at these axes: an axis of AXIS_DEFAULTS at its default (or absent) is left out,
+    so a cell's key is the one it had before that axis existed."""
+    return "|".join(f"{a}={axes[a]}" for a in AXES
+                    if a not in AXIS_DEFAULTS or axes.get(a, AXIS_DEFAULTS[a]) != AXIS_DEFAULTS[a])
+
+
+def with_default_axes(axes: Mapping[str, str]) -> dict[str, str]:
+    """`axes` with every AXIS_DEFAULTS axis it lacks at its default (a record stored before the axis existed)."""
+    return {**AXIS_DEFAULTS, **axes} if isinstance(axes, Mapping) else axes
 
 
 MAX_ATTEMPT = 100  # a cell runs once and is retried once; anything near this is not an attempt number
@@ -218,6 +228,8 @@ class CellMetrics(_Model):
     top_k: int | None = None
     logprob_tol: float | None = None  # None here and in the spec alike: the judge's per-dtype default
     peaked: bool | None = None  # synthetic weights get a peaked output head (loader.peak_logits); None: older row
+    kv_cache: str | None = None  # the KV-cache dtype (also an axis); None: a row from before the axis
+    kv_scales: str | None = None  # an FP8 KV cache's scales: "checkpoint" (declared) or "calibrated"
     repeats: int | None = None  # fresh processes the cell ran in (--repeats); None: one
     # Quantization (cells with a scheme): linears quantized, and max |Δ prompt logprob| of quantized eager vs the
     # float model on the first case — what the scheme costs, recorded, never judged.
@@ -319,6 +331,11 @@ class CellRecord(CellOutcome):
     axes: dict[str, str]
     attempt: int = Field(default=1, ge=1, le=MAX_ATTEMPT)
     log: str = ""
+
+    @field_validator("axes", mode="before")
+    @classmethod
+    def _axes_added_later(cls, axes: Any) -> Any:
+        return with_default_axes(axes)
 
     @field_validator("axes")
     @classmethod

@@ -35,7 +35,7 @@ def repro_command(axes: dict[str, str], metrics: CellMetrics, fallbacks: Iterabl
     args += ["--weights", model.weights]
     for axis in AXES:
         if axis != "model":
-            args += [f"--{axis}", axes[axis]]
+            args += [f"--{axis.replace('_', '-')}", axes[axis]]
     sources = [metrics, *fallbacks]
     if metrics.peaked is False:
         args.append("--flat-weights")

@@ -40,11 +40,16 @@ class AttentionBackend(ABC):
     # Device types it runs on, and why not on the others (device type → reason).
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     why_not_device: ClassVar[dict[str, str]] = {}
+    # KV-cache dtypes (pcg_core.known.KV_CACHE_DTYPES) it reads correctly: an FP8 cache only through KVCache.read,
+    # which dequantizes; a backend that reads the cache tensors itself declares "auto" alone.
+    kv_caches: ClassVar[tuple[str, ...]] = ("auto",)
 
     def __init__(self, cache: KVCache, max_tokens: int):
         device = cache.slot_seq.device
         if reason := self.device_reason(device.type):
             raise ConfigError(reason, field="attention")
+        if reason := self.kv_cache_reason(cache.kv_cache):
+            raise ConfigError(reason, field="kv_cache")
         self.cache = cache
         self.max_tokens = max(1, max_tokens)
         self.device = device
@@ -62,6 +67,14 @@ class AttentionBackend(ABC):
             return None
         why = cls.why_not_device.get(device_type, f"it runs on {', '.join(cls.devices)} only")
         return f"attention backend {cls.name!r} cannot run on {device_type}: {why}"
+
+    @classmethod
+    def kv_cache_reason(cls, kv_cache: str) -> str | None:
+        """None if it reads a `kv_cache` cache correctly, else why not."""
+        if kv_cache in cls.kv_caches:
+            return None
+        return (f"attention backend {cls.name!r} does not declare kv_cache {kv_cache!r} (it reads {', '.join(cls.kv_caches)}: "
+                "an FP8 cache must be read through KVCache.read, which dequantizes); use kv_cache auto or sdpa")
 
     def check_call(self, params: LayerParams, gqa: bool) -> None:
         """Refuse, naming the feature, a call this backend would compute wrongly (rather than silently)."""

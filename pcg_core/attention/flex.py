@@ -85,6 +85,7 @@ class _Buffers:
 class FlexBackend(AttentionBackend):
     name = "flex"
     capturable = True
+    kv_caches = ("auto", "fp8_e4m3")  # reads through KVCache.read
     page_size = 128
 
     def __init__(self, cache, max_tokens):

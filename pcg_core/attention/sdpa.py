@@ -22,6 +22,7 @@ from pcg_core.attention.reference import attention_math, length_temperature
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
     capturable = True
+    kv_caches = ("auto", "fp8_e4m3")  # reads through KVCache.read
     page_size = 16
 
     def __init__(self, cache, max_tokens):

@@ -35,6 +35,7 @@ except ImportError:  # a torch without it: the backend stays registered and says
 class VarlenBackend(AttentionBackend):
     name = "varlen"
     capturable = True
+    kv_caches = ("auto", "fp8_e4m3")  # reads through KVCache.read
     page_size = 16
     devices = ("cuda",) if _varlen is not None else ()
     why_not_device = {"cpu": "torch's varlen_attn runs FlashAttention-2 kernels, which exist for CUDA only"}

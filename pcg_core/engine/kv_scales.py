@@ -10,6 +10,7 @@ KV calibration amax / 448). The engine refuses an FP8 cache with no scales rathe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -51,7 +52,8 @@ def scales_from_cache(cache: KVCache) -> dict[int, tuple[float, float]]:
 
 
 @torch.no_grad()
-def calibrate_kv_scales(engine: Engine, prompts: list[list[int]], max_new_tokens: int = 4) -> dict[int, tuple[float, float]]:
+def calibrate_kv_scales(engine: Engine, prompts: list[list[int]],
+                        max_new_tokens: int | Sequence[int] = 4) -> dict[int, tuple[float, float]]:
     """Per-layer KV scales from `engine` (a 16-bit KV cache, eager) run over `prompts`, prefill and decode, as the
     served model would fill its cache; set them on a model with `set_kv_scales`."""
     if engine.cache.quantized:
