@@ -140,6 +140,9 @@ class ReferenceCheck(_Model):
     # |Δ| mean and max over positions, and the same for transformers' forward in the cell's dtype (its own noise),
     # which sets the bounds.
     attention: str | None = None  # transformers' attention implementation it ran (sdpa, eager)
+    # The cell's KV cache: fp8_e4m3 cells are held to transformers' forward with K and V rounded as the cache holds
+    # them, with the same scales (harness/cell/kv_reference.py). None: a row from before the axis.
+    kv_cache: str | None = None
     subject: str = "the model"  # or "the float twin": float32 cells whose activation quantizers make it chaotic
     positions: int | None = None
     mean_logprob_diff: float | None = None
@@ -168,7 +171,8 @@ class ReferenceCheck(_Model):
             return f"not measured: {self.reason}"
         parts = []
         if self.mean_logprob_diff is not None:
-            parts.append(f"{self.subject} vs transformers ({self.attention}, float32) over {self.positions} positions: "
+            kv = ", K/V rounded to FP8" if self.kv_cache not in (None, "auto") else ""
+            parts.append(f"{self.subject} vs transformers ({self.attention}{kv}, float32) over {self.positions} positions: "
                          f"|Δlogprob| mean "
                          f"{self.mean_logprob_diff:.3g} (bound {self.mean_bound:.3g}), max {self.max_logprob_diff:.3g} (bound "
                          f"{self.max_bound:.3g}, {self.positions_over_max} positions past it), {self.token_flips} token "

@@ -24,16 +24,19 @@ if TYPE_CHECKING:
 ATTRIBUTE = "pcg_kv_scales"
 
 
-def kv_scales_of(model: torch.nn.Module, cache: KVCache) -> dict[int, tuple[float, float]]:
-    """The model's KV scales, checked against `cache` (every layer, positive finite, one per layer for MLA)."""
+def kv_scales_of(model: torch.nn.Module, cache: KVCache | None = None) -> dict[int, tuple[float, float]]:
+    """The model's KV scales, checked against `cache` (or the model's config): every layer, positive finite, one per
+    layer for MLA."""
+    layers = len(cache.k) if cache is not None else model.config.num_hidden_layers
+    latent = cache.latent if cache is not None else bool(getattr(model.config, "kv_lora_rank", None))
     scales = getattr(model, ATTRIBUTE, None)
     if scales is None:
         raise ConfigError("kv_cache fp8_e4m3 needs per-layer K/V scales and the model has none: the checkpoint declares "
                           f"no FP8 KV cache and nothing set `model.{ATTRIBUTE}`; calibrate them with "
                           "pcg_core.engine.kv_scales.calibrate_kv_scales (the cell runner does for synthetic weights) "
                           "or use kv_cache auto", field="kv_cache")
-    check_kv_scales(scales, len(cache.k), cache.latent, where=f"model.{ATTRIBUTE}")
-    return {i: (float(scales[i][0]), float(scales[i][1])) for i in range(len(cache.k))}
+    check_kv_scales(scales, layers, latent, where=f"model.{ATTRIBUTE}")
+    return {i: (float(scales[i][0]), float(scales[i][1])) for i in range(layers)}
 
 
 def scales_from_cache(cache: KVCache) -> dict[int, tuple[float, float]]:
