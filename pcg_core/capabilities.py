@@ -81,6 +81,8 @@ def kv_cache_unsupported_reason(kv_cache: str, attention: str, backends: dict[st
                                 supported: Iterable[str] = KV_CACHE_DTYPES) -> str | None:
     """Why the runtime cannot store the KV cache as `kv_cache` under attention backend `attention`, or None: one
     wording for the matrix pre-check and a cell asked for directly."""
+    if kv_cache == "auto":  # the model's dtype: every backend reads it
+        return None
     have = list(supported)
     if kv_cache not in have:
         return f"kv_cache {kv_cache!r} is not supported by the runtime yet (supported: {', '.join(have)})"
