@@ -38,7 +38,7 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
         return reason
     if reason := attention_unsupported_reason(a["attention"], cell.spec.device, card.features, caps["attention_backends"]):
         return reason
-    if reason := kv_cache_unsupported_reason(a["kv_cache"], a["attention"], caps["attention_backends"],
+    if reason := kv_cache_unsupported_reason(a.get("kv_cache", "auto"), a["attention"], caps["attention_backends"],
                                              caps.get("kv_cache", {})):
         return reason
     if a["graph"] not in caps["capture_backends"]:
