@@ -177,3 +177,37 @@ def test_the_capability_table_says_who_reads_an_fp8_cache():
     assert "not supported by the runtime yet" in kv_cache_unsupported_reason("int8", "sdpa")
     table = {"plugin": {"kv_cache": {"auto": None, "fp8_e4m3": "it reads the cache itself"}}}
     assert kv_cache_unsupported_reason("fp8_e4m3", "plugin", table) == "it reads the cache itself"
+
+
+@pytest.fixture(scope="module")
+def trimmed_bf16():
+    from pcg_core import load_model
+    from pcg_helpers import config_path
+
+    lm = load_model(config_path("qwen3"), tiny=False, layers=4, dtype=torch.bfloat16, device="cuda")
+    engine = Engine(lm.model, EngineConfig(device="cuda", dtype="bfloat16", kv_slots=2048))
+    set_kv_scales(lm.model, calibrate_kv_scales(engine, [list(range(7, 300)), list(range(40, 90))], 4))
+    return lm
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graph", GRAPH_BACKENDS)
+@pytest.mark.parametrize("attention", ["sdpa", "flex", "varlen"])
+def test_gpu_fp8_kv_replay_bitwise_equal_to_eager_at_the_same_padding(trimmed_bf16, attention, graph):
+    """CUDA graphs over an FP8 cache: the scales loaded after capture reach every replay (the graph reads the scale
+    tensors), prefill and decode, bitwise as eager at the same padding."""
+    from pcg_core.engine.engine import decode_batch
+    from pcg_helpers import prompts_of
+
+    engine = Engine(trimmed_bf16.model, EngineConfig(device="cuda", dtype="bfloat16", attention=attention, kv_slots=8192,
+                                                     kv_cache="fp8_e4m3", capture=CaptureConfig(backend=graph, max_tokens=256)))
+    assert float(engine.cache.k_scale[0]) == pytest.approx(trimmed_bf16.model.pcg_kv_scales[0][0])
+    for i, lengths in enumerate([[5, 17, 30], [200], [3] * 40, [1, 2, 250]]):
+        prompts = prompts_of(lengths, trimmed_bf16.config.vocab_size, seed=i)
+        batch, seq_slots = engine.pack_prompts(prompts, 4)
+        got, want = engine.forward(batch).clone(), engine.forward(batch, eager=True)
+        assert torch.equal(got, want), (attention, graph, lengths, float((got.float() - want.float()).abs().max()))
+        dec = decode_batch([(s, 1, len(p)) for s, p in enumerate(prompts)], seq_slots)
+        got, want = engine.forward(dec, decode=True).clone(), engine.forward(dec, eager=True)
+        assert torch.equal(got, want), (attention, graph, "decode", lengths)
