@@ -11,17 +11,22 @@ KV calibration amax / 448). The engine refuses an FP8 cache with no scales rathe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from pcg_core.attention.kv_cache import FP8_MAX, KVCache, KVScales, check_kv_scales
 from pcg_core.errors import ConfigError
 
-if TYPE_CHECKING:
-    from pcg_core.engine.engine import Engine
-
 ATTRIBUTE = "pcg_kv_scales"
+
+
+class _Engine(Protocol):
+    """What calibration needs of an Engine (engine.py imports this module, so it is named by shape)."""
+
+    cache: KVCache
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: Any = ..., top_k: int = ...) -> list: ...
 
 
 def kv_scales_of(model: torch.nn.Module, cache: KVCache | None = None) -> dict[int, tuple[float, float]]:
@@ -55,7 +60,7 @@ def scales_from_cache(cache: KVCache) -> dict[int, tuple[float, float]]:
 
 
 @torch.no_grad()
-def calibrate_kv_scales(engine: Engine, prompts: list[list[int]],
+def calibrate_kv_scales(engine: _Engine, prompts: list[list[int]],
                         max_new_tokens: int | Sequence[int] = 4) -> dict[int, tuple[float, float]]:
     """Per-layer KV scales from `engine` (a 16-bit KV cache, eager) run over `prompts`, prefill and decode, as the
     served model would fill its cache; set them on a model with `set_kv_scales`."""
