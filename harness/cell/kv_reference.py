@@ -8,7 +8,13 @@ calibrated ones; MLA: the latent row, its normed compressed KV and its rotated k
 None of pcg's cache, backends or dequantization runs here, so a runtime that quantizes with one scale and reads
 with another, or forgets the scale on read, lands far from this reference while graph = eager holds.
 The noise that sets the bounds is measured the same way as for any cell: this twin in the cell's dtype (or with
-transformers' other attention) against itself in float32, rounding K and V with the same scales.
+transformers' other attention) against itself in float32, rounding K and V with the same scales. In half precision
+that noise holds the FP8 roundings that land elsewhere (a bf16 K is 2^-9 from float32's: ~3% of values round to the
+other neighbour). In float32, implementations 1e-7 apart land a value on the other side of an FP8 step only by
+chance: on the CPU (4 architectures × seeds 1–7) pcg's eager never moved a logprob past the float32 floor (worst
+2.8e-4), while 2 of 36 noise runs did (up to 0.019, widening their bounds). Turning FP8 roundings in the noise run
+on purpose to cover such a chance was tried and dropped: one turned value per K or V tensor already widened the max
+bound to whole nats (0.7–4.4 on the tiny models), a bound that would hold nothing.
 
 Registered with transformers as attention implementations `pcg_fp8kv_sdpa` and `pcg_fp8kv_eager` (masks as sdpa's
 and eager's): the twin's modules call them as they call their own, and each reads its layer's scales from the
