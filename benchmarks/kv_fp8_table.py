@@ -2,7 +2,7 @@
 
 Each file holds `pcgh cell --json` lines (gpu_cells.sh gathers them). One Markdown row per cell of the FP8 file:
 both statuses, graph vs eager at the same padding (0: bitwise), the reference layer's verdict and its mean |Δlogprob|
-against its bound, KV bytes per token, and graph latency (ms) at each token count, FP8 / 16-bit.
+against its bound, KV bytes per token, and graph latency (ms) at each token count measured, FP8 / 16-bit.
 """
 
 from __future__ import annotations
@@ -11,9 +11,6 @@ import json
 import sys
 
 from harness.outcome import CellOutcome
-
-TOKENS = (8, 128, 512, 2048)
-
 
 def _read(path: str) -> dict[tuple, tuple[dict, CellOutcome]]:
     out = {}
@@ -36,16 +33,17 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
 
 def main(fp8_path: str, auto_path: str) -> int:
     fp8, auto = _read(fp8_path), _read(auto_path)
+    tokens = sorted({n for _, o in fp8.values() for n in o.metrics.latency_ms})  # the latency token counts measured
     print("| model | layers | attention | graph | FP8 | 16-bit | same padding | reference (mean Δ / bound) | KV B/token "
-          "FP8 / 16-bit | " + " | ".join(f"graph ms @{n} FP8 / 16-bit" for n in TOKENS) + " | reason |")
-    print("|---" * (10 + len(TOKENS)) + "|")
+          "FP8 / 16-bit | " + " | ".join(f"graph ms @{n} FP8 / 16-bit" for n in tokens) + " | reason |")
+    print("|---" * (10 + len(tokens)) + "|")
     for key, (spec, o) in fp8.items():
         m = o.metrics
         a = auto.get(key, (None, None))[1]
         ref = m.reference
         ref_text = "–" if ref is None else f"{ref.status} ({_fmt(ref.mean_logprob_diff)} / {_fmt(ref.mean_bound)})"
         lat = []
-        for n in TOKENS:
+        for n in tokens:
             g8 = m.latency_ms.get(n)
             g16 = a.metrics.latency_ms.get(n) if a else None
             lat.append(f"{_fmt(g8.graph if g8 else None, '.3f')} / {_fmt(g16.graph if g16 else None, '.3f')}")
