@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Any list of `pcgh cell` runs on CUDA, ${CELL_JOBS:-8} at a time, one result file per cell (concurrent appends to
 # one file have come back unreadable), gathered into $OUT/${NAME:-cells}.jsonl, .err and .md at the end.
-# Each line of the list file: model:layers (or model:tiny) attention graph [compiler [quant [max_tokens]]]
+# Each line of the list file: model:layers (or model:tiny) attention graph [compiler [quant [max_tokens [kv_cache]]]]
 # The list stops after ${LIST_TIMEOUT:-540} s (cells not started are lost, running ones killed) so that the gathering
 # below always runs: the device brings back only a few files, never the per-cell ones.
 # Usage on the GPU machine, from the repo root: bash benchmarks/gpu_cells.sh LIST_FILE
@@ -9,14 +9,15 @@ source "$(dirname "$0")/gpu_env.sh"
 name=${NAME:-cells}
 mkdir -p "$OUT/$name"
 grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' | timeout ${LIST_TIMEOUT:-540} xargs -P ${CELL_JOBS:-8} -L 1 bash -c '
-  i=$0 spec=$1 attention=$2 graph=$3 compiler=${4:-eager} quant=${5:-none} tokens=${6:-256}
+  i=$0 spec=$1 attention=$2 graph=$3 compiler=${4:-eager} quant=${5:-none} tokens=${6:-256} kv=${7:-auto}
   model=${spec%%:*}; layers=${spec##*:}
   if [[ $layers == tiny ]]; then size=(--tiny); else size=(--layers "$layers"); fi
   t0=$SECONDS
   timeout ${CELL_TIMEOUT:-500} python3 -m harness.cli cell --model "$model" "${size[@]}" --attention "$attention" \
-    --graph "$graph" --compiler "$compiler" --quant "$quant" --device ${DEVICE:-cuda} --max-tokens "$tokens" --json \
+    --graph "$graph" --compiler "$compiler" --quant "$quant" --kv-cache "$kv" --device ${DEVICE:-cuda} \
+    --max-tokens "$tokens" --json \
     > "$OUT/'"$name"'/$i.json" 2> "$OUT/'"$name"'/$i.err"
-  rc=$?; echo "cell $i ($spec $attention $graph $compiler $quant): rc $rc, $((SECONDS - t0)) s"' 
+  rc=$?; echo "cell $i ($spec $attention $graph $compiler $quant $kv): rc $rc, $((SECONDS - t0)) s"' 
 # a list cut by LIST_TIMEOUT leaves its running cells behind (xargs dies, its children do not): they would hold
 # the GPU's memory under the next list
 pkill -TERM -f "harness.cli cell" && sleep 5; pkill -KILL -f "harness.cli cell"

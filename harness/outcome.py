@@ -44,7 +44,10 @@ NOT_COUNTED: tuple[str, ...] = (Status.EAGER_FAIL, Status.UNSUPPORTED, Status.SK
 NOT_RETRIED: tuple[str, ...] = (*PASSING, Status.UNSUPPORTED, Status.SKIPPED, Status.EAGER_FAIL, Status.EAGER_NONDETERMINISTIC)
 
 # A cell is one point of these axes.
-AXES = ("model", "quant", "attention", "parallel", "graph", "compiler")
+AXES = ("model", "quant", "attention", "parallel", "graph", "compiler", "kv_cache")
+# Axes added after runs were stored, with the value every cell had before: a record without the axis holds it, and
+# a cell at that value keeps the key it had before the axis existed (so stored runs still read and compare).
+AXIS_DEFAULTS: dict[str, str] = {"kv_cache": "auto"}
 
 _VARIANT = re.compile(r"^(full|tiny|trim:([1-9][0-9]*))$")
 VARIANT_GRAMMAR = "full, tiny or trim:N (N ≥ 1)"
@@ -84,8 +87,15 @@ class ModelRef:
 
 
 def cell_key(axes: dict[str, str]) -> str:
-    """The stable key of the cell at these axes."""
-    return "|".join(f"{a}={axes[a]}" for a in AXES)
+    """The stable key of the cell at these axes: an axis of AXIS_DEFAULTS at its default (or absent) is left out,
+    so a cell's key is the one it had before that axis existed."""
+    return "|".join(f"{a}={axes[a]}" for a in AXES
+                    if a not in AXIS_DEFAULTS or axes.get(a, AXIS_DEFAULTS[a]) != AXIS_DEFAULTS[a])
+
+
+def with_default_axes(axes: Mapping[str, str]) -> dict[str, str]:
+    """`axes` with every AXIS_DEFAULTS axis it lacks at its default (a record stored before the axis existed)."""
+    return {**AXIS_DEFAULTS, **axes} if isinstance(axes, Mapping) else axes
 
 
 def canonical_axes(axes: Mapping[str, str]) -> dict[str, str]:
@@ -148,6 +158,9 @@ class ReferenceCheck(_Model):
     # |Δ| mean and max over positions, and the same for transformers' forward in the cell's dtype (its own noise),
     # which sets the bounds.
     attention: str | None = None  # transformers' attention implementation it ran (sdpa, eager)
+    # The cell's KV cache: fp8_e4m3 cells are held to transformers' forward with K and V rounded as the cache holds
+    # them, with the same scales (harness/cell/kv_reference.py). None: a row from before the axis.
+    kv_cache: str | None = None
     subject: str = "the model"  # or "the float twin": float32 cells whose activation quantizers make it chaotic
     positions: int | None = None
     mean_logprob_diff: float | None = None
@@ -176,7 +189,8 @@ class ReferenceCheck(_Model):
             return f"not measured: {self.reason}"
         parts = []
         if self.mean_logprob_diff is not None:
-            parts.append(f"{self.subject} vs transformers ({self.attention}, float32) over {self.positions} positions: "
+            kv = ", K/V rounded to FP8" if self.kv_cache not in (None, "auto") else ""
+            parts.append(f"{self.subject} vs transformers ({self.attention}{kv}, float32) over {self.positions} positions: "
                          f"|Δlogprob| mean "
                          f"{self.mean_logprob_diff:.3g} (bound {self.mean_bound:.3g}), max {self.max_logprob_diff:.3g} (bound "
                          f"{self.max_bound:.3g}, {self.positions_over_max} positions past it), {self.token_flips} token "
@@ -257,6 +271,8 @@ class CellMetrics(_Model):
     top_k: int | None = None
     logprob_tol: float | None = None  # None here and in the spec alike: the judge's per-dtype default
     peaked: bool | None = None  # synthetic weights get a peaked output head (loader.peak_logits); None: older row
+    kv_cache: str | None = None  # the KV-cache dtype (also an axis); None: a row from before the axis
+    kv_scales: str | None = None  # an FP8 KV cache's scales: "checkpoint" (declared) or "calibrated"
     repeats: int | None = None  # fresh processes the cell ran in (--repeats); None: one
     # Quantization (cells with a scheme): linears quantized, and max |Δ prompt logprob| of quantized eager vs the
     # float model on the first case — what the scheme costs, recorded, never judged.
@@ -361,6 +377,11 @@ class CellRecord(CellOutcome):
     attempt: int = Field(default=1, ge=1, le=MAX_ATTEMPT)
     log: str = ""
 
+    @field_validator("axes", mode="before")
+    @classmethod
+    def _axes_added_later(cls, axes: Any) -> Any:
+        return with_default_axes(axes)
+
     @field_validator("axes")
     @classmethod
     def _all_axes(cls, axes: dict[str, str]) -> dict[str, str]:
@@ -394,8 +415,9 @@ class CellRecord(CellOutcome):
         (CellMetrics.lenient), since a writer may have stored them before they had a type."""
         axes = row.get("axes")
         if isinstance(axes, Mapping) and (now := canonical_axes(axes)) != dict(axes):  # a renamed value, stored before
-            key = row.get("key")
-            row = {**row, "axes": now, "key": cell_key(now) if set(axes) == set(AXES) and key == cell_key(axes) else key}
+            key, full = row.get("key"), with_default_axes(axes)
+            same = set(full) == set(AXES) and key == cell_key(full)  # the key its axes make, so it is renamed too
+            row = {**row, "axes": now, "key": cell_key(with_default_axes(now)) if same else key}
         try:
             return cls.model_validate(row)
         except ValidationError:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 
-from harness.outcome import AXES, CellMetrics, ModelRef
+from harness.outcome import AXES, CellMetrics, ModelRef, with_default_axes
 
 # `pcgh cell` flag → the CellMetrics field that recorded its value.
 SETTINGS = (("--device", "device"), ("--dtype", "dtype"), ("--max-tokens", "max_tokens"),
@@ -26,6 +26,7 @@ SETTINGS = (("--device", "device"), ("--dtype", "dtype"), ("--max-tokens", "max_
 def repro_command(axes: dict[str, str], metrics: CellMetrics, fallbacks: Iterable[CellMetrics] = ()) -> str:
     """The command for this cell. A cell that died before reporting has no settings: each then comes from the
     first of `fallbacks` (the same cell's other runs) that recorded it, else it is left to pcgh's default."""
+    axes = with_default_axes(axes)  # a cell stored before an axis existed ran at its default
     model = ModelRef.parse(axes["model"])
     args = ["pcgh", "cell", "--model", model.card]
     if model.tiny:
@@ -35,7 +36,7 @@ def repro_command(axes: dict[str, str], metrics: CellMetrics, fallbacks: Iterabl
     args += ["--weights", model.weights]
     for axis in AXES:
         if axis != "model":
-            args += [f"--{axis}", axes[axis]]
+            args += [f"--{axis.replace('_', '-')}", axes[axis]]
     sources = [metrics, *fallbacks]
     if metrics.peaked is False:
         args.append("--flat-weights")

@@ -14,7 +14,7 @@ import torch
 
 from pcg_core.attention import attention_backend_names, get_attention_backend
 from pcg_core.capture import capture_backend_names, get_capture_backend
-from pcg_core.config import COMPILERS, DTYPES
+from pcg_core.config import COMPILERS, DTYPES, KV_CACHE_DTYPES
 from pcg_core.model import architectures
 from pcg_core.quant.schemes import registry as quant_registry
 
@@ -34,6 +34,14 @@ FP4_CHECKPOINT_LIMITS: dict[str, str] = {}
 # Schemes the runtime runs whose own checkpoint format the loader does not read yet (the request verdict's reason).
 # (Empty since gpt-oss's MXFP4 format is read: quant/formats/checkpoint.py, layers/fp4_experts.py.)
 SCHEME_CHECKPOINTS: dict[str, str] = {}
+# KV-cache dtypes: what each stores and where its scales come from (which attention backends read it: their own
+# `kv_caches` declarations, in the attention_backends table).
+KV_CACHES: dict[str, str] = {
+    "auto": "K and V in the model's dtype",
+    "fp8_e4m3": "K and V in FP8 e4m3 with one scale per layer for K and one for V (MLA: one for the latent row), "
+                "saturating at ±448, dequantized on read; scales from the checkpoint's FP8 KV-cache declaration, else "
+                "calibrated (absmax / 448 over 16-bit forwards)",
+}
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
 
 
@@ -70,6 +78,22 @@ def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALL
     return None if parallel in have else f"parallel mode {parallel!r} is not supported by the runtime yet (supported: {', '.join(have)})"
 
 
+def kv_cache_unsupported_reason(kv_cache: str, attention: str, backends: dict[str, Any] | None = None,
+                                supported: Iterable[str] = KV_CACHE_DTYPES) -> str | None:
+    """Why the runtime cannot store the KV cache as `kv_cache` under attention backend `attention`, or None: one
+    wording for the matrix pre-check and a cell asked for directly."""
+    if kv_cache == "auto":  # the model's dtype: every backend reads it
+        return None
+    have = list(supported)
+    if kv_cache not in have:
+        return f"kv_cache {kv_cache!r} is not supported by the runtime yet (supported: {', '.join(have)})"
+    table = backends if backends is not None else capabilities()["attention_backends"]
+    b = table.get(attention)
+    if b is not None and (why := b.get("kv_cache", {}).get(kv_cache, f"it does not declare kv_cache {kv_cache}")):
+        return why
+    return None
+
+
 def attention_unsupported_reason(attention: str, device: str, features: Iterable[str] = (),
                                  backends: dict[str, Any] | None = None) -> str | None:
     """Why attention backend `attention` cannot run a model exercising `features` (model-card words: those that
@@ -99,6 +123,8 @@ def capabilities() -> dict[str, Any]:
             # device type → None (runs there) or why not; feature → None (supported) or why not
             "devices": {d: cls.device_reason(d) for d in ("cpu", "cuda")},
             "features": cls.features(),
+            # kv_cache dtype → None (it reads that cache) or why not
+            "kv_cache": {kv: cls.kv_cache_reason(kv) for kv in KV_CACHE_DTYPES},
         }
     capture = {}
     for name in capture_backend_names():
@@ -119,6 +145,7 @@ def capabilities() -> dict[str, Any]:
                                    **({"checkpoints": SCHEME_CHECKPOINTS[s.name]} if s.name in SCHEME_CHECKPOINTS else {})}
                           for s in quant_registry.SCHEME_INFO.values() if s.matrix},
         "quant_formats": list(QUANT_FORMATS),
+        "kv_cache": dict(KV_CACHES),
         "parallel": dict(PARALLEL),
         "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
     }

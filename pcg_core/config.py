@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import torch
 
 from pcg_core.errors import ConfigError
-from pcg_core.known import COMPILERS, DTYPE_NAMES, MAX_TOKENS
+from pcg_core.known import COMPILERS, DTYPE_NAMES, KV_CACHE_DTYPES, MAX_TOKENS
 from pcg_core.registry import CAPTURE_BACKENDS
 
-__all__ = ["COMPILERS", "DTYPES", "CaptureConfig", "EngineConfig", "default_bucket_ladder"]
+__all__ = ["COMPILERS", "DTYPES", "KV_CACHE_DTYPES", "CaptureConfig", "EngineConfig", "default_bucket_ladder"]
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -88,8 +88,14 @@ class EngineConfig:
     capture: CaptureConfig = field(default_factory=CaptureConfig)
     kv_slots: int = 8192  # KV-cache capacity in tokens, shared by all sequences of a batch (whole pages)
     page_size: int | None = None  # KV slots per page; None: the attention backend's own (flex 128)
+    # What the KV cache stores: "auto" the model's dtype; "fp8_e4m3" FP8 with per-layer K and V scales, read from
+    # the model's `pcg_kv_scales` (a checkpoint's, or calibrated: pcg_core.engine.kv_scales).
+    kv_cache: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kv_cache not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache {self.kv_cache!r} is unknown; choose one of {', '.join(KV_CACHE_DTYPES)}",
+                              field="kv_cache")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is unknown; choose one of {', '.join(DTYPES)}", field="dtype")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):

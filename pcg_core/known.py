@@ -16,6 +16,9 @@ from pcg_core.quant.schemes import registry as quant_registry
 # Fixed choices of the runtime, by name (pcg_core.config maps the dtypes to torch's).
 COMPILERS: tuple[str, ...] = ("eager", "inductor")
 DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+# What the KV cache stores: `auto` the model's dtype; `fp8_e4m3` K and V as torch.float8_e4m3fn with one scale per
+# layer for K and one for V (MLA: one for the latent row), dequantized on read (pcg_core/attention/kv_cache.py).
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8_e4m3")
 
 # Quantization: the runtime's schemes and their aliases come from the one registry (quant/schemes/registry.py,
 # torch-free); beside them, the umbrella words for a checkpoint's own granularity and the checkpoint formats

@@ -54,7 +54,9 @@ def float32_padding_rel(model: torch.nn.Module, config: EngineConfig, bucket_for
     and KV capacity (NaN if a row is NaN). The twin is freed before returning; the caller's model is not touched."""
     model32 = float_twin(model)
     try:
-        cfg = replace(config, dtype="float32", capture=replace(config.capture, backend="disabled"))
+        # A 16-bit KV cache: an FP8 one's static per-tensor scales are row-local (padding cannot leak through them),
+        # and its rounding steps would turn float32's 1e-7 into whole steps, as activation quantizers do.
+        cfg = replace(config, dtype="float32", kv_cache="auto", capture=replace(config.capture, backend="disabled"))
         ref, other = Engine(model32, cfg), Engine(model32, cfg)
         return nan_max(lockstep_stats(ref, _PaddedEager(other, bucket_for), case, noise=True).padding_rel for case in cases)
     finally:

@@ -26,6 +26,7 @@ silent pass.
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 from collections.abc import Callable, Iterable
@@ -35,9 +36,12 @@ import torch
 
 from harness.cell.diagnose import rel_diff
 from harness.cell.judge import LOGPROB_TOL
+from harness.cell.kv_reference import round_kv
 from harness.cell.prompts import Case
 from harness.outcome import ReferenceCheck
+from pcg_core.attention.kv_cache import KVScales
 from pcg_core.config import EngineConfig
+from pcg_core.engine.kv_scales import kv_scales_of
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.engine import LOGITS_CHUNK, head_logits
 from pcg_core.model.mla import uninstall_mla
@@ -91,14 +95,16 @@ def _attention_implementation(model: torch.nn.Module) -> str:
 
 
 def _hf_twin(model: torch.nn.Module, float32: bool, attention: str, nudge: bool = False,
-             make_twin: Callable[[torch.nn.Module, bool], torch.nn.Module] = reference_twin) -> torch.nn.Module:
+             make_twin: Callable[[torch.nn.Module, bool], torch.nn.Module] = reference_twin,
+             kv_scales: KVScales | None = None) -> torch.nn.Module:
     """The reference twin run as transformers' own model. `nudge`: its input embeddings moved by one float32 rounding
     step (2^-23 relative, random sign per value): what any other float32 implementation's summation order does to
     them. Where nothing amplifies it the output moves by ~1e-7; an activation quantizer turns it into whole rounding
-    steps, and this twin measures by how much (the float32 cells' noise)."""
+    steps, and this twin measures by how much (the float32 cells' noise). `kv_scales`: K and V rounded as an FP8
+    KV cache with those scales holds them (kv_reference.py)."""
     twin = make_twin(model, float32)
     uninstall_mla(twin)
-    twin.config._attn_implementation = attention
+    twin.config._attn_implementation = attention if kv_scales is None else round_kv(twin, attention, kv_scales)
     if nudge:
         twin.get_input_embeddings().register_forward_hook(_nudge)
     return twin
@@ -131,19 +137,21 @@ def _hf_next_token(twin: torch.nn.Module, seq: list[int], device: torch.device) 
 
 def _transformers_positions(model: torch.nn.Module, dtype: str, cases: list[Case],
                             outputs: dict[str, list[SequenceOutput]], attention: str,
-                            make_twin: Callable[[torch.nn.Module, bool], torch.nn.Module] = reference_twin) -> _Positions:
+                            make_twin: Callable[[torch.nn.Module, bool], torch.nn.Module] = reference_twin,
+                            kv_scales: KVScales | None = None) -> _Positions:
     device = next(model.parameters()).device
     seqs = [(c.name, i, o) for c in cases for i, o in enumerate(outputs[c.name])]
-    ref32 = _hf_twin(model, True, attention, make_twin=make_twin)
+    make_twin = functools.partial(_hf_twin, make_twin=make_twin, kv_scales=kv_scales)
+    ref32 = make_twin(model, True, attention)
     # The reference's own noise: in half precision the same forward in the cell's dtype; in float32 transformers'
     # other attention implementation (another summation order at every layer, as pcg's own), or where the model has
     # only one, the forward nudged by a rounding step (_hf_twin).
     if dtype != "float32":
-        ref16 = _hf_twin(model, False, attention, make_twin=make_twin)
+        ref16 = make_twin(model, False, attention)
     elif attention == "sdpa":
-        ref16 = _hf_twin(model, True, "eager", make_twin=make_twin)
+        ref16 = make_twin(model, True, "eager")
     else:
-        ref16 = _hf_twin(model, True, attention, nudge=True, make_twin=make_twin)
+        ref16 = make_twin(model, True, attention, nudge=True)
     pos = _Positions([], [], [], [])
     try:
         for name, i, o in seqs:
@@ -264,8 +272,10 @@ def reference_layer(model: torch.nn.Module, config: EngineConfig, cases: list[Ca
                     outputs: dict[str, list[SequenceOutput]], quantized: bool) -> ReferenceCheck:
     """The layer's verdict on pcg's eager `outputs` of `cases` (run with `config`, KV capacity included)."""
     chosen, prefill = reference_cases(cases)
-    check = ReferenceCheck(attention=_attention_implementation(model))
+    check = ReferenceCheck(attention=_attention_implementation(model), kv_cache=config.kv_cache)
     try:
+        # An FP8 KV cache: transformers' twin rounds K and V as the cache does, with the scales the engine read.
+        kv = None if config.kv_cache == "auto" else kv_scales_of(model)
         if config.dtype == "float32" and quantizes_activations(model):
             # In float32 the activation quantizers are the only noise, and chaotic: pcg's and transformers'
             # summation orders (1e-7 apart) land a value on either side of a rounding step, the KV carries it to
@@ -275,9 +285,9 @@ def reference_layer(model: torch.nn.Module, config: EngineConfig, cases: list[Ca
             check.subject = "the float twin"
             outputs = _float_twin_outputs(model, config, chosen)
             positions = _transformers_positions(model, "float32", chosen, outputs, check.attention,
-                                                make_twin=lambda m, _: float_twin(m))
+                                                make_twin=lambda m, _: float_twin(m), kv_scales=kv)
         else:
-            positions = _transformers_positions(model, config.dtype, chosen, outputs, check.attention)
+            positions = _transformers_positions(model, config.dtype, chosen, outputs, check.attention, kv_scales=kv)
         problems = _judge_transformers(check, positions, config.dtype)
         if quantized:
             problems += _judge_kernels(check, model, config, prefill)

@@ -25,9 +25,11 @@ from harness.cell.spec import CellSpec
 from harness.cell.timing import median_ms
 from harness.outcome import CellMetrics, CellOutcome, CheckpointKvScales, EagerSelfDiff, Latency, Status
 from pcg_core.attention import get_attention_backend
-from pcg_core.capabilities import attention_unsupported_reason, parallel_unsupported_reason, quant_unsupported_reason
+from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupported_reason, parallel_unsupported_reason,
+                                   quant_unsupported_reason)
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine, SequenceOutput
+from pcg_core.engine.kv_scales import ATTRIBUTE, calibrate_kv_scales, set_kv_scales
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.model import LoadedModel, load_model
 from pcg_core.quant import get_scheme, quantize_model, quantized_modules, record_input_absmax
@@ -98,9 +100,11 @@ class _Cell:
     coverage: CoverageCounter | None = None
     float_ref: list[SequenceOutput] | None = None  # the unquantized model's first case, for the quantization error
 
-    def engine(self, backend: str) -> Engine:
+    def engine(self, backend: str, kv_cache: str | None = None) -> Engine:
+        """An engine on the cell's model (kv_cache: another KV-cache dtype than the cell's, for calibration)."""
         capture = replace(self.config.capture, backend=backend)
-        return Engine(self.lm.model, replace(self.config, capture=capture, kv_slots=self.kv_slots))
+        return Engine(self.lm.model, replace(self.config, capture=capture, kv_slots=self.kv_slots,
+                                             kv_cache=kv_cache or self.config.kv_cache))
 
     def run_suite(self, e: Engine, listener: CoverageCounter | None = None, cases: list[Case] | None = None) -> Outputs:
         e.on_forward = listener
@@ -119,6 +123,7 @@ def recorded_settings(spec: CellSpec) -> CellMetrics:
     """The metrics a cell starts with: its run settings, which harness.repro turns back into the `pcgh cell`
     command (the axes give the rest), so they are recorded even when the cell ends before measuring anything."""
     return CellMetrics(device=spec.device, dtype=spec.dtype, layers=spec.layers, tiny=spec.tiny, weights=spec.weights,
+                       kv_cache=spec.kv_cache,
                        max_tokens=spec.max_tokens, max_new_tokens=spec.max_new_tokens, seed=spec.seed, top_k=spec.top_k,
                        logprob_tol=spec.logprob_tol, peaked=spec.peaked)
 
@@ -134,7 +139,8 @@ def _check_runtime(spec: CellSpec) -> None:
                   if card and spec.weights == "real" else None)
               or parallel_unsupported_reason(spec.parallel))
     if not reason:
-        reason = attention_unsupported_reason(spec.attention, spec.device, features)
+        reason = (attention_unsupported_reason(spec.attention, spec.device, features)
+                  or kv_cache_unsupported_reason(spec.kv_cache, spec.attention))
     if reason:
         raise _Stop(Status.UNSUPPORTED, reason)
 
@@ -161,6 +167,26 @@ def _load(cell: _Cell) -> None:
     elif not cell.lm.synthetic and (got := sorted(set(quantized_modules(cell.lm.model).values()))):
         raise _Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got)}; the cell asks for none (a 16-bit "
                                         "model): run it as quant " + got[0])
+    if s.kv_cache != "auto":
+        _kv_scales(cell)
+
+
+def _kv_scales(cell: _Cell) -> None:
+    """An FP8 KV cache's per-layer scales: the checkpoint's where it declares them (the loader set
+    `pcg_kv_scales`), else calibrated on the first case's prompts with a 16-bit KV cache (absmax / 448), after
+    quantization (K and V are the quantized model's), as a producer or a serving engine computes them."""
+    model = cell.lm.model
+    if getattr(model, ATTRIBUTE, None) is not None:
+        cell.metrics.kv_scales = "checkpoint"
+        return
+    case = cell.cases[0]
+    try:
+        scales = calibrate_kv_scales(cell.engine("disabled", kv_cache="auto"), [list(p) for p in case.prompts],
+                                     list(case.new_tokens))
+        set_kv_scales(model, scales)
+    except Exception as e:  # noqa: BLE001 - the 16-bit forwards failed: eager cannot run either
+        raise _crash(Status.EAGER_FAIL, e) from e
+    cell.metrics.kv_scales = "calibrated"
 
 
 def _kv_scales_read(model: torch.nn.Module) -> CheckpointKvScales | None:
@@ -194,7 +220,7 @@ def _quantize(cell: _Cell) -> None:
     make_realistic_(model, s.seed)
     try:
         with record_input_absmax(model) as absmax:
-            cell.float_ref = cell.run_suite(cell.engine("disabled"), cases=[case])[case.name]
+            cell.float_ref = cell.run_suite(cell.engine("disabled", kv_cache="auto"), cases=[case])[case.name]
         m.quant_layers = len(quantize_model(model, get_scheme(s.quant), input_absmax=absmax))
     except NotImplementedError as e:  # a layout the quantizer declines (gpt-oss's biased, transposed experts)
         raise _Stop(Status.UNSUPPORTED, f"quantization {s.quant}: {e}") from e
@@ -287,7 +313,7 @@ def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Output
     # In float32 the eager path's own noise (run twice, padded vs unpadded) is ~1e-6, three orders under every
     # bound: measured only in half precision, where it is near them — and under quantization, which turns a 1e-7
     # change of a GEMM's summation order into a whole FP8/INT8 rounding step of the next layer's activation.
-    noise = cell.spec.dtype != "float32" or cell.spec.quant != "none"
+    noise = cell.spec.dtype != "float32" or cell.spec.quant != "none" or cell.spec.kv_cache != "auto"
     stats = {c.name: lockstep_stats(eager, graph, c, noise=noise) for c in cell.cases}
     m.padding_noise = nan_max(st.padding_noise for st in stats.values())
     noisy = [c for c in cell.cases if stats[c.name].padding_noise > cell.tol]
@@ -321,7 +347,7 @@ def _padding_exact(cell: _Cell, graph: Engine, cases: list[Case]) -> bool | None
     (no case; an unquantized float32 cell, whose eager noise is already float32's) or when the check could not run
     (why in padding_check_error). A quantized cell is checked in any dtype (on its float twin): its quantizers make
     float32 noisy too. The worst difference measured is kept in padding_rel_fp32."""
-    quantized = cell.spec.quant != "none"
+    quantized = cell.spec.quant != "none" or cell.spec.kv_cache != "auto"
     if not cases or (not quantized and cell.spec.dtype == "float32"):
         return None
     m = cell.metrics
@@ -438,7 +464,8 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
             on_phase(name)
 
     capture = CaptureConfig(backend=spec.graph, compiler=spec.compiler, max_tokens=spec.max_tokens)
-    config = EngineConfig(device=spec.device, dtype=spec.dtype, attention=spec.attention, capture=capture)
+    config = EngineConfig(device=spec.device, dtype=spec.dtype, attention=spec.attention, capture=capture,
+                          kv_cache=spec.kv_cache)
     metrics = recorded_settings(spec)
     cell = _Cell(spec, config, metrics)
     t0 = time.perf_counter()

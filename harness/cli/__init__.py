@@ -33,7 +33,7 @@ EXTRA_OF = {"torch": "runtime", "transformers": "runtime", "huggingface_hub": "r
 COMMANDS_GROUP = "pcgh.commands"
 # The runtime's errors name the config field; on this command line the user typed a flag.
 FLAGS = {"backend": "--graph", "attention": "--attention", "compiler": "--compiler", "device": "--device",
-         "dtype": "--dtype", "max_tokens": "--max-tokens", "layers": "--layers", "tiny": "--tiny", "weights": "--weights",
+         "dtype": "--dtype", "kv_cache": "--kv-cache", "max_tokens": "--max-tokens", "layers": "--layers", "tiny": "--tiny", "weights": "--weights",
          "spec": "--model"}
 
 

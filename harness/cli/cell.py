@@ -12,7 +12,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from harness.cli.args import DefaultsShown, bounded_int, positive_float, positive_int, seed_int
-from pcg_core.known import COMPILERS, DTYPE_NAMES, KNOWN_QUANTIZATION, MAX_TOKENS, parse_parallel
+from pcg_core.known import COMPILERS, DTYPE_NAMES, KNOWN_QUANTIZATION, KV_CACHE_DTYPES, MAX_TOKENS, parse_parallel
 from pcg_core.quant.schemes import registry as quant_registry
 from pcg_core.registry import CAPTURE_BACKENDS
 
@@ -58,6 +58,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="quantization scheme (a known one the runtime lacks ends the cell unsupported)")
     p.add_argument("--parallel", type=_parallel, default="tp1",
                    help="parallel mode: tp2, tp2-ep8 … (one the runtime lacks ends the cell unsupported)")
+    p.add_argument("--kv-cache", "--kv_cache", dest="kv_cache", choices=KV_CACHE_DTYPES, default="auto",
+                   help="what the KV cache stores: auto (the model's dtype) or fp8_e4m3 (FP8 with per-layer K/V scales: "
+                        "the checkpoint's, or calibrated on the prompts for synthetic weights)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", choices=DTYPE_NAMES, help="default: float32 on cpu, bfloat16 on cuda")
     p.add_argument("--max-tokens", type=bounded_int(1, MAX_TOKENS, "a token count"), default=4096,
@@ -97,7 +100,7 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
 
     return CellSpec(model=args.model, graph=args.graph, attention=args.attention, device=args.device, dtype=args.dtype,
                     layers=args.layers, tiny=args.tiny, weights=args.weights, max_tokens=args.max_tokens,
-                    compiler=args.compiler, quant=args.quant, parallel=args.parallel, seed=args.seed,
+                    compiler=args.compiler, quant=args.quant, parallel=args.parallel, kv_cache=args.kv_cache, seed=args.seed,
                     max_new_tokens=args.max_new_tokens, top_k=args.top_k, logprob_tol=args.logprob_tol,
                     peaked=not args.flat_weights)
 
@@ -125,7 +128,7 @@ def _run_repeated(spec: CellSpec, repeats: int) -> CellOutcome:
     from harness.outcome import CellOutcome, cell_key
 
     axes = {"model": spec.model, "quant": spec.quant, "attention": spec.attention, "parallel": spec.parallel,
-            "graph": spec.graph, "compiler": spec.compiler}
+            "graph": spec.graph, "compiler": spec.compiler, "kv_cache": spec.kv_cache}
     cell = Cell(cell_key(axes), axes, spec, Defaults().timeout_s)
     with tempfile.TemporaryDirectory(prefix="pcgh-cell-") as logs:
         record = launch_repeated(cell, Path(logs) / "cell.log", None, repeats)
@@ -143,7 +146,7 @@ def _print(spec: CellSpec, o: CellOutcome) -> None:
     console, m = Console(), o.metrics
     colour = "green" if o.passed else "yellow" if o.status == "unsupported" else "red"
     console.print(f"[bold {colour}]{o.status}[/] {spec.model} quant={spec.quant} attention={spec.attention} "
-                  f"parallel={spec.parallel} graph={spec.graph} compiler={spec.compiler} "
+                  f"parallel={spec.parallel} graph={spec.graph} compiler={spec.compiler} kv_cache={spec.kv_cache} "
                   f"{m.device} {m.dtype} layers={m.layers}" + (f" — {o.reason}" if o.reason else ""))
     if m.reference is not None:  # measured before capture: shown even when the cell ended there
         ref_colour = {"pass": "green", "fail": "red"}.get(m.reference.status, "yellow")

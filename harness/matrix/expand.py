@@ -70,6 +70,7 @@ def spec_for(matrix: Matrix, axes: dict[str, str], overrides: list[Override] | N
         compiler=axes["compiler"],
         quant=axes["quant"],
         parallel=axes["parallel"],
+        kv_cache=axes["kv_cache"],
         seed=d.seed,
         max_new_tokens=max_new,
         top_k=d.top_k,

@@ -19,7 +19,7 @@ from typing import Any
 
 from harness.cards import CARDS_DIR, ModelCard, find_card
 from harness.outcome import AXES, ModelRef
-from pcg_core.known import COMPILERS, KNOWN_QUANTIZATION, PLANNED_ATTENTION, parse_parallel
+from pcg_core.known import COMPILERS, KNOWN_QUANTIZATION, KV_CACHE_DTYPES, PLANNED_ATTENTION, parse_parallel
 from pcg_core.quant.schemes import registry as quant_registry
 
 # Every cell is a process (minutes on a GPU): the full matrix is ~3,000 cells. expand() walks the whole cross
@@ -77,6 +77,7 @@ def axis_checkers() -> dict[str, Checker]:
         "attention": _in("attention backend", attention),
         "quant": _in("quantization scheme", quant),
         "parallel": _parallel,
+        "kv_cache": _in("KV cache dtype", list(KV_CACHE_DTYPES)),
     }
 
 

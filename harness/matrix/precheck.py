@@ -18,8 +18,8 @@ from pcg_core.errors import ConfigError
 def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None]) -> str | None:
     """Why the runtime cannot run `cell`, or None. The card and its variant were checked when the matrix loaded;
     `cards` caches the cards across the cells of a plan (and their architecture verdict with them)."""
-    from pcg_core.capabilities import (attention_unsupported_reason, parallel_unsupported_reason,
-                                       quant_unsupported_reason)
+    from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupported_reason,
+                                       parallel_unsupported_reason, quant_unsupported_reason)
 
     a = cell.axes
     card_id = ModelRef.parse(a["model"]).card
@@ -37,6 +37,9 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
     if cell.spec.weights == "real" and (reason := card.no_checkpoint_reason(a["quant"]) or card.checkpoint_reason(a["quant"])):
         return reason
     if reason := attention_unsupported_reason(a["attention"], cell.spec.device, card.features, caps["attention_backends"]):
+        return reason
+    if reason := kv_cache_unsupported_reason(a.get("kv_cache", "auto"), a["attention"], caps["attention_backends"],
+                                             caps.get("kv_cache", {})):
         return reason
     if a["graph"] not in caps["capture_backends"]:
         return f"capture backend {a['graph']!r} is not in the runtime (have: {', '.join(caps['capture_backends'])})"

@@ -66,6 +66,7 @@ class Axes(_Strict):
     parallel: list[str] = Field(default_factory=lambda: ["tp1"], min_length=1)
     graph: list[str] = Field(default_factory=lambda: ["piecewise"], min_length=1)
     compiler: list[str] = Field(default_factory=lambda: ["eager"], min_length=1)
+    kv_cache: list[str] = Field(default_factory=lambda: ["auto"], min_length=1)
 
     @field_validator("quant")
     @classmethod

@@ -15,7 +15,8 @@ from typing import Any
 
 from harness.request.features import detect
 from harness.request.params import count as count_params, divides_heads, ep_sizes, h200s_needed, memory_bytes, tp_sizes
-from harness.request.verdicts import attention_verdict, graph_verdict, model_verdict, parallel_verdict, quant_verdict
+from harness.request.verdicts import (attention_verdict, graph_verdict, kv_cache_verdict, model_verdict, parallel_verdict,
+                                      quant_verdict)
 from harness.request.quantization import quant_word, quantization_of
 from harness.request.schema import RequestReport
 from harness.request.schema import config_hash
@@ -139,6 +140,7 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
         "parallel": parallel_verdict(tps or None, tp_ok, divides, ep_ok, h200s, memory.get("bfloat16"),
                                        s.moe.experts if s.moe else None, caps),
         "graph": graph_verdict(reason is None, caps, features),
+        "kv_cache": kv_cache_verdict(quant, caps),
     }
     dtype = s.f.data.get("torch_dtype") or s.f.data.get("dtype")
     report = RequestReport.model_validate({

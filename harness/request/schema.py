@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 SCHEMA_VERSION = 1
-VERDICT_AXES = ("model", "quant", "attention", "parallel", "graph")
+VERDICT_AXES = ("model", "quant", "attention", "parallel", "graph", "kv_cache")
 
 
 class Verdict(BaseModel):

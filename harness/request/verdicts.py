@@ -1,4 +1,4 @@
-"""One verdict per matrix axis — model, quant, attention, parallel, graph — each {ok, reason}.
+"""One verdict per matrix axis — model, quant, attention, parallel, graph, kv_cache — each {ok, reason}.
 
 Everything is read from `pcg_core.capabilities.capabilities()` (and `unsupported_reason` for the model), the
 same table the matrix pre-check reads; no list of what the runtime can do is kept here. As the runtime grows
@@ -12,6 +12,8 @@ same table the matrix pre-check reads; no list of what the runtime can do is kep
 - parallel:  each TP size asked for (--tp, else the smallest that fits the bf16 weights) divides the heads,
              fits the weights, and is a parallel mode of the runtime ("tp<N>"). A size the runtime does not run
              yet is a what-if: the verdict says so first, then what the heads and the weights would allow.
+- kv_cache:  the KV-cache dtypes the runtime stores (auto, fp8_e4m3) and the attention backends that read an FP8
+             cache, and whether the checkpoint declares an FP8 KV cache (its scales then used, else calibrated).
 - graph:     the runtime can run the model and has a capture backend other than `disabled`; a backend that
              declares it (`full`) also needs a capturable attention backend.
 """
@@ -25,7 +27,7 @@ from harness.request.features import ATTENTION_FEATURES
 from harness.request.params import H200_BYTES, HEADROOM, MAX_SIZE
 from harness.request.quantization import describe
 
-AXES = ("model", "quant", "attention", "parallel", "graph")
+AXES = ("model", "quant", "attention", "parallel", "graph", "kv_cache")
 
 
 def _v(ok: bool, reason: str) -> dict[str, Any]:
@@ -158,3 +160,31 @@ def graph_verdict(supported: bool, caps: dict[str, Any], features: Iterable[str]
             reason += (f"; {name} capture through {', '.join(capturable)} (capturable)" if capturable
                        else f"; {name} capture needs a capturable attention backend and none is")
     return _v(True, reason)
+
+
+def declared_kv_cache(quant: dict[str, Any] | None) -> str | None:
+    """The checkpoint's KV-cache quantization as its config declares it (ModelOpt's kv_cache_quant_algo,
+    compressed-tensors' kv_cache_scheme), in words; None if it declares none."""
+    if not quant:
+        return None
+    if algo := quant.get("kv_cache_quant_algo"):
+        return f"kv_cache_quant_algo {algo}"
+    scheme = quant.get("kv_cache_scheme")
+    if isinstance(scheme, dict) and scheme:
+        return "kv_cache_scheme " + ", ".join(f"{k} {scheme[k]}" for k in ("type", "num_bits", "strategy") if k in scheme)
+    return None
+
+
+def kv_cache_verdict(quant: dict[str, Any] | None, caps: dict[str, Any]) -> dict[str, Any]:
+    """FP8 KV cache: which attention backends read one, and where its scales would come from."""
+    kinds = caps.get("kv_cache", {})
+    if "fp8_e4m3" not in kinds:
+        return _v(True, f"kv_cache {', '.join(kinds) or 'auto'} only: K and V in the model's dtype")
+    readers = [n for n, b in caps["attention_backends"].items() if not b.get("kv_cache", {}).get("fp8_e4m3")]
+    if not readers:
+        return _v(False, "no attention backend reads an FP8 KV cache; kv_cache auto runs")
+    declared = declared_kv_cache(quant)
+    scales = (f"the checkpoint declares an FP8 KV cache ({declared}): its k/v scales are used with kv_cache fp8_e4m3"
+              if declared else "the checkpoint declares no KV-cache scales: kv_cache fp8_e4m3 calibrates them "
+                               "(absmax / 448 over 16-bit forwards)")
+    return _v(True, f"kv_cache auto and fp8_e4m3 (FP8 read by {', '.join(readers)}); {scales}")

@@ -40,11 +40,16 @@ class AttentionBackend(ABC):
     # Device types it runs on, and why not on the others (device type → reason).
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     why_not_device: ClassVar[dict[str, str]] = {}
+    # KV-cache dtypes (pcg_core.known.KV_CACHE_DTYPES) it reads correctly: an FP8 cache only through KVCache.read,
+    # which dequantizes; a backend that reads the cache tensors itself declares "auto" alone.
+    kv_caches: ClassVar[tuple[str, ...]] = ("auto",)
 
     def __init__(self, cache: KVCache, max_tokens: int):
         device = cache.slot_seq.device
         if reason := self.device_reason(device.type):
             raise ConfigError(reason, field="attention")
+        if reason := self.kv_cache_reason(cache.kv_cache):
+            raise ConfigError(reason, field="kv_cache")
         self.cache = cache
         self.max_tokens = max(1, max_tokens)
         self.device = device
@@ -62,6 +67,14 @@ class AttentionBackend(ABC):
             return None
         why = cls.why_not_device.get(device_type, f"it runs on {', '.join(cls.devices)} only")
         return f"attention backend {cls.name!r} cannot run on {device_type}: {why}"
+
+    @classmethod
+    def kv_cache_reason(cls, kv_cache: str) -> str | None:
+        """None if it reads a `kv_cache` cache correctly, else why not."""
+        if kv_cache in cls.kv_caches:
+            return None
+        return (f"attention backend {cls.name!r} does not declare kv_cache {kv_cache!r} (it reads {', '.join(cls.kv_caches)}: "
+                "an FP8 cache must be read through KVCache.read, which dequantizes); use kv_cache auto or sdpa")
 
     def check_call(self, params: LayerParams, gqa: bool) -> None:
         """Refuse, naming the feature, a call this backend would compute wrongly (rather than silently)."""
@@ -83,12 +96,10 @@ class AttentionBackend(ABC):
 
 
 def write_kv(cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store this forward's K and V rows in their slots (padding rows land in the pad slot). A latent (MLA) cache
-    stores K only: its V is a view of K's first columns, and so is the v it is handed."""
-    k_cache, v_cache = cache.k[layer], cache.v[layer]
-    k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    if not cache.latent:
-        v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    """Store this forward's K and V rows in their slots (padding rows land in the pad slot), quantized with the
+    layer's scale tensors where the cache is FP8 (KVCache.write). A latent (MLA) cache stores K only: its V is a
+    view of K's first columns, and so is the v it is handed."""
+    cache.write(layer, k, v, slot_mapping)
 
 
 def zero_padding(out: torch.Tensor, attn: torch.Tensor, valid: torch.Tensor) -> None:

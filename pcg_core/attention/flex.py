@@ -85,6 +85,7 @@ class _Buffers:
 class FlexBackend(AttentionBackend):
     name = "flex"
     capturable = True
+    kv_caches = ("auto", "fp8_e4m3")  # reads through KVCache.read
     page_size = 128
 
     def __init__(self, cache, max_tokens):
@@ -198,8 +199,9 @@ class FlexBackend(AttentionBackend):
         if not self._compiled:
             zero_padding(out, self._cpu_math(q, params, md, bm), md.valid)
             return
-        keys = c.k[params.layer][: c.num_slots].permute(1, 0, 2).unsqueeze(0)  # [1, Hkv, S, D], a view
-        values = c.v[params.layer][: c.num_slots].permute(1, 0, 2).unsqueeze(0)
+        keys, values = c.read(params.layer)  # a 16-bit cache's own rows (views); an FP8 one's dequantized
+        keys = keys.permute(1, 0, 2).unsqueeze(0)  # [1, Hkv, S, D]
+        values = values.permute(1, 0, 2).unsqueeze(0)
         n = md.num_tokens
         rows = flex_rows(n)
         query = q.transpose(0, 1).unsqueeze(0)
@@ -239,7 +241,7 @@ class FlexBackend(AttentionBackend):
             listed = dense.repeat_interleave(Q_BLOCK, 0)[:n].repeat_interleave(c.page_size, 1)  # [n, slots]
             rule = visible(b.q_seq[:n], b.q_pos[:n], c.slot_seq[: c.num_slots], c.slot_pos[: c.num_slots], window)
             mask = self._cpu_masks[window] = rule & listed
-        keys, values = c.k[params.layer][: c.num_slots], c.v[params.layer][: c.num_slots]
+        keys, values = c.read(params.layer)
         temp = length_temperature(b.q_pos[:n], params.temperature_len) if params.temperature_len else None
         return attention_math(q, keys, values, mask, params.scale, params.softcap, params.sinks, temp)
 

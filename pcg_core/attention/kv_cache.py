@@ -10,14 +10,40 @@ The extra last slot is the pad slot: padded tokens write there and no sequence e
 Slot-major, like vLLM's: K[:num_slots] viewed as [pages, page_size, heads, dim] is the page pool a paged
 kernel takes, and one token's K for all heads is one contiguous row. Page 128 suits flex (its KV block), 1
 gives the old one-slot-per-token cache.
+
+`kv_cache="fp8_e4m3"` stores K and V as torch.float8_e4m3fn with a per-tensor scale per layer (x ≈ x_fp8 · scale;
+MLA: one scale for the latent row, its values being a view of it), as serving engines' FP8 KV caches do. The
+scales live in two float32 tensors allocated once (`k_scale`, `v_scale`, one entry per layer): every write and read
+takes them as tensors, so a captured graph reads the scale of the moment it replays, never a number baked in at
+capture (vLLM shipped that bug: a KV scale right in eager and stale under CUDA graphs). Writes saturate at ±448
+(e4m3's largest finite value: its casts have no infinity); reads dequantize to the compute dtype.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
 
 import torch
 from transformers import PretrainedConfig
 
 from pcg_core.errors import ConfigError
+from pcg_core.known import KV_CACHE_DTYPES
+
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+KV_STORAGE = {"fp8_e4m3": torch.float8_e4m3fn}  # kv_cache value → stored dtype ("auto": the model's)
+
+KVScales = Mapping[int, tuple[float, float]]  # decoder layer → (k_scale, v_scale)
+
+
+def quantize_kv(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale in float32, saturated to ±448, as FP8 e4m3 (scale: a 0-d float32 tensor)."""
+    return (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def dequantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """FP8 codes times their scale, in float32, then in the compute dtype."""
+    return (x.float() * scale).to(dtype)
 
 
 class KVCacheFull(RuntimeError):
@@ -26,9 +52,16 @@ class KVCacheFull(RuntimeError):
 
 class KVCache:
     def __init__(self, config: PretrainedConfig, num_slots: int, dtype: torch.dtype, device: torch.device,
-                 page_size: int = 1):
+                 page_size: int = 1, kv_cache: str = "auto"):
         if not isinstance(page_size, int) or page_size < 1:
             raise ConfigError(f"page_size must be a positive integer, got {page_size!r}", field="page_size")
+        if kv_cache not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache {kv_cache!r} is unknown; choose one of {', '.join(KV_CACHE_DTYPES)}",
+                              field="kv_cache")
+        self.kv_cache = kv_cache
+        self.dtype = dtype  # the compute dtype reads dequantize to
+        self.quantized = kv_cache != "auto"
+        store = KV_STORAGE.get(kv_cache, dtype)
         self.page_size = page_size
         self.num_pages = -(-num_slots // page_size)
         self.num_slots = self.num_pages * page_size  # whole pages
@@ -39,21 +72,67 @@ class KVCache:
         self.latent = bool(getattr(config, "kv_lora_rank", None))
         if self.latent:
             rank = config.kv_lora_rank
-            self.k = [torch.zeros(self.num_slots + 1, 1, rank + config.qk_rope_head_dim, dtype=dtype, device=device)
+            self.k = [torch.zeros(self.num_slots + 1, 1, rank + config.qk_rope_head_dim, dtype=store, device=device)
                       for _ in range(layers)]
             self.v = [k[..., :rank] for k in self.k]
         else:
             n_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
             shape = (self.num_slots + 1, n_kv, head_dim)
-            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+            self.k = [torch.zeros(shape, dtype=store, device=device) for _ in range(layers)]
+            self.v = [torch.zeros(shape, dtype=store, device=device) for _ in range(layers)]
+        # Per-layer scales at fixed addresses (1 until set_scales: what a graph captured before them must not keep).
+        self.k_scale = torch.ones(layers, dtype=torch.float32, device=device)
+        self.v_scale = self.k_scale if self.latent else torch.ones(layers, dtype=torch.float32, device=device)
         self.slot_seq = torch.full((self.num_slots + 1,), -1, dtype=torch.int32, device=device)
         self.slot_pos = torch.zeros(self.num_slots + 1, dtype=torch.int64, device=device)
         self.page_seq = torch.full((self.num_pages,), -1, dtype=torch.int32, device=device)
         self.page_pos = torch.zeros(self.num_pages, dtype=torch.int64, device=device)
         self.block_tables: dict[int, list[int]] = {}  # sequence → its pages, in position order (host side)
         self._free: list[int] = list(range(self.num_pages))
+
+    # FP8 ------------------------------------------------------------------------------------------------------
+    def set_scales(self, scales: KVScales) -> None:
+        """Copy per-layer (k_scale, v_scale) into the scale tensors in place (their addresses stay, so graphs
+        captured before see them). Every layer needs positive finite scales; a latent cache takes one per layer,
+        so its k and v entries must be equal."""
+        layers = len(self.k)
+        check_kv_scales(scales, layers, self.latent)
+        k = torch.tensor([float(scales[i][0]) for i in range(layers)], dtype=torch.float32)
+        v = torch.tensor([float(scales[i][1]) for i in range(layers)], dtype=torch.float32)
+        self.k_scale.copy_(k)
+        if not self.latent:
+            self.v_scale.copy_(v)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Store K and V rows in their slots, quantized with this layer's scales where the cache is FP8 (a latent
+        cache stores K only: its V is a view of K's first columns, and so is the v it is handed)."""
+        k_cache, v_cache = self.k[layer], self.v[layer]
+        if not self.quantized:
+            k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+            if not self.latent:
+                v_cache.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+            return
+        # index_copy_ has no FP8 kernel on the CPU: the codes are copied as bytes.
+        k_cache.view(torch.uint8).index_copy_(0, slot_mapping, quantize_kv(k, self.k_scale[layer]).view(torch.uint8))
+        if not self.latent:
+            v_cache.view(torch.uint8).index_copy_(0, slot_mapping, quantize_kv(v, self.v_scale[layer]).view(torch.uint8))
+
+    def read(self, layer: int, index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's keys and values, [S, Hkv, D] each, in the compute dtype: rows [:num_slots] (the pad slot
+        left out), or the rows `index` lists. A 16-bit cache hands out its own tensors (views, or the rows
+        selected); an FP8 one dequantizes them (one latent row dequantized once, values its first columns)."""
+        k, v = self.k[layer], self.v[layer]
+        if not self.quantized:
+            if index is None:
+                return k[: self.num_slots], v[: self.num_slots]
+            return k.index_select(0, index), v.index_select(0, index)
+        pick = (lambda t: t[: self.num_slots]) if index is None else \
+            (lambda t: t.view(torch.uint8).index_select(0, index).view(t.dtype))
+        keys = dequantize_kv(pick(k), self.k_scale[layer], self.dtype)
+        if self.latent:
+            return keys, keys[..., : v.shape[-1]]
+        return keys, dequantize_kv(pick(v), self.v_scale[layer], self.dtype)
 
     def reset(self, page_order: list[int] | None = None) -> None:
         """Forget all sequences (the tensors keep their addresses, so captured graphs stay valid). page_order:
@@ -100,3 +179,31 @@ class KVCache:
     def bytes_per_token(self) -> int:
         """KV memory one token takes over all layers (MLA: (kv_lora_rank + qk_rope_head_dim) × layers × dtype)."""
         return self.nbytes // (self.num_slots + 1)
+
+
+def check_kv_scales(scales: object, layers: int, latent: bool = False, where: str = "pcg_kv_scales") -> None:
+    """ConfigError (field kv_cache) unless `scales` maps every decoder layer 0..layers-1 to two positive finite
+    floats (equal ones for a latent cache); layers past the model's (a trimmed model's) are allowed."""
+    fix = ("a dict {layer: (k_scale, v_scale)}, k ≈ k_fp8 · k_scale, from the checkpoint's k/v scales or "
+           "pcg_core.engine.kv_scales.calibrate_kv_scales")
+    if not isinstance(scales, Mapping):
+        raise ConfigError(f"{where}: expected {fix}, got {type(scales).__name__}", field="kv_cache")
+    bad_keys = [k for k in scales if not isinstance(k, int) or isinstance(k, bool) or k < 0]
+    if bad_keys:
+        raise ConfigError(f"{where}: layer keys must be non-negative ints, got {bad_keys[:3]!r}; expected {fix}",
+                          field="kv_cache")
+    missing = [i for i in range(layers) if i not in scales]
+    if missing:
+        raise ConfigError(f"{where}: no KV scales for layer(s) {missing[:8]} of {layers}; expected {fix}", field="kv_cache")
+    for i in range(layers):
+        pair = scales[i]
+        try:
+            ks, vs = (float(x) for x in pair)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}[{i}]: expected (k_scale, v_scale), got {pair!r}", field="kv_cache") from None
+        if not all(math.isfinite(x) and x > 0 for x in (ks, vs)):
+            raise ConfigError(f"{where}[{i}]: KV scales must be positive and finite, got ({ks!r}, {vs!r})",
+                              field="kv_cache")
+        if latent and ks != vs:
+            raise ConfigError(f"{where}[{i}]: a latent (MLA) cache has one scale per layer, got k {ks!r} ≠ v {vs!r}",
+                              field="kv_cache")

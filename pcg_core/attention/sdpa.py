@@ -22,6 +22,7 @@ from pcg_core.attention.reference import attention_math, length_temperature
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
     capturable = True
+    kv_caches = ("auto", "fp8_e4m3")  # reads through KVCache.read
     page_size = 16
 
     def __init__(self, cache, max_tokens):
@@ -40,7 +41,7 @@ class SdpaBackend(AttentionBackend):
     def forward(self, q, k, v, out, params, md) -> None:
         c = self.cache
         write_kv(c, params.layer, k, v, md.slot_mapping)
-        keys, values = c.k[params.layer][: c.num_slots], c.v[params.layer][: c.num_slots]  # [S, Hkv, D]
+        keys, values = c.read(params.layer)  # [S, Hkv, D]; an FP8 cache's dequantized to q's dtype
         mask = self.mask
         if params.sliding_window > 0:
             mask = mask & ((md.positions[:, None] - c.slot_pos[None, : c.num_slots]) < params.sliding_window)

@@ -35,6 +35,7 @@ except ImportError:  # a torch without it: the backend stays registered and says
 class VarlenBackend(AttentionBackend):
     name = "varlen"
     capturable = True
+    kv_caches = ("auto", "fp8_e4m3")  # reads through KVCache.read
     page_size = 16
     devices = ("cuda",) if _varlen is not None else ()
     why_not_device = {"cpu": "torch's varlen_attn runs FlashAttention-2 kernels, which exist for CUDA only"}
@@ -94,7 +95,7 @@ class VarlenBackend(AttentionBackend):
         write_kv(c, params.layer, k, v, md.slot_mapping)
         whole = torch.cuda.is_current_stream_capturing() or self.total_k == 0  # static shapes (or a dummy batch)
         idx = self.gather if whole else self.gather[: self.total_k]
-        keys, values = c.k[params.layer].index_select(0, idx), c.v[params.layer].index_select(0, idx)
+        keys, values = c.read(params.layer, idx)  # gathered first, then (FP8 cache) dequantized
         kw: dict = {"scale": params.scale}
         w = params.sliding_window
         if "window_size" in _PARAMS:

@@ -18,6 +18,7 @@ from pcg_core.capture import make_capture_backend
 from pcg_core.capture.stats import CaptureStats
 from pcg_core.config import EngineConfig
 from pcg_core.engine.inputs import InputBuffers, PackedBatch
+from pcg_core.engine.kv_scales import kv_scales_of
 from pcg_core.errors import ConfigError
 from pcg_core.forward_context import AttentionObserver, CaptureMode, ForwardContext, set_forward_context
 
@@ -92,7 +93,8 @@ class Engine:
         if reason := attn_cls.device_reason(self.device.type):
             raise ConfigError(reason, field="attention")
         self.cache = KVCache(model.config, config.kv_slots, config.torch_dtype, self.device,
-                             page_size=config.page_size or attn_cls.page_size)
+                             page_size=config.page_size or attn_cls.page_size, kv_cache=config.kv_cache)
+        scales = kv_scales_of(model, self.cache) if self.cache.quantized else None  # refused before any capture
         self.attn_backend = attn_cls(self.cache, config.capture.max_tokens)
         self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device)
         self.decoder = model.get_decoder()
@@ -102,6 +104,10 @@ class Engine:
         self.backend = make_capture_backend(config.capture, self._body, self.device, self._dummy_inputs, self.attn_backend)
         with torch.inference_mode(False), torch.no_grad():
             self.backend.prepare()
+        if scales is not None:
+            # Loaded after capture, on purpose: graphs must read the scale tensors, and a graph that kept the value
+            # it saw at capture (1) then differs from eager in every cell, not only after a recalibration.
+            self.cache.set_scales(scales)
 
     @property
     def stats(self) -> CaptureStats:

@@ -67,7 +67,8 @@ def test_record_needs_every_axis_and_a_known_status():
         CellRecord(key="k", axes=AXES_OK, status="pass", atempt=2)
     r = CellRecord.of(cell_key(AXES_OK), AXES_OK, CellOutcome(status="pass"), attempt=2, log="x")
     assert r.attempt == 2 and r.model.card == "qwen3-0.6b" and r.passed
-    assert r.key == "|".join(f"{a}={AXES_OK[a]}" for a in AXES)
+    assert r.key == "|".join(f"{a}={AXES_OK[a]}" for a in AXES if a != "kv_cache")  # auto: the key from before the axis
+    assert r.axes["kv_cache"] == "auto"  # a record without the axis (stored before it) reads as its default
 
 
 def test_odd_stored_metrics_lose_the_odd_values_not_the_row():
@@ -96,3 +97,14 @@ def test_metrics_written_by_the_old_untyped_cell_still_read():
     assert m.speedup == {8: 6.2} and m.latency_ms[8].eager == 31.0 and m.graph_pool_bytes == 218103808
     assert m.device == "cuda" and m.layers == 28 and m.bucket_hits == {8: 3}
     assert m.cell_s == 40.1  # the old metrics' duration_s: run_cell's own time
+
+
+def test_kv_cache_axis_keeps_the_keys_and_records_stored_before_it():
+    """kv_cache=auto cells keep the key they had before the axis; other values add it; an old row reads as auto."""
+    old = {a: AXES_OK[a] for a in AXES_OK if a != "kv_cache"}
+    assert cell_key({**old, "kv_cache": "auto"}) == cell_key(old) and "kv_cache" not in cell_key(old)
+    assert cell_key({**old, "kv_cache": "fp8_e4m3"}).endswith("|kv_cache=fp8_e4m3")
+    row = {"key": cell_key(old), "axes": old, "status": "pass", "attempt": 1, "metrics": {}}
+    assert CellRecord.read(row).axes == {**old, "kv_cache": "auto"}
+    with pytest.raises(ValidationError, match="axes must have exactly"):
+        CellRecord(key="k", axes={**old, "kv_cache": "auto", "kv": "x"}, status="pass")

@@ -96,9 +96,11 @@ tiers:
         expand(m, tier="slow")
 
 
-def _cell(tmp_path, model="qwen3-0.6b:tiny", graph="piecewise", quant="none", parallel="tp1", device="cpu", attention="sdpa"):
+def _cell(tmp_path, model="qwen3-0.6b:tiny", graph="piecewise", quant="none", parallel="tp1", device="cpu", attention="sdpa",
+          kv_cache="auto"):
     path = _write(tmp_path, f"name: p\ndefaults: {{device: {device}}}\naxes:\n  model: ['{model}']\n  graph: [{graph}]\n"
-                            f"  quant: [{quant}]\n  parallel: [{parallel}]\n  attention: [{attention}]\n")
+                            f"  quant: [{quant}]\n  parallel: [{parallel}]\n  attention: [{attention}]\n"
+                            f"  kv_cache: [{kv_cache}]\n")
     return expand(load_matrix(path))[0]
 
 
@@ -183,3 +185,14 @@ def test_expansion_does_not_match_every_cell_against_every_rule(tmp_path):
 def test_more_rules_than_the_limit_are_an_error(tmp_path):
     with pytest.raises(ConfigError, match=r"field exclude: List should have at most 200 items"):
         load_matrix(_many_rules_matrix(tmp_path, n_rules=201))
+
+
+def test_precheck_reads_which_attention_backends_read_an_fp8_kv_cache(tmp_path):
+    caps = capabilities()
+    cell = _cell(tmp_path, kv_cache="fp8_e4m3", attention="flex")
+    assert cell.spec.kv_cache == "fp8_e4m3" and cell.key.endswith("|kv_cache=fp8_e4m3")
+    assert precheck(cell, caps, {}) is None
+    caps["attention_backends"]["flex"]["kv_cache"] = {"auto": None, "fp8_e4m3": "it reads the cache tensors itself"}
+    assert precheck(cell, caps, {}) == "it reads the cache tensors itself"
+    assert precheck(_cell(tmp_path, attention="flex"), caps, {}) is None  # the 16-bit cache still runs
+    assert "kv_cache" not in _cell(tmp_path).key  # auto cells keep the keys they had before the axis

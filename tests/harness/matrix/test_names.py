@@ -44,6 +44,7 @@ def _error(path: Path) -> str:
     ("parallel", "ep8-tp2", ["write it tp2-ep8"]),
     ("parallel", "tp0", ["parallel mode 'tp0'"]),
     ("parallel", "tp4096", ["over 1024"]),
+    ("kv_cache", "fp8_e4m4", ["unknown KV cache dtype 'fp8_e4m4'", "did you mean 'fp8_e4m3'", "known: auto, fp8_e4m3"]),
 ])
 def test_unknown_axis_value_is_an_error_with_file_line_and_suggestion(tmp_path, axis, value, words):
     path = _matrix(tmp_path, f"  {axis}: [piecewise, '{value}']\n" if axis == "graph" else f"  {axis}: ['{value}']\n")

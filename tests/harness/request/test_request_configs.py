@@ -55,8 +55,9 @@ def test_verdict_per_config(name):
     assert r["supported"] is supported
     assert r["features"] == features
     assert r["quantization"] == quant
-    assert set(r["verdicts"]) == {"model", "quant", "attention", "parallel", "graph"}
+    assert set(r["verdicts"]) == {"model", "quant", "attention", "parallel", "graph", "kv_cache"}
     assert r["verdicts"]["model"]["ok"] is supported
+    assert r["verdicts"]["kv_cache"]["ok"] and "fp8_e4m3 (FP8 read by sdpa, flex, varlen)" in r["verdicts"]["kv_cache"]["reason"]
     assert (r["reason"] is None) is supported
     if not supported:
         assert arch in r["reason"] or "model_type" in r["reason"]

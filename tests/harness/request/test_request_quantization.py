@@ -79,3 +79,16 @@ def test_a_quantization_config_that_is_not_a_mapping_is_a_clear_error():
 
     with pytest.raises(ConfigError, match="quantization_config must be a mapping"):
         quantization_of(BASE | {"quantization_config": "fp8"})
+
+
+def test_the_kv_cache_verdict_names_a_declared_fp8_kv_cache():
+    plain = analyze(BASE)["verdicts"]["kv_cache"]
+    assert plain["ok"] and "declares no KV-cache scales" in plain["reason"] and "calibrates" in plain["reason"]
+    modelopt = {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
+    v = analyze(BASE | {"quantization_config": modelopt})["verdicts"]["kv_cache"]
+    assert v["ok"] and "declares an FP8 KV cache (kv_cache_quant_algo FP8)" in v["reason"], v
+    ct = {"quant_method": "compressed-tensors", "kv_cache_scheme": {"type": "float", "num_bits": 8, "strategy": "tensor"}}
+    v = analyze(BASE | {"quantization_config": ct})["verdicts"]["kv_cache"]
+    assert "kv_cache_scheme type float, num_bits 8, strategy tensor" in v["reason"], v
+    none_declared = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": None}
+    assert "declares no KV-cache scales" in analyze(BASE | {"quantization_config": none_declared})["verdicts"]["kv_cache"]["reason"]

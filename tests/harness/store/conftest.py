@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-AXES = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": "piecewise", "compiler": "eager"}
+AXES = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": "piecewise", "compiler": "eager",
+        "kv_cache": "auto"}
 
 
 @pytest.fixture

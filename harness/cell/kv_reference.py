@@ -1,0 +1,98 @@
+"""The reference layer's view of an FP8 KV cache: transformers' forward with K and V rounded as the cache holds them.
+
+pcg's eager run with `kv_cache=fp8_e4m3` differs from a 16-bit forward by the cache's own rounding (a few percent
+per value, up to a nat of logprob on synthetic weights), far past the bounds the reference layer holds eager to.
+So the transformers twin it is compared with rounds K and V the same way, in plain math at its attention call:
+x → clamp(x / scale, ±448) as FP8 e4m3 → × scale, with the scales pcg's engine read (the checkpoint's or the
+calibrated ones; MLA: the latent row, its normed compressed KV and its rotated key part, before they are expanded).
+None of pcg's cache, backends or dequantization runs here, so a runtime that quantizes with one scale and reads
+with another, or forgets the scale on read, lands far from this reference while graph = eager holds.
+The noise that sets the bounds is measured the same way as for any cell: this twin in the cell's dtype (or with
+transformers' other attention) against itself in float32, rounding K and V with the same scales. In half precision
+that noise holds the FP8 roundings that land elsewhere (a bf16 K is 2^-9 from float32's: ~3% of values round to the
+other neighbour). In float32, implementations 1e-7 apart land a value on the other side of an FP8 step only by
+chance: on the CPU (4 architectures × seeds 1–7) pcg's eager never moved a logprob past the float32 floor (worst
+2.8e-4), while 2 of 36 noise runs did (up to 0.019, widening their bounds). Turning FP8 roundings in the noise run
+on purpose to cover such a chance was tried and dropped: one turned value per K or V tensor already widened the max
+bound to whole nats (0.7–4.4 on the tiny models), a bound that would hold nothing.
+
+Registered with transformers as attention implementations `pcg_fp8kv_sdpa` and `pcg_fp8kv_eager` (masks as sdpa's
+and eager's): the twin's modules call them as they call their own, and each reads its layer's scales from the
+module (`pcg_ref_kv_scale`), set on the twin only.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from pcg_core.model.mla import is_mla_attention
+
+PREFIX = "pcg_fp8kv_"
+FP8_E4M3_MAX = 448.0
+SCALE_ATTRIBUTE = "pcg_ref_kv_scale"
+# The eager attention function each model's module calls under "eager" (transformers' modeling modules; Grok's own).
+_EAGER_FUNCTIONS = ("eager_attention_forward", "grok_eager_attention")
+
+
+def fake_quant(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x as an FP8 e4m3 cache with this per-tensor scale gives it back, in x's dtype."""
+    s = torch.tensor(scale, dtype=torch.float32, device=x.device)
+    return ((x.float() / s).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float() * s).to(x.dtype)
+
+
+def _base_function(base: str, module: torch.nn.Module):
+    if base == "sdpa":
+        return ALL_ATTENTION_FUNCTIONS["sdpa"]
+    modeling = sys.modules[type(module).__module__]
+    for name in _EAGER_FUNCTIONS:
+        if (fn := getattr(modeling, name, None)) is not None:
+            return fn
+    raise RuntimeError(f"{type(module).__module__} has no eager attention function ({', '.join(_EAGER_FUNCTIONS)}) "
+                       "for the FP8 KV-cache reference to call")
+
+
+def _fp8_kv_attention(base: str):
+    def attention(module, query, key, value, attention_mask, *args, **kwargs):
+        k_scale, v_scale = getattr(module, SCALE_ATTRIBUTE)
+        if is_mla_attention(module):
+            # The latent's compressed part was rounded at kv_a_layernorm (the hook below), so keys' expanded
+            # no-rope part and the values follow from it; the rotated shared key part is rounded here.
+            nope = module.qk_nope_head_dim
+            key = torch.cat([key[..., :nope], fake_quant(key[..., nope:], k_scale)], dim=-1)
+        else:
+            key, value = fake_quant(key, k_scale), fake_quant(value, v_scale)
+        return _base_function(base, module)(module, query, key, value, attention_mask, *args, **kwargs)
+
+    return attention
+
+
+for _base in ("sdpa", "eager"):
+    AttentionInterface.register(PREFIX + _base, _fp8_kv_attention(_base))
+    AttentionMaskInterface.register(PREFIX + _base, ALL_MASK_ATTENTION_FUNCTIONS[_base])
+
+
+def _round_latent(scale: float):
+    def hook(module: torch.nn.Module, args, out: torch.Tensor) -> torch.Tensor:
+        return fake_quant(out, scale)
+
+    return hook
+
+
+def round_kv(twin: torch.nn.Module, attention: str, scales: Mapping[int, tuple[float, float]]) -> str:
+    """Make transformers' twin round K and V as an FP8 cache with `scales` does; returns the attention
+    implementation to set on its config (`attention`'s FP8 twin)."""
+    for module in twin.modules():
+        layer = getattr(module, "layer_idx", None)
+        if layer is None or not hasattr(module, "o_proj"):
+            continue
+        k_scale, v_scale = (float(x) for x in scales[layer])
+        setattr(module, SCALE_ATTRIBUTE, (k_scale, v_scale))
+        if is_mla_attention(module):
+            module.kv_a_layernorm.register_forward_hook(_round_latent(k_scale))
+    return PREFIX + attention
