@@ -98,11 +98,11 @@ def with_default_axes(axes: Mapping[str, str]) -> dict[str, str]:
     return {**AXIS_DEFAULTS, **axes} if isinstance(axes, Mapping) else axes
 
 
-def canonical_axes(axes: Mapping[str, str]) -> dict[str, str]:
-    """The axes as the runtime names them now: a quantization alias (fp4, NVFP4's name before the registry) read as
-    its scheme (nvfp4), so a stored run's cells meet tonight's under one key."""
-    quant = axes.get("quant")
-    return {**axes, "quant": quant_registry.canonical(quant)} if isinstance(quant, str) else dict(axes)
+def canonical_key(key: str) -> str:
+    """`key` with the quant axis in today's spelling (fp4, NVFP4's name before the scheme registry, is nvfp4): what
+    cells of different runs are matched by, while each record keeps, and reports show, the key it was stored under."""
+    parts = key.split("|")
+    return "|".join(f"quant={quant_registry.canonical(p[6:])}" if p.startswith("quant=") else p for p in parts)
 
 
 def key_spellings(key: str) -> list[str]:
@@ -413,11 +413,6 @@ class CellRecord(CellOutcome):
     def read(cls, row: Mapping[str, Any]) -> CellRecord:
         """A record as a store holds it: strict about everything but the metrics, read leniently
         (CellMetrics.lenient), since a writer may have stored them before they had a type."""
-        axes = row.get("axes")
-        if isinstance(axes, Mapping) and (now := canonical_axes(axes)) != dict(axes):  # a renamed value, stored before
-            key, full = row.get("key"), with_default_axes(axes)
-            same = set(full) == set(AXES) and key == cell_key(full)  # the key its axes make, so it is renamed too
-            row = {**row, "axes": now, "key": cell_key(with_default_axes(now)) if same else key}
         try:
             return cls.model_validate(row)
         except ValidationError:

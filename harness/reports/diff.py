@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.outcome import CellRecord
+from harness.outcome import CellRecord, canonical_key
 from harness.reports.frame import graph_latencies, timings
 from harness.reports.markdown import one_line, table
 from harness.reports.run_info import FIELDS, run_label
@@ -97,12 +97,15 @@ def diff_runs(base_records: Sequence[CellRecord], head_records: Sequence[CellRec
     (most slowed-down first)."""
     if speedup_threshold < 0:
         raise ValueError(f"speedup_threshold must be >= 0, got {speedup_threshold}")
-    base, head = {r.key: r for r in base_records}, {r.key: r for r in head_records}
+    # Matched by the key in today's spelling (a run stored with quant=fp4 meets one with nvfp4), shown as stored.
+    base = {canonical_key(r.key): r for r in base_records}
+    head = {canonical_key(r.key): r for r in head_records}
     d = RunDiff(speedup_threshold=speedup_threshold)
-    d.added = sorted(head.keys() - base.keys(), key=natural_key)
-    d.removed = sorted(base.keys() - head.keys(), key=natural_key)
-    for key in sorted(base.keys() & head.keys(), key=natural_key):
-        b, h = base[key], head[key]
+    d.added = sorted((head[k].key for k in head.keys() - base.keys()), key=natural_key)
+    d.removed = sorted((base[k].key for k in base.keys() - head.keys()), key=natural_key)
+    for same in sorted(base.keys() & head.keys(), key=lambda k: natural_key(head[k].key)):
+        b, h = base[same], head[same]
+        key = h.key
         bs, hs = str(b.status), str(h.status)
         axes = dict(h.axes)
         if bs != hs:

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from harness.outcome import CellRecord
+from harness.outcome import CellRecord, canonical_key
 from harness.reports.frame import graph_latencies
 from harness.reports.markdown import one_line, table
 from harness.reports.stats import geomean, is_failing, is_passing, natural_key
@@ -91,20 +91,21 @@ def _slowdown(key: str, nights: list[CellRecord | None], policy: Policy) -> Slow
 def judge_night(tonight: Sequence[CellRecord], history: Sequence[Sequence[CellRecord]], policy: Policy = Policy()) -> NightlyVerdict:
     """The verdict on tonight's records against earlier nightlies of the same matrix (`history`, newest first,
     one final record per cell each, as the store hands them out)."""
-    past = [{r.key: r for r in run} for run in history]
+    past = [{canonical_key(r.key): r for r in run} for run in history]  # an old spelling (quant=fp4) meets today's
     v = NightlyVerdict(policy, len(past))
     for r in sorted(tonight, key=lambda r: natural_key(r.key)):
         status = str(r.status)
         if status == "pass_flaky":
             v.flaky.append(r.key)
+        ck = canonical_key(r.key)
         if is_failing(status):
-            earlier = [run[r.key] for run in past if r.key in run][: policy.keep]
+            earlier = [run[ck] for run in past if ck in run][: policy.keep]
             if earlier and all(is_passing(str(e.status)) for e in earlier):
                 v.regressions.append(Regression(r.key, status, r.reason, len(earlier)))
             else:
                 v.known_failures.append(r.key)
             continue
-        if (s := _slowdown(r.key, [r, *(run.get(r.key) for run in past)], policy)) is not None:
+        if (s := _slowdown(r.key, [r, *(run.get(ck) for run in past)], policy)) is not None:
             v.slowdowns.append(s)
     v.slowdowns.sort(key=lambda s: -s.rel_change)
     return v

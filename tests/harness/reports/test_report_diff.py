@@ -95,3 +95,12 @@ def test_markdown_lists_new_failures_before_fixes(row, run):
                                    "## Speedup changes", "| slower | 4.00× | 3.00× | -25.0% |", "## Added", "## Removed")]
     assert order == sorted(order)
     assert "| torch_version | 2.11.0 | 2.12.0 |" in md
+
+
+def test_a_cell_renamed_by_a_scheme_alias_is_compared_not_added_and_removed(row):
+    """A base run stored with quant=fp4 and a head run with nvfp4 (the registry's name): the same cells, compared;
+    each side keeps the key it was stored under."""
+    old, new = "model=m|quant=fp4|graph=full", "model=m|quant=nvfp4|graph=full"
+    d = diff_runs([row(old, "pass", quant="fp4"), row("gone", "pass")], [row(new, "fail_accuracy", quant="nvfp4")])
+    assert d.added == [] and d.removed == ["gone"]
+    assert [(c.key, c.base_status, c.head_status) for c in d.new_failures] == [(new, "pass", "fail_accuracy")]

@@ -78,3 +78,15 @@ def test_the_policy_refuses_nonsense():
         Policy(keep=0)
     with pytest.raises(ValueError):
         Policy(latency_threshold=-0.1)
+
+
+def test_a_cell_stored_under_its_schemes_old_name_is_the_same_cell_tonight():
+    """NVFP4 cells were keyed quant=fp4 before the scheme registry named it nvfp4: last nights' passes under the old
+    key make tonight's failure under the new one a regression, and a slowdown is measured across the rename."""
+    old, new = "model=m|quant=fp4|graph=full", "model=m|quant=nvfp4|graph=full"
+    v = judge_night(_night("fail_accuracy", key=new), [_night(key=old)] * 3)
+    assert [r.key for r in v.regressions] == [new]
+    slow = judge_night(_night(ms=2.0, key=new), [_night(ms=2.0, key=new)] * 2 + [_night(ms=1.0, key=old)] * 3)
+    assert [s.key for s in slow.slowdowns] == [new]
+    other = judge_night(_night("fail_accuracy", key="model=m|quant=awq|graph=full"), [_night(key=old)] * 3)
+    assert not other.regressions  # only an alias is the same cell
