@@ -178,6 +178,8 @@ def _kv_scales(cell: _Cell) -> None:
     model = cell.lm.model
     if getattr(model, ATTRIBUTE, None) is not None:
         cell.metrics.kv_scales = "checkpoint"
+        if (read := cell.metrics.checkpoint_kv_scales) is not None:  # the checkpoint's scales, now in use
+            cell.metrics.checkpoint_kv_scales = read.model_copy(update={"applied": True})
         return
     case = cell.cases[0]
     try:

@@ -21,19 +21,21 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
         rows = store.results(first["id"])
         attempts_before = store.results(first["id"], all_attempts=True)
     # unquantized: 14 models × 3 attention backends × 3 graph backends; 8-bit: 4 schemes × 3 models × sdpa × 3 graphs;
-    # 4-bit weight-only (awq, gptq, nvfp4): 3 schemes × 3 models × sdpa × 3 graphs
-    assert len(rows) == 126 + 36 + 27
+    # 4-bit weight-only (awq, gptq, nvfp4): 3 schemes × 3 models × sdpa × 3 graphs; the FP8 KV cache: 4 cells
+    assert len(rows) == 126 + 36 + 27 + 4
     assert all(r.status in STATUSES for r in rows)
     launched = [r for r in rows if r.status != "unsupported"]
     # 11 runnable models (gpt-oss and Grok-2 the newest; DeepSeek-V3 and Kimi-K2 with MLA) × {sdpa, flex} × 3 graphs;
     # varlen is marked unsupported on the CPU, with the reason; each 8-bit scheme on Llama, Qwen3 and Qwen3-MoE ×
     # 3 graphs; each 4-bit weight-only scheme (awq, gptq, nvfp4) on Llama, Qwen3 and Qwen3-MoE × 3 graphs
-    assert len(launched) == 66 + 36 + 27 and all(r.passed for r in launched), \
+    assert len(launched) == 66 + 36 + 27 + 4 and all(r.passed for r in launched), \
         [(r.key, r.status, r.reason) for r in launched if not r.passed]
     mla_flex = [r for r in rows if r.axes["model"] in ("deepseek-v3:tiny", "kimi-k2:tiny") and r.axes["attention"] == "flex"]
-    assert len(mla_flex) == 6 and all(r.passed for r in mla_flex)
+    assert len(mla_flex) == 7 and all(r.passed for r in mla_flex)  # 6 + DeepSeek-V3's FP8 latent cache
     grok_flex = [r for r in rows if r.axes["model"] == "grok-2:tiny" and r.axes["attention"] == "flex"]
     assert len(grok_flex) == 3 and all(r.passed for r in grok_flex)
+    fp8_kv = [r for r in rows if r.axes["kv_cache"] == "fp8_e4m3"]
+    assert len(fp8_kv) == 4 and all(r.passed and r.metrics.kv_scales == "calibrated" for r in fp8_kv)
     quantized = [r for r in rows if r.axes["quant"] not in ("none", "awq", "gptq", "nvfp4")]
     assert len(quantized) == 36 and all(r.passed for r in quantized)
     # 7 linears per dense layer; 4 + the fused experts per MoE layer; 2 layers

@@ -97,3 +97,16 @@ def test_the_summary_says_what_was_read_and_whether_it_was_applied():
     line = rec.summary()
     assert "2 attention layers" in line and "k 0.0065–0.0067" in line and "not applied" in line
     assert "not applied" not in CheckpointKvScales(layers=2, applied=True).summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["modelopt-fp8-legacy", "compressed-tensors-fp8-mla"])
+def test_an_fp8_kv_cache_cell_applies_the_checkpoints_scales(case, tmp_path):
+    """kv_cache=fp8_e4m3 on a checkpoint that declares its scales: the cell runs on those (not calibrated ones),
+    held to the reference like any FP8-cache cell, and the record says they were applied."""
+    _write(tmp_path, case)
+    out = run_cell(CellSpec(str(tmp_path), weights="real", quant=CASES[case][4], graph="piecewise", kv_cache="fp8_e4m3",
+                            max_tokens=64, max_new_tokens=2))
+    assert out.status == Status.PASS, out.reason
+    assert out.metrics.kv_scales == "checkpoint" and out.metrics.checkpoint_kv_scales.applied is True
+    assert "applied" in out.reason and "not applied" not in out.reason
