@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from pcg_core.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from pcg_core.quant.calibrate import calibrate_kv_scales, record_input_absmax
+    from pcg_core.quant.calibrate import producer_kv_scales, record_input_absmax
     from pcg_core.quant.formats.checkpoint import LoadReport, load_quantized, write_checkpoint
     from pcg_core.quant.formats.detect import SUPPORTED_FORMATS, QuantSpec, detect
     from pcg_core.quant.formats.kv_scales import KvCacheSpec
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from pcg_core.quant.schemes.w8a8 import SCHEMES, Scheme, get_scheme
 
 _EXPORTS = {
-    "record_input_absmax": "pcg_core.quant.calibrate", "calibrate_kv_scales": "pcg_core.quant.calibrate",
+    "record_input_absmax": "pcg_core.quant.calibrate", "producer_kv_scales": "pcg_core.quant.calibrate",
     "KvCacheSpec": "pcg_core.quant.formats.kv_scales",
     "LoadReport": "pcg_core.quant.formats.checkpoint", "load_quantized": "pcg_core.quant.formats.checkpoint",
     "write_checkpoint": "pcg_core.quant.formats.checkpoint",

@@ -43,12 +43,13 @@ def record_input_absmax(model: torch.nn.Module) -> Iterator[dict[str, float]]:
 _KV_CALIBRATION = "pcg_kv_calibration"
 
 
-def calibrate_kv_scales(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[int, tuple[float, float]]:
+def producer_kv_scales(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[int, tuple[float, float]]:
     """{decoder layer index: (k_scale, v_scale)}, each the absmax of what that layer's KV cache holds over a forward
     of `input_ids` [1, T], divided by FP8 e4m3's 448: a producer's FP8 KV-cache calibration (ModelOpt's, without
     its clamp to ≥ 1, so the scales vary by layer as a mix-up needs them to). The keys are taken after the norm and
     the rotary embedding, as cached; an MLA layer's one scale covers its latent row [normed c, rotated k_rot]
-    (a rotation moves each (x, y) pair on its circle, so the rope part is bounded by its pairs' norms)."""
+    (a rotation moves each (x, y) pair on its circle, so the rope part is bounded by its pairs' norms). For writing
+    synthetic checkpoints below the engine; a cell calibrates through pcg's own cache (engine/kv_scales.py)."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

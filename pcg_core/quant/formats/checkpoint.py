@@ -214,7 +214,7 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     scheme needs each linear's calibrated input absmax (calibrate.record_input_absmax). `ct_format`: the
     compressed-tensors format of int4 weights, pack-quantized (8 per int32) or int-quantized (one per int8, as
     llm-compressor writes W4A8 / W4AFP8). `kv_scales` ({decoder layer: (k_scale, v_scale)}, e.g.
-    calibrate.calibrate_kv_scales) declares an FP8 KV cache and writes them as the producer does (modelopt,
+    calibrate.producer_kv_scales) declares an FP8 KV cache and writes them as the producer does (modelopt,
     compressed-tensors). Test utility and synthetic-checkpoint maker; nothing here is read back by the loader
     except through the files."""
     if ct_format not in ("pack-quantized", "int-quantized"):

@@ -26,7 +26,7 @@ from pcg_core.model.loader import (
 from pcg_core.quant import (
     FP4_SCHEMES,
     SCHEMES,
-    calibrate_kv_scales,
+    producer_kv_scales,
     record_input_absmax,
     write_checkpoint,
 )
@@ -44,7 +44,7 @@ def _write(tmp_path, case: str) -> dict[int, tuple[float, float]]:
     data = shrink_config(read_config_file(CARDS_DIR / "configs" / CONFIGS[model_name]), tiny=True, layers=2)
     model = synthetic_model(build_config(data), dtype=torch.float32, device="cpu", seed=0, peaked=True)
     ids = torch.randint(0, data["vocab_size"], (1, 24), generator=torch.Generator().manual_seed(3))
-    kv = calibrate_kv_scales(model, ids)
+    kv = producer_kv_scales(model, ids)
     absmax = None
     if not getattr(scheme, "act_dynamic", True):  # static input scales: calibrated through pcg's engine
         engine = Engine(model, EngineConfig(device="cpu", dtype="float32", kv_slots=64,

@@ -24,7 +24,7 @@ from pcg_core.quant import (
     FP4_SCHEMES,
     INT4_SCHEMES,
     SCHEMES,
-    calibrate_kv_scales,
+    producer_kv_scales,
     detect,
     load_quantized,
     write_checkpoint,
@@ -117,7 +117,7 @@ def _tiny(arch="qwen3"):
 @pytest.fixture(scope="module")
 def qwen3():
     model, data = _tiny()
-    kv = calibrate_kv_scales(model, torch.randint(0, data["vocab_size"], (1, 24), generator=torch.Generator().manual_seed(1)))
+    kv = producer_kv_scales(model, torch.randint(0, data["vocab_size"], (1, 24), generator=torch.Generator().manual_seed(1)))
     return model, data, kv
 
 
@@ -178,7 +178,7 @@ def test_a_trimmed_load_reads_the_kept_layers_scales(tmp_path, qwen3):
 def test_an_mla_model_hands_on_its_latent_scale_for_k_and_v(tmp_path):
     """DeepSeek-V3 caches one latent row, read as K and V: vLLM writes and reads it with k_scale."""
     model, data = _tiny("deepseek-v3")
-    kv = calibrate_kv_scales(model, torch.randint(0, data["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(2)))
+    kv = producer_kv_scales(model, torch.randint(0, data["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(2)))
     assert all(k == v for k, v in kv.values()) and kv[0] != kv[1]
     kv = {i: (k, 2 * k) for i, (k, _) in kv.items()}  # a v_scale apart: ModelOpt's files carry one
     write_checkpoint(model, data, tmp_path, "modelopt", SCHEMES["fp8_per_token"], kv_scales=kv)
@@ -250,7 +250,7 @@ def test_calibration_measures_what_pcg_s_kv_cache_holds(arch):
     rope part is bounded by its pairs' norms). A calibration of k_proj's raw output would be off by the norm's gain."""
     model, data = _tiny(arch)
     ids = torch.randint(0, data["vocab_size"], (1, 20), generator=torch.Generator().manual_seed(4))
-    kv = calibrate_kv_scales(model, ids)
+    kv = producer_kv_scales(model, ids)
     engine = make_engine(model, "disabled")
     engine.forward(engine.prefill_batch([ids[0].tolist()]))
     for layer, (k, v) in kv.items():
