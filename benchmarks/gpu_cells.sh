@@ -3,24 +3,47 @@
 # one file have come back unreadable), gathered into $OUT/${NAME:-cells}.jsonl, .err and .md at the end.
 # Each line of the list file: model:layers (or model:tiny) attention graph [compiler [quant [max_tokens [kv_cache]]]]
 # The list stops after ${LIST_TIMEOUT:-540} s (cells not started are lost, running ones killed) so that the gathering
-# below always runs: the device brings back only a few files, never the per-cell ones.
+# below always runs: the device brings back only a few files, never the per-cell ones. Cells that ran out of GPU
+# memory while others ran are tried again alone in the time left (RETRY_OOM=0: not); a retried cell's record
+# replaces the first one.
 # Usage on the GPU machine, from the repo root: bash benchmarks/gpu_cells.sh LIST_FILE
 source "$(dirname "$0")/gpu_env.sh"
 name=${NAME:-cells}
 mkdir -p "$OUT/$name"
-grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' | timeout ${LIST_TIMEOUT:-540} xargs -P ${CELL_JOBS:-8} -L 1 bash -c '
-  i=$0 spec=$1 attention=$2 graph=$3 compiler=${4:-eager} quant=${5:-none} tokens=${6:-256} kv=${7:-auto}
+# One cell: list index, then the list line's fields. Exported for the xargs below.
+run_cell() {
+  i=$1 spec=$2 attention=$3 graph=$4 compiler=${5:-eager} quant=${6:-none} tokens=${7:-256} kv=${8:-auto}
   model=${spec%%:*}; layers=${spec##*:}
   if [[ $layers == tiny ]]; then size=(--tiny); else size=(--layers "$layers"); fi
   t0=$SECONDS
   timeout ${CELL_TIMEOUT:-500} python3 -m harness.cli cell --model "$model" "${size[@]}" --attention "$attention" \
     --graph "$graph" --compiler "$compiler" --quant "$quant" --kv-cache "$kv" --device ${DEVICE:-cuda} \
-    --max-tokens "$tokens" --json \
-    > "$OUT/'"$name"'/$i.json" 2> "$OUT/'"$name"'/$i.err"
-  rc=$?; echo "cell $i ($spec $attention $graph $compiler $quant $kv): rc $rc, $((SECONDS - t0)) s"' 
-# a list cut by LIST_TIMEOUT leaves its running cells behind (xargs dies, its children do not): they would hold
-# the GPU's memory under the next list
-pkill -TERM -f "harness.cli cell" && sleep 5; pkill -KILL -f "harness.cli cell"
+    --max-tokens "$tokens" --json > "$OUT/$name/$i.json" 2> "$OUT/$name/$i.err"
+  echo "cell $i ($spec $attention $graph $compiler $quant $kv): rc $?, $((SECONDS - t0)) s${RETRY:+ (alone)}"
+}
+export -f run_cell; export OUT name
+# The cells run in a session of their own, killed together when the list's time is up: a list cut by LIST_TIMEOUT
+# leaves its running cells behind (xargs dies, its children do not), and they would hold the GPU's memory under
+# the next list; killing by name (`pkill -f "harness.cli cell"`) took down another list's cells run side by side.
+run_list() {  # LIST_FILE JOBS SECONDS
+  (( $3 > 0 )) || return 0
+  setsid -w bash -c 'echo $$ > "$0"; exec timeout "$1" xargs -P "$2" -L 1 bash -c '"'"'run_cell "$@"'"'"' _ < "$3"' \
+    "$OUT/$name.pgid" "$3" "$2" "$1"
+  # by session: each cell's own `timeout` puts it in a process group of its own, never in a session of its own
+  sid=$(cat "$OUT/$name.pgid"); pkill -TERM -s "$sid" && sleep 5; pkill -KILL -s "$sid"
+  rm -f "$OUT/$name.pgid"
+}
+t_start=$SECONDS
+grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' > "$OUT/$name.todo"
+run_list "$OUT/$name.todo" ${CELL_JOBS:-8} ${LIST_TIMEOUT:-540}
+# Cells that ran out of memory beside others get the GPU to themselves in the time left (a cell's own OOM stays).
+grep -l '"status": *"oom"' "$OUT/$name"/*.json 2>/dev/null | xargs -r -n1 basename | sed 's/\.json$//' | sort -n \
+  | while read -r i; do grep "^$i " "$OUT/$name.todo"; done > "$OUT/$name.oom"
+if [[ -s $OUT/$name.oom && ${RETRY_OOM:-1} == 1 ]]; then
+  echo "$(wc -l < "$OUT/$name.oom") cell(s) ran out of memory beside others: again, one at a time"
+  RETRY=1 run_list "$OUT/$name.oom" 1 $(( ${LIST_TIMEOUT:-540} - (SECONDS - t_start) ))
+fi
+rm -f "$OUT/$name.todo" "$OUT/$name.oom"
 cat "$OUT/$name"/*.json > "$OUT/$name.jsonl" 2>/dev/null
 for f in "$OUT/$name"/*.err; do echo "== cell $(basename "$f" .err)"; tail -30 "$f"; done > "$OUT/$name.err"
 rm -rf "$OUT/$name"  # the device returns a few files per call: the gathered ones only

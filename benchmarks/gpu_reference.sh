@@ -19,9 +19,7 @@ if [[ " $phases " == *" tests "* ]]; then
     2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
 fi
 if [[ " $phases " == *" before "* ]]; then
-  # run as harness.cli.__main__: gpu_cells.sh's closing `pkill -f "harness.cli cell"` (the after phase's, when both
-  # run side by side) must not take it down
-  PCG_PLUGINS=benchmarks.planted_fp8_block_layout timeout ${BEFORE_TIMEOUT:-300} python3 -m harness.cli.__main__ cell \
+  PCG_PLUGINS=benchmarks.planted_fp8_block_layout timeout ${BEFORE_TIMEOUT:-300} python3 -m harness.cli cell \
     --model qwen2.5-0.5b --layers 24 --attention flex --graph piecewise --quant fp8_block --device cuda \
     --max-tokens 4096 --json > "$OUT/before.jsonl" 2> "$OUT/before.err"
   echo "before: rc $?"

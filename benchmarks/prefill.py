@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="capture backends, comma-separated; BACKEND:inductor compiles the pieces with inductor")
     ap.add_argument("--configs", default=None,
                     help="ATTENTION/BACKEND[:inductor] pairs, comma-separated, instead of --attention × --backends")
+    ap.add_argument("--kv-cache", default="auto",
+                    help="KV cache dtypes, comma-separated (auto,fp8_e4m3): each config runs once per dtype, side by "
+                         "side; fp8_e4m3 uses per-layer scales calibrated on a 16-bit eager engine over the prompts")
     ap.add_argument("--reduce-overhead", action="store_true", help="add torch.compile(mode='reduce-overhead') on the HF model")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--json", dest="json_out", default=None)
@@ -139,13 +142,17 @@ def main(argv: list[str] | None = None) -> int:
     configs = [(a, b) for a in args.attention.split(",") for b in args.backends.split(",")]
     if args.configs:
         configs = [tuple(c.split("/", 1)) for c in args.configs.split(",")]
-    for attention, spec in configs:
+    kv_caches = args.kv_cache.split(",")
+    if "fp8_e4m3" in kv_caches:
+        calibrate_scales(lm, args, kv_slots, list(prompts.values()))
+    configs = [(a, b, kv) for a, b in configs for kv in kv_caches]
+    for attention, spec, kv_cache in configs:
         name, _, compiler = spec.partition(":")
-        label = f"{attention}/{spec}"
+        label = f"{attention}/{spec}" + ("" if kv_caches == ["auto"] else f"/kv-{kv_cache}")
         t0 = time.perf_counter()
         try:
             engine = Engine(lm.model, EngineConfig(device=args.device, dtype=args.dtype, kv_slots=kv_slots, attention=attention,
-                                                   capture=CaptureConfig(backend=name, compiler=compiler or "eager",
+                                                   kv_cache=kv_cache, capture=CaptureConfig(backend=name, compiler=compiler or "eager",
                                                                          max_tokens=args.max_tokens)))
         except Exception as e:  # noqa: BLE001 - a config that cannot be built is a row with its error
             result["configs"][label] = {"error": f"{type(e).__name__}: {e}"[:400]}
@@ -186,6 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def calibrate_scales(lm, args, kv_slots: int, prompts: list[list[int]]) -> None:
+    """Per-layer FP8 KV scales on the model, from a 16-bit eager engine over the benchmark's prompts (as a cell does)."""
+    from pcg_core.engine.kv_scales import calibrate_kv_scales, set_kv_scales
+
+    engine = Engine(lm.model, EngineConfig(device=args.device, dtype=args.dtype, kv_slots=kv_slots,
+                                           capture=CaptureConfig(backend="disabled")))
+    set_kv_scales(lm.model, calibrate_kv_scales(engine, prompts[:2], max_new_tokens=2))
+    del engine
 
 
 def _prepare(engine: Engine, batch) -> None:

@@ -42,14 +42,21 @@ def block_weight_scales(scale: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(scale.float(), (0, (-kb) % 4)).t()
 
 
+@torch.library.custom_op("pcg::block_fp8_mm", mutates_args=())
 def block_fp8_mm(xq: torch.Tensor, sx: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
     """xq (M, K) FP8 with 1×128 group scales sx (M, K/128), times the (N, K) FP8 weight with 128×128 block scales:
-    bf16 (M, N). M must be a multiple of 4 (the caller pads)."""
+    bf16 (M, N). M must be a multiple of 4 (the caller pads). A custom op because Dynamo cannot trace torch 2.11's
+    `scaled_mm` (it lands on the untraceable builtin `_scaled_mm_v2`): piecewise capture sees one opaque node."""
     from torch.nn.functional import ScalingType, scaled_mm
 
     sx = sx.t().contiguous().t()  # column-major, as cuBLASLt's 1×128 block scaling wants
     return scaled_mm(xq, weight.t(), sx, ScalingType.BlockWise1x128, block_weight_scales(weight_scale),
                      ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
+
+
+@block_fp8_mm.register_fake
+def _block_fp8_mm_fake(xq, sx, weight, weight_scale):
+    return xq.new_empty((xq.shape[0], weight.shape[0]), dtype=torch.bfloat16)
 
 
 def block_scaled_mm(xq: torch.Tensor, sx: torch.Tensor, w8: torch.Tensor, scales: torch.Tensor,
