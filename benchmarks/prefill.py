@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             result["configs"]["reduce-overhead"] = {"error": f"{type(e).__name__}: {e}"[:400]}
             print(f"reduce-overhead failed: {result['configs']['reduce-overhead']['error']}")
     print_table(result, tokens)
+    result["targets"] = targets(result, tokens)
+    print_targets(result["targets"])
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))
     return 0
@@ -206,10 +208,64 @@ def calibrate_scales(lm, args, kv_slots: int, prompts: list[list[int]]) -> None:
 
 
 def _prepare(engine: Engine, batch) -> None:
-    """What a forward does before its graphs: the inputs written, the attention metadata built (eager kernels)."""
+    """What a forward does before its graphs: the batch staged and uploaded, the attention metadata built (a prep
+    graph replayed where the attention backend allows one, else eager kernels)."""
     n = len(batch)
-    _, _, md = engine.inputs.fill(batch, engine.bucket_for(n) or n)
-    engine.attn_backend.begin_forward(md)
+    bucket = engine.bucket_for(n)
+    engine.stage_inputs(batch, bucket or n, replay=bucket is not None)
+
+
+TARGET_SIZES = (8, 128, 512, 2048)
+HOST_WORK_MS = 0.15  # issue 38: the host work before the graphs at 8 tokens
+BREAKABLE_OVER_FULL = 1.10
+COLD_BUILD_S = 45.0
+
+
+def targets(result: dict, tokens: list[int]) -> list[dict]:
+    """Issue 38's targets that this run measured, each as {target, measured, ok}: ratios of configurations
+    measured side by side in this one run (the same model, the same prompts, one process)."""
+    rows = {k: v for k, v in result["configs"].items() if "error" not in v}
+    sizes = [n for n in TARGET_SIZES if n in tokens]
+    out: list[dict] = []
+
+    def add(target: str, measured: float, bound: float) -> None:
+        out.append({"target": target, "measured": measured, "bound": bound, "ok": measured <= bound})
+
+    def lat(label: str, n: int) -> float:
+        return rows[label]["latency_ms"][n]
+
+    for label in rows:
+        parts = label.split("/")
+        if len(parts) >= 2 and parts[1] == "breakable":
+            full = "/".join([parts[0], "full", *parts[2:]])
+            if full in rows:
+                for n in sizes:
+                    add(f"{label} / {full} @{n}", lat(label, n) / lat(full, n), BREAKABLE_OVER_FULL)
+        if len(parts) >= 2 and parts[0] == "varlen":
+            sdpa = "/".join(["sdpa", *parts[1:]])
+            if sdpa in rows:
+                for n in sizes:
+                    add(f"{label} / {sdpa} @{n}", lat(label, n) / lat(sdpa, n), 1.0)
+        if label != "reduce-overhead" and 8 in rows[label].get("prep_ms", {}):
+            add(f"{label} host work before the graphs @8 (ms)", rows[label]["prep_ms"][8], HOST_WORK_MS)
+    ro = rows.get("reduce-overhead")
+    pcg = {k: v for k, v in rows.items() if k != "reduce-overhead"}
+    if ro and pcg:
+        for n in sizes:
+            best = min(pcg, key=lambda k: pcg[k]["latency_ms"][n])
+            add(f"best pcg ({best}) / reduce-overhead @{n}", lat(best, n) / ro["latency_ms"][n], 1.0)
+    if pcg:
+        fastest = min(pcg, key=lambda k: sum(pcg[k]["latency_ms"][n] for n in sizes) if sizes else 0)
+        add(f"{fastest} whole ladder built (s, cold only on a fresh machine)", pcg[fastest]["build_s"], COLD_BUILD_S)
+    return out
+
+
+def print_targets(rows: list[dict]) -> None:
+    if not rows:
+        return
+    print("\ntargets (issue 38)")
+    for r in rows:
+        print(f"{'✓' if r['ok'] else '✗'} {r['target']}: {r['measured']:.3g} (≤ {r['bound']:g})")
 
 
 def print_table(result: dict, tokens: list[int]) -> None:
@@ -232,7 +288,7 @@ def print_table(result: dict, tokens: list[int]) -> None:
             print(f"{label} | " + " | ".join(f"{n} tok: {p['kernels']} kernels, {p['gpu_ms']:.2f} ms" for n, p in prof.items()))
     for label, r in rows.items():
         if r.get("prep_ms"):
-            print(f"{label} | inputs + attention metadata per forward (eager, before the graphs): "
+            print(f"{label} | host work before the graphs (inputs staged and uploaded, attention metadata: a prep graph or eager): "
                   + ", ".join(f"{n}: {ms:.2f} ms" for n, ms in r["prep_ms"].items()))
     print("\nheaviest kernels per forward (count, GPU µs)")
     for label, r in rows.items():

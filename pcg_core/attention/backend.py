@@ -8,6 +8,8 @@ A backend is built per engine, over that engine's KV cache, and owns the static 
 (a mask, a block mask, cu_seqlens) sized for the largest bucket. Two calls per forward:
 - `begin_forward(md)`: after the engine wrote the batch into its input buffers, before any graph runs; on the
   host's side of the graph, so it may copy host data in (varlen's cu_seqlens) or run device ops (sdpa's mask).
+  A backend whose begin_forward is device work alone declares `prep_capturable`: the engine then records it in
+  a graph per bucket and, at replay, calls `rebind(md)` for the Python side.
 - `forward(q, k, v, out, params, md)`: per layer, inside the split op (between graphs, or recorded in a
   `full` graph), writes this layer's KV and the attention output.
 """
@@ -43,6 +45,9 @@ class AttentionBackend(ABC):
     # KV-cache dtypes (pcg_core.known.KV_CACHE_DTYPES) it reads correctly: an FP8 cache only through KVCache.read,
     # which dequantizes; a backend that reads the cache tensors itself declares "auto" alone.
     kv_caches: ClassVar[tuple[str, ...]] = ("auto",)
+    # Is begin_forward device work only, on static buffers, shaped by the bucket alone? Then the engine records it
+    # per bucket in a prep graph (engine/prep.py) and calls `rebind` instead at replay.
+    prep_capturable: ClassVar[bool] = False
 
     def __init__(self, cache: KVCache, max_tokens: int):
         device = cache.slot_seq.device
@@ -87,6 +92,11 @@ class AttentionBackend(ABC):
     # Per forward ---------------------------------------------------------------------------------------------
     def begin_forward(self, md: AttentionMetadata) -> None:
         """Fill this backend's metadata buffers for the batch in `md` (outside any graph)."""
+
+    def rebind(self, md: AttentionMetadata) -> None:
+        """After a prep graph replayed begin_forward's device work for `md`'s bucket: set the per-forward Python
+        state begin_forward sets (views, objects), as it set them for that bucket."""
+        raise NotImplementedError(f"attention backend {self.name!r} does not declare prep_capturable")
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, params: LayerParams,

@@ -87,6 +87,7 @@ class FlexBackend(AttentionBackend):
     capturable = True
     kv_caches = ("auto", "fp8_e4m3")  # reads through KVCache.read
     page_size = 128
+    prep_capturable = True  # the block mask: device ops into static buffers; BlockMask objects kept per bucket
 
     def __init__(self, cache, max_tokens):
         super().__init__(cache, max_tokens)
@@ -96,6 +97,7 @@ class FlexBackend(AttentionBackend):
         self._md = None  # the forward the block masks below were built for
         self._masks: dict[int, BlockMask] = {}  # window → this forward's block mask
         self._cpu_masks: dict[int, torch.Tensor] = {}  # window → this forward's [T, slots] mask (CPU path)
+        self._bucket_masks: dict[int, dict[int, BlockMask]] = {}  # tokens → the masks begin_forward last built
         self._windows: list[int] = []  # the sliding windows (0: none) the model's layers use
         self._compiled = self.device.type == "cuda"
         self._kernels: dict[tuple, object] = {}  # (tokens, window, softcap, temperature, sinks, gqa, …) → compiled call
@@ -117,6 +119,13 @@ class FlexBackend(AttentionBackend):
         self._md, self._masks, self._cpu_masks = md, {}, {}
         for window in self._windows:
             self._masks[window] = self._build(n, window)
+        if b is self._static:  # their tensors are views of the static buffers: valid for every forward of n tokens
+            self._bucket_masks[n] = self._masks
+
+    def rebind(self, md) -> None:
+        """A prep graph refilled the static buffers for md's bucket: its block masks are the ones built for it."""
+        self._bufs, self._md, self._cpu_masks = self._static, md, {}
+        self._masks = self._bucket_masks[md.num_tokens]
 
     def block_mask(self, md, window: int) -> BlockMask:
         """This forward's block mask for `window`. Built by begin_forward, except on the first forward that meets

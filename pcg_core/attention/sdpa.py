@@ -24,6 +24,7 @@ class SdpaBackend(AttentionBackend):
     capturable = True
     kv_caches = ("auto", "fp8_e4m3")  # reads through KVCache.read
     page_size = 16
+    prep_capturable = True  # the mask: two device ops into a static buffer
 
     def __init__(self, cache, max_tokens):
         super().__init__(cache, max_tokens)
@@ -37,6 +38,9 @@ class SdpaBackend(AttentionBackend):
         self.mask = buf[:n]
         torch.eq(md.seq_ids[:, None], c.slot_seq[None, : c.num_slots], out=self.mask)
         self.mask.logical_and_(c.slot_pos[None, : c.num_slots] <= md.positions[:, None])
+
+    def rebind(self, md) -> None:
+        self.mask = self._mask[: md.num_tokens]
 
     def forward(self, q, k, v, out, params, md) -> None:
         c = self.cache

@@ -14,11 +14,13 @@ from typing import Callable
 import torch
 
 from pcg_core.attention import KVCache, get_attention_backend
+from pcg_core.attention.metadata import AttentionMetadata
 from pcg_core.capture import make_capture_backend
 from pcg_core.capture.stats import CaptureStats
 from pcg_core.config import EngineConfig
 from pcg_core.engine.inputs import InputBuffers, PackedBatch
 from pcg_core.engine.kv_scales import kv_scales_of
+from pcg_core.engine.prep import PrepGraphs
 from pcg_core.errors import ConfigError
 from pcg_core.forward_context import AttentionObserver, CaptureMode, ForwardContext, set_forward_context
 
@@ -102,8 +104,11 @@ class Engine:
         self.on_forward: ForwardListener | None = None
         # The capture backend (self.attn_backend is attention's); it also checks the backend name.
         self.backend = make_capture_backend(config.capture, self._body, self.device, self._dummy_inputs, self.attn_backend)
+        self.prep = PrepGraphs(self.inputs, self.attn_backend, self.device)
         with torch.inference_mode(False), torch.no_grad():
             self.backend.prepare()
+            if self.backend.pads:
+                self.prep.capture(list(config.capture.ladder), PackedBatch([], [], [], []))
         if scales is not None:
             # Loaded after capture, on purpose: graphs must read the scale tensors, and a graph that kept the value
             # it saw at capture (1) then differs from eager in every cell, not only after a recalibration.
@@ -148,13 +153,22 @@ class Engine:
                 self.stats.bucket_hits[bucket] += 1
         if self.on_forward is not None:
             self.on_forward(batch, bucket, replay, decode)
-        input_ids, positions, md = self.inputs.fill(batch, bucket or n)
-        self.attn_backend.begin_forward(md)
+        input_ids, positions, md = self.stage_inputs(batch, bucket or n, replay)
         mode = CaptureMode.REPLAY if replay else CaptureMode.EAGER
         ctx = ForwardContext(md, self.attn_backend, bucket=bucket, mode=mode, observer=observer)
         with set_forward_context(ctx):
             hidden = self.backend.run(input_ids, positions, ctx) if replay else self._body(input_ids, positions)
         return hidden[:n]
+
+    def stage_inputs(self, batch: PackedBatch, num_tokens: int, replay: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """The batch into the input buffers and the attention metadata built: a replay takes the bucket's prep
+        graph where there is one (one launch), anything else the eager upload and begin_forward."""
+        staged = self.inputs.stage(batch, num_tokens)
+        if not (replay and self.prep.replay(staged)):
+            self.inputs.upload(staged)
+            self.inputs.mark_uploaded()
+            self.attn_backend.begin_forward(staged.md)
+        return staged.input_ids, staged.md.positions, staged.md
 
     def prefill_batch(self, prompts: list[list[int]], extra_slots: int = 0) -> PackedBatch:
         """Reset the cache, allocate slots for `prompts` (+ extra per sequence) and pack them into one batch."""

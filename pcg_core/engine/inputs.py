@@ -1,7 +1,7 @@
 """Static input buffers: token ids, positions and attention metadata, allocated once at the largest bucket.
 
 The attention backend's own metadata (a mask, a block mask, cu_seqlens) is its business: the engine calls its
-`begin_forward` after `fill`.
+`begin_forward` after the upload, or replays both from a prep graph (engine/prep.py).
 
 A forward padded to bucket b uses the first b rows of each buffer, so a graph captured for b finds its inputs
 at the same addresses on every replay. A batch above the largest bucket gets fresh tensors (it runs eagerly).
@@ -32,25 +32,46 @@ class PackedBatch:
         return len(self.token_ids)
 
 
+@dataclass
+class StagedBatch:
+    """A batch written to the host staging rows, not yet uploaded: its metadata (device views, filled by upload)."""
+
+    md: AttentionMetadata
+    input_ids: torch.Tensor  # [T] int64 device view
+    rows: torch.Tensor  # [4, T] int64 device view: input_ids, positions, slot_mapping, seq_ids
+    host: torch.Tensor  # [4, T] int64 host rows (a view of the pinned staging buffer, or fresh for an oversize batch)
+
+
 class InputBuffers:
+    """The engine's static input buffers, and the one way a batch gets into them.
+
+    A batch is written into a pinned host staging buffer (`stage`, host work only), then copied to the device in
+    one transfer and unpacked there (`upload`, device work only). Split so that a graph can hold `upload` (and the
+    attention metadata built from it) for a bucket: the forward's host work is then the staging write and one
+    replay (engine/prep.py). A copy from pinned memory is asynchronous, so `stage` first waits until the previous
+    upload has read the staging buffer (`uploaded`, an event recorded after each upload or replay).
+    """
+
     def __init__(self, capacity: int, cache: KVCache, device: torch.device):
         self.capacity = capacity
         self.cache = cache
         self.device = device
-        self._bufs = self._alloc(capacity) if capacity > 0 else None
+        cuda = device.type == "cuda"
+        self._host = torch.zeros(4, max(capacity, 1), dtype=torch.int64, pin_memory=cuda)
+        self._dev = self._alloc(capacity) if capacity > 0 else None
+        self.uploaded = torch.cuda.Event() if cuda else None
 
     def _alloc(self, n: int) -> dict[str, torch.Tensor]:
         d = self.device
         return {
-            "input_ids": torch.zeros(n, dtype=torch.int64, device=d),
-            "positions": torch.zeros(n, dtype=torch.int64, device=d),
-            "slot_mapping": torch.zeros(n, dtype=torch.int64, device=d),
+            "rows": torch.zeros(4, n, dtype=torch.int64, device=d),  # input_ids, positions, slot_mapping, seq_ids
             "seq_ids": torch.zeros(n, dtype=torch.int32, device=d),
             "valid": torch.zeros(n, dtype=torch.bool, device=d),
         }
 
-    def fill(self, batch: PackedBatch, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Write `batch` padded to `num_tokens` rows; returns (input_ids, positions, metadata) views."""
+    def stage(self, batch: PackedBatch, num_tokens: int) -> StagedBatch:
+        """Write `batch` padded to `num_tokens` rows into the staging buffer (host only); the metadata's device
+        views are filled by `upload`."""
         n = len(batch)
         if num_tokens < n:
             raise ValueError(f"cannot pad {n} tokens down to {num_tokens}")
@@ -64,22 +85,43 @@ class InputBuffers:
             ],
             dtype=torch.int64,
         )
-        bufs = self._bufs if num_tokens <= self.capacity else self._alloc(num_tokens)
-        v = {k: t[:num_tokens] for k, t in bufs.items()}
-        staged = host.to(self.device, non_blocking=True)
-        v["input_ids"].copy_(staged[0])
-        v["positions"].copy_(staged[1])
-        v["slot_mapping"].copy_(staged[2])
-        v["seq_ids"].copy_(staged[3])
-        torch.ge(v["seq_ids"], 0, out=v["valid"])
+        if num_tokens <= self.capacity:
+            if self.uploaded is not None:
+                self.uploaded.synchronize()  # the last upload has read the staging rows overwritten here
+            src = self._host[:, :num_tokens]
+            src.copy_(host)
+            bufs = self._dev
+        else:  # above the largest bucket: fresh buffers, an eager forward
+            src, bufs = host, self._alloc(num_tokens)
+        rows = bufs["rows"][:, :num_tokens]
         md = AttentionMetadata(
             num_tokens=num_tokens,
             num_actual=n,
-            slot_mapping=v["slot_mapping"],
-            positions=v["positions"],
-            seq_ids=v["seq_ids"],
-            valid=v["valid"],
+            slot_mapping=rows[2],
+            positions=rows[1],
+            seq_ids=bufs["seq_ids"][:num_tokens],
+            valid=bufs["valid"][:num_tokens],
             host_seq_ids=host[3, :n],
             host_positions=host[1, :n],
         )
-        return v["input_ids"], v["positions"], md
+        return StagedBatch(md, rows[0], rows, src)
+
+    def upload(self, staged: StagedBatch) -> None:
+        """The staged rows to the device in one copy, unpacked into the metadata's views (device work only: a
+        graph may record it for a bucket, reading the staging buffer at every replay)."""
+        md = staged.md
+        staged.rows.copy_(staged.host, non_blocking=True)
+        md.seq_ids.copy_(staged.rows[3])
+        torch.ge(md.seq_ids, 0, out=md.valid)
+
+    def fill(self, batch: PackedBatch, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """stage + upload: write `batch` padded to `num_tokens` rows; returns (input_ids, positions, metadata)."""
+        staged = self.stage(batch, num_tokens)
+        self.upload(staged)
+        self.mark_uploaded()
+        return staged.input_ids, staged.md.positions, staged.md
+
+    def mark_uploaded(self) -> None:
+        """Record that the staging rows are being read (the next `stage` waits for it before writing them)."""
+        if self.uploaded is not None:
+            self.uploaded.record()

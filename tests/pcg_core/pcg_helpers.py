@@ -175,18 +175,19 @@ def padding_violations(out: torch.Tensor, num_actual: int) -> list[str]:
 def plant_stale_positions(engine, monkeypatch):
     """Fault: from the second forward on, the static positions buffer keeps the previous batch's positions
     (as if the engine forgot to copy them); the attention mask is still built from the right ones."""
-    original = engine.inputs.fill
+    original = engine.stage_inputs
     calls = []
 
-    def stale_fill(batch, num_tokens):
-        before = engine.inputs._bufs["positions"].clone()
-        result = original(batch, num_tokens)
+    def stale_stage(batch, num_tokens, replay):
+        positions = engine.inputs._dev["rows"][1]
+        before = positions.clone()
+        result = original(batch, num_tokens, replay)
         if calls:
-            engine.inputs._bufs["positions"].copy_(before)
+            positions.copy_(before)
         calls.append(num_tokens)
         return result
 
-    monkeypatch.setattr(engine.inputs, "fill", stale_fill)
+    monkeypatch.setattr(engine, "stage_inputs", stale_stage)
     return calls
 
 

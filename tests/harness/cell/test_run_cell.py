@@ -12,6 +12,7 @@ from harness.cli import main
 from harness.matrix import Matrix, expand, precheck
 from harness.outcome import CellOutcome, Status
 from pcg_core.capabilities import capabilities
+from pcg_core.engine.engine import Engine
 from pcg_core.engine.inputs import InputBuffers
 
 CONFIGS = CARDS_DIR / "configs"
@@ -54,13 +55,14 @@ def test_cell_on_a_config_not_tested_elsewhere(tmp_path):
 
 def test_planted_stale_input_fails_accuracy(monkeypatch):
     """A stale static input (positions not refreshed after the first forward) must be caught as fail_accuracy."""
-    real_fill = InputBuffers.fill
+    real_stage = Engine.stage_inputs
 
-    def stale_fill(self, batch, num_tokens):
-        before = self._bufs["positions"].clone()
-        out = real_fill(self, batch, num_tokens)
-        if self._pcg_graph and num_tokens <= self.capacity:
-            self._bufs["positions"].copy_(before)  # the planted bug: the static positions are never refreshed
+    def stale_stage(self, batch, num_tokens, replay):
+        positions = self.inputs._dev["rows"][1]
+        before = positions.clone()
+        out = real_stage(self, batch, num_tokens, replay)
+        if self.inputs._pcg_graph and num_tokens <= self.inputs.capacity:
+            positions.copy_(before)  # the planted bug: the static positions are never refreshed
         return out
 
     real_init = InputBuffers.__init__
@@ -71,7 +73,7 @@ def test_planted_stale_input_fails_accuracy(monkeypatch):
         tagged_init.count += 1
 
     tagged_init.count = 0
-    monkeypatch.setattr(InputBuffers, "fill", stale_fill)
+    monkeypatch.setattr(Engine, "stage_inputs", stale_stage)
     monkeypatch.setattr(InputBuffers, "__init__", tagged_init)
     r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, graph="piecewise", max_tokens=32, max_new_tokens=4))
     assert r.status == "fail_accuracy", r
