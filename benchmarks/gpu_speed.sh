@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 38 on the device: the prep graphs' GPU tests, then issue 38's table re-measured side by side in one run per
+# shape (benchmarks/prefill.py prints each target with ✓/✗ last). Phases (default: tests dense); each fits one
+# device call of 600 s:
+#   tests — pytest -m gpu tests/pcg_core/test_prep_graphs.py tests/pcg_core/test_gpu.py (prep replay = eager
+#           metadata bit for bit, planted not-replayed graph caught; every capture backend's replay = eager)
+#   dense — Qwen3-0.6B shape, 28 layers, bf16, the default ladder to 4096: flex, sdpa, varlen × full, breakable,
+#           piecewise, + inductor pieces, + torch.compile reduce-overhead
+#   moe   — Qwen3-30B-A3B shape, 8 layers: flex and sdpa × full and breakable
+#   mla   — benchmarks/mla_prefill.py (absorbed vs expanded prefill)
+# Carry .whl (pydantic, SQLAlchemy).
+source "$(dirname "$0")/gpu_env.sh"
+phases=${*:-tests dense}
+here=$(dirname "$0")
+cfg=harness/models/configs
+tok=8,32,128,512,2048
+if [[ " $phases " == *" tests "* ]]; then
+  timeout 300 python3 -m pytest -q -m gpu tests/pcg_core/test_prep_graphs.py tests/pcg_core/test_gpu.py 2>&1 \
+    | tee "$OUT/speed_tests.txt" | tail -6
+fi
+if [[ " $phases " == *" dense "* ]]; then
+  timeout 560 python3 "$here/prefill.py" --model $cfg/Qwen__Qwen3-0.6B.json --tokens $tok \
+    --configs flex/full,flex/breakable,flex/piecewise,sdpa/full,sdpa/breakable,varlen/full,varlen/breakable,flex/piecewise:inductor,flex/full:inductor \
+    --reduce-overhead --json "$OUT/prefill_dense.json" 2>&1 | grep -v Warning | tee "$OUT/prefill_dense.txt" | tail -40
+fi
+if [[ " $phases " == *" moe "* ]]; then
+  timeout 560 python3 "$here/prefill.py" --model $cfg/Qwen__Qwen3-30B-A3B.json --layers 8 --tokens $tok \
+    --configs flex/full,flex/breakable,sdpa/full,sdpa/breakable --json "$OUT/prefill_moe.json" 2>&1 \
+    | grep -v Warning | tee "$OUT/prefill_moe.txt" | tail -25
+fi
+if [[ " $phases " == *" mla "* ]]; then
+  timeout 300 python3 "$here/mla_prefill.py" 2>&1 | tee "$OUT/mla_prefill.txt" | tail -15
+fi
