@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         st = engine.stats
         row = {"build_s": build_s, "trace_s": st.trace_s, "compile_s": st.compile_s, "capture_s": st.capture_s,
                "graph_pool_bytes": st.graph_pool_bytes, "graphs_captured": st.graphs_captured, "pieces": st.pieces,
-               "buckets": len(st.buckets), "latency_ms": {}, "bitwise_equal_eager": {}, "max_abs_diff": {}, "profile": {}}
+               "buckets": len(st.buckets), "prep_graphs": len(engine.prep.graphs), "prep_off": engine.prep.disabled_reason,
+               "latency_ms": {}, "bitwise_equal_eager": {}, "max_abs_diff": {}, "profile": {}}
         for n in tokens:
             batch = engine.prefill_batch([prompts[n]])
             row["latency_ms"][n] = median_ms(lambda e=engine, b=batch: e.forward(b), device, warmup=3, repeat=args.repeat)
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["bitwise_equal_eager"][n] = bool(torch.equal(out, eager_same_pad))
                 row["max_abs_diff"][n] = float((out.float() - eager_same_pad.float()).abs().max())
         result["configs"][label] = row
+        if row["prep_off"] and device.type == "cuda":
+            print(f"{label:28s} no prep graphs: {row['prep_off']}", flush=True)
         print(f"{label:28s} built in {build_s:6.2f}s (trace {st.trace_s:.2f}s, compile {st.compile_s:.2f}s, capture "
               f"{st.capture_s:.2f}s, pool {st.graph_pool_bytes / 2**20:.0f} MiB, graphs {st.graphs_captured}); ms: "
               + ", ".join(f"{n}: {ms:.2f}" for n, ms in row["latency_ms"].items()), flush=True)

@@ -110,7 +110,10 @@ class InputBuffers:
         """The staged rows to the device in one copy, unpacked into the metadata's views (device work only: a
         graph may record it for a bucket, reading the staging buffer at every replay)."""
         md = staged.md
-        staged.rows.copy_(staged.host, non_blocking=True)
+        for i in range(4):  # row by row: each a contiguous pinned → device copy, one memcpy node in a graph (a
+            # [4, T] slice of the [4, capacity] buffers is strided, and torch would copy it through a host
+            # temporary made at capture time, which a replay would then read forever)
+            staged.rows[i].copy_(staged.host[i], non_blocking=True)
         md.seq_ids.copy_(staged.rows[3])
         torch.ge(md.seq_ids, 0, out=md.valid)
 

@@ -33,10 +33,13 @@ class PrepGraphs:
         self.enabled = device.type == "cuda" and attn_backend.prep_capturable
         self.pool = GraphPool(device) if self.enabled else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.disabled_reason = "" if self.enabled else "no CUDA, or the attention backend is not prep_capturable"
 
     def capture(self, buckets: list[int], empty: PackedBatch) -> None:
         """Record every bucket's prep (an all-padding batch staged, uploaded and its metadata built eagerly first:
-        the warm-up, and the backend's per-bucket state, e.g. flex's block-mask objects)."""
+        the warm-up, and the backend's per-bucket state, e.g. flex's block-mask objects). A capture that fails
+        leaves no prep graph at all, and says why (`disabled_reason`): every forward then takes the eager path,
+        as correct as before and no faster."""
         if not self.enabled:
             return
         with no_gc_during_capture():
@@ -51,9 +54,11 @@ class PrepGraphs:
                         self.inputs.upload(staged)
                         self.attn_backend.begin_forward(staged.md)
                         self.graphs[bucket] = self.pool.end(graph)
-            except BaseException:
+            except Exception as e:  # noqa: BLE001 - the eager path is the fallback, named in disabled_reason
                 self.pool.abort()
-                raise
+                self.graphs.clear()
+                self.enabled = False
+                self.disabled_reason = f"prep graph capture failed: {type(e).__name__}: {e}"[:300]
             torch.cuda.synchronize(self.pool.device)
 
     def replay(self, staged) -> bool:
