@@ -8,9 +8,11 @@
 #           piecewise, + inductor pieces, + torch.compile reduce-overhead
 #   moe   — Qwen3-30B-A3B shape, 8 layers: flex and sdpa × full and breakable
 #   mla   — benchmarks/mla_prefill.py (absorbed vs expanded prefill)
+#   flexcall — benchmarks/flex_call.py: a direct flex call's host µs and GPU ms, part by part (dynamo frame and
+#           guards, the config patch, inductor's artifact alone, the eager ops around), and its profile
 # Carry .whl (pydantic, SQLAlchemy).
 source "$(dirname "$0")/gpu_env.sh"
-phases=${*:-tests dense}
+phases=${*:-tests flexcall dense}
 here=$(dirname "$0")
 cfg=harness/models/configs
 tok=8,32,128,512,2048
@@ -27,6 +29,9 @@ if [[ " $phases " == *" moe "* ]]; then
   timeout 560 python3 "$here/prefill.py" --model $cfg/Qwen__Qwen3-30B-A3B.json --layers 8 --tokens $tok \
     --configs flex/full,flex/breakable,sdpa/full,sdpa/breakable --json "$OUT/prefill_moe.json" 2>&1 \
     | grep -v Warning | tee "$OUT/prefill_moe.txt" | tail -25
+fi
+if [[ " $phases " == *" flexcall "* ]]; then
+  timeout 300 python3 "$here/flex_call.py" --json "$OUT/flex_call.json" 2>&1 | tee "$OUT/flex_call.txt" | tail -20
 fi
 if [[ " $phases " == *" mla "* ]]; then
   timeout 300 python3 "$here/mla_prefill.py" 2>&1 | tee "$OUT/mla_prefill.txt" | tail -15
