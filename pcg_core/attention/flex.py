@@ -46,7 +46,6 @@ KV_TILE = 128  # the widest key tile (BLOCK_N) of inductor's flex kernel configu
 WIDE_HEAD_DIM = 256
 WIDE_HEAD_OPTIONS = {"FORCE_USE_FLEX_ATTENTION": True, "BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1, "num_warps": 4}
 WIDE_HEAD_OPTIONS_FP32 = {**WIDE_HEAD_OPTIONS, "BLOCK_M": 16, "BLOCK_N": 16}
-RECOMPILE_LIMIT = 8  # compiles per code object (one per shape and modifier set): 1 unless a guard fails
 
 
 @dataclass
@@ -227,9 +226,8 @@ class FlexBackend(AttentionBackend):
             kw["kernel_options"] = {"FORCE_USE_FLEX_ATTENTION": True}
         fn = self._kernel((rows, params.sliding_window, params.softcap, params.temperature_len, params.sinks is not None,
                            gqa, tuple(sorted(kw.get("kernel_options", {}).items()))))
-        with _flex_limits():
-            res = fn(query, keys, values, score_mod=self._score_mod(params.softcap, params.temperature_len), block_mask=bm,
-                     scale=params.scale, enable_gqa=gqa, **kw)
+        res = fn(query, keys, values, score_mod=self._score_mod(params.softcap, params.temperature_len), block_mask=bm,
+                 scale=params.scale, enable_gqa=gqa, **kw)
         if params.sinks is not None:
             res, lse = res
             lse = getattr(lse, "lse", lse)[..., :n]  # return_aux gives an AuxOutput
@@ -257,8 +255,9 @@ class FlexBackend(AttentionBackend):
     def _kernel(self, key: tuple):
         fn = self._kernels.get(key)
         if fn is None:
-            fn = self._kernels[key] = torch.compile(_own_code(_flex_call, f"pcg_flex_{len(self._kernels)}"), fullgraph=True,
-                                                    dynamic=False, options=compile_options())
+            name = f"pcg_flex_{len(self._kernels)}"
+            fn = self._kernels[key] = torch.compile(_own_code(_flex_call, name), fullgraph=True, dynamic=False,
+                                                    backend=CompileOnce(name, key))
         return fn
 
 
@@ -320,6 +319,21 @@ def _to_dense(num, idx, full_num, full_idx, dense: torch.Tensor) -> None:
         dense.scatter_(1, i.long(), (ar[None, :] < n[:, None]) | dense.gather(1, i.long()))
 
 
-def _flex_limits():
-    """Around a compiled flex call: a recompile past the limit raises instead of falling back to eager flex."""
-    return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True)
+class CompileOnce:
+    """The compile backend of one flex kernel: inductor with `compile_options`, once. A second compile of the same
+    code object means a guard failed (an input changed shape, dtype or identity where dynamo had specialized):
+    raise, naming the kernel, rather than recompile per call or, past dynamo's recompile limit, silently run the
+    unfused and uncapturable eager flex. Checked here, at compile time, so a call pays nothing for it (a
+    `torch._dynamo.config.patch` around every call, the previous guard, cost host time in every attention hole)."""
+
+    def __init__(self, name: str, key: tuple):
+        self.name, self.key, self.compiled = name, key, 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list):
+        from torch._inductor.compile_fx import compile_fx
+
+        self.compiled += 1
+        if self.compiled > 1:
+            raise RuntimeError(f"flex kernel {self.name} {self.key} compiled a second time: a guard on its inputs failed "
+                               "(a shape, dtype or closure tensor changed for the same token count); this is a bug")
+        return compile_fx(gm, example_inputs, config_patches=compile_options())

@@ -348,9 +348,11 @@ def test_flex_asks_for_its_main_kernel_where_the_decoding_kernel_has_no_configur
     assert _decode_kernel_fits(rows, group) is fits
 
 
-def test_flex_kernels_compile_with_inductors_deterministic_choices(monkeypatch):
+def test_flex_kernels_compile_with_inductors_deterministic_choices_once(monkeypatch):
     """Each engine compiles its own flex kernels; inductor would otherwise pick the decoding kernel's reduction
-    configurations by timing them, so a cell's eager reference and its graph could round differently."""
+    configurations by timing them, so a cell's eager reference and its graph could round differently. A second
+    compile of one kernel (a failed guard) raises instead of recompiling or falling back to eager flex."""
+    import torch._inductor.compile_fx as compile_fx_module
     from torch._inductor import config
 
     from pcg_core.attention import flex
@@ -361,9 +363,34 @@ def test_flex_kernels_compile_with_inductors_deterministic_choices(monkeypatch):
     cache, *_ = _setup("cpu", 4, 2)
     backend = flex.FlexBackend(cache, BUCKET)
     backend._kernel((8, 0, 0.0, False, True, False))
-    assert seen and seen[0]["options"] == {"deterministic": True} and seen[0]["dynamic"] is False
+    assert seen and seen[0]["dynamic"] is False and seen[0]["fullgraph"] is True
+    compile_once = seen[0]["backend"]
+    assert isinstance(compile_once, flex.CompileOnce)
+    patches = []
+    monkeypatch.setattr(compile_fx_module, "compile_fx", lambda gm, ex, config_patches=None: patches.append(config_patches) or gm)
+    compile_once("gm", [])
+    assert patches == [{"deterministic": True}]
+    with pytest.raises(RuntimeError, match="compiled a second time"):
+        compile_once("gm", [])
 
 
+@pytest.mark.slow
+def test_flex_compiled_kernel_matches_its_cpu_math_and_never_recompiles():
+    """The compiled path (inductor's flex, here its CPU kernel) against the plain-math path the CPU runs, over two
+    layers (other cache rows): the same compiled kernel, called again without a recompile (a guard on the layer's
+    cache view would make CompileOnce raise)."""
+    cache, batch, md, q, k, v = _setup("cpu", 4, 2)
+    compiled, plain = FlexBackend(cache, BUCKET), FlexBackend(cache, BUCKET)
+    compiled._compiled = True
+    for layer in (0, 1):
+        for backend in (compiled, plain):
+            backend.begin_forward(md)
+        params = LayerParams(layer, 16 ** -0.5)
+        got, want = torch.empty_like(q), torch.empty_like(q)
+        compiled.forward(q, k, v, got, params, md)
+        plain.forward(q, k, v, want, params, md)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert len(compiled._kernels) == 1
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("heads", [32, 64])
