@@ -114,7 +114,7 @@ def write_kv(cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, slot_
 
 def zero_padding(out: torch.Tensor, attn: torch.Tensor, valid: torch.Tensor) -> None:
     """out = attn on real rows, exactly 0 on padding rows (whatever the kernel left there: NaN, garbage)."""
-    out.copy_(torch.where(valid[:, None, None], attn, torch.zeros((), dtype=attn.dtype, device=attn.device)))
+    out.copy_(torch.where(valid[:, None, None], attn, 0.0))  # a Python zero: no zero tensor made (a launch) per call
 
 
 def register_attention_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
