@@ -6,9 +6,9 @@ the host) and GPU ms (CUDA events, medians). The parts:
 - forward      — the whole op as a breakable hole runs it (metadata already built by begin_forward)
 - kernel+patch — the compiled flex callable with dynamo's config patched around it (what forward did until
                  2026-12-05: the cost that patch added to every hole)
-- kernel       — the same callable without the config patch
-- inductor     — inductor's compiled artifact called directly, no dynamo frame, no guards (the bound on what an
-                 ahead-of-time compiled kernel would cost)
+- kernel       — the same callable through dynamo, without the patch
+- direct       — the same kernel past dynamo: inductor's artifact with the call's tensors (what forward does now,
+                 pcg_core/attention/flex_kernel.py)
 - around       — forward's eager ops without the kernel: KV write, cache read, permutes, query pad, zero_padding
 
     python benchmarks/flex_call.py [--cases decode_8x512,prefill_1x128,prefill_1x2048] [--json OUT]
@@ -55,25 +55,6 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def capture_inductor_callable(backend: FlexBackend, args: tuple, kwargs: dict):
-    """Compile the flex call once more with a backend that keeps inductor's compiled artifact and the example
-    inputs in dynamo's order: calling it directly is a call with no frame evaluation and no guards."""
-    from torch._inductor.compile_fx import compile_fx
-
-    kept = {}
-
-    def keep(gm, example_inputs):
-        kept["fn"] = compile_fx(gm, example_inputs)
-        kept["inputs"] = list(example_inputs)
-        return kept["fn"]
-
-    fn = torch.compile(flex_module._own_code(flex_module._flex_call, "pcg_flex_probe"), backend=keep, fullgraph=True,
-                       dynamic=False)
-    fn(*args, **kwargs)
-    compiled, inputs = kept["fn"], kept["inputs"]
-    return lambda: compiled(*inputs)
-
-
 def bench_case(runs, cfg, dtype, device, calls: int, repeat: int) -> dict:
     cache = KVCache(cfg, 8192, dtype, device, page_size=FlexBackend.page_size)
     batch = _batch(cache, runs)
@@ -104,11 +85,14 @@ def bench_case(runs, cfg, dtype, device, calls: int, repeat: int) -> dict:
     call_kw = dict(score_mod=None, block_mask=bm, scale=params.scale, enable_gqa=gqa, **kw)
 
     def kernel():
-        return fn(*call_args, **call_kw)
+        return fn(*call_args, direct=False, **call_kw)
 
     def kernel_limit():
         with torch._dynamo.config.patch(recompile_limit=8, fail_on_recompile_limit_hit=True):
-            return fn(*call_args, **call_kw)
+            return fn(*call_args, direct=False, **call_kw)
+
+    def direct():
+        return fn(*call_args, direct=True, **call_kw)
 
     def around():
         write_kv(cache, 0, k, v, md.slot_mapping)
@@ -118,12 +102,10 @@ def bench_case(runs, cfg, dtype, device, calls: int, repeat: int) -> dict:
         zero_padding(out, qq[0, :, :n].transpose(0, 1), md.valid)
 
     parts = {"forward": lambda: flex.forward(q, k, v, out, params, md), "kernel+patch": kernel_limit,
-             "kernel": kernel, "around": around}
-    try:
-        parts["inductor"] = capture_inductor_callable(flex, call_args, call_kw)
-    except Exception as e:  # noqa: BLE001 - the probe is optional; say why it is missing
-        print(f"inductor probe failed: {type(e).__name__}: {e}"[:300])
-    row = {}
+             "kernel": kernel, "direct": direct, "around": around}
+    row = {"direct_off": fn.direct_off} if fn.direct_off else {}
+    if fn.direct_off:
+        print(f"direct path off: {fn.direct_off}")
     for name, f in parts.items():
         row[name] = {"host_us": host_us(f, calls), "gpu_ms": median_ms(f, device, warmup=3, repeat=repeat)}
     from torch.profiler import ProfilerActivity, profile
@@ -158,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     print("case | part | host µs per call | GPU ms")
     for case, row in result.items():
         for name, r in row.items():
-            if name != "profile":
+            if isinstance(r, dict):
                 print(f"{case} | {name} | {r['host_us']:.1f} | {r['gpu_ms']:.4f}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))

@@ -8,8 +8,8 @@ replays: a `full` graph reads the buffers it captured, refreshed. `mask_mod` ref
 by slot. One block mask per sliding window the model uses (learned on the first forward, the warm-up).
 
 On CUDA the kernel is `torch.compile(flex_attention)` with static shapes and inductor's deterministic choices
-(`compile_options`), one compiled callable per token count and score-modifier set (a bucket, in practice), each
-on its own code object: dynamo keeps one cache entry per code object, so a call checks one entry's guards
+(`compile_options`), one compiled callable per token count and score-modifier set (a bucket, in practice; called
+past dynamo after its first call, flex_kernel.py), each on its own code object: dynamo keeps one cache entry per code object, so a call checks one entry's guards
 instead of walking the entries of every bucket, and no code object ever nears dynamo's recompile limit (past
 which it would silently run the unfused, uncapturable eager flex; to be sure, these calls raise instead). On a
 CPU (tests, the smoke matrix) the same attention is computed in plain math: mask_mod's rule, restricted to the
@@ -21,11 +21,10 @@ vmapped mask costs 7× the whole sdpa cell on the CPU.)
 from __future__ import annotations
 
 import math
-import types
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask
 
 try:
     from torch.nn.attention.flex_attention import AuxRequest
@@ -33,6 +32,7 @@ except ImportError:  # older torch: return_lse
     AuxRequest = None
 
 from pcg_core.attention.backend import AttentionBackend, register_attention_backend, write_kv, zero_padding
+from pcg_core.attention.flex_kernel import CompileOnce, FlexKernel  # noqa: F401 - CompileOnce: the tests' name
 from pcg_core.attention.reference import apply_sinks, attention_math, length_temperature, visible
 from pcg_core.errors import ConfigError
 
@@ -227,7 +227,7 @@ class FlexBackend(AttentionBackend):
         fn = self._kernel((rows, params.sliding_window, params.softcap, params.temperature_len, params.sinks is not None,
                            gqa, tuple(sorted(kw.get("kernel_options", {}).items()))))
         res = fn(query, keys, values, score_mod=self._score_mod(params.softcap, params.temperature_len), block_mask=bm,
-                 scale=params.scale, enable_gqa=gqa, **kw)
+                 scale=params.scale, enable_gqa=gqa, direct=self._bufs is self._static, **kw)
         if params.sinks is not None:
             res, lse = res
             lse = getattr(lse, "lse", lse)[..., :n]  # return_aux gives an AuxOutput
@@ -255,9 +255,7 @@ class FlexBackend(AttentionBackend):
     def _kernel(self, key: tuple):
         fn = self._kernels.get(key)
         if fn is None:
-            name = f"pcg_flex_{len(self._kernels)}"
-            fn = self._kernels[key] = torch.compile(_own_code(_flex_call, name), fullgraph=True, dynamic=False,
-                                                    backend=CompileOnce(name, key))
+            fn = self._kernels[key] = FlexKernel(f"pcg_flex_{len(self._kernels)}", key, compile_options())
         return fn
 
 
@@ -295,16 +293,6 @@ def _mask_rows(n: int) -> int:
     return -(-flex_rows(n) // Q_BLOCK) * Q_BLOCK
 
 
-def _flex_call(q, k, v, score_mod=None, block_mask=None, scale=None, enable_gqa=False, **kw):
-    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa, **kw)
-
-
-def _own_code(fn, name: str):
-    """`fn` on a code object of its own: dynamo caches compiled frames per code object."""
-    code = fn.__code__.replace(co_name=name, co_qualname=name) if hasattr(fn.__code__, "co_qualname") else fn.__code__.replace(co_name=name)
-    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
 def _to_indices(m: torch.Tensor, num: torch.Tensor, idx: torch.Tensor) -> None:
     """Rows of bool `m` [nqb, pages] as flex's (count, indices): the set pages first, in page order."""
     num.copy_(m.sum(dim=-1))
@@ -317,23 +305,3 @@ def _to_dense(num, idx, full_num, full_idx, dense: torch.Tensor) -> None:
     ar = torch.arange(idx.shape[-1], device=idx.device)
     for n, i in ((num, idx), (full_num, full_idx)):
         dense.scatter_(1, i.long(), (ar[None, :] < n[:, None]) | dense.gather(1, i.long()))
-
-
-class CompileOnce:
-    """The compile backend of one flex kernel: inductor with `compile_options`, once. A second compile of the same
-    code object means a guard failed (an input changed shape, dtype or identity where dynamo had specialized):
-    raise, naming the kernel, rather than recompile per call or, past dynamo's recompile limit, silently run the
-    unfused and uncapturable eager flex. Checked here, at compile time, so a call pays nothing for it (a
-    `torch._dynamo.config.patch` around every call, the previous guard, cost host time in every attention hole)."""
-
-    def __init__(self, name: str, key: tuple):
-        self.name, self.key, self.compiled = name, key, 0
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list):
-        from torch._inductor.compile_fx import compile_fx
-
-        self.compiled += 1
-        if self.compiled > 1:
-            raise RuntimeError(f"flex kernel {self.name} {self.key} compiled a second time: a guard on its inputs failed "
-                               "(a shape, dtype or closure tensor changed for the same token count); this is a bug")
-        return compile_fx(gm, example_inputs, config_patches=compile_options())

@@ -375,22 +375,49 @@ def test_flex_kernels_compile_with_inductors_deterministic_choices_once(monkeypa
 
 
 @pytest.mark.slow
-def test_flex_compiled_kernel_matches_its_cpu_math_and_never_recompiles():
+def test_flex_compiled_kernel_matches_its_cpu_math_past_dynamo_without_a_recompile():
     """The compiled path (inductor's flex, here its CPU kernel) against the plain-math path the CPU runs, over two
-    layers (other cache rows): the same compiled kernel, called again without a recompile (a guard on the layer's
-    cache view would make CompileOnce raise)."""
+    layers (other cache rows) and two batches of one bucket (other block-mask contents): one kernel, compiled once
+    (a guard on the layer's cache view would make CompileOnce raise), called past dynamo after its first call."""
     cache, batch, md, q, k, v = _setup("cpu", 4, 2)
     compiled, plain = FlexBackend(cache, BUCKET), FlexBackend(cache, BUCKET)
     compiled._compiled = True
-    for layer in (0, 1):
-        for backend in (compiled, plain):
-            backend.begin_forward(md)
-        params = LayerParams(layer, 16 ** -0.5)
-        got, want = torch.empty_like(q), torch.empty_like(q)
-        compiled.forward(q, k, v, got, params, md)
-        plain.forward(q, k, v, want, params, md)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    assert len(compiled._kernels) == 1
+    g = torch.Generator().manual_seed(7)
+    for step in range(2):
+        if step:  # another batch of the bucket: sequences over other pages, other lengths
+            cache.reset(page_order=torch.randperm(cache.num_pages, generator=g).tolist())
+            batch = PackedBatch([], [], [], [])
+            for s, n in ((4, 9), (5, 3)):
+                slots = cache.allocate(s, n)
+                batch.token_ids += [1] * n
+                batch.positions += list(range(n))
+                batch.seq_ids += [s] * n
+                batch.slots += slots
+            md = InputBuffers(BUCKET, cache, torch.device("cpu")).fill(batch, BUCKET)[2]
+        for layer in (0, 1):
+            for backend in (compiled, plain):
+                backend.begin_forward(md)
+            params = LayerParams(layer, 16 ** -0.5)
+            got, want = torch.empty_like(q), torch.empty_like(q)
+            compiled.forward(q, k, v, got, params, md)
+            plain.forward(q, k, v, want, params, md)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    (kernel,) = compiled._kernels.values()
+    assert kernel.direct_off == "" and kernel.direct_calls == 3 and kernel.compile_once.compiled == 1
+
+
+def test_a_flex_kernel_that_cannot_name_an_input_stays_on_dynamos_path():
+    """The planted fault: a graph input the plan cannot name (here every name hidden) must switch the direct path
+    off, not guess."""
+    from pcg_core.attention.flex_kernel import FlexKernel
+
+    kernel = FlexKernel("pcg_flex_probe", (), {})
+    q = torch.zeros(1, 2, 8, 4)
+    kernel.compile_once.example_inputs = [q.clone()]  # a tensor that is none of the call's
+    kernel._make_plan(q, q, q, {"block_mask": None}, torch.zeros(1))
+    assert kernel.plan is None and "cannot name" in kernel.direct_off
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("heads", [32, 64])
