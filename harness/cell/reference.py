@@ -226,7 +226,7 @@ def _stages(engine: Engine, case: Case) -> list[torch.Tensor]:
     """Hidden states of the case's one packed prefill through pcg's eager engine, unpadded: every attention's input
     (the query: it carries the projections before it) and the last hidden state, float32."""
     seen: dict[int, torch.Tensor] = {}
-    batch = engine.prefill_batch([list(p) for p in case.prompts])
+    batch = engine.prefill_batch([list(p) for p in case.prompts], images=case.image_lists)
     hidden = engine.forward(batch, eager=True, observer=lambda layer, q: seen.__setitem__(layer, q.float().clone()))
     return [seen[i] for i in sorted(seen)] + [hidden.float()]
 
@@ -304,7 +304,8 @@ def _float_twin_outputs(model: torch.nn.Module, config: EngineConfig, cases: lis
     """pcg's eager engine on the model's float twin (float32, no quantizer), the cases run as the suite runs them."""
     engine = Engine(float_twin(model), replace(config, dtype="float32", capture=replace(config.capture, backend="disabled")))
     try:
-        return {c.name: engine.generate([list(p) for p in c.prompts], c.new_tokens, 2, prompt_logprobs=True, chunk=c.chunk)
+        return {c.name: engine.generate([list(p) for p in c.prompts], c.new_tokens, 2, prompt_logprobs=True, chunk=c.chunk,
+                                        images=c.image_lists)
                 for c in cases}
     finally:
         engine = None
