@@ -187,3 +187,17 @@ def test_trim_nested_configs():
     q25 = shrink_config(card_config("qwen2.5-vl-7b"), tiny=True)
     assert q25["num_hidden_layers"] == 2 and q25["vision_config"]["fullatt_block_indexes"] == [1]
     assert scale_sections([16, 24, 24], 8) == [2, 3, 3] and sum(scale_sections([24, 20, 20], 8)) == 8
+
+
+def test_quantization_leaves_the_vision_tower_16bit():
+    """A quantized VLM cell quantizes the text decoder's linears and experts, never the vision tower (its real
+    checkpoints keep it 16-bit); the eager forward with images still runs."""
+    from pcg_core.quant import get_scheme, quantize_model
+
+    lm = load_model(card_config("qwen3-vl-30b-a3b"), tiny=True)
+    names = quantize_model(lm.model, get_scheme("int8_w8a8"))
+    assert names and all(n.startswith("model.language_model.") for n in names)
+    assert any(type(m) is torch.nn.Linear for m in lm.model.model.visual.modules())
+    prompts, images = vl_prompts(lm.config)
+    out = make_engine(lm.model, "disabled").generate(prompts[:1], 2, images=images[:1])[0]
+    assert len(out.output_ids) == 2
