@@ -117,7 +117,10 @@ class VisionInputs:
         position_ids, deltas = self.vlm.get_rope_index(ids[None], **kw)
         row = torch.full_like(ids, -1)
         row[placeholders] = torch.arange(embeds.shape[0], device=self.device)
-        return SequenceVision(position_ids[:, 0].to(torch.int64), row, embeds, deepstack, int(deltas.reshape(-1)[0]))
+        # Positions and the row map on the host (fill indexes them per forward without a device sync); features on
+        # the device.
+        return SequenceVision(position_ids[:, 0].to(torch.int64).cpu(), row.cpu(), embeds, deepstack,
+                              int(deltas.reshape(-1)[0]))
 
     def rope_delta(self, seq: int) -> int:
         """The M-RoPE delta of sequence `seq` (0 for text-only): generated position p runs at p + delta."""
@@ -149,8 +152,8 @@ class VisionInputs:
             in_prompt = rows & (pos < prompt_len)
             host[:, rows & ~in_prompt] += info.rope_delta  # generated tokens: position + this sequence's delta
             if bool(in_prompt.any()):
-                host[:, in_prompt] = info.mrope[:, pos[in_prompt].to(info.mrope.device)].cpu()
-                feature = info.feature_row[pos[in_prompt].to(info.feature_row.device)].cpu()
+                host[:, in_prompt] = info.mrope[:, pos[in_prompt]]
+                feature = info.feature_row[pos[in_prompt]]
                 img = in_prompt.clone()
                 img[in_prompt] = feature >= 0
                 if bool(img.any()):

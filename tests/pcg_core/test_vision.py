@@ -201,3 +201,15 @@ def test_quantization_leaves_the_vision_tower_16bit():
     prompts, images = vl_prompts(lm.config)
     out = make_engine(lm.model, "disabled").generate(prompts[:1], 2, images=images[:1])[0]
     assert len(out.output_ids) == 2
+
+
+def test_chunked_prefill_splits_an_image_across_forwards(vlm):
+    """An image cut by the chunk edge (features and M-RoPE positions looked up by sequence and position, not by
+    forward) gives what one unchunked prefill gives."""
+    prompts, images = vl_prompts(vlm.config)
+    engine = make_engine(vlm.model, "disabled")
+    whole = engine.generate(prompts, NEW, prompt_logprobs=True, images=images)
+    chunked = engine.generate(prompts, NEW, prompt_logprobs=True, images=images, chunk=7)
+    for w, c in zip(whole, chunked):
+        assert w.output_ids == c.output_ids
+        assert (ours(w) - ours(c)).abs().max().item() < 1e-5
