@@ -45,6 +45,7 @@ from pcg_core.engine.kv_scales import kv_scales_of
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.engine import LOGITS_CHUNK, head_logits
 from pcg_core.model.mla import uninstall_mla
+from pcg_core.model.vision import Image
 from pcg_core.quant.schemes.int4 import Int4Scheme
 from pcg_core.quant.layers.linear import scheme_of
 from pcg_core.quant.schemes.w8a8 import Scheme

@@ -10,11 +10,17 @@ import json
 import pytest
 import torch
 import yaml
+from pcg_helpers import CONFIGS, make_engine
 
 from pcg_core.engine.vision import VisionInputs
 from pcg_core.model.loader import load_model, shrink_config
-from pcg_core.model.vision import image_tokens, patchify, scale_sections, synthetic_image, text_token_limit
-from pcg_helpers import CONFIGS, make_engine
+from pcg_core.model.vision import (
+    image_tokens,
+    patchify,
+    scale_sections,
+    synthetic_image,
+    text_token_limit,
+)
 
 CARDS = CONFIGS.parent
 VLMS = ["qwen2.5-vl-7b", "qwen3-vl-30b-a3b"]
