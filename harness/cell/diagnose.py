@@ -40,8 +40,8 @@ def lockstep(eager: Engine, graph: Engine, case: Case, observe: bool = False, no
     eager unpadded before and at the same padding again after, for the noise the eager path itself shows)."""
     prompts = [list(p) for p in case.prompts]
     new = list(case.new_tokens)
-    batch, seq_slots = eager.pack_prompts(prompts, max(new))
-    graph.pack_prompts(prompts, max(new))  # the same slots on the graph's own cache
+    batch, seq_slots = eager.pack_prompts(prompts, max(new), case.image_lists)
+    graph.pack_prompts(prompts, max(new), case.image_lists)  # the same slots on the graph's own cache
     pieces = chunks(batch, case.chunk)
 
     def run(part, label: str, decode: bool) -> Step:

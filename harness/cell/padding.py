@@ -39,8 +39,8 @@ class _PaddedEager:
     def __init__(self, engine: Engine, bucket_for: Callable[[int], int | None]):
         self.engine, self.bucket_for = engine, bucket_for
 
-    def pack_prompts(self, prompts: list[list[int]], new_tokens: int):
-        return self.engine.pack_prompts(prompts, new_tokens)
+    def pack_prompts(self, prompts: list[list[int]], new_tokens: int, images=None):
+        return self.engine.pack_prompts(prompts, new_tokens, images)
 
     def forward(self, batch: PackedBatch, observer=None, decode: bool = False) -> torch.Tensor:
         return self.engine.forward(batch, eager=True, observer=observer, pad_to=self.bucket_for(len(batch)))

@@ -11,8 +11,11 @@ layout cases are consecutive forwards at one bucket and the last case repeats an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from pcg_core.model.vision import Image, image_tokens, is_vlm, patchify, synthetic_image
 
 EDGE_NEW_TOKENS = 2  # decode steps after an edge-size prefill: enough to read the KV it wrote
 MIN_DECODE_STEPS = 4  # the decode case needs a few steps for its batch to change membership
@@ -27,6 +30,12 @@ class Case:
     prompts: tuple[tuple[int, ...], ...]
     new_tokens: tuple[int, ...]
     chunk: int | None = None
+    images: tuple[tuple[Image, ...], ...] | None = None  # a VLM's images, one tuple per prompt (None: text only)
+
+    @property
+    def image_lists(self) -> list[list[Image]] | None:
+        """images as generate() takes them."""
+        return None if self.images is None else [list(i) for i in self.images]
 
     @property
     def prefill_tokens(self) -> int:
@@ -70,9 +79,12 @@ def layout_bucket(ladder: list[int]) -> int:
     return min(wide, key=lambda b: (abs(b - largest // 4), b))
 
 
-def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_tokens: int = 8) -> list[Case]:
+def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_tokens: int = 8,
+                 model_config: Any = None) -> list[Case]:
     """The cases, in the order they run: edge sizes per ladder region and at the largest bucket, layouts at one
-    bucket, decode with changing membership, positions past every bucket, then a repeat of an earlier case."""
+    bucket, decode with changing membership, positions past every bucket, then a repeat of an earlier case. A VLM
+    (model_config with a vision tower) gets image+text cases before the repeat (vision_cases); vocab_size is then
+    the text-token limit (pcg_core.model.vision.text_token_limit), so no random token is an image placeholder."""
     gen = torch.Generator().manual_seed(seed)
     cases: list[Case] = []
     seen: set[str] = set()
@@ -122,9 +134,36 @@ def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_toke
     # above it), and a chunked prefill whose later chunks replay the graphs at positions beyond the ladder.
     add(f"above_max_{largest + 1}", [largest + 1], max_new_tokens)
     add(f"chunked_{2 * largest + 3}", [largest + largest // 2, largest // 2 + 3], max_new_tokens, chunk=largest)
+    if model_config is not None and is_vlm(model_config):
+        cases += vision_cases(ladder, model_config, tokens, max_new_tokens)
     # Stale state: the second layout again, after every other case has replayed its bucket with other data.
     again = firsts[1] if len(firsts) > 1 else cases[0]
     cases.append(Case(f"repeat_{again.name}", again.prompts, again.new_tokens, again.chunk))
+    return cases
+
+
+def vision_cases(ladder: list[int], config: Any, tokens: Any, max_new_tokens: int) -> list[Case]:
+    """Image+text cases: images of several sizes in prompts packed with text-only ones in one batch (decoding, so
+    each sequence's rope delta is used), and an image whose last placeholder is the last row of a bucket (the
+    prefill chunked at that bucket, so the image ends exactly at a forward's edge and its text resumes in the next)."""
+    side = config.vision_config.patch_size * config.vision_config.spatial_merge_size
+
+    def image(rows: int, cols: int, seed: int) -> Image:  # rows × cols merged tokens
+        return patchify(synthetic_image(rows * side, cols * side, seed=seed), config.vision_config)
+
+    cases = []
+    small, wide, tall = image(1, 2, 11), image(2, 3, 12), image(3, 2, 13)
+    prompts = [(*tokens(3), *image_tokens(config, small), *tokens(2)), tokens(6),
+               (*tokens(2), *image_tokens(config, wide), *tokens(4), *image_tokens(config, tall), *tokens(1)), tokens(3)]
+    images = ((small,), (), (wide, tall), ())
+    new = [max_new_tokens, 2, max_new_tokens, 1]
+    cases.append(Case(f"vision_mixed_{sum(len(p) for p in prompts)}", tuple(prompts), tuple(new), None, images))
+    edge = image(2, 2, 14)
+    n_img = len(image_tokens(config, edge)) - 1  # vision start + placeholders: the end token opens the next chunk
+    b = next((x for x in ladder if x > n_img + 1), None)
+    if b is not None:
+        prompt = (*tokens(b - n_img), *image_tokens(config, edge), *tokens(3))
+        cases.append(Case(f"vision_edge_{b}", (prompt,), (max_new_tokens,), b, ((edge,),)))
     return cases
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import gc
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -45,6 +45,7 @@ from pcg_core.engine.kv_scales import kv_scales_of
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.engine import LOGITS_CHUNK, head_logits
 from pcg_core.model.mla import uninstall_mla
+from pcg_core.model.vision import Image
 from pcg_core.quant.schemes.int4 import Int4Scheme
 from pcg_core.quant.layers.linear import scheme_of
 from pcg_core.quant.schemes.w8a8 import Scheme
@@ -70,7 +71,8 @@ def reference_cases(cases: list[Case]) -> tuple[list[Case], Case]:
     def first(prefix: str, contains: str = "") -> Case | None:
         return next((c for c in cases if c.name.startswith(prefix) and contains in c.name), None)
 
-    chosen = [c for c in (first("layout_", "_1_"), first("decode_"), first("chunked_")) if c is not None] or cases[:1]
+    chosen = [c for c in (first("layout_", "_1_"), first("decode_"), first("chunked_"), first("vision_mixed"))
+              if c is not None] or cases[:1]
     return chosen, first("layout_", "_0_") or cases[0]
 
 
@@ -117,13 +119,21 @@ def _nudge(module: torch.nn.Module, args, out: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _hf_next_token(twin: torch.nn.Module, seq: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                      torch.Tensor]:
+def _hf_next_token(twin: torch.nn.Module, seq: list[int], device: torch.device,
+                   images: Sequence[Image] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """transformers' forward of seq[:-1] (one sequence, unpadded, no cache): for every position the logprob of the
-    next token of seq, the argmax and its logprob (float32, CPU)."""
+    next token of seq, the argmax and its logprob (float32, CPU). With images (a VLM), the whole multimodal model:
+    its own vision tower, placeholder merge, get_rope_index and deepstack, none of pcg's pre-process."""
     ids = torch.tensor(seq[:-1], device=device)[None]
-    hidden = twin.get_decoder()(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=device)[None],
-                                use_cache=False).last_hidden_state[0]
+    if images:
+        inner = twin.model
+        hidden = inner(input_ids=ids, use_cache=False,
+                       pixel_values=torch.cat([im.pixel_values for im in images]).to(device),
+                       image_grid_thw=torch.tensor([im.grid_thw for im in images], device=device),
+                       mm_token_type_ids=(ids == twin.config.image_token_id).int()).last_hidden_state[0]
+    else:
+        hidden = twin.get_decoder()(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=device)[None],
+                                    use_cache=False).last_hidden_state[0]
     targets = torch.tensor(seq[1:], device=device)
     chosen, argmax, top = [], [], []
     for s in range(0, hidden.shape[0], LOGITS_CHUNK):
@@ -140,7 +150,7 @@ def _transformers_positions(model: torch.nn.Module, dtype: str, cases: list[Case
                             make_twin: Callable[[torch.nn.Module, bool], torch.nn.Module] = reference_twin,
                             kv_scales: KVScales | None = None) -> _Positions:
     device = next(model.parameters()).device
-    seqs = [(c.name, i, o) for c in cases for i, o in enumerate(outputs[c.name])]
+    seqs = [(c.name, i, o, c.images[i] if c.images else None) for c in cases for i, o in enumerate(outputs[c.name])]
     make_twin = functools.partial(_hf_twin, make_twin=make_twin, kv_scales=kv_scales)
     ref32 = make_twin(model, True, attention)
     # The reference's own noise: in half precision the same forward in the cell's dtype; in float32 transformers'
@@ -154,10 +164,10 @@ def _transformers_positions(model: torch.nn.Module, dtype: str, cases: list[Case
         ref16 = make_twin(model, True, attention, nudge=True)
     pos = _Positions([], [], [], [])
     try:
-        for name, i, o in seqs:
+        for name, i, o, images in seqs:
             seq = o.prompt_ids + o.output_ids
-            lp32, arg32, top32 = _hf_next_token(ref32, seq, device)
-            lp16 = _hf_next_token(ref16, seq, device)[0]
+            lp32, arg32, top32 = _hf_next_token(ref32, seq, device, images)
+            lp16 = _hf_next_token(ref16, seq, device, images)[0]
             eager = [*(o.prompt_logprobs or []), *o.output_logprobs]
             if len(eager) != len(seq) - 1:
                 raise ValueError(f"{name}[{i}]: {len(eager)} eager logprobs for {len(seq) - 1} positions")
@@ -226,7 +236,7 @@ def _stages(engine: Engine, case: Case) -> list[torch.Tensor]:
     """Hidden states of the case's one packed prefill through pcg's eager engine, unpadded: every attention's input
     (the query: it carries the projections before it) and the last hidden state, float32."""
     seen: dict[int, torch.Tensor] = {}
-    batch = engine.prefill_batch([list(p) for p in case.prompts])
+    batch = engine.prefill_batch([list(p) for p in case.prompts], images=case.image_lists)
     hidden = engine.forward(batch, eager=True, observer=lambda layer, q: seen.__setitem__(layer, q.float().clone()))
     return [seen[i] for i in sorted(seen)] + [hidden.float()]
 
@@ -304,7 +314,8 @@ def _float_twin_outputs(model: torch.nn.Module, config: EngineConfig, cases: lis
     """pcg's eager engine on the model's float twin (float32, no quantizer), the cases run as the suite runs them."""
     engine = Engine(float_twin(model), replace(config, dtype="float32", capture=replace(config.capture, backend="disabled")))
     try:
-        return {c.name: engine.generate([list(p) for p in c.prompts], c.new_tokens, 2, prompt_logprobs=True, chunk=c.chunk)
+        return {c.name: engine.generate([list(p) for p in c.prompts], c.new_tokens, 2, prompt_logprobs=True, chunk=c.chunk,
+                                        images=c.image_lists)
                 for c in cases}
     finally:
         engine = None

@@ -32,6 +32,7 @@ from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.kv_scales import ATTRIBUTE, calibrate_kv_scales, set_kv_scales
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.model import LoadedModel, load_model
+from pcg_core.model.vision import is_vlm, text_token_limit
 from pcg_core.quant import get_scheme, quantize_model, quantized_modules, record_input_absmax
 from pcg_core.quant.synthetic_weights import make_realistic_
 
@@ -110,7 +111,7 @@ class _Cell:
         e.on_forward = listener
         try:
             return {c.name: e.generate([list(p) for p in c.prompts], c.new_tokens, self.spec.top_k, prompt_logprobs=True,
-                                       chunk=c.chunk) for c in (self.cases if cases is None else cases)}
+                                       chunk=c.chunk, images=c.image_lists) for c in (self.cases if cases is None else cases)}
         finally:
             e.on_forward = None
 
@@ -156,9 +157,12 @@ def _load(cell: _Cell) -> None:
         raise
     except Exception as e:  # noqa: BLE001 - any failure to build the model means eager cannot run
         raise _crash(Status.EAGER_FAIL, e) from e
-    cell.metrics.layers = cell.lm.config.num_hidden_layers
+    text = cell.lm.config.get_text_config()  # a VLM's text model (the config itself for a text-only one)
+    cell.metrics.layers = text.num_hidden_layers
     cell.metrics.checkpoint_kv_scales = _kv_scales_read(cell.lm.model)
-    cell.cases = prompt_suite(cell.config.capture.ladder, cell.lm.config.vocab_size, seed=s.seed, max_new_tokens=s.max_new_tokens)
+    vocab = text_token_limit(cell.lm.config) if is_vlm(cell.lm.config) else text.vocab_size
+    cell.cases = prompt_suite(cell.config.capture.ladder, vocab, seed=s.seed, max_new_tokens=s.max_new_tokens,
+                              model_config=cell.lm.config)
     page = cell.config.page_size or get_attention_backend(cell.config.attention).page_size
     need = max(c.kv_slots(page) for c in cell.cases)
     cell.kv_slots = max(need, -(-max(latency_token_counts(s.max_tokens), default=0) // page) * page) + page
@@ -436,7 +440,7 @@ def _latency(cell: _Cell, eager: Engine, graph: Engine) -> None:
     repeat = s.latency_repeat or (20 if s.device.startswith("cuda") else 5)
     gen = torch.Generator().manual_seed(s.seed + 1)
     for n in latency_token_counts(s.max_tokens):
-        prompt = torch.randint(0, cell.lm.config.vocab_size, (n,), generator=gen).tolist()
+        prompt = torch.randint(0, cell.lm.config.get_text_config().vocab_size, (n,), generator=gen).tolist()
         ms = {}
         for side, e in (("eager", eager), ("graph", graph)):
             batch = e.prefill_batch([prompt])

@@ -162,12 +162,14 @@ class PiecewiseBackend(GraphBackend):
                 self._pos_index = i
             elif isinstance(x, torch.SymInt):
                 self._sym_indices.append(i)
-        if self._ids_index < 0 or self._pos_index < 0:
-            raise RuntimeError("piecewise: could not find input_ids/positions among the traced graph's inputs")
+        if self._pos_index < 0:
+            raise RuntimeError("piecewise: could not find positions among the traced graph's inputs")
+        # input_ids may be absent: a VLM's body reads only its length (its embeddings come from a static buffer).
 
     def _args(self, input_ids: torch.Tensor, positions: torch.Tensor) -> list[Any]:
         args = list(self._example_inputs)
-        args[self._ids_index] = input_ids
+        if self._ids_index >= 0:
+            args[self._ids_index] = input_ids
         args[self._pos_index] = positions
         for i in self._sym_indices:
             args[i] = input_ids.shape[0]

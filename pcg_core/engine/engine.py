@@ -21,7 +21,9 @@ from pcg_core.config import EngineConfig
 from pcg_core.engine.inputs import InputBuffers, PackedBatch
 from pcg_core.engine.kv_scales import kv_scales_of
 from pcg_core.engine.prep import PrepGraphs
+from pcg_core.engine.vision import VisionInputs
 from pcg_core.errors import ConfigError
+from pcg_core.model.vision import Image
 from pcg_core.forward_context import AttentionObserver, CaptureMode, ForwardContext, set_forward_context
 
 LOGITS_CHUNK = 1024  # rows of lm_head at a time, so prompt logprobs over long prompts stay small
@@ -94,11 +96,13 @@ class Engine:
         attn_cls = get_attention_backend(config.attention)
         if reason := attn_cls.device_reason(self.device.type):
             raise ConfigError(reason, field="attention")
-        self.cache = KVCache(model.config, config.kv_slots, config.torch_dtype, self.device,
+        self.cache = KVCache(model.config.get_text_config(), config.kv_slots, config.torch_dtype, self.device,
                              page_size=config.page_size or attn_cls.page_size, kv_cache=config.kv_cache)
         scales = kv_scales_of(model, self.cache) if self.cache.quantized else None  # refused before any capture
         self.attn_backend = attn_cls(self.cache, config.capture.max_tokens)
         self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device)
+        # A VLM: its vision front end runs eagerly into static buffers the captured text decoder reads.
+        self.vision = VisionInputs(model, config.capture.max_tokens, self.device) if VisionInputs.wanted(model) else None
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         self.on_forward: ForwardListener | None = None
@@ -120,11 +124,15 @@ class Engine:
 
     # Forward ----------------------------------------------------------------------------------------------
     def _body(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.vision is not None:
+            return self.vision.body(input_ids, positions)
         out = self.decoder(input_ids=input_ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False)
         return out.last_hidden_state[0]
 
     def _dummy_inputs(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         input_ids, positions, md = self.inputs.fill(PackedBatch([], [], [], []), num_tokens)
+        if self.vision is not None:
+            self.vision.fill(PackedBatch([], [], [], []), num_tokens, input_ids)
         self.attn_backend.begin_forward(md)
         return input_ids, positions, ForwardContext(md, self.attn_backend, bucket=num_tokens)
 
@@ -162,20 +170,30 @@ class Engine:
 
     def stage_inputs(self, batch: PackedBatch, num_tokens: int, replay: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The batch into the input buffers and the attention metadata built: a replay takes the bucket's prep
-        graph where there is one (one launch), anything else the eager upload and begin_forward."""
+        graph where there is one (one launch), anything else the eager upload and begin_forward. A VLM's front
+        end (embeddings, M-RoPE rows, deepstack) then fills its own static buffers from the uploaded ids."""
         staged = self.inputs.stage(batch, num_tokens)
         if not (replay and self.prep.replay(staged)):
             self.inputs.upload(staged)
             self.inputs.mark_uploaded()
             self.attn_backend.begin_forward(staged.md)
+        if self.vision is not None:
+            self.vision.fill(batch, num_tokens, staged.input_ids)
         return staged.input_ids, staged.md.positions, staged.md
 
-    def prefill_batch(self, prompts: list[list[int]], extra_slots: int = 0) -> PackedBatch:
+    def prefill_batch(self, prompts: list[list[int]], extra_slots: int = 0,
+                      images: Sequence[Sequence[Image]] | None = None) -> PackedBatch:
         """Reset the cache, allocate slots for `prompts` (+ extra per sequence) and pack them into one batch."""
-        return self.pack_prompts(prompts, extra_slots)[0]
+        return self.pack_prompts(prompts, extra_slots, images)[0]
 
-    def pack_prompts(self, prompts: list[list[int]], extra_slots: int) -> tuple[PackedBatch, list[list[int]]]:
-        """prefill_batch, plus each sequence's slots by position (its decode tokens go to seq_slots[i][position])."""
+    def pack_prompts(self, prompts: list[list[int]], extra_slots: int,
+                     images: Sequence[Sequence[Image]] | None = None) -> tuple[PackedBatch, list[list[int]]]:
+        """prefill_batch, plus each sequence's slots by position (its decode tokens go to seq_slots[i][position]).
+        images[i]: prompt i's images (a VLM: its vision front end runs here, once per sequence)."""
+        if self.vision is not None:
+            self.vision.prepare(prompts, images)
+        elif images is not None and any(images):
+            raise ValueError(f"{type(self.model).__name__} takes no images (it has no vision tower); drop `images`")
         self.cache.reset()
         batch, seq_slots = PackedBatch([], [], [], []), []
         for i, p in enumerate(prompts):
@@ -207,13 +225,14 @@ class Engine:
     @torch.no_grad()
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int | Sequence[int] = 8, top_k: int = 5,
-        prompt_logprobs: bool = False, chunk: int | None = None,
+        prompt_logprobs: bool = False, chunk: int | None = None, images: Sequence[Sequence[Image]] | None = None,
     ) -> list[SequenceOutput]:
         """Prefill all prompts as one packed batch, then decode greedily, every unfinished sequence per step.
 
         max_new_tokens: one count for all, or one per sequence (sequences then leave the decode batch at
         different steps, as they do in a server). chunk: prefill in forwards of at most that many tokens, each
-        attending to the KV the earlier ones wrote (chunked prefill: positions run past the chunk size).
+        attending to the KV the earlier ones wrote (chunked prefill: positions run past the chunk size). images: a
+        VLM's images, one list per prompt (pcg_core.model.vision: patchify, image_tokens).
         """
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -223,7 +242,7 @@ class Engine:
         if chunk is not None and chunk < 1:
             raise ValueError("chunk must be ≥ 1")
         outs = [SequenceOutput(prompt_ids=list(p)) for p in prompts]
-        batch, seq_slots = self.pack_prompts(prompts, extra_slots=max(new))
+        batch, seq_slots = self.pack_prompts(prompts, extra_slots=max(new), images=images)
         hidden = torch.cat([self.forward(part).clone() for part in chunks(batch, chunk)]) if chunk else self.forward(batch)
         ends = torch.tensor([len(p) for p in prompts]).cumsum(0)
         if prompt_logprobs:

@@ -31,6 +31,10 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     # Grok-2: our own module (pcg_core/model/grok.py); attention soft-cap 30 and xAI's length temperature, dense MLP
     # + MoE per layer, four norms per layer, soft-capped router and final logits
     "Grok1ForCausalLM": ("moe", "softcap", "length_temperature"),
+    # VLMs: the vision tower, image merge, M-RoPE index and deepstack run eagerly before the captured text decoder
+    # (pcg_core/engine/vision.py); the text decoder is transformers' own with our attention op
+    "Qwen2_5_VLForConditionalGeneration": ("vlm", "rope_scaling"),
+    "Qwen3VLMoeForConditionalGeneration": ("moe", "vlm"),
 }
 
 # architecture → the model_type of our own module for it, where transformers has none: the config's own
@@ -53,6 +57,8 @@ def architecture_of(config: PretrainedConfig) -> str:
 
 
 def is_moe(config: PretrainedConfig) -> bool:
+    if getattr(config, "text_config", None) is not None:  # a VLM: the experts are the text model's
+        config = config.text_config
     return bool(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
                 or getattr(config, "n_routed_experts", None))
 

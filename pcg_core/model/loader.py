@@ -28,6 +28,7 @@ from pcg_core.model.config_file import read_config_file
 from pcg_core.model.experts import EXPERTS_IMPLEMENTATION
 from pcg_core.model.grok import MODEL_TYPE as _GROK_MODEL_TYPE  # noqa: F401 - registers Grok-2 with transformers' Auto classes
 from pcg_core.model.mla import install_mla
+from pcg_core.model.vision import install_dense_deepstack, is_vlm, is_vlm_config, shrink_vlm
 from pcg_core.quant import detect as detect_quantization
 from pcg_core.quant import load_quantized
 from pcg_core.quant.formats.files import INDEX, SINGLE, CheckpointTensors, index_of, read_index
@@ -137,6 +138,8 @@ def _hub_weight_files(folder: Path) -> list[str]:
 
 def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool = False) -> dict[str, Any]:
     """Trim to `layers` decoder layers and/or shrink to tiny widths, keeping the architecture's shape."""
+    if is_vlm_config(data):  # the text model trimmed here, the vision tower shrunk beside it
+        return shrink_vlm(copy.deepcopy(data), shrink_config, layers=layers, tiny=tiny)
     d = copy.deepcopy(data)
     if tiny:
         heads = d.get("num_attention_heads", 4)
@@ -227,11 +230,22 @@ def build_config(data: dict[str, Any], where: str = "config") -> PretrainedConfi
         raise ConfigError(f"{where}: transformers rejects this {model_type} config: {type(e).__name__}: {e}") from e
 
 
-def _implementation_kwargs(config: PretrainedConfig) -> dict[str, str]:
-    kw = {"attn_implementation": ATTN_IMPLEMENTATION}
+def _implementation_kwargs(config: PretrainedConfig) -> dict[str, Any]:
+    kw: dict[str, Any] = {"attn_implementation": ATTN_IMPLEMENTATION}
+    if is_vlm(config):  # our op for the text decoder only: the vision tower runs eagerly on transformers' SDPA
+        kw["attn_implementation"] = {"": ATTN_IMPLEMENTATION, "text_config": ATTN_IMPLEMENTATION, "vision_config": "sdpa"}
     if is_moe(config):
         kw["experts_implementation"] = EXPERTS_IMPLEMENTATION
     return kw
+
+
+def _auto_class(config: PretrainedConfig) -> type:
+    """transformers' Auto class for the model: image-text-to-text for a VLM (its causal-LM mapping has none)."""
+    if is_vlm(config):
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 def peak_logits(model: torch.nn.Module, hidden_size: int, target_std: float) -> None:
@@ -256,13 +270,16 @@ def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str
     check_supported(config)
     # Variance-preserving init: at the default 0.02 a tiny model's layers barely move the residual stream and
     # greedy decoding just copies the input token, which would make token comparisons trivially pass.
-    config.initializer_range = config.hidden_size**-0.5
+    hidden = config.get_text_config().hidden_size
+    config.initializer_range = hidden**-0.5
+    config.get_text_config().initializer_range = hidden**-0.5
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **_implementation_kwargs(config))
+        model = _auto_class(config).from_config(config, dtype=dtype, **_implementation_kwargs(config))
     if peaked:
-        peak_logits(model, config.hidden_size, PEAK_LOGIT_STD.get(str(dtype).removeprefix("torch."), 1.0))
+        peak_logits(model, hidden, PEAK_LOGIT_STD.get(str(dtype).removeprefix("torch."), 1.0))
     install_mla(model)
+    install_dense_deepstack(model)
     return model.eval().requires_grad_(False)
 
 
@@ -277,12 +294,13 @@ def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.devic
                                "TP-8 files, which wait for the parallelism work); use synthetic weights")
     if spec is not None:
         torch.manual_seed(0)  # the initial values are all overwritten; seeded so nothing depends on the global RNG
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **_implementation_kwargs(config))
+        model = _auto_class(config).from_config(config, dtype=dtype, **_implementation_kwargs(config))
         load_quantized(model, path, spec, layers=config.num_hidden_layers)
     else:
         _check_16bit_files(Path(path), config_data.get("transformers_weights"))
-        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, **_implementation_kwargs(config))
+        model = _auto_class(config).from_pretrained(path, config=config, dtype=dtype, **_implementation_kwargs(config))
     install_mla(model)
+    install_dense_deepstack(model)
     return model.to(device).eval().requires_grad_(False)  # .to(): device_map would need accelerate
 
 

@@ -149,6 +149,7 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Sche
         raise ValueError(f"{scheme.name} has static activation scales: pass input_absmax from a calibration run")
     if isinstance(scheme, Fp4Scheme):
         return _quantize_fp4(model, scheme, skip)
+    tower = vision_tower_prefixes(model)  # a VLM's vision tower stays 16-bit, as its checkpoints keep it
     swapped = []
     for mod in model.modules():  # experts this module cannot hold quantized: refused before any swap
         if is_experts(mod):
@@ -158,7 +159,7 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Sche
             if is_experts(mod):
                 quantize_experts(mod, scheme)
                 swapped.append(name)
-            elif type(mod) is torch.nn.Linear and not name.endswith(skip):
+            elif type(mod) is torch.nn.Linear and not name.endswith(skip) and not name.startswith(tower):
                 parent, _, attr = name.rpartition(".")
                 layer = (W4A8Linear if scheme.w4a8 else Int4Linear).from_scheme(mod, scheme)
                 setattr(model.get_submodule(parent) if parent else model, attr, layer)
@@ -169,13 +170,20 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Sche
             quantize_experts(mod, scheme, absmax)
             swapped.append(name)
             continue
-        if type(mod) is not torch.nn.Linear or name.endswith(skip):
+        if type(mod) is not torch.nn.Linear or name.endswith(skip) or name.startswith(tower):
             continue
         parent, _, attr = name.rpartition(".")
         static = None if scheme.act_dynamic else _static_scale(input_absmax, name, scheme)
         setattr(model.get_submodule(parent) if parent else model, attr, QuantLinear.from_linear(mod, scheme, static))
         swapped.append(name)
     return swapped
+
+
+def vision_tower_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
+    """Name prefixes of a VLM's vision tower (transformers' `model.visual`), left unquantized; () for a text model."""
+    inner = getattr(model, "model", None)
+    tower = getattr(inner, "visual", None)
+    return tuple(f"{n}." for n, m in model.named_modules() if tower is not None and m is tower)
 
 
 def _static_scale(input_absmax: dict[str, float], name: str, scheme: Scheme) -> torch.Tensor:
@@ -195,7 +203,7 @@ def _quantize_fp4(model: torch.nn.Module, scheme: Fp4Scheme, skip: tuple[str, ..
     for name, mod in experts:
         if why := fp4_unsupported_reason(mod, scheme):
             raise NotImplementedError(f"{scheme.name}: MoE experts {name or '(root)'}: {why}")
-    inside = tuple(f"{n}." for n, _ in experts)
+    inside = tuple(f"{n}." for n, _ in experts) + vision_tower_prefixes(model)
     linears = [(n, m) for n, m in model.named_modules()
                if type(m) is torch.nn.Linear and not n.endswith(skip) and not n.startswith(inside)]
     if bad := [(n, m.in_features) for n, m in linears if m.in_features % scheme.block]:
