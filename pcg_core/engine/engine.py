@@ -21,6 +21,7 @@ from pcg_core.engine.inputs import InputBuffers, PackedBatch
 from pcg_core.engine.kv_scales import kv_scales_of
 from pcg_core.errors import ConfigError
 from pcg_core.forward_context import AttentionObserver, CaptureMode, ForwardContext, set_forward_context
+from pcg_core.linear_attention.setup import make_linear_state
 
 LOGITS_CHUNK = 1024  # rows of lm_head at a time, so prompt logprobs over long prompts stay small
 HEAD_SLICE_BYTES = 256 << 20  # float32 head weight upcast at a time: DeepSeek-V3's whole head would be 3.7 GB
@@ -96,6 +97,7 @@ class Engine:
                              page_size=config.page_size or attn_cls.page_size, kv_cache=config.kv_cache)
         scales = kv_scales_of(model, self.cache) if self.cache.quantized else None  # refused before any capture
         self.attn_backend = attn_cls(self.cache, config.capture.max_tokens)
+        self.linear_state = make_linear_state(model.config, config)  # None unless the model has linear layers
         self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device)
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
@@ -121,7 +123,9 @@ class Engine:
     def _dummy_inputs(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         input_ids, positions, md = self.inputs.fill(PackedBatch([], [], [], []), num_tokens)
         self.attn_backend.begin_forward(md)
-        return input_ids, positions, ForwardContext(md, self.attn_backend, bucket=num_tokens)
+        if self.linear_state is not None:
+            self.linear_state.begin_forward(md.host_seq_ids, md.host_positions)
+        return input_ids, positions, ForwardContext(md, self.attn_backend, bucket=num_tokens, linear_state=self.linear_state)
 
     def bucket_for(self, num_tokens: int) -> int | None:
         """The bucket a batch of num_tokens is padded to (None: it runs unpadded, eagerly)."""
@@ -150,8 +154,11 @@ class Engine:
             self.on_forward(batch, bucket, replay, decode)
         input_ids, positions, md = self.inputs.fill(batch, bucket or n)
         self.attn_backend.begin_forward(md)
+        if self.linear_state is not None:
+            self.linear_state.begin_forward(md.host_seq_ids, md.host_positions)
         mode = CaptureMode.REPLAY if replay else CaptureMode.EAGER
-        ctx = ForwardContext(md, self.attn_backend, bucket=bucket, mode=mode, observer=observer)
+        ctx = ForwardContext(md, self.attn_backend, bucket=bucket, mode=mode, observer=observer,
+                             linear_state=self.linear_state)
         with set_forward_context(ctx):
             hidden = self.backend.run(input_ids, positions, ctx) if replay else self._body(input_ids, positions)
         return hidden[:n]
@@ -163,9 +170,13 @@ class Engine:
     def pack_prompts(self, prompts: list[list[int]], extra_slots: int) -> tuple[PackedBatch, list[list[int]]]:
         """prefill_batch, plus each sequence's slots by position (its decode tokens go to seq_slots[i][position])."""
         self.cache.reset()
+        if self.linear_state is not None:
+            self.linear_state.reset()
         batch, seq_slots = PackedBatch([], [], [], []), []
         for i, p in enumerate(prompts):
             seq_slots.append(self.cache.allocate(i, len(p) + extra_slots))
+            if self.linear_state is not None:
+                self.linear_state.allocate(i)
             batch.token_ids += p
             batch.positions += list(range(len(p)))
             batch.seq_ids += [i] * len(p)

@@ -31,6 +31,10 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     # Grok-2: our own module (pcg_core/model/grok.py); attention soft-cap 30 and xAI's length temperature, dense MLP
     # + MoE per layer, four norms per layer, soft-capped router and final logits
     "Grok1ForCausalLM": ("moe", "softcap", "length_temperature"),
+    # Qwen3-Next: Gated DeltaNet layers over the pcg::linear_attention split op and a per-sequence state pool
+    # (pcg_core/linear_attention/, pcg_core/model/qwen3_next.py), gated full attention every 4th layer, MoE with a
+    # gated shared expert; MTP weights ignored, as transformers does
+    "Qwen3NextForCausalLM": ("moe", "linear_attention"),
 }
 
 # architecture → the model_type of our own module for it, where transformers has none: the config's own
