@@ -33,6 +33,8 @@ def _linear_attention(mixed_qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tens
                       conv_bias: torch.Tensor | None, out: torch.Tensor, layer: int, num_k_heads: int, head_k_dim: int,
                       activation: str) -> None:
     ctx = get_forward_context()
+    if ctx.observer is not None:  # the judge's diagnosis sees each linear layer's input as it sees attention's
+        ctx.observer(layer, mixed_qkv)
     pool = ctx.linear_state
     if pool is None:
         raise RuntimeError("pcg::linear_attention: the forward context has no linear-state pool; the Engine makes one "

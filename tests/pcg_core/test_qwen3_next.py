@@ -143,3 +143,17 @@ def test_graph_backends_match_eager(lm, prompts, backend):
 def test_full_capture_is_refused_with_the_reason(lm):
     with pytest.raises(ConfigError, match="linear-attention"):
         _engine(lm, "full")
+
+
+def test_piecewise_cuts_at_both_split_ops_and_knows_which_may_be_graphed(lm):
+    """Two layers, one linear and one full: two split ops, three pieces; only attention's may get a graph of its own
+    (piecewise graphs split ops on CUDA where the attention backend's op is capturable)."""
+    from pcg_core.capture.piecewise import split_at_split_ops  # noqa: F401 - the splitter the engine used
+    from pcg_core.split_ops import split_op_names, uncapturable_split_op_in
+
+    assert {"pcg::attention", "pcg::linear_attention"} <= set(split_op_names())
+    engine = _engine(lm, "piecewise")
+    assert (engine.stats.pieces, engine.stats.split_ops) == (3, 2)
+    gm = engine.backend.split_gm
+    splits = [n for n, _ in gm.named_children() if int(n.rsplit("_", 1)[1]) % 2 == 1]
+    assert [uncapturable_split_op_in(getattr(gm, n)) for n in splits] == [True, False]  # linear layer 0, full layer 1
