@@ -6,7 +6,8 @@ Causal depthwise conv1d continued from a conv state, then the gated delta rule c
     S_t = exp(g_t) S_{t-1} + k_t (β_t (v_t − exp(g_t) S_{t-1}ᵀ k_t))ᵀ,   o_t = S_tᵀ q_t / √Dk
 
 with q and k L2-normalised per head, in float32. Prefill (L > 1) uses transformers' own chunked torch fallback
-(`torch_chunk_gated_delta_rule`, present in 4.57 through 5.25), decode (L = 1) one recurrent step, written here.
+(`torch_chunk_gated_delta_rule`, present in 4.57 through 5.25), decode one recurrent step for all sequences at once,
+written here (as is the token-by-token scan the chunked form is checked against).
 """
 
 from __future__ import annotations
@@ -36,20 +37,51 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
+def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of N sequences at once: q, k [N, H, Dk] (normalised, q scaled), v [N, H, Dv], g, beta [N, H],
+    state [N, H, Dk, Dv], all float32 → (out [N, H, Dv], new state)."""
+    s = state * g.exp()[..., None, None]
+    delta = (v - (s * k[..., None]).sum(dim=-2)) * beta[..., None]
+    s = s + k[..., None] * delta[..., None, :]
+    return (s * q[..., None]).sum(dim=-2), s
+
+
+def _prepare(q, k, v, g, beta):
+    """float32; q and k L2-normalised per head, q scaled by 1/√Dk."""
+    return (l2norm(q.float()) * q.shape[-1] ** -0.5, l2norm(k.float()), v.float(), g.float(), beta.float())
+
+
 def recurrent_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                    state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Token by token. q, k [L, H, Dk], v [L, H, Dv], g, beta [L, H]; state [H, Dk, Dv] float32 (heads already
     repeated to Hv) → (out [L, H, Dv] float32, new state)."""
-    q = l2norm(q.float()) * q.shape[-1] ** -0.5
-    k, v, g, beta = l2norm(k.float()), v.float(), g.float(), beta.float()
-    s = state.float().clone()
+    q, k, v, g, beta = _prepare(q, k, v, g, beta)
+    s = state.float()[None]
     out = torch.empty_like(v)
     for t in range(q.shape[0]):
-        s = s * g[t].exp()[:, None, None]
-        delta = (v[t] - (s * k[t][:, :, None]).sum(dim=1)) * beta[t][:, None]
-        s = s + k[t][:, :, None] * delta[:, None, :]
-        out[t] = (s * q[t][:, :, None]).sum(dim=1)
-    return out, s
+        o, s = recurrent_step(q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1], s)
+        out[t] = o[0]
+    return out, s[0]
+
+
+def decode_rule(q, k, v, g, beta, state):
+    """One token each of N sequences (decode): q, k [N, H, Dk], v [N, H, Dv], g, beta [N, H], state [N, H, Dk, Dv]."""
+    return recurrent_step(*_prepare(q, k, v, g, beta), state.float())
+
+
+def decode_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                activation: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token each of N sequences: x [N, C], state [N, C, K-1] → (out [N, C], new state)."""
+    full = torch.cat([state.to(weight.dtype), x.to(weight.dtype)[..., None]], dim=-1)  # [N, C, K]
+    out = (full * weight).sum(dim=-1)
+    if bias is not None:
+        out = out + bias
+    if activation in ("silu", "swish"):
+        out = F.silu(out)
+    elif activation is not None:
+        raise ValueError(f"linear attention: conv activation {activation!r} is not supported (silu is)")
+    return out.to(x.dtype), full[..., 1:]
 
 
 def chunked_rule(q, k, v, g, beta, state):
@@ -62,5 +94,6 @@ def chunked_rule(q, k, v, g, beta, state):
 
 
 def gated_delta_rule(q, k, v, g, beta, state):
-    """Prefill chunked, decode recurrent (what serving engines do; the two agree to float32 rounding)."""
+    """One sequence's stretch: chunked above one token, recurrent for one (decode batches go through decode_rule, all
+    sequences at once); the two agree to float32 rounding (tests/pcg_core/test_qwen3_next.py)."""
     return recurrent_rule(q, k, v, g, beta, state) if q.shape[0] == 1 else chunked_rule(q, k, v, g, beta, state)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from pcg_core.forward_context import get_forward_context
-from pcg_core.linear_attention.gdn import causal_conv, gated_delta_rule
+from pcg_core.linear_attention.gdn import causal_conv, decode_conv, decode_rule, gated_delta_rule
 from pcg_core.split_ops import register_split_op, run_split_op
 
 CAPTURABLE = False
@@ -43,15 +43,32 @@ def _linear_attention(mixed_qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tens
     key_dim = num_k_heads * head_k_dim
     num_v_heads, head_v_dim = out.shape[1], out.shape[2]
     conv, rec = pool.conv[layer], pool.recurrent[layer]
+    split = [key_dim, key_dim, num_v_heads * head_v_dim]
+    rep = num_v_heads // num_k_heads
+
+    def heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = x.split(split, dim=-1)
+        q = q.reshape(-1, num_k_heads, head_k_dim).repeat_interleave(rep, dim=1)
+        k = k.reshape(-1, num_k_heads, head_k_dim).repeat_interleave(rep, dim=1)
+        return q, k, v.reshape(-1, num_v_heads, head_v_dim)
+
+    decode = [r for r in pool.runs if r.length == 1]
+    if decode:  # one token per sequence: all of them at once, states gathered by slot and version
+        dev = out.device
+        rows = torch.tensor([r.start for r in decode], device=dev)
+        slots = torch.tensor([r.slot for r in decode], device=dev)
+        read = torch.tensor([r.read for r in decode], device=dev)
+        x, conv_state = decode_conv(mixed_qkv[rows], conv[slots, read], conv_weight, conv_bias, activation)
+        o, state = decode_rule(*heads(x), g[rows], beta[rows], rec[slots, read])
+        out[rows] = o.to(out.dtype)
+        conv[slots, 1 - read] = conv_state
+        rec[slots, 1 - read] = state
     for run in pool.runs:
+        if run.length == 1:
+            continue
         rows = slice(run.start, run.start + run.length)
         x, conv_state = causal_conv(mixed_qkv[rows], conv[run.slot, run.read], conv_weight, conv_bias, activation)
-        q, k, v = x.split([key_dim, key_dim, num_v_heads * head_v_dim], dim=-1)
-        rep = num_v_heads // num_k_heads
-        q = q.reshape(run.length, num_k_heads, head_k_dim).repeat_interleave(rep, dim=1)
-        k = k.reshape(run.length, num_k_heads, head_k_dim).repeat_interleave(rep, dim=1)
-        v = v.reshape(run.length, num_v_heads, head_v_dim)
-        o, state = gated_delta_rule(q, k, v, g[rows], beta[rows], rec[run.slot, run.read])
+        o, state = gated_delta_rule(*heads(x), g[rows], beta[rows], rec[run.slot, run.read])
         out[rows] = o.to(out.dtype)
         conv[run.slot, 1 - run.read].copy_(conv_state)
         rec[run.slot, 1 - run.read].copy_(state)

@@ -157,3 +157,28 @@ def test_piecewise_cuts_at_both_split_ops_and_knows_which_may_be_graphed(lm):
     gm = engine.backend.split_gm
     splits = [n for n, _ in gm.named_children() if int(n.rsplit("_", 1)[1]) % 2 == 1]
     assert [uncapturable_split_op_in(getattr(gm, n)) for n in splits] == [True, False]  # linear layer 0, full layer 1
+
+
+def test_chunked_rule_agrees_with_the_token_by_token_scan():
+    """transformers' chunked fallback (prefill) against the recurrence written out (decode's step), from a nonzero
+    state, 70 tokens (two chunks), grouped heads already repeated."""
+    from pcg_core.linear_attention.gdn import chunked_rule, recurrent_rule
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(70, 4, 16, generator=g), torch.randn(70, 4, 16, generator=g)
+    v = torch.randn(70, 4, 16, generator=g)
+    decay = -torch.rand(70, 4, generator=g) * 0.5
+    beta = torch.rand(70, 4, generator=g)
+    state = torch.randn(4, 16, 16, generator=g) * 0.1
+    o1, s1 = chunked_rule(q, k, v, decay, beta, state)
+    o2, s2 = recurrent_rule(q, k, v, decay, beta, state)
+    assert (o1 - o2).abs().max() < 1e-4 and (s1 - s2).abs().max() < 1e-4
+    o3, _ = recurrent_rule(q, k, v, decay, beta, torch.zeros_like(state))
+    assert (o3 - o2).abs().max() > 1e-2  # the initial state matters: the check would see it dropped
+
+
+def test_chunked_prefill_continues_the_states(lm, prompts):
+    """Prefill cut into forwards of 16 tokens: a sequence's later chunk starts from the state its earlier one left."""
+    engine = _engine(lm)
+    whole = engine.generate(prompts, max_new_tokens=4, prompt_logprobs=True)
+    assert compare_outputs(whole, engine.generate(prompts, max_new_tokens=4, prompt_logprobs=True, chunk=16), TOL) == []
