@@ -15,6 +15,8 @@ import torch
 from pcg_core.attention import attention_backend_names, get_attention_backend
 from pcg_core.capture import capture_backend_names, get_capture_backend
 from pcg_core.config import COMPILERS, DTYPES, KV_CACHE_DTYPES
+from pcg_core.linear_attention import CAPTURABLE as LINEAR_CAPTURABLE
+from pcg_core.linear_attention import WHY_NOT_CAPTURABLE as LINEAR_WHY_NOT
 from pcg_core.model import architectures
 from pcg_core.quant.schemes import registry as quant_registry
 
@@ -41,6 +43,16 @@ KV_CACHES: dict[str, str] = {
     "fp8_e4m3": "K and V in FP8 e4m3 with one scale per layer for K and one for V (MLA: one for the latent row), "
                 "saturating at ±448, dequantized on read; scales from the checkpoint's FP8 KV-cache declaration, else "
                 "calibrated (absmax / 448 over 16-bit forwards)",
+}
+# Split ops besides attention, by the model-card feature that brings them in. linear_attention is a property of its
+# own split op (pcg::linear_attention over the per-sequence state pool), not an attention-backend feature: the same
+# op runs under every attention backend, which serve the model's full-attention layers; what it limits is capture.
+SPLIT_OPS: dict[str, dict[str, Any]] = {
+    "pcg::linear_attention": {"feature": "linear_attention", "capturable": LINEAR_CAPTURABLE,
+                              "why_not_capturable": None if LINEAR_CAPTURABLE else LINEAR_WHY_NOT,
+                              "devices": {"cpu": None, "cuda": None},
+                              "state": "per sequence and linear layer: conv state (model dtype) and float32 recurrent "
+                                       "state, two versions per slot, EngineConfig.linear_state_slots slots"},
 }
 PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
 
@@ -94,6 +106,21 @@ def kv_cache_unsupported_reason(kv_cache: str, attention: str, backends: dict[st
     return None
 
 
+def split_op_capture_reason(graph: str, features: Iterable[str], caps: dict[str, Any] | None = None) -> str | None:
+    """Why capture backend `graph` cannot capture a model exercising `features` (model-card words) because a split op
+    those features bring in is not capturable and `graph` records every op in its graph (`full`), or None. One
+    wording for the matrix pre-check, `pcgh request` and the engine's refusal."""
+    caps = caps if caps is not None else capabilities()
+    backend = caps["capture_backends"].get(graph)
+    if backend is None or not backend["requires_capturable_attention"]:
+        return None
+    feats = set(features)
+    for name, op in caps.get("split_ops", {}).items():
+        if op["feature"] in feats and not op["capturable"]:
+            return f"capture backend {graph} records every op in one graph and {name} cannot be ({op['why_not_capturable']})"
+    return None
+
+
 def attention_unsupported_reason(attention: str, device: str, features: Iterable[str] = (),
                                  backends: dict[str, Any] | None = None) -> str | None:
     """Why attention backend `attention` cannot run a model exercising `features` (model-card words: those that
@@ -135,6 +162,7 @@ def capabilities() -> dict[str, Any]:
         "model_type_aliases": dict(architectures.MODEL_TYPE_ALIASES),
         "attention_backends": attn,
         "capture_backends": capture,
+        "split_ops": {name: dict(op) for name, op in SPLIT_OPS.items()},
         "compilers": list(COMPILERS),
         "dtypes": list(DTYPES),
         "quantization": list(QUANTIZATION),

@@ -91,6 +91,8 @@ class EngineConfig:
     # What the KV cache stores: "auto" the model's dtype; "fp8_e4m3" FP8 with per-layer K and V scales, read from
     # the model's `pcg_kv_scales` (a checkpoint's, or calibrated: pcg_core.engine.kv_scales).
     kv_cache: str = "auto"
+    # Live sequences the linear-attention state pool holds (models with linear_attention layers only: Qwen3-Next).
+    linear_state_slots: int = 32
 
     def __post_init__(self) -> None:
         if self.kv_cache not in KV_CACHE_DTYPES:

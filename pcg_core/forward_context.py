@@ -51,6 +51,8 @@ class ForwardContext:
     mode: CaptureMode = CaptureMode.EAGER
     segment_recorder: SegmentHook | None = None
     observer: AttentionObserver | None = None
+    # Per-sequence states of linear-attention layers (pcg_core/linear_attention/state.py), for models that have them.
+    linear_state: Any = None
 
 
 _CURRENT: ForwardContext | None = None

@@ -14,13 +14,28 @@ import torch
 from pcg_core.forward_context import get_forward_context, has_forward_context
 
 _SPLIT_OPS: dict[str, Any] = {}
+_UNCAPTURABLE: set[str] = set()  # split ops that never get graphs of their own (they loop on the host)
 
 
-def register_split_op(op: Any) -> Any:
-    """Register a torch.library op (packet or overload) as a split point."""
+def register_split_op(op: Any, capturable: bool = True) -> Any:
+    """Register a torch.library op (packet or overload) as a split point. capturable=False: the op itself can never
+    be recorded in a graph (piecewise keeps it eager even where the attention backend's op gets graphs)."""
     packet = getattr(op, "overloadpacket", op)
-    _SPLIT_OPS[str(packet._qualified_op_name)] = packet
+    name = str(packet._qualified_op_name)
+    _SPLIT_OPS[name] = packet
+    if not capturable:
+        _UNCAPTURABLE.add(name)
     return op
+
+
+def uncapturable_split_op_in(gm: torch.fx.GraphModule) -> bool:
+    """Whether `gm` calls a split op registered as not capturable."""
+    for node in gm.graph.nodes:
+        if is_split_node(node):
+            packet = getattr(node.target, "overloadpacket", node.target)
+            if str(packet._qualified_op_name) in _UNCAPTURABLE:
+                return True
+    return False
 
 
 def split_op_names() -> list[str]:

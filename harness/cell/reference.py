@@ -46,6 +46,7 @@ from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.engine import LOGITS_CHUNK, head_logits
 from pcg_core.model.mla import uninstall_mla
 from pcg_core.model.vision import Image
+from pcg_core.model.qwen3_next import uninstall_gated_deltanet
 from pcg_core.quant.schemes.int4 import Int4Scheme
 from pcg_core.quant.layers.linear import scheme_of
 from pcg_core.quant.schemes.w8a8 import Scheme
@@ -106,6 +107,7 @@ def _hf_twin(model: torch.nn.Module, float32: bool, attention: str, nudge: bool 
     KV cache with those scales holds them (kv_reference.py)."""
     twin = make_twin(model, float32)
     uninstall_mla(twin)
+    uninstall_gated_deltanet(twin)  # transformers' own Gated DeltaNet (its conv and delta rule, no state pool)
     twin.config._attn_implementation = attention if kv_scales is None else round_kv(twin, attention, kv_scales)
     if nudge:
         twin.get_input_embeddings().register_forward_hook(_nudge)

@@ -19,7 +19,7 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
     """Why the runtime cannot run `cell`, or None. The card and its variant were checked when the matrix loaded;
     `cards` caches the cards across the cells of a plan (and their architecture verdict with them)."""
     from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupported_reason,
-                                       parallel_unsupported_reason, quant_unsupported_reason)
+                                       parallel_unsupported_reason, quant_unsupported_reason, split_op_capture_reason)
 
     a = cell.axes
     card_id = ModelRef.parse(a["model"]).card
@@ -47,6 +47,8 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
     if caps["capture_backends"][a["graph"]]["requires_capturable_attention"] and not attn["capturable"]:
         return (f"capture backend {a['graph']} needs a capturable attention backend; "
                 f"{a['attention']} is not ({attn['why_not_capturable']})")
+    if reason := split_op_capture_reason(a["graph"], card.features, caps):
+        return reason
     if reason := parallel_unsupported_reason(a["parallel"], caps["parallel"]):
         return reason
     if cell.spec.device == "cuda":

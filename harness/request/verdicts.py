@@ -15,7 +15,9 @@ same table the matrix pre-check reads; no list of what the runtime can do is kep
 - kv_cache:  the KV-cache dtypes the runtime stores (auto, fp8_e4m3) and the attention backends that read an FP8
              cache, and whether the checkpoint declares an FP8 KV cache (its scales then used, else calibrated).
 - graph:     the runtime can run the model and has a capture backend other than `disabled`; a backend that
-             declares it (`full`) also needs a capturable attention backend.
+             declares it (`full`) also needs a capturable attention backend, and capturable split ops for the
+             model's features (linear_attention's pcg::linear_attention is not: full cannot, piecewise and
+             breakable run it between graphs).
 """
 
 from __future__ import annotations
@@ -154,9 +156,13 @@ def graph_verdict(supported: bool, caps: dict[str, Any], features: Iterable[str]
     needed = [f for f in features if f in ATTENTION_FEATURES]
     capturable = [n for n, b in caps["attention_backends"].items()
                   if b["capturable"] and not any(b.get("features", {}).get(f) for f in needed)]
+    from pcg_core.capabilities import split_op_capture_reason  # the pre-check's wording
+
     reason = f"capture backends: {', '.join(backends)}"
     for name in backends:
-        if caps["capture_backends"][name]["requires_capturable_attention"]:
+        if why := split_op_capture_reason(name, features, caps):
+            reason += f"; {name} cannot: {why}"
+        elif caps["capture_backends"][name]["requires_capturable_attention"]:
             reason += (f"; {name} capture through {', '.join(capturable)} (capturable)" if capturable
                        else f"; {name} capture needs a capturable attention backend and none is")
     return _v(True, reason)

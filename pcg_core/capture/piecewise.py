@@ -24,7 +24,7 @@ from pcg_core.capture.base import GraphBackend
 from pcg_core.capture.graphs import GraphPool, weak_ref
 from pcg_core.capture.registry import register_capture_backend
 from pcg_core.forward_context import CaptureMode, get_forward_context, set_forward_context
-from pcg_core.split_ops import is_split_node
+from pcg_core.split_ops import is_split_node, uncapturable_split_op_in
 
 
 def split_at_split_ops(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[str], list[str]]:
@@ -126,9 +126,10 @@ class PiecewiseBackend(GraphBackend):
                 piece = compile_piece_inductor(piece)
             setattr(split_gm, name, PieceRunner(piece, i, self.pool))
         if self._graph_attention():
-            for j, name in enumerate(splits):
+            graphed = [n for n in splits if not uncapturable_split_op_in(getattr(split_gm, n))]  # linear attention stays eager
+            for j, name in enumerate(graphed):
                 setattr(split_gm, name, PieceRunner(getattr(split_gm, name), len(pieces) + j, self.pool, split=True))
-            self.stats.graphed_split_ops = len(splits)
+            self.stats.graphed_split_ops = len(graphed)
         self.stats.compile_s = time.perf_counter() - t0
         self.stats.pieces, self.stats.split_ops = len(pieces), len(splits)
         self.stats.submodules = len(pieces) + len(splits)

@@ -25,6 +25,7 @@ from pcg_core.engine.vision import VisionInputs
 from pcg_core.errors import ConfigError
 from pcg_core.model.vision import Image
 from pcg_core.forward_context import AttentionObserver, CaptureMode, ForwardContext, set_forward_context
+from pcg_core.linear_attention.setup import make_linear_state
 
 LOGITS_CHUNK = 1024  # rows of lm_head at a time, so prompt logprobs over long prompts stay small
 HEAD_SLICE_BYTES = 256 << 20  # float32 head weight upcast at a time: DeepSeek-V3's whole head would be 3.7 GB
@@ -100,6 +101,7 @@ class Engine:
                              page_size=config.page_size or attn_cls.page_size, kv_cache=config.kv_cache)
         scales = kv_scales_of(model, self.cache) if self.cache.quantized else None  # refused before any capture
         self.attn_backend = attn_cls(self.cache, config.capture.max_tokens)
+        self.linear_state = make_linear_state(model.config, config)  # None unless the model has linear layers
         self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device)
         # A VLM: its vision front end runs eagerly into static buffers the captured text decoder reads.
         self.vision = VisionInputs(model, config.capture.max_tokens, self.device) if VisionInputs.wanted(model) else None
@@ -134,7 +136,9 @@ class Engine:
         if self.vision is not None:
             self.vision.fill(PackedBatch([], [], [], []), num_tokens, input_ids)
         self.attn_backend.begin_forward(md)
-        return input_ids, positions, ForwardContext(md, self.attn_backend, bucket=num_tokens)
+        if self.linear_state is not None:
+            self.linear_state.begin_forward(md.host_seq_ids, md.host_positions)
+        return input_ids, positions, ForwardContext(md, self.attn_backend, bucket=num_tokens, linear_state=self.linear_state)
 
     def bucket_for(self, num_tokens: int) -> int | None:
         """The bucket a batch of num_tokens is padded to (None: it runs unpadded, eagerly)."""
@@ -163,7 +167,8 @@ class Engine:
             self.on_forward(batch, bucket, replay, decode)
         input_ids, positions, md = self.stage_inputs(batch, bucket or n, replay)
         mode = CaptureMode.REPLAY if replay else CaptureMode.EAGER
-        ctx = ForwardContext(md, self.attn_backend, bucket=bucket, mode=mode, observer=observer)
+        ctx = ForwardContext(md, self.attn_backend, bucket=bucket, mode=mode, observer=observer,
+                             linear_state=self.linear_state)
         with set_forward_context(ctx):
             hidden = self.backend.run(input_ids, positions, ctx) if replay else self._body(input_ids, positions)
         return hidden[:n]
@@ -179,6 +184,8 @@ class Engine:
             self.attn_backend.begin_forward(staged.md)
         if self.vision is not None:
             self.vision.fill(batch, num_tokens, staged.input_ids)
+        if self.linear_state is not None:  # the recurrent layers' state slots for this batch (host side)
+            self.linear_state.begin_forward(staged.md.host_seq_ids, staged.md.host_positions)
         return staged.input_ids, staged.md.positions, staged.md
 
     def prefill_batch(self, prompts: list[list[int]], extra_slots: int = 0,
@@ -195,9 +202,13 @@ class Engine:
         elif images is not None and any(images):
             raise ValueError(f"{type(self.model).__name__} takes no images (it has no vision tower); drop `images`")
         self.cache.reset()
+        if self.linear_state is not None:
+            self.linear_state.reset()
         batch, seq_slots = PackedBatch([], [], [], []), []
         for i, p in enumerate(prompts):
             seq_slots.append(self.cache.allocate(i, len(p) + extra_slots))
+            if self.linear_state is not None:
+                self.linear_state.allocate(i)
             batch.token_ids += p
             batch.positions += list(range(len(p)))
             batch.seq_ids += [i] * len(p)

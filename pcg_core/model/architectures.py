@@ -35,6 +35,10 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     # (pcg_core/engine/vision.py); the text decoder is transformers' own with our attention op
     "Qwen2_5_VLForConditionalGeneration": ("vlm", "rope_scaling"),
     "Qwen3VLMoeForConditionalGeneration": ("moe", "vlm"),
+    # Qwen3-Next: Gated DeltaNet layers over the pcg::linear_attention split op and a per-sequence state pool
+    # (pcg_core/linear_attention/, pcg_core/model/qwen3_next.py), gated full attention every 4th layer, MoE with a
+    # gated shared expert; MTP weights ignored, as transformers does
+    "Qwen3NextForCausalLM": ("moe", "linear_attention"),
 }
 
 # architecture → the model_type of our own module for it, where transformers has none: the config's own

@@ -29,6 +29,7 @@ from pcg_core.model.experts import EXPERTS_IMPLEMENTATION
 from pcg_core.model.grok import MODEL_TYPE as _GROK_MODEL_TYPE  # noqa: F401 - registers Grok-2 with transformers' Auto classes
 from pcg_core.model.mla import install_mla
 from pcg_core.model.vision import install_dense_deepstack, is_vlm, is_vlm_config, shrink_vlm
+from pcg_core.model.qwen3_next import install_gated_deltanet
 from pcg_core.quant import detect as detect_quantization
 from pcg_core.quant import load_quantized
 from pcg_core.quant.formats.files import INDEX, SINGLE, CheckpointTensors, index_of, read_index
@@ -36,6 +37,9 @@ from pcg_core.quant.formats.files import INDEX, SINGLE, CheckpointTensors, index
 # Widths of the `tiny` variant: small enough for a CPU test, shaped like the real thing (GQA kept, MoE kept).
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16, "moe_intermediate_size": 48}
 TINY_LAYERS = 2
+# Qwen3-Next's linear-attention (Gated DeltaNet) widths at tiny size: 2 key heads, 4 value heads (its 1:2 kept).
+TINY_LINEAR = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+               "linear_value_head_dim": 16, "shared_expert_intermediate_size": 48}
 TINY_MAX_EXPERTS = 8
 TINY_MAX_VOCAB = 2048
 # MLA at tiny widths: latent 32 + rope 8, q rank 48, per-head nope/v 16; the rotary embedding's dim is the rope part.
@@ -156,6 +160,8 @@ def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool
             d["num_experts_per_tok"] = min(d["num_experts_per_tok"], 2, n_exp)
         if d.get("kv_lora_rank"):
             _tiny_mla(d)
+        if d.get("linear_num_value_heads"):
+            d.update(TINY_LINEAR)
         if (d.get("attn_temperature_len") or 0) > 0:
             d["attn_temperature_len"] = TINY_TEMPERATURE_LEN
         if d.get("embedding_multiplier_scale"):  # Grok's is √hidden: embeddings at RMS ~1 after the multiplier
@@ -177,6 +183,7 @@ def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool
             raise ConfigError(f"layers {layers}: the model has {depth} decoder layers; keep at most {depth}",
                               field="layers")
         d["num_hidden_layers"] = layers
+        _trim_hybrid(d, depth)
         if isinstance(d.get("layer_types"), list):
             d["layer_types"] = d["layer_types"][:layers]
         if isinstance(d.get("mlp_only_layers"), list):
@@ -184,6 +191,23 @@ def shrink_config(data: dict[str, Any], *, layers: int | None = None, tiny: bool
         if isinstance(d.get("max_window_layers"), int):
             d["max_window_layers"] = min(d["max_window_layers"], layers)
     return d
+
+
+def _trim_hybrid(d: dict[str, Any], depth: int | None) -> None:
+    """A hybrid model (Qwen3-Next: full attention every `full_attention_interval`-th layer, linear attention else)
+    trimmed keeps at least one full-attention layer: the first layers of its pattern, the last one made full where
+    none would be (trim 2 of a 1-in-4 pattern: linear, full). layer_types is written out from the interval where the
+    config leaves it implicit."""
+    interval = d.get("full_attention_interval")
+    types = d.get("layer_types")
+    if not isinstance(types, list) and isinstance(interval, int) and interval > 0 and isinstance(depth, int):
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(depth)]
+    if not isinstance(types, list) or "linear_attention" not in types:
+        return
+    kept = list(types[: d["num_hidden_layers"]])
+    if "full_attention" not in kept:
+        kept[-1] = "full_attention"
+    d["layer_types"] = kept
 
 
 def _tiny_mla(d: dict[str, Any]) -> None:
@@ -280,6 +304,7 @@ def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str
         peak_logits(model, hidden, PEAK_LOGIT_STD.get(str(dtype).removeprefix("torch."), 1.0))
     install_mla(model)
     install_dense_deepstack(model)
+    install_gated_deltanet(model)
     return model.eval().requires_grad_(False)
 
 
@@ -301,6 +326,7 @@ def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.devic
         model = _auto_class(config).from_pretrained(path, config=config, dtype=dtype, **_implementation_kwargs(config))
     install_mla(model)
     install_dense_deepstack(model)
+    install_gated_deltanet(model)
     return model.to(device).eval().requires_grad_(False)  # .to(): device_map would need accelerate
 
 

@@ -117,12 +117,13 @@ def test_load_model_accepts_a_dict_and_a_directory(tmp_path):
     assert type(lm.model).__name__ == "Qwen3ForCausalLM" and lm.synthetic
 
 
-# Unsupported architectures: real transformers model types whose architecture pcg does not run yet.
-# Hybrid linear attention (Gated DeltaNet): in transformers, not in the runtime yet.
-QWEN3_NEXT = json.loads((CONFIGS / "Qwen__Qwen3-Next-80B-A3B-Instruct.json").read_text())
+# Unsupported architectures: real transformers model types whose architecture pcg does not run yet (OLMo-2: Qwen3's
+# config read as OLMo-2's; transformers builds it, pcg's table lacks it).
+OLMO2 = {**json.loads((CONFIGS / "Qwen__Qwen3-0.6B.json").read_text()), "architectures": ["Olmo2ForCausalLM"],
+         "model_type": "olmo2"}
 
 
-@pytest.mark.parametrize("data, arch", [(QWEN3_NEXT, "Qwen3NextForCausalLM")])
+@pytest.mark.parametrize("data, arch", [(OLMO2, "Olmo2ForCausalLM")])
 @pytest.mark.parametrize("as_file", [False, True])
 def test_unsupported_architecture_raises_unsupported_model(tmp_path, data, arch, as_file):
     spec = data
@@ -141,15 +142,15 @@ def test_check_supported_and_reasons():
         cfg = build_config(read_config_file(config_path(arch)))
         assert unsupported_reason(cfg) is None
         check_supported(cfg)
-    cfg = build_config(QWEN3_NEXT)
-    assert "Qwen3NextForCausalLM" in unsupported_reason(cfg)
-    with pytest.raises(UnsupportedModel, match="Qwen3NextForCausalLM"):
+    cfg = build_config(OLMO2)
+    assert "Olmo2ForCausalLM" in unsupported_reason(cfg)
+    with pytest.raises(UnsupportedModel, match="Olmo2ForCausalLM"):
         check_supported(cfg)
     # No `architectures` key: the architecture is looked up from the model type.
     no_arch = {k: v for k, v in read_config_file(config_path("mixtral")).items() if k != "architectures"}
     assert unsupported_reason(build_config(no_arch)) is None
-    no_arch_next = {k: v for k, v in QWEN3_NEXT.items() if k != "architectures"}
-    assert "Qwen3NextForCausalLM" in unsupported_reason(build_config(no_arch_next))
+    no_arch_olmo = {k: v for k, v in OLMO2.items() if k != "architectures"}
+    assert "Olmo2ForCausalLM" in unsupported_reason(build_config(no_arch_olmo))
 
 
 def test_non_json_file_is_a_config_error(tmp_path):

@@ -84,10 +84,14 @@ def test_planted_stale_input_fails_accuracy(monkeypatch):
     assert r.metrics.diverging_piece == "piece 0 (up to attention 0)" and r.metrics.max_prompt_kl > 0
 
 
-def test_unsupported_architecture_is_a_status_not_a_crash(capsys):
-    rc = main(["cell", "--model", "qwen3-next-80b-a3b", "--tiny", "--graph", "piecewise", "--json"])
+def test_unsupported_architecture_is_a_status_not_a_crash(capsys, tmp_path, configs):
+    # an architecture the runtime lacks: Qwen3's config read as OLMo-2's (transformers has it, pcg's table does not)
+    olmo = {**json.loads((configs / "Qwen__Qwen3-0.6B.json").read_text()), "architectures": ["Olmo2ForCausalLM"],
+            "model_type": "olmo2"}
+    (tmp_path / "config.json").write_text(json.dumps(olmo))
+    rc = main(["cell", "--model", str(tmp_path / "config.json"), "--tiny", "--graph", "piecewise", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert rc == 1 and out["status"] == "unsupported" and "Qwen3NextForCausalLM" in out["reason"]
+    assert rc == 1 and out["status"] == "unsupported" and "Olmo2ForCausalLM" in out["reason"]
 
 
 @pytest.mark.parametrize("inner,status", [(RuntimeError("model.safetensors: unexpected end of data"), Status.EAGER_FAIL),

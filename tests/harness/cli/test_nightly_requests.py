@@ -82,12 +82,11 @@ def test_requests_move_to_their_nightly_outcome_and_the_run_is_uploaded(db_url, 
         rows = {r["id"]: r for r in store.requests()}
         run_id = store.latest_run()["id"]
         cells = {str(r.axes["model"]): r.status for r in store.results(run_id)}
-    assert cells == {"qwen2.5-0.5b:tiny": "pass", "qwen3-0.6b:tiny": "pass", "qwen3-next-80b-a3b:tiny": "unsupported"}
+    assert cells == {"qwen2.5-0.5b:tiny": "pass", "qwen3-0.6b:tiny": "pass", "qwen3-next-80b-a3b:tiny": "pass"}
     q, nxt, anon = rows[ids["qwen3"]], rows[ids["next"]], rows[ids["anonymous"]]
     assert q["card_id"] == "qwen3-0.6b" and q["status"] == "passing"
     assert q["outcome"]["run_id"] == run_id and q["outcome"]["counts"] == {"pass": 1} and "1 of 1" in q["outcome"]["reason"]
-    assert nxt["status"] == "unsupported" and nxt["outcome"]["counts"] == {"unsupported": 1}
-    assert "Qwen3NextForCausalLM is not supported" in nxt["outcome"]["reason"], nxt["outcome"]  # the runtime's own why
+    assert nxt["status"] == "passing" and nxt["outcome"]["counts"] == {"pass": 1}  # linear attention runs since issue 39
     assert anon["card_id"] is None and anon["status"] == "requested" and anon["outcome"] is None
     # a card the matrix runs already: judged by the matrix's own cell, no second size of it added
     assert rows[ids["in_matrix"]]["status"] == "passing" and rows[ids["in_matrix"]]["outcome"]["counts"] == {"pass": 1}
@@ -98,7 +97,7 @@ def test_requests_move_to_their_nightly_outcome_and_the_run_is_uploaded(db_url, 
     listed = _pcgh("requests", "--db", db_url, "--json")
     assert listed.returncode == 0, listed.stderr
     assert {r["id"]: r["status"] for r in json.loads(listed.stdout)} == {
-        ids["qwen3"]: "passing", ids["next"]: "unsupported", ids["anonymous"]: "requested", ids["in_matrix"]: "passing"}
+        ids["qwen3"]: "passing", ids["next"]: "passing", ids["anonymous"]: "requested", ids["in_matrix"]: "passing"}
 
     # the same run, uploaded: the dashboard's store has it whole, as a nightly
     assert f"uploaded run {run_id} to {base}/api/runs: HTTP 201" in p.stdout

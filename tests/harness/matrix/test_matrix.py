@@ -105,6 +105,9 @@ def _cell(tmp_path, model="qwen3-0.6b:tiny", graph="piecewise", quant="none", pa
 
 
 def test_precheck_reads_the_runtime_table(tmp_path, monkeypatch):
+    from pcg_core.model import architectures
+
+    monkeypatch.delitem(architectures.SUPPORTED_ARCHITECTURES, "Qwen3NextForCausalLM")  # an architecture it lacks
     caps = capabilities()
     caps["cuda_devices"] = 0
     assert precheck(_cell(tmp_path), caps, {}) is None
@@ -151,9 +154,23 @@ def test_matrix_grows_with_the_runtime(tmp_path, monkeypatch):
     from pcg_core.model import architectures
 
     cell = _cell(tmp_path, model="qwen3-next-80b-a3b:tiny")
+    known = architectures.SUPPORTED_ARCHITECTURES["Qwen3NextForCausalLM"]
+    monkeypatch.delitem(architectures.SUPPORTED_ARCHITECTURES, "Qwen3NextForCausalLM")  # as before the runtime ran it
     assert "Qwen3NextForCausalLM" in precheck(cell, capabilities(), {})
-    monkeypatch.setitem(architectures.SUPPORTED_ARCHITECTURES, "Qwen3NextForCausalLM", ("moe", "linear_attention"))
+    monkeypatch.setitem(architectures.SUPPORTED_ARCHITECTURES, "Qwen3NextForCausalLM", known)
     assert precheck(cell, capabilities(), {}) is None
+
+
+def test_full_capture_of_linear_attention_is_unsupported_with_the_split_ops_reason(tmp_path, monkeypatch):
+    """pcg::linear_attention is not capturable: full cannot record it, piecewise and breakable run it between graphs."""
+    caps = capabilities()
+    assert caps["split_ops"]["pcg::linear_attention"]["capturable"] is False
+    reason = precheck(_cell(tmp_path, model="qwen3-next-80b-a3b:tiny", graph="full"), caps, {})
+    assert "pcg::linear_attention" in reason and "host" in reason
+    for graph in ("piecewise", "breakable"):
+        assert precheck(_cell(tmp_path, model="qwen3-next-80b-a3b:tiny", graph=graph), caps, {}) is None
+    monkeypatch.setitem(caps["split_ops"]["pcg::linear_attention"], "capturable", True)  # the table decides
+    assert precheck(_cell(tmp_path, model="qwen3-next-80b-a3b:tiny", graph="full"), caps, {}) is None
 
 
 def _many_rules_matrix(tmp_path: Path, n_rules: int = 200) -> Path:

@@ -31,7 +31,7 @@ EXPECTED = {
     "moonshotai__Kimi-K2-Instruct.json": ("DeepseekV3ForCausalLM", True, ["moe", "mla", "rope_scaling"], FP8_BLOCK),
     # gpt-oss's rope_scaling is yarn (factor 32), so rope_scaling is exercised too.
     "openai__gpt-oss-120b.json": ("GptOssForCausalLM", True, ["moe", "sliding_window", "sinks", "rope_scaling"], MXFP4),
-    "Qwen__Qwen3-Next-80B-A3B-Instruct.json": ("Qwen3NextForCausalLM", False, ["moe", "linear_attention"], None),
+    "Qwen__Qwen3-Next-80B-A3B-Instruct.json": ("Qwen3NextForCausalLM", True, ["moe", "linear_attention"], None),
     # mrope with rope_type default is not scaling.
     "Qwen__Qwen3-VL-30B-A3B-Instruct.json": ("Qwen3VLMoeForConditionalGeneration", True, ["moe", "vlm"], None),
     "xai-org__grok-2.json": ("Grok1ForCausalLM", True, ["moe", "softcap", "length_temperature"], None),
@@ -100,6 +100,14 @@ def test_moe_and_mla_details():
     oss = _analyze("openai__gpt-oss-120b.json")["feature_details"]
     assert oss["sliding_window"] == {"window": 128, "sliding_layers": 18, "full_layers": 18}
     assert oss["moe"]["top_k"] == 4 and oss["sinks"] == {"heads": 64}
+
+
+def test_qwen3_next_verdicts_agree_with_the_precheck():
+    """linear_attention is the split op's (any attention backend serves the full layers); full cannot record it."""
+    v = _analyze("Qwen__Qwen3-Next-80B-A3B-Instruct.json")["verdicts"]
+    assert v["model"]["ok"] and v["attention"]["ok"] and v["graph"]["ok"]
+    assert "full cannot: capture backend full records every op in one graph and pcg::linear_attention" in v["graph"]["reason"]
+    assert "cannot" not in _analyze("Qwen__Qwen3-8B.json")["verdicts"]["graph"]["reason"]
 
 
 def test_kimi_k2_remote_code_is_never_run_and_is_said_so():

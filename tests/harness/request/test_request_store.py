@@ -122,17 +122,21 @@ def test_queue_request_keeps_one_row_per_model(db_url):
         assert len(store.requests()) == 4
 
 
-def test_pcgh_requests_lists_them(pcgh, request_json, db):
+def test_pcgh_requests_lists_them(pcgh, request_json, db, tmp_path):
     request_json(REPO_CONFIGS / "Qwen__Qwen3-0.6B.json")
-    request_json(REPO_CONFIGS / "Qwen__Qwen3-Next-80B-A3B-Instruct.json")
+    # an architecture the runtime lacks: Qwen3's config read as OLMo-2's (transformers has it, pcg's table does not)
+    olmo = {**json.loads((REPO_CONFIGS / "Qwen__Qwen3-0.6B.json").read_text()), "architectures": ["Olmo2ForCausalLM"],
+            "model_type": "olmo2"}
+    (tmp_path / "olmo2.json").write_text(json.dumps(olmo))
+    request_json(tmp_path / "olmo2.json")
     rc, out, err = pcgh("requests", "--db", db, "--json")
     assert rc == 0, err
     rows = json.loads(out)
-    assert [r["architecture"] for r in rows] == ["Qwen3NextForCausalLM", "Qwen3ForCausalLM"]
+    assert [r["architecture"] for r in rows] == ["Olmo2ForCausalLM", "Qwen3ForCausalLM"]
     assert [r["supported"] for r in rows] == [False, True] and rows[0]["status"] == "requested"
     assert rows[1]["card_id"] == "qwen3-0.6b"  # the seed config's file name tells its hub id, which has a card
     rc, out, _ = pcgh("requests", "--db", db)
-    assert rc == 0 and "Qwen3NextForCausalLM" in out and "requested" in out
+    assert rc == 0 and "Olmo2ForCausalLM" in out and "requested" in out
     rc, out, _ = pcgh("requests", "--db", db, "--status", "passing", "--json")
     assert rc == 0 and json.loads(out) == []
     rc, _, err = pcgh("requests", "--db", db, "--status", "done")
