@@ -4,7 +4,6 @@ resume it), a reader that closed the pipe (141, nothing said) and a path that ca
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
