@@ -9,11 +9,11 @@ workers load this module through PCG_PLUGINS (with tests/harness/cell on PYTHONP
 - layout_keyed: the sequence layout is cached per (bucket, number of sequences): a second batch at that bucket
   with as many sequences but other lengths or another order attends across the wrong boundaries.
 - rope_shift: forwards with a position at or past the largest bucket rotate with positions shifted down by half
-  the largest bucket (the KV slots and mask stay right).
+  the largest bucket (the KV slots and mask stay right; a VLM's M-RoPE rows shift alike).
 - flaky_lag: in one process out of three (the 2nd, 5th … counted in PCG_PLANTED_DIR, else by pid) decode
   steps rotate with positions one behind.
-- kv_drop_decode: decode steps on the graph path write layer 0's KV into the pad slot (a skipped write); the
-  token's own key and value are missing from every later step.
+- kv_drop_decode: decode steps on the graph path write the first attention layer's KV into the pad slot (a
+  skipped write); the token's own key and value are missing from every later step.
 - benign_pad (control, must pass): padding rows get other token ids and positions; padding must not matter.
 """
 
@@ -52,12 +52,15 @@ def _remask(md, attn_backend) -> None:
 
 
 class _DropWrite:
-    """An attention backend whose KV write for `layer` goes to the pad slot."""
+    """An attention backend whose KV write for the forward's first attention layer goes to the pad slot (layer 0,
+    or a hybrid model's first full-attention layer: its linear layers keep no KV)."""
 
-    def __init__(self, inner, layer: int):
-        self.inner, self.layer = inner, layer
+    def __init__(self, inner):
+        self.inner, self.layer = inner, None
 
     def forward(self, q, k, v, out, params, md) -> None:
+        if self.layer is None:
+            self.layer = params.layer
         if params.layer == self.layer:
             md = dataclasses.replace(md, slot_mapping=torch.full_like(md.slot_mapping, self.inner.cache.pad_slot))
         self.inner.forward(q, k, v, out, params, md)
@@ -99,15 +102,15 @@ class _Planted:
             else:
                 self._layouts[key] = md.seq_ids.clone()
         elif f == "rope_shift" and int(positions[:n].max()) >= largest:
-            positions[:n] = torch.where(positions[:n] >= largest, positions[:n] - largest // 2, positions[:n])
+            self._shift_rotary(positions, n, torch.where(positions[:n] >= largest, largest // 2, 0))
         elif f == "flaky_lag" and self._fires and _is_decode(md):
-            positions[:n] = positions[:n] - 1
+            self._shift_rotary(positions, n, 1)
         elif f == "benign_pad" and n < ctx.bucket:
             input_ids[n:] = 7
             positions[n:] = 3
         if f == "kv_drop_decode" and _is_decode(md):
             inner = ctx.attn_backend
-            ctx.attn_backend = _DropWrite(inner, 0)
+            ctx.attn_backend = _DropWrite(inner)
             try:
                 return super().run(input_ids, positions, ctx)
             finally:
@@ -117,6 +120,14 @@ class _Planted:
             out = out.clone()
             out[:n] *= 1.01
         return out
+
+    def _shift_rotary(self, positions, n: int, shift) -> None:
+        """Rotate the first n rows with positions `shift` lower: the positions, and a VLM's M-RoPE rows (what its
+        rotary embedding reads; pcg_core/engine/vision.py)."""
+        positions[:n] -= shift
+        vision = getattr(getattr(self.body, "__self__", None), "vision", None)
+        if vision is not None:
+            vision.mrope[:, :n] -= shift
 
 
 def _top_region(ladder: list[int]) -> list[int]:
