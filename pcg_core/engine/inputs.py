@@ -45,8 +45,8 @@ class StagedBatch:
 class InputBuffers:
     """The engine's static input buffers, and the one way a batch gets into them.
 
-    A batch is written into a pinned host staging buffer (`stage`, host work only), then copied to the device in
-    one transfer and unpacked there (`upload`, device work only). Split so that a graph can hold `upload` (and the
+    A batch is written into a pinned host staging buffer (`stage`, host work only), then copied to the device (four
+    row copies) and unpacked there (`upload`, device work only). Split so that a graph can hold `upload` (and the
     attention metadata built from it) for a bucket: the forward's host work is then the staging write and one
     replay (engine/prep.py). A copy from pinned memory is asynchronous, so `stage` first waits until the previous
     upload has read the staging buffer (`uploaded`, an event recorded after each upload or replay).
@@ -107,8 +107,8 @@ class InputBuffers:
         return StagedBatch(md, rows[0], rows, src)
 
     def upload(self, staged: StagedBatch) -> None:
-        """The staged rows to the device in one copy, unpacked into the metadata's views (device work only: a
-        graph may record it for a bucket, reading the staging buffer at every replay)."""
+        """The staged rows to the device, unpacked into the metadata's views (device work only: a graph may record
+        it for a bucket, reading the staging buffer at every replay)."""
         md = staged.md
         for i in range(4):  # row by row: each a contiguous pinned → device copy, one memcpy node in a graph (a
             # [4, T] slice of the [4, capacity] buffers is strided, and torch would copy it through a host
