@@ -21,6 +21,7 @@ import jinja2
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from starlette.responses import Response
 
 from harness.reports.json_report import jsonable
@@ -50,9 +51,17 @@ def _as_text(v: Any) -> str:
     return json.dumps(jsonable(v), ensure_ascii=False) if isinstance(v, (dict, list, tuple)) else str(v)
 
 
+def _finalize(v: Any) -> Any:
+    """Every value a template prints, with lone surrogates replaced (present.scrub); Markup stays Markup."""
+    if isinstance(v, Markup):
+        return Markup(present.scrub(str(v)))
+    return present.scrub(v) if isinstance(v, str) else v
+
+
 def _make_templates() -> Jinja2Templates:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
-                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+                             finalize=_finalize)
     env.filters.update(rate=fmt_rate, speedup=fmt_speedup, duration=fmt_duration, when=_fmt_time, as_text=_as_text)
     env.globals.update(css_class=present.css_class)
     return Jinja2Templates(env=env)

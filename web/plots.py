@@ -23,8 +23,8 @@ def _nice_max(v: float) -> float:
     """1, 2, 2.5 or 5 × 10^k at or above v, so the top tick reads well."""
     if v <= 0 or not math.isfinite(v):
         return 1.0
-    exp = 10 ** math.floor(math.log10(v))
-    return next(m * exp for m in (1, 2, 2.5, 5, 10) if m * exp >= v)
+    exp = 10.0 ** math.floor(math.log10(v))  # a float: an int power of ten near 1e308 overflows when scaled
+    return next((m * exp for m in (1, 2, 2.5, 5, 10) if math.isfinite(m * exp) and m * exp >= v), v)
 
 
 def line_plot(title: str, x_labels: Sequence[str], series: Mapping[str, Sequence[float | None]],

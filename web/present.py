@@ -8,8 +8,10 @@ the Markdown support matrices classify a status the same way.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from itertools import pairwise
+from typing import Any
 
 from harness.reports.markdown import one_line
 from harness.reports.stats import is_passing, status_class
@@ -18,6 +20,19 @@ from harness.reports.stats import is_passing, status_class
 SHORT = {"fail_accuracy": "acc", "fail_capture": "cap", "fail_run": "run", "timeout": "T/O", "oom": "OOM",
          "eager_fail": "eager", "eager_nondeterministic": "nondet", "unsupported": "n/s", "skipped": "skip"}
 MIB = 2**20
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a Python str, any surrogate is a lone one: UTF-8 cannot hold it
+
+
+def scrub(v: Any) -> Any:
+    """`v` with every lone surrogate in its text (nested too) replaced by U+FFFD. Uploads refuse them now; a row
+    stored before that must still render, not take its page down with a UnicodeEncodeError."""
+    if isinstance(v, str):
+        return _SURROGATE.sub("\ufffd", v) if _SURROGATE.search(v) else v
+    if isinstance(v, dict):
+        return {scrub(k): scrub(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [scrub(x) for x in v]
+    return v
 
 
 def css_class(status: str) -> str:

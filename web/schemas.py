@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from harness.outcome import CellRecord
 from harness.store.models import PROVENANCE
+from web.upload_checks import MODEL_ID_MAX, check_cell, check_not_future, check_text, check_tree
 
 
 class _Run(BaseModel):
@@ -263,6 +264,17 @@ class RunIn(BaseModel):
             raise ValueError("a run still running has no finished_at")
         if self.started_at and self.finished_at and self.finished_at < self.started_at:
             raise ValueError(f"finished_at {self.finished_at.isoformat()} is before started_at {self.started_at.isoformat()}")
+        check_not_future("started_at", self.started_at)
+        check_not_future("finished_at", self.finished_at)  # a future one would turn the staleness banner off
+        return self
+
+    @model_validator(mode="after")
+    def _as_a_run_records_it(self) -> RunIn:
+        """Each cell as `pcgh run` would have recorded it (web.upload_checks): one bad row refuses the upload."""
+        for name, value in self.provenance.items():
+            check_text(f"provenance.{name}", value or "")
+        for i, record in enumerate(self.results):
+            check_cell(record, f"results[{i}]")
         return self
 
 
@@ -278,11 +290,19 @@ class RequestIn(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field(min_length=1, description="hub id, e.g. Qwen/Qwen3-0.6B, or the local path asked about")
+    model: str = Field(min_length=1, max_length=MODEL_ID_MAX,
+                       description="hub id, e.g. Qwen/Qwen3-0.6B, or the local path asked about")
     revision: str | None = None
     config_hash: str
     architecture: str
     supported: bool
+
+    @model_validator(mode="after")
+    def _storable(self) -> RequestIn:
+        """All of it, extra fields and the config included, text UTF-8 can store, of bounded length, with finite
+        numbers: it is kept whole and served on /requests."""
+        check_tree(self.model_dump(), "body")
+        return self
 
 
 class RequestCreatedOut(BaseModel):

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from harness.outcome import CellRecord
+from harness.outcome import CellMetrics, CellRecord
 from harness.repro import repro_command
 from harness.reports import RunDiff, diff_markdown, diff_runs, results_frame, totals
 from harness.reports.run_info import wall_time
@@ -147,8 +147,15 @@ class CellView:
     repro: str
 
 
+def _readable(h: HistoryPoint) -> HistoryPoint:
+    """`h` with its reason UTF-8-encodable (a row stored before uploads were checked may hold a lone surrogate,
+    which would fail the page and the API's JSON alike)."""
+    reason = h.record.reason
+    return h if present.scrub(reason) is reason else replace(h, record=h.record.model_copy(update={"reason": present.scrub(reason)}))
+
+
 def cell(store: Store, key: str, run_id: int | None = None) -> CellView:
-    history = store.views.history(key)
+    history = [_readable(h) for h in store.views.history(key)]
     if not history:
         raise CellNotFound(f"no run has a result for cell {key!r}")
     current = history[-1] if run_id is None else next((h for h in history if h.run_id == run_id), None)
@@ -158,9 +165,19 @@ def cell(store: Store, key: str, run_id: int | None = None) -> CellView:
     statuses = [h.record.status for h in history]
     record = current.record
     others = [h.record.metrics for h in reversed(history) if h is not current]
-    return CellView(key, record.axes, current, record.metrics.model_dump(mode="python", exclude_defaults=True),
-                    store.views.log(current.run_id, key), history, present.flips(statuses),
-                    present.is_flaky(statuses), repro_command(record.axes, record.metrics, others))
+    return CellView(key, record.axes, current,
+                    present.scrub(record.metrics.model_dump(mode="python", exclude_defaults=True)),
+                    present.scrub(store.views.log(current.run_id, key)), history, present.flips(statuses),
+                    present.is_flaky(statuses), present.scrub(_repro(record, others)))
+
+
+def _repro(record: CellRecord, others: list[CellMetrics]) -> str:
+    """The cell's repro command; a record whose axes cannot give one (stored before uploads checked the model
+    grammar) says why instead of failing its page."""
+    try:
+        return repro_command(record.axes, record.metrics, others)
+    except ValueError as e:
+        return f"# no repro command: {e}"
 
 
 @dataclass
@@ -211,7 +228,7 @@ def requests(store: Store) -> list[RequestRow]:
         for model, counts in store.views.model_counts(latest["id"]).items():
             per_card.setdefault(model.partition(":")[0], Counter()).update(counts)
     out = []
-    for r in store.requests():
+    for r in map(present.scrub, store.requests()):  # a verdict stored before uploads were checked stays readable
         s = summarize({}, per_card.get(r["card_id"] or "", Counter()))
         out.append(RequestRow(r, s.cells, s.passing, s.counted, axis_verdicts(r["verdict"])))
     return out

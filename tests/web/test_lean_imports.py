@@ -27,9 +27,11 @@ def test_the_dashboard_imports_nothing_of_the_runtime_but_its_errors() -> None:
     loaded = set(r.stdout.split())
     # the package root, its lazy-export recipe (standard library only), the error types, and the scheme registry
     # (standard library only: tests/pcg_core/test_imports.py) through its lazy packages, whose aliases match a
-    # cell stored under a scheme's old name to today's
+    # cell stored under a scheme's old name to today's; and the axis grammar (pcg_core.known, standard library and
+    # that registry), which uploads are checked against
     assert {m for m in loaded if m.startswith("pcg_core")} <= {"pcg_core", "pcg_core.lazy", "pcg_core.errors", "pcg_core.quant",
-                                                               "pcg_core.quant.schemes", "pcg_core.quant.schemes.registry"}
+                                                               "pcg_core.quant.schemes", "pcg_core.quant.schemes.registry",
+                                                               "pcg_core.known"}
     assert not {m for m in loaded if m.startswith(("harness.cards", "harness.request.", "harness.launcher",
                                                    "harness.cell", "harness.cli"))} - {"harness.request.schema"}, loaded
 

@@ -163,9 +163,12 @@ def test_diff_is_the_reports_diff_with_new_failures_first(client: TestClient, se
 # --- uploads ------------------------------------------------------------------------------------------------
 
 
+GRAPH_OF = {"a": "piecewise", "b": "breakable", "c": "full"}  # three cells of one model; its key is its axes'
+
+
 def _row(k: str, status: str = "pass", attempt: int = 1, **extra: Any) -> dict[str, Any]:
-    return {"key": k, "axes": axes("qwen3-0.6b:tiny", "piecewise"), "status": status, "attempt": attempt,
-            "metrics": {"speedup": {"8": 2.0}, "device": "cuda", "dtype": "bfloat16"}, **extra}
+    return {"key": key("qwen3-0.6b:tiny", GRAPH_OF[k]), "axes": axes("qwen3-0.6b:tiny", GRAPH_OF[k]), "status": status,
+            "attempt": attempt, "metrics": {"speedup": {"8": 2.0}, "device": "cuda", "dtype": "bfloat16"}, **extra}
 
 
 RUN = {"name": "ci-upload", "matrix": "harness/configs/smoke.yaml", "trigger": "ci",
@@ -194,8 +197,8 @@ def test_upload_stores_a_run_through_the_store(client: TestClient, seeded: Seede
     assert run["counts"] == {"pass": 1, "pass_flaky": 1, "unsupported": 1} and run["pass_rate"] == 1.0
     with Store(seeded.url) as store:
         assert len(store.results(4, all_attempts=True)) == 4
-    cell = client.get("/api/cell", params={"key": "b"}).json()
-    assert cell["history"][0]["attempts"] == 2
+    cell = client.get("/api/cell", params={"key": key("qwen3-0.6b:tiny", "breakable")}).json()
+    assert next(h for h in cell["history"] if h["run_id"] == 4)["attempts"] == 2
     assert "--device cuda --dtype bfloat16" in cell["repro"]
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from web_seed import axes, seed
+from web_seed import axes, key, seed
 from web_support import TOKEN
 
-from harness.outcome import LOG_KEEP
+from harness.outcome import LOG_KEEP, cell_key
 from harness.store import Store
 from web.app import create_app
 
@@ -21,9 +21,10 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 BIG = str(2**70)
 
 
-def _record(key: str = "k", **over: object) -> dict:
-    return {"key": key, "axes": axes("qwen3-0.6b:tiny", "full"), "status": "pass", "metrics": {"speedup": {"8": 2.0}},
-            **over}
+def _record(key: str | None = None, model: str = "qwen3-0.6b:tiny", graph: str = "full", **over: object) -> dict:
+    a = axes(model, graph)
+    return {"key": cell_key(a) if key is None else key, "axes": a, "status": "pass",
+            "metrics": {"speedup": {"8": 2.0}}, **over}
 
 
 def _run(**over: object) -> dict:
@@ -63,7 +64,25 @@ def _dump(path: Path) -> list[str]:
     _run(results=[_record(axes={"model": "m:tiny"})]),
     _run(results=[_record(status="passed")]),
     _run(results=[_record(atempt=2)]),
-    _run(results=[_record(), _record(key="k2", duration_s=float("nan"))]),  # one bad row among good ones
+    _run(results=[_record(), _record(graph="piecewise", duration_s=float("nan"))]),  # one bad row among good ones
+    # values a run cannot record, each of which once broke a page for everyone (issue 41)
+    _run(results=[_record(metrics={"speedup": {"8": 1e308}})]),  # finite, yet no speedup: the cell page 500
+    _run(results=[_record(metrics={"speedup": {"8": -2.0}})]),
+    _run(results=[_record(metrics={"capture_s": float("inf")})]),
+    _run(results=[_record(metrics={"token_match": 1.5})]),
+    _run(results=[_record(metrics={"graph_pool_bytes": 2**60})]),
+    _run(results=[_record(metrics={"device": "cpu\ud800"})]),  # a lone surrogate deep in the metrics
+    _run(results=[_record(metrics={"divergences": ["x" * 30_000]})]),
+    _run(results=[_record(reason="\udc00 reason")]),
+    _run(results=[_record(model="qwen3-0.6b")]),  # no :variant
+    _run(results=[_record(model="qwen3-0.6b:huge")]),
+    _run(results=[{**_record(), "axes": {**_record()["axes"], "parallel": "tp0"}}]),
+    _run(results=[{**_record(), "axes": {**_record()["axes"], "graph": "full graph"}}]),
+    _run(results=[_record(key=key("mixtral-8x7b:tiny", "full"))]),  # another cell's key: would take its history
+    _run(results=[_record(key="k")]),
+    _run(finished_at="2099-01-01T00:00:00Z", started_at="2098-12-31T00:00:00Z"),  # future: the stale banner off
+    _run(started_at="2099-01-01T00:00:00Z", finished_at=None, status="running"),
+    _run(provenance={"git_sha": "x" * 30_000}),
     _run(name="a\ud800b"),
     _run(name=""),
     _run(provenance={"git_sha": "\udfff"}),
@@ -166,3 +185,56 @@ def test_every_response_carries_the_security_headers(sqlite_client, url):
                                          ("..%2F..%2Fapp.py", 404)])
 def test_only_the_swagger_files_docs_loads_are_served(sqlite_client, name, status):
     assert sqlite_client.get(f"/static/swagger/{name}").status_code == status
+
+
+def _request_body() -> dict:
+    from harness.request.analyze import analyze
+    with open("harness/models/configs/Qwen__Qwen3-0.6B.json") as f:
+        config = json.load(f)
+    report = analyze(config, model="org/probe-0.6b", source="hub", revision=None, quants=None, tps=None)
+    return {**report, "config": config}
+
+
+@pytest.mark.parametrize("bad", ["surrogate_in_verdict", "huge_model", "nan", "surrogate_in_config"])
+def test_a_bad_request_report_is_422_and_the_database_is_untouched(app_db, bad):
+    client, path = app_db
+    body = _request_body()
+    if bad == "surrogate_in_verdict":  # was stored, then /requests and /api/requests 500 even after a restart
+        body["verdicts"]["model"]["reason"] = "ok \ud800"
+    elif bad == "huge_model":  # a 10 MiB model string was stored and served
+        body["model"] = "org/" + "m" * (10 * 2**20)
+    elif bad == "nan":
+        body["extra_number"] = float("nan")
+    else:
+        body["config"]["model_type"] = "qwen3\udfff"
+    before = _dump(path)
+    text = json.dumps(body, allow_nan=True)
+    r = client.post("/api/requests", content=text.encode("utf-8", "surrogatepass"),
+                    headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 422, (r.status_code, r.text[:300])
+    assert _dump(path) == before
+    ok = client.post("/api/requests", json=_request_body(), headers=AUTH)  # the same report, unspoiled, is taken
+    assert ok.status_code == 201, ok.text[:300]
+
+
+def test_rows_stored_before_the_checks_still_render(app_db):
+    """Defence in depth: rows an older server accepted (a 1e308 speedup, a lone surrogate, a model without its
+    variant) render their pages, with the odd text replaced, instead of a 500 for everyone."""
+    from harness.outcome import CellRecord
+    client, path = app_db
+    odd = [CellRecord.model_validate(_record(metrics={"speedup": {"8": 1e308}, "capture_s": 1.0})),
+           CellRecord.model_validate(_record(graph="piecewise", metrics={"device": "cpu\ud800"}, reason="r \udc00")),
+           CellRecord.model_validate(_record(model="qwen3-0.6b"))]
+    with Store(f"sqlite:///{path}") as store:
+        run_id = store.import_run("old", "m.yaml", {}, odd)
+        store.queue_request({"model": "org/old", "revision": None, "config_hash": "h", "architecture": "A",
+                             "supported": True, "verdict": {"reason": "x \ud800"}, "status": "requested"})
+    for record in odd:
+        for url in ("/cell", "/api/cell"):
+            r = client.get(url, params={"key": record.key, "run": run_id})
+            assert r.status_code == 200, (url, record.key, r.status_code)
+            assert "\ufffd" in r.text or "\\ufffd" in r.text or record.metrics.device != "cpu\ud800"
+    for url in (f"/runs/{run_id}", f"/api/runs/{run_id}", "/", "/requests", "/api/requests"):
+        assert client.get(url).status_code == 200, url
+    page = client.get("/cell", params={"key": odd[2].key, "run": run_id}).text
+    assert "no repro command" in page
