@@ -100,6 +100,18 @@ def test_a_bad_upload_is_422_and_the_database_is_untouched(app_db, body):
     assert _dump(path) == before
 
 
+def test_an_upload_with_every_metric_a_run_records_is_taken(app_db):
+    """The range checks refuse no value a real cell records: large token counts as keys, NaN judge measurements."""
+    client, _ = app_db
+    metrics = {"speedup": {"8": 2.0, "65536": 1.01}, "latency_ms": {"65536": {"eager": 900.0, "graph": 890.0}},
+               "bucket_hits": {"131072": 3}, "max_prompt_logprob_diff": float("nan"), "max_prompt_kl": float("inf"),
+               "seed": 2**31, "graph_pool_bytes": 80 * 2**30, "phase_s": {"load": 3.5}, "token_match": 1.0,
+               "reference": {"status": "pass", "kernel_rel": 0.01, "positions": 400}}
+    text = json.dumps(_run(results=[_record(metrics=metrics)]), allow_nan=True)
+    r = client.post("/api/runs", content=text, headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 201, r.text[:300]
+
+
 def test_a_good_upload_keeps_only_the_documented_end_of_a_log(app_db):
     client, path = app_db
     log = "x" * (LOG_KEEP + 5000) + "the error at the end"
