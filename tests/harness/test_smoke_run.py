@@ -25,10 +25,11 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
     assert len(rows) == 126 + 36 + 27 + 4
     assert all(r.status in STATUSES for r in rows)
     launched = [r for r in rows if r.status != "unsupported"]
-    # 11 runnable models (gpt-oss and Grok-2 the newest; DeepSeek-V3 and Kimi-K2 with MLA) × {sdpa, flex} × 3 graphs;
+    # all 14 models (DeepSeek-V3 and Kimi-K2 with MLA, Qwen3-Next with linear attention, two VLMs) × {sdpa, flex} ×
+    # 3 graphs, less Qwen3-Next under full (its linear-attention op cannot be captured: refused with the reason);
     # varlen is marked unsupported on the CPU, with the reason; each 8-bit scheme on Llama, Qwen3 and Qwen3-MoE ×
     # 3 graphs; each 4-bit weight-only scheme (awq, gptq, nvfp4) on Llama, Qwen3 and Qwen3-MoE × 3 graphs
-    assert len(launched) == 66 + 36 + 27 + 4 and all(r.passed for r in launched), \
+    assert len(launched) == 82 + 36 + 27 + 4 and all(r.passed for r in launched), \
         [(r.key, r.status, r.reason) for r in launched if not r.passed]
     mla_flex = [r for r in rows if r.axes["model"] in ("deepseek-v3:tiny", "kimi-k2:tiny") and r.axes["attention"] == "flex"]
     assert len(mla_flex) == 7 and all(r.passed for r in mla_flex)  # 6 + DeepSeek-V3's FP8 latent cache
@@ -58,7 +59,13 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
     assert {r.axes["attention"] for r in launched} == {"sdpa", "flex"}
     runnable = {r.axes["model"] for r in launched}
     varlen = [r for r in rows if r.axes["attention"] == "varlen" and r.axes["model"] in runnable]
-    assert len(varlen) == 33 and all(r.status == "unsupported" and "CUDA" in r.reason for r in varlen)
+    assert len(varlen) == 42 and all(r.status == "unsupported" and "CUDA" in r.reason for r in varlen)
+    next_full = [r for r in rows if r.axes["model"] == "qwen3-next-80b-a3b:tiny" and r.axes["graph"] == "full"
+                 and r.axes["attention"] != "varlen"]
+    assert len(next_full) == 2 and all(r.status == "unsupported" and "linear_attention" in r.reason for r in next_full), \
+        [(r.key, r.reason) for r in next_full]
+    vlm = [r for r in launched if r.axes["model"] in ("qwen2.5-vl-7b:tiny", "qwen3-vl-30b-a3b:tiny")]
+    assert len(vlm) == 12 and all(r.passed for r in vlm)
     assert first["status"] == "finished" and first["torch_version"]
     assert "smoke" in report and "pass" in report.lower()
 
