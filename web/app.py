@@ -12,6 +12,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -66,6 +67,17 @@ def create_app(db_url: str | None = None, upload_token: str | None = None) -> Fa
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     for r in (upload.router, api.router, badges.router, pages.router):
         app.include_router(r)
+    derived_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:  # FastAPI's, plus the upload body's schema (a route that reads raw bytes)
+            spec = derived_openapi()
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            for name, schema in upload.OPENAPI_COMPONENTS.items():
+                schemas.setdefault(name, schema)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> Response:

@@ -4,6 +4,7 @@ seeded plan (web_seed), uploads checked for their token and their validation."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -306,3 +307,10 @@ def test_openapi_lists_the_api(client: TestClient) -> None:
     assert set(spec["paths"]["/api/runs"]) == {"get", "post"}
     assert spec["paths"]["/api/runs"]["post"]["security"] == [{"HTTPBearer": []}]
     assert "/" not in spec["paths"] and "/cell" not in spec["paths"]  # pages are not API
+    # the upload's body (read as bytes, parsed in the upload worker) is still documented, every $ref resolving
+    body = spec["paths"]["/api/runs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/RunIn"}
+    schemas = spec["components"]["schemas"]
+    assert {"results", "name", "matrix"} <= set(schemas["RunIn"]["properties"])
+    refs = set(re.findall(r'"#/components/schemas/([^"]+)"', json.dumps(spec)))
+    assert refs and refs <= set(schemas), refs - set(schemas)

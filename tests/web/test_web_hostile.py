@@ -83,6 +83,7 @@ def _dump(path: Path) -> list[str]:
     _run(finished_at="2099-01-01T00:00:00Z", started_at="2098-12-31T00:00:00Z"),  # future: the stale banner off
     _run(started_at="2099-01-01T00:00:00Z", finished_at=None, status="running"),
     _run(provenance={"git_sha": "x" * 30_000}),
+    _run(provenance={"\ud800": "x"}),  # the refused key itself in the 422 must not fail the 422
     _run(name="a\ud800b"),
     _run(name=""),
     _run(provenance={"git_sha": "\udfff"}),
@@ -110,6 +111,23 @@ def test_an_upload_with_every_metric_a_run_records_is_taken(app_db):
     text = json.dumps(_run(results=[_record(metrics=metrics)]), allow_nan=True)
     r = client.post("/api/runs", content=text, headers={**AUTH, "content-type": "application/json"})
     assert r.status_code == 201, r.text[:300]
+
+
+def test_uploads_are_parsed_and_written_in_another_process(app_db):
+    """The route only hands the bytes on (web.uploads): parsing, checking and the write run in the upload
+    worker's process, so the event loop and this process's GIL never carry a big upload."""
+    import os
+
+    from web import uploads
+    client, path = app_db
+    r = client.post("/api/runs", json=_run(), headers=AUTH)
+    assert r.status_code == 201, r.text
+    workers = {p.pid for p in uploads._worker_pool()._processes.values()}
+    assert workers and os.getpid() not in workers
+    with Store(f"sqlite:///{path}") as store:
+        assert store.run(r.json()["id"])["name"] == "up"
+    bad = client.post("/api/runs", json=_run(name=""), headers=AUTH)  # refused there, answered here
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][0] == "name", bad.text
 
 
 def test_a_good_upload_keeps_only_the_documented_end_of_a_log(app_db):

@@ -3,28 +3,40 @@ acceptance of a request (the next nightly writes its card). Bearer token only.
 
 A run goes in through Store.import_run, in one transaction with its own start and finish times, so an uploaded
 run is stored as `pcgh run` stores one and a failure half-way writes nothing; the body is fully validated
-first (web.schemas), so a bad row is a 422.
+first (web.schemas, web.upload_checks), so a bad row is a 422 — all of it in the upload worker (web.uploads), so
+a big upload never stalls the pages.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Response, status
+import asyncio
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from pydantic import ValidationError
 
 from harness.request.schema import RequestReport, config_hash
 from harness.store import RequestNotFound
+from web import uploads
 from web.deps import StoreDep, require_upload_token
 from web.schemas import RequestCreatedOut, RequestIn, RunCreatedOut, RunIn
+
+# RunIn in /openapi.json's components (app.py adds them): the route reads raw bytes, so FastAPI cannot derive it.
+_run_schema = RunIn.model_json_schema(ref_template="#/components/schemas/{model}")
+OPENAPI_COMPONENTS = {**_run_schema.pop("$defs", {}), "RunIn": _run_schema}
 
 router = APIRouter(prefix="/api", tags=["upload"], dependencies=[Depends(require_upload_token)])
 
 
 @router.post("/runs", status_code=status.HTTP_201_CREATED, response_model=RunCreatedOut,
-             summary="Store a run and its cell results (Authorization: Bearer <token>)")
-def upload_run(body: RunIn, store: StoreDep) -> RunCreatedOut:
-    run_id = store.import_run(body.name, body.matrix, body.provenance, body.results, trigger=body.trigger,
-                              status=body.status, started_at=body.started_at, finished_at=body.finished_at)
-    return RunCreatedOut(id=run_id, cells=len({r.key for r in body.results}), url=f"/runs/{run_id}")
+             summary="Store a run and its cell results (Authorization: Bearer <token>)",
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": {"$ref": "#/components/schemas/RunIn"}}}}})
+async def upload_run(request: Request, store: StoreDep) -> RunCreatedOut:
+    # The body is a RunIn, parsed and checked in the upload worker (web.uploads), not here on the event loop.
+    done = await asyncio.wrap_future(uploads.submit(await request.body(), store))
+    if "errors" in done:
+        raise HTTPException(422, done["errors"])
+    return RunCreatedOut(id=done["id"], cells=done["cells"], url=f"/runs/{done['id']}")
 
 
 @router.post("/requests", status_code=status.HTTP_201_CREATED, response_model=RequestCreatedOut,
