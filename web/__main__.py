@@ -29,6 +29,16 @@ def _port(text: str) -> int:
     return n
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds in (0, 3600]")
+    return v
+
+
 def _db(text: str) -> str:
     if not text.strip():  # an unset variable in a script (`--db "$DB"`), not the default database
         raise argparse.ArgumentTypeError("is empty: give a SQLite file or a database URL (or leave --db out for "
@@ -43,14 +53,18 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "receive uploads); without it a missing file is an error, as a mistyped --db usually is")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     p.add_argument("--port", type=_port, default=8000)
+    p.add_argument("--header-timeout", type=_seconds, default=10.0,
+                   help="seconds a connection has to send a request's headers (else it is closed: slow clients "
+                        "cannot hold connections)")
+    p.add_argument("--body-timeout", type=_seconds, default=120.0,
+                   help="seconds a request has to send its body after its headers")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from harness.store import default_db_url
     from harness.store.db import mask, sqlite_file
     from web.app import create_app
+    from web.server import serve
 
     url = args.db or default_db_url()
     path = sqlite_file(url)
@@ -61,7 +75,7 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(url)  # the upload token comes from $PCG_UPLOAD_TOKEN only: a flag would show it in `ps`
     print(f"serving {mask(url)}{' (created, empty)' if new else ''} on http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port)
+    serve(app, args.host, args.port, header_timeout=args.header_timeout, body_timeout=args.body_timeout)
     return EXIT_OK
 
 
