@@ -99,6 +99,12 @@ def _status_matches(status: str, wanted: list[str]) -> bool:
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.~=:|-]*")
 
 
+def row_matches(r: CellRecord, filters: Mapping[str, list[str]]) -> bool:
+    """Whether a cell is one the filters ask about (each axis filter a list of globs; none given: any)."""
+    return all(_matches(str(r.axes.get(a)), filters[a]) for a in AXES if filters.get(a)) and (
+        not filters.get("status") or _status_matches(r.status, filters["status"]))
+
+
 def cell_href(key: str, run_id: int) -> str:
     """The cell page's URL; a key of the usual characters only needs its '|' escaped (and urllib's quote costs
     more than the rest of the cell together)."""
@@ -139,8 +145,7 @@ def build_grid(rows: Sequence[CellRecord], run_id: int, group: str = DEFAULT_GRO
         for a in AXES:
             options[a].add(str(r.axes.get(a)))
         options["status"].add(r.status)
-        if all(_matches(str(r.axes.get(a)), filters[a]) for a in AXES if a in filters) and (
-                "status" not in filters or _status_matches(r.status, filters["status"])):
+        if row_matches(r, filters):
             if hide_unsupported and r.status in NOT_SUPPORTED:
                 hidden += 1
             else:

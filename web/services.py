@@ -21,7 +21,7 @@ from harness.reports.run_info import wall_time
 from harness.reports.stats import is_counted, is_failing, is_passing, ordered_statuses
 from harness.store import HistoryPoint, RunNotFound, Store
 from web import present
-from web.grid import DEFAULT_GROUP, Grid, build_grid
+from web.grid import DEFAULT_GROUP, Grid, build_grid, row_matches
 from web.support import Support, support
 
 STALE_AFTER = timedelta(days=1)
@@ -131,6 +131,8 @@ def matrix(store: Store, run_ref: int | str = "latest", group: str = DEFAULT_GRO
     before = store.views.runs_before(run["id"], HISTORY_RUNS - 1) if with_history else []
     grid = build_grid(rows, run["id"], group, filters, hide_unsupported=hide_unsupported, page=page,
                       history=[store.views.statuses(r) for r in before])
+    if with_support and grid.filters:  # the summary answers the same question as the grid
+        rows = [r for r in rows if row_matches(r, grid.filters)]
     return MatrixView(run, grid, support(rows, run["id"]) if with_support else None, before)
 
 

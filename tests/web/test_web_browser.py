@@ -131,11 +131,30 @@ def test_upload_needs_the_token(tab: Tab) -> None:
     page.wait_for_selector(".swagger-ui .info .title")
     assert "pcg compatibility dashboard" in page.locator(".swagger-ui .info .title").inner_text()
     run = {"name": "from-browser", "matrix": "smoke", "trigger": "ci", "results": [
-        {"key": "k1", "axes": {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1",
-                               "graph": "piecewise", "compiler": "eager"}, "status": "pass"}]}
+        {"key": key("qwen3-0.6b:tiny", "piecewise"), "axes": {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa",
+                                                              "parallel": "tp1", "graph": "piecewise", "compiler": "eager"},
+         "status": "pass"}]}
     assert _post(tab, "/api/runs", run, None)["status"] == 401
     assert _post(tab, "/api/runs", run, "wrong")["status"] == 401
     created = _post(tab, "/api/runs", run, TOKEN)
     assert created["status"] == 201
     tab.goto("/runs")
     assert f"#{created['body']['id']} from-browser" in page.locator("#runs").inner_text()
+
+
+def test_a_filtered_question_is_answered_on_the_first_screen(tab: Tab, tmp_path) -> None:
+    """`/?model=…&graph=…` shows the matching cells first, above the form, and the summary counts only them."""
+    tab.goto("/?model=mixtral-8x7b:tiny&graph=full")
+    page = tab.page
+    viewport = page.viewport_size
+    assert viewport is not None
+    cells = page.locator("#matrix td a")
+    assert cells.count() == 2  # sdpa and flash
+    box = page.locator("#matrix").bounding_box()
+    assert box is not None and box["y"] + box["height"] <= viewport["height"], (box, viewport)  # no scrolling
+    assert page.locator("#coverage").inner_text().startswith("2 of 2 cells launched, 1 pass, 1 fail")
+    assert "model=mixtral-8x7b:tiny" in page.locator("#filtered").inner_text()
+    assert page.locator("#support-model tbody tr").count() == 1  # the summary is of the same cells
+    assert page.locator("#matrix").evaluate(  # the grid comes before the form and the summary
+        "m => !!(m.compareDocumentPosition(document.querySelector('#filters')) & Node.DOCUMENT_POSITION_FOLLOWING)")
+    page.screenshot(path=str(screenshot_path("matrix-filtered.png", tmp_path)))
