@@ -13,6 +13,7 @@ from harness.cards import ModelCard, find_card
 from harness.matrix.expand import Cell
 from harness.outcome import ModelRef
 from pcg_core.errors import ConfigError
+from pcg_core.known import world_size
 
 
 def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None]) -> str | None:
@@ -51,8 +52,15 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
         return reason
     if reason := parallel_unsupported_reason(a["parallel"], caps["parallel"]):
         return reason
-    if cell.spec.device == "cuda":
-        need = caps["parallel"][a["parallel"]]
-        if caps["cuda_devices"] < need:
-            return f"needs {need} CUDA GPU(s), {caps['cuda_devices']} visible on this machine"
+    try:
+        ranks = world_size(a["parallel"])
+    except ValueError as e:
+        return str(e)
+    if cell.spec.device.startswith("cuda") and caps["cuda_devices"] < ranks:
+        return f"{needs_gpus(ranks)} ({a['parallel']}: one per rank, on one host), {caps['cuda_devices']} visible on this machine"
     return None
+
+
+def needs_gpus(n: int) -> str:
+    """The words a cell refused for lack of GPUs starts its reason with (reports group refusals by them)."""
+    return f"needs {n} GPU{'s' if n != 1 else ''}"
