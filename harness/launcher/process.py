@@ -17,6 +17,7 @@ from pathlib import Path
 
 from harness.launcher.classify import classify_death
 from harness.launcher.groups import Terminated, WorkerGroups
+from harness.launcher import ranks
 from harness.launcher.ranks import launch_ranks, visible_devices
 from harness.matrix import Cell
 from harness.outcome import CellOutcome, CellRecord
@@ -80,7 +81,7 @@ def launch(cell: Cell, log_path: Path, gpu: int | Sequence[int] | None, attempt:
         env.setdefault("OMP_NUM_THREADS", str(threads))
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = groups.spawn([sys.executable, "-m", "harness.launcher.worker", str(result_path)], env, log)
+        proc = groups.spawn([sys.executable, *ranks.WORKER, str(result_path)], env, log)
         try:
             proc.stdin.write(json.dumps(asdict(cell.spec)))
             proc.stdin.close()

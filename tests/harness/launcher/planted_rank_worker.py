@@ -11,6 +11,7 @@ PCG_TEST_FLAKY_DIR/rank<r>.pid (.child.pid), so a test can check that nothing is
 - test_rank1_hang: rank 1 hangs with a child; rank 0 waits for it (hangs too)
 - test_rank1_fails: rank 1 returns fail_accuracy, rank 0 passes
 - test_rank1_flaky: rank 1 exits 3 the first time (a marker in PCG_TEST_FLAKY_DIR), passes the next
+- test_gpus_hold: holds its GPUs for a second; the reason says which (CUDA_VISIBLE_DEVICES) and when
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def main() -> int:
     watch_parent()
     out = Path(sys.argv[1])
     spec = json.load(sys.stdin)
-    rank = int(os.environ["RANK"])
+    rank = int(os.environ.get("RANK", "0"))  # a cell of one rank has no env:// variables
     folder = Path(os.environ["PCG_TEST_FLAKY_DIR"])
     (folder / f"rank{rank}.pid").write_text(str(os.getpid()))
     print(f"{PHASE_MARK} load", file=sys.stderr, flush=True)
@@ -68,6 +69,10 @@ def main() -> int:
         dist.all_reduce(t)
         info.update(sum=t.item(), backend=dist.get_backend(), world=dist.get_world_size(), rank=dist.get_rank())
         dist.destroy_process_group()
+    elif graph == "test_gpus_hold":
+        info["start"] = time.time()
+        time.sleep(1.5)
+        info["end"] = time.time()
     elif graph == "test_rank1_crash":
         if rank == 1:
             _wait_for(folder / "rank0.child.pid")
