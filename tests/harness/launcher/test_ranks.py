@@ -160,3 +160,28 @@ def test_rank_env_and_visible_devices():
     assert a != b  # two live cells never share a rendezvous port
     ranks.release_port(a)
     ranks.release_port(b)
+
+
+def test_pcgh_cell_runs_a_parallel_mode_through_the_launcher(tmp_path, planted, capsys):
+    """`pcgh cell --parallel tp2`: one worker per rank, as `pcgh run` starts them, not the cell in-process."""
+    from harness.cli import main
+
+    code = main(["cell", "--model", "qwen3-0.6b", "--tiny", "--graph", "test_ranks_ok", "--parallel", "tp2", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["status"] == "pass", out
+    assert out["metrics"]["rank_statuses"] == ["pass", "pass"]
+    env = json.loads(out["reason"])
+    assert (env["RANK"], env["WORLD_SIZE"]) == ("0", "2")
+    assert len(_pids(tmp_path)) == 2 and _gone_within(_pids(tmp_path), 5) == []
+
+
+@pytest.mark.skipif(__import__("torch").cuda.device_count() >= 2, reason="this host has the GPUs: it would launch")
+def test_pcgh_cell_refuses_a_cuda_cell_without_its_gpus(tmp_path, planted, capsys):
+    from harness.cli import main
+
+    code = main(["cell", "--model", "qwen3-0.6b", "--tiny", "--graph", "test_ranks_ok", "--parallel", "tp2",
+                 "--device", "cuda", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and out["status"] == "unsupported"
+    assert out["reason"].startswith("needs 2 GPUs (tp2: one per rank, on one host)")
+    assert _pids(tmp_path) == []  # nothing was launched
