@@ -82,6 +82,7 @@ def test_a_crash_of_rank_1_ends_the_cell_naming_it_and_kills_rank_0(tmp_path, pl
     assert row.status == Status.FAIL_RUN
     assert row.reason.startswith("rank 1 of 2: killed by SIGSEGV in phase load"), row.reason
     assert "other rank(s) killed" in row.reason
+    assert row.duration_s < 30  # at once, not at the cell's 60 s timeout: rank 0 did not wait for its dead peer
     pids = _pids(tmp_path)  # rank 0, its child (hung in "a collective"), rank 1
     assert len(pids) == 3
     assert _gone_within(pids, 5) == []
@@ -185,3 +186,77 @@ def test_pcgh_cell_refuses_a_cuda_cell_without_its_gpus(tmp_path, planted, capsy
     assert code == 1 and out["status"] == "unsupported"
     assert out["reason"].startswith("needs 2 GPUs (tp2: one per rank, on one host)")
     assert _pids(tmp_path) == []  # nothing was launched
+
+
+_RUNNER = """
+import sys
+from pathlib import Path
+
+from harness.launcher import RunOptions, plan, ranks, run_matrix
+from harness.store import Store
+from pcg_core.capture.breakable import BreakableBackend
+from pcg_core.capture.registry import register_capture_backend
+
+register_capture_backend(type("Planted", (BreakableBackend,), {"name": "test_rank1_hang"}))
+ranks.WORKER = [sys.argv[4]]
+p = plan(sys.argv[2], RunOptions())
+for cell in p.cells:
+    cell.unsupported = None
+with Store(sys.argv[1]) as store:
+    run_matrix(sys.argv[2], store, RunOptions(logs_dir=Path(sys.argv[3]), progress=False), planned=p)
+"""
+
+
+@pytest.mark.slow
+def test_a_runner_killed_while_its_ranks_hang_leaves_none_of_them(tmp_path, planted):
+    """SIGKILL the runner while both ranks of a cell hang, each with a child: every rank's watchdog takes its
+    group down. While they ran, each rank had its record, naming the cell and the rank."""
+    import subprocess
+    import sys
+
+    matrix, logs = _matrix(tmp_path, ["test_rank1_hang"], timeout_s=300), tmp_path / "logs"
+    runner = subprocess.Popen([sys.executable, "-c", _RUNNER, str(tmp_path / "r.db"), str(matrix), str(logs),
+                               str(HERE / "planted_rank_worker.py")])
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("rank*.child.pid"))) < 2:
+            assert runner.poll() is None and time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.1)
+        records = read_records(next(logs.glob("*/run-1")) / "workers")
+        assert sorted(r.rank for r in records) == [0, 1] and all("graph=test_rank1_hang" in r.cell for r in records)
+        pids = _pids(tmp_path)
+        runner.kill()
+        runner.wait(timeout=10)
+        assert _gone_within(pids, 5) == []
+    finally:
+        runner.kill()
+
+
+def test_a_resume_reaps_every_rank_an_earlier_runner_left(tmp_path):
+    """Two ranks of one cell outlived their runner (stuck where no watchdog runs): a resume kills both, and a
+    record written before records named cells still reads."""
+    import subprocess
+    import sys
+
+    from harness.launcher.orphans import WorkerRecord, reap_orphans, write_record
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    folder = tmp_path / "workers"
+    procs = []
+    try:
+        for rank in (0, 1):
+            token = f"tok-rank{rank}"
+            procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                          env={**os.environ, "PCG_WORKER_TOKEN": token}, start_new_session=True))
+            write_record(folder, WorkerRecord(procs[-1].pid, token, dead.pid, "0", "model=m|parallel=tp2", rank))
+        (folder / "12345.json").write_text(json.dumps({"pid": 12345, "token": "old", "runner_pid": dead.pid,
+                                                        "runner_start": "0"}))  # a record from before
+        assert {r.rank for r in read_records(folder)} == {0, 1, None}
+        killed = reap_orphans(folder)
+        assert sorted(killed) == sorted(p.pid for p in procs)
+        assert read_records(folder) == []
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
