@@ -32,7 +32,7 @@ from pathlib import Path
 from harness.launcher.classify import classify_death
 from harness.launcher.groups import RankEnd, WorkerGroups
 from harness.matrix import Cell
-from harness.outcome import PASSING, CellOutcome, Status
+from harness.outcome import PASSING, CellOutcome
 
 MASTER_ADDR = "127.0.0.1"
 WORKER = ["-m", "harness.launcher.worker"]  # after the interpreter; tests plant a worker of their own here

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.launcher import RunOptions, plan, run_matrix
-from harness.launcher import ranks
+from harness.launcher import RunOptions, plan, ranks, run_matrix
 from harness.launcher.gpus import GpuPool
 from harness.launcher.groups import Cancelled
 from harness.outcome import Status

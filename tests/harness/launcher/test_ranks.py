@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.launcher import RunOptions, plan, run_matrix
-from harness.launcher import ranks
+from harness.launcher import RunOptions, plan, ranks, run_matrix
 from harness.launcher.groups import RankEnd
 from harness.launcher.orphans import alive, read_records
 from harness.launcher.runner import run_logs
