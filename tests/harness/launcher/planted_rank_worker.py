@@ -7,6 +7,7 @@ PCG_TEST_FLAKY_DIR/rank<r>.pid (.child.pid), so a test can check that nothing is
 
 - test_ranks_ok: every rank passes, saying who it is (its env:// variables) in the reason
 - test_ranks_allreduce: a gloo all_reduce of (rank + 1) over the ranks: the reason holds the sum and the env
+- test_ranks_allreduce_nccl: the same over NCCL, each rank on its GPU (LOCAL_RANK of the cell's GPUs)
 - test_rank1_crash: rank 1 dies by SIGSEGV once rank 0 is hung with a child of its own (in a collective, say)
 - test_rank1_hang: rank 1 hangs with a child; rank 0 waits for it (hangs too)
 - test_rank1_fails: rank 1 returns fail_accuracy, rank 0 passes
@@ -60,12 +61,16 @@ def main() -> int:
     graph = spec["graph"]
     info: dict = {k: os.environ.get(k) for k in ENV}
     status = "pass"
-    if graph == "test_ranks_allreduce":
+    if graph in ("test_ranks_allreduce", "test_ranks_allreduce_nccl"):
         import torch
         import torch.distributed as dist
 
-        dist.init_process_group("gloo")  # env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-        t = torch.tensor([float(rank + 1)])
+        nccl = graph.endswith("_nccl")  # one GPU per rank: LOCAL_RANK among the cell's CUDA_VISIBLE_DEVICES
+        if nccl:
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            info["device_count"] = torch.cuda.device_count()
+        dist.init_process_group("nccl" if nccl else "gloo")  # env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+        t = torch.tensor([float(rank + 1)], device="cuda" if nccl else "cpu")
         dist.all_reduce(t)
         info.update(sum=t.item(), backend=dist.get_backend(), world=dist.get_world_size(), rank=dist.get_rank())
         dist.destroy_process_group()

@@ -25,8 +25,9 @@ from pcg_core.capture.registry import CAPTURE_BACKENDS, register_capture_backend
 HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
 plan_module = importlib.import_module("harness.launcher.plan")  # the module (the package's `plan` is its function)
-if "test_gpus_hold" not in CAPTURE_BACKENDS.names():
-    register_capture_backend(type("Planted_test_gpus_hold", (BreakableBackend,), {"name": "test_gpus_hold"}))
+for _name in ("test_gpus_hold", "test_ranks_allreduce_nccl"):
+    if _name not in CAPTURE_BACKENDS.names():
+        register_capture_backend(type(f"Planted_{_name}", (BreakableBackend,), {"name": _name}))
 
 
 def _later(fn, *args) -> tuple[threading.Thread, list]:
@@ -119,3 +120,29 @@ def test_cells_of_different_sizes_run_side_by_side_and_a_16_gpu_cell_is_refused(
     assert len(two["CUDA_VISIBLE_DEVICES"].split(",")) == 2 and len(one["CUDA_VISIBLE_DEVICES"].split(",")) == 1
     assert not set(two["CUDA_VISIBLE_DEVICES"].split(",")) & set(one["CUDA_VISIBLE_DEVICES"].split(","))
     assert two["start"] < one["end"] and one["start"] < two["end"]  # side by side, not one after the other
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(__import__("torch").cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_two_ranks_all_reduce_over_nccl_each_on_its_gpu(tmp_path, monkeypatch):
+    """On a host of 2+ GPUs: a tp2 cell holds two of them, and its ranks rendezvous over NCCL, one GPU each."""
+    import torch
+
+    monkeypatch.setattr(ranks, "WORKER", [str(HERE / "planted_rank_worker.py")])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PCG_TEST_FLAKY_DIR", str(tmp_path))
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(yaml.safe_dump({
+        "name": "nccl",
+        "defaults": {"device": "cuda", "dtype": "bfloat16", "max_tokens": 16, "max_new_tokens": 2, "timeout_s": 300},
+        "axes": {"model": ["qwen3-0.6b:trim:1"], "graph": ["test_ranks_allreduce_nccl"], "parallel": ["tp2"]},
+    }))
+    p = plan(matrix, RunOptions())
+    p.cells[0].unsupported = None  # the runtime's tp2 aside: the wiring is what is tested
+    with Store(str(tmp_path / "r.db")) as store:
+        run_id = run_matrix(matrix, store, RunOptions(logs_dir=tmp_path / "logs", progress=False, retry=False), planned=p)
+        row = store.results(run_id)[0]
+    assert row.status == Status.PASS, row.reason + row.log[-3000:]
+    got = json.loads(row.reason)
+    assert got["sum"] == 3.0 and got["backend"] == "nccl" and got["device_count"] == 2 and row.metrics.gpus == 2
+    assert len(got["CUDA_VISIBLE_DEVICES"].split(",")) == 2 and torch.cuda.device_count() >= 2
