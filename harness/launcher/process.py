@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from harness.launcher import ranks
 from harness.launcher.classify import classify_death
 from harness.launcher.groups import Terminated, WorkerGroups
-from harness.launcher import ranks
 from harness.launcher.ranks import launch_ranks, visible_devices
 from harness.matrix import Cell
 from harness.outcome import CellOutcome, CellRecord
