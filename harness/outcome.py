@@ -313,6 +313,11 @@ class CellMetrics(_Model):
     coverage: SuiteCoverage | None = None
     reference: ReferenceCheck | None = None  # the reference layer: is eager right? None: a row from before it
     repeat_statuses: list[str] = Field(default_factory=list)  # with --repeats: each fresh process's status
+    # The GPUs a CUDA cell holds (its ranks: pcg_core.known.world_size), or, refused, would need; None: a CPU cell or
+    # a row from before. rank_statuses: each rank's status, for a cell of several (harness/launcher/ranks.py: the
+    # cell's outcome is rank 0's).
+    gpus: int | None = None
+    rank_statuses: list[str] = Field(default_factory=list)
     # Latency, per prompt token count.
     latency_ms: dict[int, Latency] = Field(default_factory=dict)
     speedup: dict[int, float | None] = Field(default_factory=dict)

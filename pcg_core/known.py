@@ -67,3 +67,20 @@ def parse_parallel(text: str) -> dict[str, int]:
         if n > MAX_PARALLEL_DEGREE:
             raise ValueError(f"parallel mode {text!r}: degree {n} is over {MAX_PARALLEL_DEGREE}")
     return dict(parts)
+
+
+def world_size(mode: str) -> int:
+    """Ranks (processes; on CUDA, GPUs of one host) a cell of parallel mode `mode` runs as: pp × max(tp·dp, ep).
+
+    TP and DP ranks hold the attention; EP spreads the experts over those ranks (ep dividing tp·dp: tp2-ep2), or,
+    where it is the larger (ep8, tp2-ep8), sets the rank count itself, the attention replicated over the extra
+    ranks as data-parallel groups (vLLM's EP = TP × DP). PP multiplies it all by its stages. ValueError when the
+    two do not nest, so a cell cannot ask for a layout no rank count gives."""
+    d = parse_parallel(mode)
+    tp, pp, dp, ep = (d.get(k, 1) for k in ("tp", "pp", "dp", "ep"))
+    attention = tp * dp
+    small, large = sorted((attention, ep))
+    if large % small:
+        raise ValueError(f"parallel mode {mode!r}: ep{ep} and tp·dp = {attention} do not nest (one must divide the "
+                         f"other: the experts are spread over the attention ranks); write e.g. tp{ep}-ep{ep}")
+    return pp * large

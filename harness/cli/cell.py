@@ -12,7 +12,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from harness.cli.args import DefaultsShown, bounded_int, positive_float, positive_int, seed_int
-from pcg_core.known import COMPILERS, DTYPE_NAMES, KNOWN_QUANTIZATION, KV_CACHE_DTYPES, MAX_TOKENS, parse_parallel
+from pcg_core.known import COMPILERS, DTYPE_NAMES, KNOWN_QUANTIZATION, KV_CACHE_DTYPES, MAX_TOKENS, world_size
 from pcg_core.quant.schemes import registry as quant_registry
 from pcg_core.registry import CAPTURE_BACKENDS
 
@@ -57,7 +57,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quant", type=_quant, default="none",
                    help="quantization scheme (a known one the runtime lacks ends the cell unsupported)")
     p.add_argument("--parallel", type=_parallel, default="tp1",
-                   help="parallel mode: tp2, tp2-ep8 … (one the runtime lacks ends the cell unsupported)")
+                   help="parallel mode: tp2, tp2-ep8 … (one the runtime lacks ends the cell unsupported); a mode of "
+                        "several ranks runs one worker process per rank, as `pcgh run` does")
     p.add_argument("--kv-cache", "--kv_cache", dest="kv_cache", choices=KV_CACHE_DTYPES, default="auto",
                    help="what the KV cache stores: auto (the model's dtype) or fp8_e4m3 (FP8 with per-layer K/V scales: "
                         "the checkpoint's, or calibrated on the prompts for synthetic weights)")
@@ -87,7 +88,7 @@ def _quant(text: str) -> str:
 
 def _parallel(text: str) -> str:
     try:
-        parse_parallel(text)
+        world_size(text)  # the grammar (parse_parallel), and degrees that nest
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
@@ -109,7 +110,11 @@ def run(args: argparse.Namespace) -> int:
     from harness.cell import run_cell
 
     spec = spec_from_args(args)
-    outcome = run_cell(spec) if args.repeats == 1 else _run_repeated(spec, args.repeats)
+    ranks = world_size(spec.parallel)  # checked by _parallel already
+    if args.repeats == 1 and ranks == 1:
+        outcome = run_cell(spec)
+    else:  # fresh processes: each repeat one, or a parallel cell one per rank
+        outcome = _run_repeated(spec, args.repeats, ranks)
     if args.json:  # the outcome, with the spec that produced it
         print(json.dumps({"spec": asdict(spec), **json.loads(outcome.to_json())}))
     else:
@@ -117,21 +122,33 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_PASS if outcome.passed else EXIT_FAIL
 
 
-def _run_repeated(spec: CellSpec, repeats: int) -> CellOutcome:
-    """The cell in `repeats` fresh worker processes (the matrix launcher's, logs in a temporary folder), merged."""
+def _run_repeated(spec: CellSpec, repeats: int, ranks: int = 1) -> CellOutcome:
+    """The cell in `repeats` fresh worker processes (the matrix launcher's, logs in a temporary folder), merged; a
+    cell of several ranks as that many workers each time, on GPUs 0…ranks−1 of those visible (CUDA). A CUDA cell
+    that needs more GPUs than are visible is unsupported, saying how many it needs, and not launched."""
     import tempfile
     from pathlib import Path
 
     from harness.launcher.process import launch_repeated
     from harness.matrix import Cell
+    from harness.matrix.precheck import needs_gpus
     from harness.matrix.schema import Defaults
-    from harness.outcome import CellOutcome, cell_key
+    from harness.outcome import CellOutcome, Status, cell_key
 
     axes = {"model": spec.model, "quant": spec.quant, "attention": spec.attention, "parallel": spec.parallel,
             "graph": spec.graph, "compiler": spec.compiler, "kv_cache": spec.kv_cache}
     cell = Cell(cell_key(axes), axes, spec, Defaults().timeout_s)
+    gpus = None
+    if spec.device.startswith("cuda") and ranks > 1:
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < ranks:
+            return CellOutcome(status=Status.UNSUPPORTED, reason=f"{needs_gpus(ranks)} ({spec.parallel}: one per rank, "
+                                                                 f"on one host), {have} visible on this machine")
+        gpus = list(range(ranks))
     with tempfile.TemporaryDirectory(prefix="pcgh-cell-") as logs:
-        record = launch_repeated(cell, Path(logs) / "cell.log", None, repeats)
+        record = launch_repeated(cell, Path(logs) / "cell.log", gpus, repeats)
     return CellOutcome.model_validate(record.model_dump(include=set(CellOutcome.model_fields)))
 
 
@@ -162,6 +179,9 @@ def _print(spec: CellSpec, o: CellOutcome) -> None:
         console.print(f"coverage: {m.coverage.summary()}")
     if m.repeats:
         console.print(f"repeats: {m.repeats} fresh processes: {', '.join(m.repeat_statuses)}")
+    if m.rank_statuses:
+        console.print(f"ranks: {len(m.rank_statuses)} processes" + (f" on {m.gpus} GPUs" if m.gpus else "")
+                      + f": {', '.join(m.rank_statuses)} (the outcome is rank 0's)")
     if m.diagnosis_error:
         console.print(f"[red]diagnosis failed[/] (the verdict stands): {m.diagnosis_error}")
     if m.latency_ms:

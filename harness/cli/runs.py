@@ -99,9 +99,9 @@ def run(args: argparse.Namespace) -> int:
     planned = plan(args.matrix, opts)  # a bad matrix is refused before anything is written
     cells = planned.cells
     if args.dry_run:
-        t = Table("key", "pre-check")
+        t = Table("key", "ranks", "pre-check")  # ranks: processes; on CUDA, the GPUs the cell holds
         for c in cells:
-            t.add_row(c.key, "launch" if c.unsupported is None else f"unsupported: {c.unsupported}")
+            t.add_row(c.key, str(c.ranks), "launch" if c.unsupported is None else f"unsupported: {c.unsupported}")
         Console(width=200).print(t)
         print(f"{len(cells)} cells, {sum(c.unsupported is None for c in cells)} to launch")
         return EXIT_PASS

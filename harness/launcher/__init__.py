@@ -2,11 +2,13 @@
 
 - plan.py — RunOptions and the planned cells (filters, tier, shard, pre-check)
 - process.py — one attempt of one cell in a child process → a CellRecord
+- ranks.py — a cell of several ranks (a parallel mode): one worker per rank with torch's env:// variables
+- gpus.py — the host's GPUs, handed to cells k at a time (one per rank), cells of different sizes side by side
 - worker.py — the child: CellSpec on stdin, CellOutcome file out, phase markers on stderr, a watchdog on its runner
 - groups.py — the workers' process groups: started, waited for and killed by the runner (SIGTERM included)
 - orphans.py — worker records in the run's logs; a resume kills what an earlier runner left behind
 - classify.py — a child that died without an outcome, in the judge's words
-- runner.py — run_matrix: resume, retry, GPU slots, recording
+- runner.py — run_matrix: resume, retry, GPUs, recording
 - progress.py — the progress bar
 - environment.py — the provenance recorded with each run
 

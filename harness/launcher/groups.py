@@ -24,6 +24,7 @@ import subprocess
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -60,6 +61,30 @@ def _kill_group(pgid: int) -> None:
         pass  # already gone (on macOS a group of zombies answers EPERM)
 
 
+def _exit_status(proc: subprocess.Popen) -> int | None:
+    """The worker's return code once it has exited (negative: the signal that killed it), None while it runs;
+    without reaping it (WNOWAIT), as _exited. Where there is no waitid, poll() reaps."""
+    if not hasattr(os, "waitid"):
+        return proc.poll()
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return proc.poll() if proc.returncode is None else proc.returncode
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+@dataclass
+class RankEnd:
+    """How one rank of a cell of several ended: its return code; whether it still ran at the timeout; whether the
+    runner killed it because another rank ended badly first (its own death then says nothing)."""
+
+    returncode: int
+    timed_out: bool = False
+    killed_after: int | None = None  # the rank whose bad end made the runner kill this one
+
+
 def _exited(proc: subprocess.Popen) -> bool:
     """Whether the worker has exited, without reaping it (WNOWAIT): until it is reaped its pid, and so its group's
     id, cannot be given to another process. Where there is no waitid, poll() reaps (a far smaller window)."""
@@ -83,8 +108,10 @@ class WorkerGroups:
         self._runner_start = start_time(os.getpid())
         self._handlers: dict[int, Any] = {}
 
-    def spawn(self, args: list[str], env: dict[str, str], stdout: IO[str]) -> subprocess.Popen:
-        """Start a worker (stdin a text pipe, stderr into stdout) as the leader of a new session."""
+    def spawn(self, args: list[str], env: dict[str, str], stdout: IO[str], cell: str | None = None,
+              rank: int | None = None) -> subprocess.Popen:
+        """Start a worker (stdin a text pipe, stderr into stdout) as the leader of a new session. cell, rank: which
+        rank of which cell it is, when the cell runs as several (its record says so, for a resume's report)."""
         token = uuid.uuid4().hex
         with self._lock:  # close() either sees this worker or makes it never start
             if self._closed:
@@ -96,7 +123,7 @@ class WorkerGroups:
             )
             self._live[proc.pid] = proc
             if self.records is not None:
-                write_record(self.records, WorkerRecord(proc.pid, token, os.getpid(), self._runner_start))
+                write_record(self.records, WorkerRecord(proc.pid, token, os.getpid(), self._runner_start, cell, rank))
         return proc
 
     def wait(self, proc: subprocess.Popen, timeout: float | None) -> tuple[int, bool]:
@@ -121,6 +148,57 @@ class WorkerGroups:
             if self._closed:
                 raise Cancelled("the runner is shutting down")
         return returncode, timed_out
+
+    def wait_all(self, procs: list[subprocess.Popen], timeout: float | None) -> list[RankEnd]:
+        """Wait for the ranks of one cell (up to `timeout` seconds for all of them), then kill every rank's group
+        and reap them all: how each ended, in rank order.
+
+        The first rank to exit nonzero (a crash, a signal) ends the cell: the others are killed at once, since
+        they would otherwise wait in a collective for a peer that is gone until the timeout. A rank that exits 0
+        is done; the others go on. Raises Cancelled when close() was called meanwhile.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay, pending, bad = 0.001, set(range(len(procs))), None
+        while pending and bad is None and not self._closed:
+            for i in sorted(pending):
+                code = _exit_status(procs[i])
+                if code is not None:
+                    pending.discard(i)
+                    if code != 0:
+                        bad = i
+                        break
+            if not pending or bad is not None:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+        for proc in procs:  # every group first, so that no rank waits on a peer while another is reaped
+            _kill_group(proc.pid)
+        ends = []
+        for i, proc in enumerate(procs):
+            code = proc.wait()
+            ends.append(RankEnd(code, timed_out=bad is None and i in pending,
+                                killed_after=bad if bad is not None and i in pending else None))
+        with self._lock:
+            for proc in procs:
+                self._live.pop(proc.pid, None)
+                if self.records is not None:
+                    drop_record(self.records, proc.pid)
+            if self._closed:
+                raise Cancelled("the runner is shutting down")
+        return ends
+
+    def discard(self, procs: list[subprocess.Popen]) -> None:
+        """Kill and reap workers whose cell cannot go on (a rank of it could not be started)."""
+        for proc in procs:
+            _kill_group(proc.pid)
+        for proc in procs:
+            proc.wait()
+            with self._lock:
+                self._live.pop(proc.pid, None)
+                if self.records is not None:
+                    drop_record(self.records, proc.pid)
 
     def close(self) -> None:
         """Kill every live worker's group and start no more. Safe to call again (it kills again)."""

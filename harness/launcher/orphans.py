@@ -35,11 +35,15 @@ class WorkerRecord:
     token: str
     runner_pid: int
     runner_start: str | None  # the runner's start time, so that a recycled runner pid does not pass for it
+    # A rank of a cell of several processes (parallel modes): the cell's key and the rank, so that a resume can say
+    # which cell's ranks it killed. Every rank is a worker of its own (a session, a token, a record); None: one rank.
+    cell: str | None = None
+    rank: int | None = None
 
     @classmethod
-    def mine(cls, pid: int, token: str) -> WorkerRecord:
+    def mine(cls, pid: int, token: str, cell: str | None = None, rank: int | None = None) -> WorkerRecord:
         """The record of a worker this process has just started."""
-        return cls(pid, token, os.getpid(), start_time(os.getpid()))
+        return cls(pid, token, os.getpid(), start_time(os.getpid()), cell, rank)
 
 
 def write_record(folder: Path, rec: WorkerRecord) -> None:

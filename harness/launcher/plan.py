@@ -44,6 +44,17 @@ def plan(matrix_path: str | Path, opts: RunOptions) -> Plan:
     if opts.shard:
         cells = shard(cells, *opts.shard)
     caps, cards = capabilities(), {}
+    if matrix.defaults.device.startswith("cuda") and caps.get("cuda_devices"):
+        caps.setdefault("cuda_memory_bytes", gpu_memory_bytes())  # what a cell's memory fit is checked against
     for cell in cells:
         cell.unsupported = precheck(cell, caps, cards)
     return Plan(matrix, cells, caps)
+
+
+def gpu_memory_bytes() -> int | None:
+    """The memory of this host's smallest visible GPU (a cell may be handed any of them); None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))

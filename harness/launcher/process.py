@@ -11,11 +11,14 @@ import os
 import re
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from harness.launcher import ranks
 from harness.launcher.classify import classify_death
 from harness.launcher.groups import Terminated, WorkerGroups
+from harness.launcher.ranks import launch_ranks, visible_devices
 from harness.matrix import Cell
 from harness.outcome import CellOutcome, CellRecord
 
@@ -41,10 +44,15 @@ def cpu_threads(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
-def launch(cell: Cell, log_path: Path, gpu: int | None, attempt: int = 1, groups: WorkerGroups | None = None,
-           threads: int | None = None) -> CellRecord:
-    """Run `cell` once in a worker of `groups` (of its own when None); its record for the store. threads: the
-    worker's intra-op thread count (OMP_NUM_THREADS, unless the environment sets it already).
+def _gpu_list(gpu: int | Sequence[int] | None) -> list[int] | None:
+    return None if gpu is None else [gpu] if isinstance(gpu, int) else list(gpu)
+
+
+def launch(cell: Cell, log_path: Path, gpu: int | Sequence[int] | None, attempt: int = 1,
+           groups: WorkerGroups | None = None, threads: int | None = None) -> CellRecord:
+    """Run `cell` once in a worker of `groups` (of its own when None); its record for the store. gpu: the cell's
+    GPU, or its GPUs (one per rank); None on a CPU. threads: the worker's intra-op thread count (OMP_NUM_THREADS,
+    unless the environment sets it already). A cell of several ranks runs as that many workers (ranks.py).
 
     Raises Cancelled when the runner shut down while the cell ran: there is nothing to record then.
     """
@@ -55,17 +63,25 @@ def launch(cell: Cell, log_path: Path, gpu: int | None, attempt: int = 1, groups
         except Terminated as e:
             e.redeliver()  # the worker is down: the process dies of the signal, as it would have without us
             raise
+    gpus = _gpu_list(gpu)
+    if gpus is not None and len(gpus) != cell.ranks:
+        raise ValueError(f"cell {cell.key} runs as {cell.ranks} rank(s), one per GPU; it was handed GPUs {gpus}")
+    if cell.ranks > 1:
+        outcome, log_text, duration = launch_ranks(cell, log_path, cell.ranks, gpus, groups)
+        outcome.duration_s = duration
+        outcome.metrics.gpus = len(gpus) if gpus is not None else None
+        return CellRecord.of(cell.key, cell.axes, outcome, attempt=attempt, log=log_text)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     result_path = log_path.with_suffix(".json")
     result_path.unlink(missing_ok=True)
     env = dict(os.environ)
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpus, env)
     if threads is not None:
         env.setdefault("OMP_NUM_THREADS", str(threads))
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = groups.spawn([sys.executable, "-m", "harness.launcher.worker", str(result_path)], env, log)
+        proc = groups.spawn([sys.executable, *ranks.WORKER, str(result_path)], env, log)
         try:
             proc.stdin.write(json.dumps(asdict(cell.spec)))
             proc.stdin.close()
@@ -80,6 +96,7 @@ def launch(cell: Cell, log_path: Path, gpu: int | None, attempt: int = 1, groups
         status, reason = classify_death(returncode, timed_out, log_text, cell.timeout_s)
         outcome = CellOutcome(status=status, reason=reason)
     outcome.duration_s = duration  # the parent's clock, process start-up included (metrics.cell_s: the cell's own)
+    outcome.metrics.gpus = 1 if gpus is not None else None
     return CellRecord.of(cell.key, cell.axes, outcome, attempt=attempt, log=log_text)  # keeps the last LOG_KEEP
 
 
@@ -97,7 +114,7 @@ def merge_repeats(outcomes: list[CellOutcome]) -> CellOutcome:
     return merged
 
 
-def launch_repeated(cell: Cell, log_path: Path, gpu: int | None, repeats: int, attempt: int = 1,
+def launch_repeated(cell: Cell, log_path: Path, gpu: int | Sequence[int] | None, repeats: int, attempt: int = 1,
                     groups: WorkerGroups | None = None, threads: int | None = None) -> CellRecord:
     """`launch` in `repeats` fresh processes (logs .r1, .r2 … beside log_path), merged (merge_repeats)."""
     if repeats <= 1:

@@ -1,7 +1,9 @@
 """Run a matrix: plan it, launch each cell in its own process group with a timeout, retry a failure once (a pass
 on retry is `pass_flaky`), and record every attempt in the store the moment it ends.
 
-Workers run side by side: one per GPU (pinned with CUDA_VISIBLE_DEVICES) for CUDA matrices, `jobs` on a CPU.
+Cells run side by side: on CUDA each holds one GPU per rank (pinned with CUDA_VISIBLE_DEVICES; gpus.py hands them
+out, cells of different sizes together), on a CPU `jobs` cells at a time. A cell of several ranks runs as that many
+workers (ranks.py).
 The runner owns their process groups (groups.py): none outlives the cell, the runner's exit or its death, and a
 resume first kills what an earlier runner of the run left behind (orphans.py).
 """
@@ -19,6 +21,7 @@ from queue import Queue
 from typing import Any, Callable
 
 from harness.launcher.environment import provenance
+from harness.launcher.gpus import GpuPool
 from harness.launcher.groups import Terminated, WorkerGroups
 from harness.launcher.orphans import reap_orphans, report_reaped
 from harness.launcher.plan import Plan, RunOptions, plan
@@ -92,59 +95,70 @@ def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
 
     for cell in cells:
         if cell.unsupported is not None and cell.key not in done:
-            record(CellRecord(key=cell.key, axes=cell.axes, status=Status.UNSUPPORTED, reason=cell.unsupported))
+            refused = CellRecord(key=cell.key, axes=cell.axes, status=Status.UNSUPPORTED, reason=cell.unsupported)
+            refused.metrics.gpus = cell.gpus  # what it would hold: the nightly's parallel cells carry their count
+            record(refused)
             counts[Status.UNSUPPORTED] += 1
     todo = [c for c in cells if c.unsupported is None and c.key not in done]
 
-    gpus = p.caps["cuda_devices"]
+    # CUDA: each cell holds as many GPUs as it has ranks, cells of different sizes side by side (gpus.py); at most
+    # one cell per GPU at a time. CPU: `jobs` cells at a time, each of however many ranks.
+    n_gpus = p.caps["cuda_devices"]
+    on_gpus = matrix.defaults.device == "cuda" and n_gpus > 0
+    pool = GpuPool(range(n_gpus)) if on_gpus else None
     slots: Queue = Queue()
-    if matrix.defaults.device == "cuda" and gpus:
-        for i in range(gpus):
-            slots.put(i)
-    else:
-        for _ in range(max(1, opts.jobs)):
-            slots.put(None)
-    threads = None if matrix.defaults.device == "cuda" and gpus else cpu_threads(slots.qsize())
+    for _ in range(max(1, opts.jobs)):
+        slots.put(None)
+    workers = n_gpus if on_gpus else slots.qsize()
+    threads = None if on_gpus else cpu_threads(slots.qsize())
     logs = run_logs(opts.logs_dir, store, run_id)
     if prev:  # an earlier runner of this run may have died leaving workers: none may write into it any more
         report_reaped(run_id, reap_orphans(logs / "workers"))
 
+    def attempts(cell: Cell, gpu: list[int] | None) -> str:
+        owed = retry_due.get(cell.key)  # a first attempt recorded before the parent died
+        if owed is None:
+            first = launch_repeated(cell, logs / f"{log_name(cell.key)}.attempt1.log", gpu, opts.repeats,
+                                    groups=groups, threads=threads)
+            record(first)
+            status, reason = first.status, first.reason
+        else:
+            status, reason = owed["status"], owed["reason"]
+        if status in NOT_RETRIED or not opts.retry or opts.repeats > 1:  # repeats are the second look already
+            return status
+        second = launch_repeated(cell, logs / f"{log_name(cell.key)}.attempt2.log", gpu, 1, attempt=2, groups=groups,
+                                 threads=threads)
+        if second.status in PASSING:
+            second.status = Status.PASS_FLAKY
+            second.reason = f"passed on retry; first attempt: {status}: {reason}"[:2000]
+        record(second)
+        return second.status
+
     def work(cell: Cell) -> str:
-        gpu = slots.get()
+        if pool is not None:
+            with pool.held(cell.gpus or 1) as gpu:
+                return attempts(cell, gpu)
+        slot = slots.get()
         try:
-            owed = retry_due.get(cell.key)  # a first attempt recorded before the parent died
-            if owed is None:
-                first = launch_repeated(cell, logs / f"{log_name(cell.key)}.attempt1.log", gpu, opts.repeats,
-                                        groups=groups, threads=threads)
-                record(first)
-                status, reason = first.status, first.reason
-            else:
-                status, reason = owed["status"], owed["reason"]
-            if status in NOT_RETRIED or not opts.retry or opts.repeats > 1:  # repeats are the second look already
-                return status
-            second = launch_repeated(cell, logs / f"{log_name(cell.key)}.attempt2.log", gpu, 1, attempt=2, groups=groups,
-                                     threads=threads)
-            if second.status in PASSING:
-                second.status = Status.PASS_FLAKY
-                second.reason = f"passed on retry; first attempt: {status}: {reason}"[:2000]
-            record(second)
-            return second.status
+            return attempts(cell, slot)
         finally:
-            slots.put(gpu)
+            slots.put(slot)
 
     groups = WorkerGroups(records=logs / "workers")
     try:
         with groups, RunProgress(len(todo), counts, enabled=opts.progress) as bar, \
-                ThreadPoolExecutor(max_workers=slots.qsize()) as pool:
+                ThreadPoolExecutor(max_workers=workers) as executor:
             try:
-                futures = {pool.submit(work, cell): cell for cell in todo}
+                futures = {executor.submit(work, cell): cell for cell in todo}
                 for future in as_completed(futures):
                     status = future.result()
                     counts[status] += 1
                     bar.advance(futures[future].key, status)
             finally:  # before the pool's exit waits for its threads: they wait for their workers
                 groups.close()
-                pool.shutdown(wait=False, cancel_futures=True)
+                if pool is not None:
+                    pool.close()  # a cell waiting for GPUs gives up its thread
+                executor.shutdown(wait=False, cancel_futures=True)
     except (KeyboardInterrupt, Terminated) as e:
         store.finish_run(run_id, status="interrupted")
         if isinstance(e, Terminated):

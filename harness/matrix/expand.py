@@ -12,6 +12,7 @@ from harness.matrix.names import did_you_mean, matches_none, value_matches
 from harness.matrix.schema import Matrix, Override
 from harness.outcome import AXES, ModelRef, cell_key
 from pcg_core.errors import ConfigError
+from pcg_core.known import world_size
 
 
 @dataclass
@@ -21,6 +22,20 @@ class Cell:
     spec: CellSpec
     timeout_s: int
     unsupported: str | None = None  # the pre-check: None (launch it) or why the runtime cannot run it
+
+    @property
+    def ranks(self) -> int:
+        """Processes the cell runs as (its parallel mode's world size); 1 for a mode whose degrees do not nest
+        (the pre-check refuses it, saying why)."""
+        try:
+            return world_size(self.spec.parallel)
+        except ValueError:
+            return 1
+
+    @property
+    def gpus(self) -> int | None:
+        """GPUs of one host the cell holds: one per rank on CUDA; None on a CPU."""
+        return self.ranks if self.spec.device.startswith("cuda") else None
 
 
 def _override_for(matrix: Matrix, model: str) -> list[Override]:

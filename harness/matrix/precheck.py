@@ -13,6 +13,7 @@ from harness.cards import ModelCard, find_card
 from harness.matrix.expand import Cell
 from harness.outcome import ModelRef
 from pcg_core.errors import ConfigError
+from pcg_core.known import world_size
 
 
 def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None]) -> str | None:
@@ -51,8 +52,33 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
         return reason
     if reason := parallel_unsupported_reason(a["parallel"], caps["parallel"]):
         return reason
-    if cell.spec.device == "cuda":
-        need = caps["parallel"][a["parallel"]]
-        if caps["cuda_devices"] < need:
-            return f"needs {need} CUDA GPU(s), {caps['cuda_devices']} visible on this machine"
+    try:
+        ranks = world_size(a["parallel"])
+    except ValueError as e:
+        return str(e)
+    if cell.spec.device.startswith("cuda") and caps["cuda_devices"] < ranks:
+        return f"{needs_gpus(ranks)} ({a['parallel']}: one per rank, on one host), {caps['cuda_devices']} visible on this machine"
+    if cell.spec.device.startswith("cuda") and caps.get("cuda_memory_bytes") and not cell.spec.tiny:
+        return memory_fit_reason(cell, card, caps["cuda_memory_bytes"])
     return None
+
+
+def memory_fit_reason(cell: Cell, card: ModelCard, gpu_bytes: int) -> str | None:
+    """`needs N GPUs` when the cell's weights + KV + graphs per GPU (fit.py's estimate, divided as its parallel
+    mode divides them) are over `gpu_bytes`, the memory of one of this host's GPUs; None when it fits."""
+    from harness.matrix.fit import fit_reason, trimmed
+    from pcg_core.quant.schemes import registry as quant_registry
+
+    spec = cell.spec
+    quant = quant_registry.canonical(spec.quant)
+    try:
+        width = None if quant == "none" else quant_registry.info(quant).weights
+    except (KeyError, ValueError, ConfigError):
+        width = quant  # an umbrella word (fp8, int8, int4) is its own width
+    return fit_reason(trimmed(card.config, spec.layers), spec.parallel, spec.dtype or "bfloat16", width,
+                      spec.max_tokens, spec.kv_cache, gpu_bytes, where=f"card {card.id}")
+
+
+def needs_gpus(n: int) -> str:
+    """The words a cell refused for lack of GPUs starts its reason with (reports group refusals by them)."""
+    return f"needs {n} GPU{'s' if n != 1 else ''}"
