@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Engine
 
@@ -27,8 +27,10 @@ from harness.store import Views
 from pcg_core.errors import ConfigError
 
 V = TypeVar("V")
+T = TypeVar("T")
 DEFAULT_PAGE_MB = 64
 MAX_PAGES = 512
+DERIVED_BYTES = 256 * 2**20  # encoded API responses kept per the runs' revisions (a 10,000-cell diff is ~6 MB)
 
 
 class Kept(Generic[V]):
@@ -106,10 +108,11 @@ class KeptViews(Views):
     """Store.views keeping what the matrix reads per run (its cells, its statuses for the history strips), keyed on
     the run's revision: a finished run is read from the database once, a running one again after each write."""
 
-    def __init__(self, engine: Engine, runs_kept: int = 6, strips_kept: int = 64) -> None:
+    def __init__(self, engine: Engine, runs_kept: int = 6, strips_kept: int = 64, derived_kept: int = 64) -> None:
         super().__init__(engine)
         self._cells: Kept[list[CellRecord]] = Kept(runs_kept)
         self._statuses: Kept[dict[str, str]] = Kept(strips_kept)
+        self._derived: Kept[Any] = Kept(derived_kept, DERIVED_BYTES, size=_encoded_bytes)
 
     def cells(self, run_id: int, latency: bool = False) -> list[CellRecord]:
         rev = self.revisions([run_id])[run_id]
@@ -118,6 +121,18 @@ class KeptViews(Views):
     def statuses(self, run_id: int) -> dict[str, str]:
         rev = self.revisions([run_id])[run_id]
         return self._statuses.get((run_id, rev), lambda: super(KeptViews, self).statuses(run_id))
+
+    def derived(self, name: str, run_ids: list[int], build: Callable[[], T], *params: Hashable) -> T:
+        """Kept per (name, each run at its revision, params): a query string cannot make a page rebuild it, and
+        a write to any of the runs makes the next read compute it afresh."""
+        revs = self.revisions(run_ids)
+        return self._derived.get((name, tuple(revs.items()), params), build)
+
+
+def _encoded_bytes(v: Any) -> int:
+    """The bytes a kept value holds when it is an encoded response (web.deps.kept_json); other values count by
+    entry only."""
+    return sum(len(x) for x in v if isinstance(x, bytes)) if isinstance(v, tuple) else 0
 
 
 def page_cache() -> Kept[tuple[int, bytes, list[tuple[bytes, bytes]]]]:

@@ -9,6 +9,7 @@ else: no scripts at all, so even a log that slipped past escaping could not run.
 from __future__ import annotations
 
 import gc
+import gzip
 import json
 import secrets
 from collections.abc import Callable, Hashable, Iterator
@@ -22,6 +23,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
+from pydantic import BaseModel
 from starlette.responses import Response
 
 from harness.reports.json_report import jsonable
@@ -128,6 +130,23 @@ def kept_page(request: Request, build: Callable[[], Response], *extra: Hashable)
     response = Response(body, status_code)
     response.raw_headers = list(headers)
     return response
+
+
+def kept_json(request: Request, name: str, run_ids: list[int], build: Callable[[], BaseModel],
+              *params: Hashable) -> Response:
+    """An API response over these runs, encoded (and gzipped) once per their revisions and `params` (what the
+    answer depends on besides them): a big answer (a 10,000-cell matrix, a diff of two runs) costs its
+    serialization and compression once, whatever the query string says."""
+    body, packed = request.app.state.store.views.derived(name, run_ids, lambda: _encoded(build()), *params)
+    headers = {"vary": "Accept-Encoding"}
+    if "gzip" in request.headers.get("accept-encoding", "").lower() and len(packed) < len(body):
+        return Response(packed, media_type="application/json", headers={**headers, "content-encoding": "gzip"})
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def _encoded(model: BaseModel) -> tuple[bytes, bytes]:
+    body = model.model_dump_json().encode()
+    return body, gzip.compress(body, compresslevel=5)
 
 
 def _frozen(response: Response) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:

@@ -74,14 +74,18 @@ class RunDetail(RunSummary):
 def run_detail(store: Store, run_ref: int | str) -> RunDetail:
     """Totals through harness/reports (results_frame → totals), worst cells, the run before it."""
     run = store.run(run_ref)
-    cells = store.views.cells(run["id"])
-    t = totals(results_frame(cells))
-    s = summarize(run, t.counts)
-    failing = [r for r in cells if is_failing(r.status)]
-    return RunDetail(**vars(s), geomean_speedup=t.geomean_speedup, speedup_cells=t.speedup_cells,
-                     speedup_measured=t.speedup_measured,
-                     failing=failing[:MAX_FAILING], failing_total=len(failing),
-                     previous_id=store.views.previous_run_id(run["id"]))
+
+    def build() -> RunDetail:
+        cells = store.views.cells(run["id"])
+        t = totals(results_frame(cells))
+        s = summarize(run, t.counts)
+        failing = [r for r in cells if is_failing(r.status)]
+        return RunDetail(**vars(s), geomean_speedup=t.geomean_speedup, speedup_cells=t.speedup_cells,
+                         speedup_measured=t.speedup_measured,
+                         failing=failing[:MAX_FAILING], failing_total=len(failing),
+                         previous_id=store.views.previous_run_id(run["id"]))
+
+    return store.views.derived("run_detail", [run["id"]], build, repr(run))  # kept per revision
 
 
 @dataclass
@@ -129,11 +133,23 @@ def matrix(store: Store, run_ref: int | str = "latest", group: str = DEFAULT_GRO
     run = store.run(run_ref)
     rows = store.views.cells(run["id"])
     before = store.views.runs_before(run["id"], HISTORY_RUNS - 1) if with_history else []
-    grid = build_grid(rows, run["id"], group, filters, hide_unsupported=hide_unsupported, page=page,
-                      history=[store.views.statuses(r) for r in before])
+    wanted = tuple(sorted((k, tuple(v)) for k, v in (filters or {}).items() if v))
+    # Kept per the runs' revisions and the question: a query string that asks nothing new costs nothing new
+    grid = store.views.derived("grid", [run["id"], *before], lambda: build_grid(
+        rows, run["id"], group, filters, hide_unsupported=hide_unsupported, page=page,
+        history=[store.views.statuses(r) for r in before]), group, wanted, hide_unsupported, page)
+    summary = None
     if with_support and grid.filters:  # the summary answers the same question as the grid
-        rows = [r for r in rows if row_matches(r, grid.filters)]
-    return MatrixView(run, grid, support(rows, run["id"]) if with_support else None, before)
+        summary = support([r for r in rows if row_matches(r, grid.filters)], run["id"])
+    elif with_support:  # the whole run's: computed once per revision, whatever the query string
+        summary = store.views.derived("support", [run["id"]], lambda: support(rows, run["id"]))
+    return MatrixView(run, grid, summary, before)
+
+
+def run_support(store: Store, run_ref: int | str = "latest") -> tuple[dict[str, Any], Support]:
+    """A run and its whole support summary (no grid), kept per revision."""
+    run = store.run(run_ref)
+    return run, store.views.derived("support", [run["id"]], lambda: support(store.views.cells(run["id"]), run["id"]))
 
 
 @dataclass
@@ -200,8 +216,14 @@ def diff(store: Store, base_ref: int | str | None = None, head_ref: int | str | 
             raise RunNotFound(f"run {head['id']} is the first run: there is nothing before it to diff against")
         base_ref = prev
     base = store.run(base_ref)
-    d = diff_runs(store.views.cells(base["id"], latency=True), store.views.cells(head["id"], latency=True), threshold)
-    return DiffView(base, head, d, diff_markdown(d, base, head))
+
+    def build() -> tuple[RunDiff, str]:
+        d = diff_runs(store.views.cells(base["id"], latency=True), store.views.cells(head["id"], latency=True), threshold)
+        return d, diff_markdown(d, base, head)
+
+    # Kept per run pair at their revisions (the runs' rows, which the markdown prints, among the params)
+    d, markdown = store.views.derived("diff", [base["id"], head["id"]], build, threshold, repr(base), repr(head))
+    return DiffView(base, head, d, markdown)
 
 
 @dataclass

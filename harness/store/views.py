@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from sqlalchemy import ColumnElement, Connection, Engine, Text, cast, func, literal_column, select
 
 from harness.outcome import CellRecord, key_spellings
 from harness.store.models import CellResult, Run, RunCounts, final_attempt, first_recorded
+
+T = TypeVar("T")
 
 REASON_CHARS = 400  # of a reason, enough for the one-line tooltips and tables; the cell page reads it whole
 # besides speedup (and latency for a diff); graphs_captured tells a CPU run's timings from a graph speedup
@@ -120,6 +122,11 @@ class Views:
                 out[run_id] = Counter({str(s): int(n) for s, n in (counts or {}).items()})
             out.update(tally(conn, [r for r in run_ids if r not in out]))
         return {r: out[r] for r in run_ids}
+
+    def derived(self, name: str, run_ids: list[int], build: Callable[[], T], *params: Hashable) -> T:
+        """What `build` computes from these runs' cells (a support summary, a diff): computed here each time; a
+        caching subclass (web.cache.KeptViews) keeps it per the runs' revisions, so it is exact."""
+        return build()
 
     def revisions(self, run_ids: list[int]) -> dict[int, int]:
         """How many writes each run has had (RunCounts.revision; 0 when it has no row): a cache of a run's cells

@@ -57,3 +57,41 @@ def test_page_cache_size_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("PCG_PAGE_CACHE_MB", "lots")
     with pytest.raises(ConfigError, match="PCG_PAGE_CACHE_MB='lots'"):
         page_cache_bytes()
+
+
+def test_derived_answers_are_built_once_per_revision_and_exact_after_a_write(tmp_path, monkeypatch) -> None:
+    """With the page cache off, the support summary, the grid, the diff and the API's encoded answers are built once
+    per the runs' revisions (a query string that asks nothing new rebuilds nothing), and a write to a run makes
+    the next read show it."""
+    from fastapi.testclient import TestClient
+    from web_seed import axes, key, seed
+
+    from harness.outcome import CellRecord
+    from harness.store import Store
+    from web import services
+    from web.app import create_app
+
+    monkeypatch.setenv("PCG_PAGE_CACHE_MB", "0")
+    url = f"sqlite:///{tmp_path / 'pcg.db'}"
+    seed(url)
+    built = {"support": 0, "diff": 0}
+    real_support, real_diff = services.support, services.diff_runs
+    monkeypatch.setattr(services, "support", lambda *a, **k: (built.__setitem__("support", built["support"] + 1),
+                                                             real_support(*a, **k))[1])
+    monkeypatch.setattr(services, "diff_runs", lambda *a, **k: (built.__setitem__("diff", built["diff"] + 1),
+                                                               real_diff(*a, **k))[1])
+    with TestClient(create_app(url)) as client:
+        for q in ("", "?x=1", "?x=2&y=3"):
+            assert client.get("/" + q).status_code == 200 and client.get("/api/support" + q).status_code == 200
+            assert client.get("/api/diff" + q).status_code == 200 and client.get("/diff" + q).status_code == 200
+        assert built == {"support": 1, "diff": 1}
+        before = client.get("/api/diff").json()
+        k = key("llama-3.1-8b:tiny", "piecewise")
+        with Store(url) as store:  # run 3 (the latest) gets a new attempt: a failure
+            store.record_result(3, CellRecord(key=k, axes=axes("llama-3.1-8b:tiny", "piecewise"), status="fail_run",
+                                              reason="planted after the first read", attempt=9))
+        after = client.get("/api/diff").json()
+        assert k not in {c["key"] for c in before["new_failures"]}
+        assert k in {c["key"] for c in after["new_failures"]}
+        assert "planted after the first read" in client.get("/").text
+        assert built == {"support": 2, "diff": 2}

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from harness.reports import cell_speedup
 from harness.reports.json_report import jsonable
 from web import services
-from web.deps import MAX_LIMIT, MAX_THRESHOLD, StoreDep, gc_paused
+from web.deps import MAX_LIMIT, MAX_THRESHOLD, StoreDep, gc_paused, kept_json
 from web.grid import CONFIG_AXES, DEFAULT_GROUP, Grid, parse_filters
 from web.schemas import (
     CellOut,
@@ -82,9 +82,12 @@ def get_matrix(request: Request, store: StoreDep, run: str = "latest", group: Gr
                ) -> MatrixOut:
     if group not in CONFIG_AXES:
         raise HTTPException(422, f"group {group!r}: choose one of {', '.join(CONFIG_AXES)}")
+    filters = _filters(request)
     with gc_paused():
-        v = services.matrix(store, run, group, _filters(request), hide_unsupported=unsupported == "hide")
-        return _matrix_out(v.run, v.grid)
+        v = services.matrix(store, run, group, filters, hide_unsupported=unsupported == "hide")
+        wanted = tuple(sorted((k, tuple(x)) for k, x in filters.items() if x))
+        return kept_json(request, "api_matrix", [v.run["id"]], lambda: _matrix_out(v.run, v.grid), group, wanted,
+                         unsupported, repr(v.run))
 
 
 def _tally(t: Tally) -> dict[str, Any]:
@@ -100,10 +103,8 @@ def _groups(groups: list[ReasonGroup]) -> list[dict[str, Any]]:
             summary="A run's support summary: cells by axis value (pass, fail, not supported), reasons grouped")
 def get_support(store: StoreDep, run: str = "latest") -> SupportOut:
     with gc_paused():
-        v = services.matrix(store, run, with_support=True)
-    s = v.support
-    assert s is not None
-    return SupportOut(run=run_out(v.run), tally=_tally(s.tally),
+        r, s = services.run_support(store, run)
+    return SupportOut(run=run_out(r), tally=_tally(s.tally),
                       by_axis={a: [{"value": x.value, "tally": _tally(x.tally)} for x in values]
                                for a, values in s.by_axis.items()},
                       failing=_groups(s.failing), failing_groups=s.failing_groups,
@@ -138,7 +139,7 @@ def get_cell(store: StoreDep, key: str, run: int | None = None) -> CellOut:
 
 @router.get("/diff", response_model=DiffOut,
             summary="What changed between two runs, new failures first (head defaults to latest, base to the run before)")
-def get_diff(store: StoreDep, base: str | None = None, head: str | None = None,
+def get_diff(request: Request, store: StoreDep, base: str | None = None, head: str | None = None,
              threshold: Annotated[float, Query(ge=0, le=MAX_THRESHOLD, allow_inf_nan=False)] = 0.10) -> DiffOut:
     with gc_paused():
         v = services.diff(store, base, head, threshold)
@@ -148,13 +149,17 @@ def get_diff(store: StoreDep, base: str | None = None, head: str | None = None,
         return [StatusChangeOut(key=c.key, axes=dict(c.axes), base_status=c.base_status, head_status=c.head_status,
                                 reason=c.reason) for c in cs]
 
-    return DiffOut(base=run_out(v.base), head=run_out(v.head), has_regression=d.has_regression,
-                   new_failures=changes(d.new_failures), fixes=changes(d.fixes), flips=changes(d.flips),
-                   speedup_changes=[SpeedupChangeOut(key=c.key, axes=dict(c.axes), base=c.base, head=c.head,
-                                                     rel_change=c.rel_change) for c in d.speedup_changes],
-                   latency_changes=[LatencyChangeOut(key=c.key, axes=dict(c.axes), base_ms=c.base, head_ms=c.head,
-                                                     rel_change=c.rel_change) for c in d.latency_changes],
-                   added=d.added, removed=d.removed, speedup_threshold=d.speedup_threshold, markdown=v.markdown)
+    def build() -> DiffOut:
+        return DiffOut(base=run_out(v.base), head=run_out(v.head), has_regression=d.has_regression,
+                       new_failures=changes(d.new_failures), fixes=changes(d.fixes), flips=changes(d.flips),
+                       speedup_changes=[SpeedupChangeOut(key=c.key, axes=dict(c.axes), base=c.base, head=c.head,
+                                                         rel_change=c.rel_change) for c in d.speedup_changes],
+                       latency_changes=[LatencyChangeOut(key=c.key, axes=dict(c.axes), base_ms=c.base, head_ms=c.head,
+                                                         rel_change=c.rel_change) for c in d.latency_changes],
+                       added=d.added, removed=d.removed, speedup_threshold=d.speedup_threshold, markdown=v.markdown)
+
+    with gc_paused():  # kept as the diff itself is: per run pair at their revisions
+        return kept_json(request, "api_diff", [v.base["id"], v.head["id"]], build, threshold, repr(v.base), repr(v.head))
 
 
 @router.get("/requests", response_model=RequestsOut, summary="The queue of requested models, with verdicts and status")
