@@ -18,7 +18,9 @@ from __future__ import annotations
 import atexit
 import json
 import multiprocessing
+import os
 import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
@@ -37,9 +39,21 @@ def _worker_pool() -> ProcessPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_exit_with_parent, initargs=(os.getpid(),))
             atexit.register(_pool.shutdown, wait=False, cancel_futures=True)
         return _pool
+
+
+def _exit_with_parent(parent: int) -> None:
+    """In the worker: exit when the server process is gone. A server killed (SIGKILL, OOM) runs no atexit, and
+    the worker would otherwise wait on its queue forever, holding its memory."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="pcg-upload-parent-watch", daemon=True).start()
 
 
 def parse_and_import(body: bytes, url: str | None, store: Store | None = None) -> dict[str, Any]:

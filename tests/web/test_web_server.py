@@ -96,3 +96,52 @@ def test_half_sent_requests_are_closed_and_never_block_new_ones(server):
     finally:
         for s in slow:
             s.close()
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def test_the_upload_worker_does_not_outlive_a_killed_server(tmp_path: Path):
+    """A server killed outright (no atexit) leaves no upload worker behind holding its memory."""
+    import json
+    import signal
+    db = tmp_path / "pcg.db"
+    seed(f"sqlite:///{db}")
+    port = _free_port()
+    env = {**os.environ, "PCG_UPLOAD_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "web", "--db", str(db), "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _get(port, "/api/runs", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.2)
+        body = json.dumps({"name": "x", "matrix": "m", "results": []}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/runs", data=body, method="POST",
+                                     headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 201
+        workers = _children(proc.pid)
+        assert workers, "the upload ran in no worker process"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{w}").exists() and "zombie" not in (Path(f"/proc/{w}/status").read_text()
+                                                               if Path(f"/proc/{w}/status").exists() else "zombie")
+              for w in workers):
+        assert time.monotonic() < deadline, f"upload worker(s) {workers} still running 10 s after the server died"
+        time.sleep(0.2)
