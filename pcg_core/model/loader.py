@@ -320,7 +320,8 @@ def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.devic
     if spec is not None:
         torch.manual_seed(0)  # the initial values are all overwritten; seeded so nothing depends on the global RNG
         model = _auto_class(config).from_config(config, dtype=dtype, **_implementation_kwargs(config))
-        load_quantized(model, path, spec, layers=config.num_hidden_layers)
+        # A VLM's config nests its text model's (get_text_config: the config itself for a text model)
+        load_quantized(model, path, spec, layers=config.get_text_config().num_hidden_layers)
     else:
         _check_16bit_files(Path(path), config_data.get("transformers_weights"))
         model = _auto_class(config).from_pretrained(path, config=config, dtype=dtype, **_implementation_kwargs(config))
