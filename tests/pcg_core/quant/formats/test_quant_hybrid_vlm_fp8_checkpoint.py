@@ -220,3 +220,37 @@ def test_a_trimmed_vlm_checkpoint_skips_the_layers_past_those_kept(vl_fp8):
     assert set(quantized_modules(model)) == {f"model.language_model.layers.0.{n}" for n in
                                              ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                               "self_attn.o_proj", "mlp.experts")}
+
+
+@pytest.mark.slow
+def test_qwen3_next_fp8_checkpoint_cell_passes(next_fp8):
+    """`pcgh cell` on the release-format checkpoint: real weights, fp8_block, the reference layer measured."""
+    from harness.cell import CellSpec, run_cell
+
+    path, _ = next_fp8
+    r = run_cell(CellSpec(str(path), weights="real", quant="fp8_block", graph="piecewise", max_tokens=16,
+                          max_new_tokens=4))
+    assert r.status == "pass", (r.status, r.reason)
+    assert r.metrics.quant_layers == len(NEXT_QUANTIZED) and r.metrics.reference.status == "pass"
+
+
+@pytest.mark.slow
+def test_qwen3_vl_fp8_checkpoint_cell_passes(vl_fp8):
+    from harness.cell import CellSpec, run_cell
+
+    path, _ = vl_fp8
+    r = run_cell(CellSpec(str(path), weights="real", quant="fp8_block", graph="breakable", max_tokens=16,
+                          max_new_tokens=4))
+    assert r.status == "pass", (r.status, r.reason)
+    assert r.metrics.quant_layers == 10 and r.metrics.reference.status == "pass"
+
+
+def test_a_trim_past_the_first_full_attention_layer_is_refused_for_real_weights(next_fp8):
+    """Synthetic weights trimmed to 1 layer get a full-attention one (a hybrid keeps one); the checkpoint's layer 0
+    is a Gated DeltaNet layer, so real weights trimmed so are refused naming the smallest trim, not loaded wrong."""
+    from pcg_core.errors import ConfigError
+
+    path, _ = next_fp8
+    with pytest.raises(ConfigError, match=r"layers 1 would make layer 0 \(a linear_attention layer.*keep at least 2"):
+        load_model(str(path), weights="real", layers=1, dtype=torch.float32)
+    assert len(load_model(str(path), weights="real", layers=2, dtype=torch.float32).model.model.layers) == 2
