@@ -96,3 +96,13 @@ def round_kv(twin: torch.nn.Module, attention: str, scales: Mapping[int, tuple[f
         if is_mla_attention(module):
             module.kv_a_layernorm.register_forward_hook(_round_latent(k_scale))
     return PREFIX + attention
+
+
+def text_only(config, implementation: str, others: str) -> str | dict[str, str]:
+    """`implementation` for the text model's attention, `others` for every other sub-model's (a VLM's vision
+    tower: it has no KV cache, so nothing to round and no scales), in the form transformers' config setter takes
+    (a dict keyed by sub-config, "" the top level); a text-only config gets `implementation` itself."""
+    subs = [k for k in getattr(config, "sub_configs", None) or {} if getattr(config, k, None) is not None]
+    if "text_config" not in subs:
+        return implementation
+    return {"": implementation, **{k: implementation if k == "text_config" else others for k in subs}}

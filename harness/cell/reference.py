@@ -36,7 +36,7 @@ import torch
 
 from harness.cell.diagnose import rel_diff
 from harness.cell.judge import LOGPROB_TOL
-from harness.cell.kv_reference import round_kv
+from harness.cell.kv_reference import round_kv, text_only
 from harness.cell.prompts import Case
 from harness.outcome import ReferenceCheck
 from pcg_core.attention.kv_cache import KVScales
@@ -108,7 +108,10 @@ def _hf_twin(model: torch.nn.Module, float32: bool, attention: str, nudge: bool 
     twin = make_twin(model, float32)
     uninstall_mla(twin)
     uninstall_gated_deltanet(twin)  # transformers' own Gated DeltaNet (its conv and delta rule, no state pool)
-    twin.config._attn_implementation = attention if kv_scales is None else round_kv(twin, attention, kv_scales)
+    if kv_scales is None:
+        twin.config._attn_implementation = attention
+    else:  # K and V rounded in the text model's attention only: a VLM's vision tower has no KV cache
+        twin.config._attn_implementation = text_only(twin.config, round_kv(twin, attention, kv_scales), attention)
     if nudge:
         twin.get_input_embeddings().register_forward_hook(_nudge)
     return twin

@@ -67,20 +67,24 @@ class KVCache:
         self.num_slots = self.num_pages * page_size  # whole pages
         self.pad_slot = self.num_slots
         layers = config.num_hidden_layers
+        # A hybrid model's linear-attention layers (Qwen3-Next's Gated DeltaNet: 3 of 4) keep a recurrent state of
+        # their own (pcg_core/linear_attention/state.py) and never touch this cache: K/V are allocated for the
+        # attention layers only, the list still indexed by decoder layer (None at a linear layer).
+        self.attention_layers = attention_layers(config)
+        kept = set(self.attention_layers)
         # MLA (DeepSeek-V3, Kimi-K2): one latent row per token, the normed compressed KV then the rotated shared
         # key part; keys are the whole row (one KV head), values its first kv_lora_rank columns — a view, no copy.
         self.latent = bool(getattr(config, "kv_lora_rank", None))
         if self.latent:
-            rank = config.kv_lora_rank
-            self.k = [torch.zeros(self.num_slots + 1, 1, rank + config.qk_rope_head_dim, dtype=store, device=device)
-                      for _ in range(layers)]
-            self.v = [k[..., :rank] for k in self.k]
+            shape = (self.num_slots + 1, 1, config.kv_lora_rank + config.qk_rope_head_dim)
+            self.k = [torch.zeros(shape, dtype=store, device=device) if i in kept else None for i in range(layers)]
+            self.v = [None if k is None else k[..., :config.kv_lora_rank] for k in self.k]
         else:
             n_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
             shape = (self.num_slots + 1, n_kv, head_dim)
-            self.k = [torch.zeros(shape, dtype=store, device=device) for _ in range(layers)]
-            self.v = [torch.zeros(shape, dtype=store, device=device) for _ in range(layers)]
+            self.k = [torch.zeros(shape, dtype=store, device=device) if i in kept else None for i in range(layers)]
+            self.v = [torch.zeros(shape, dtype=store, device=device) if i in kept else None for i in range(layers)]
         # Per-layer scales at fixed addresses (1 until set_scales: what a graph captured before them must not keep).
         self.k_scale = torch.ones(layers, dtype=torch.float32, device=device)
         self.v_scale = self.k_scale if self.latent else torch.ones(layers, dtype=torch.float32, device=device)
@@ -97,9 +101,10 @@ class KVCache:
         captured before see them). Every layer needs positive finite scales; a latent cache takes one per layer,
         so its k and v entries must be equal."""
         layers = len(self.k)
-        check_kv_scales(scales, layers, self.latent)
-        k = torch.tensor([float(scales[i][0]) for i in range(layers)], dtype=torch.float32)
-        v = torch.tensor([float(scales[i][1]) for i in range(layers)], dtype=torch.float32)
+        check_kv_scales(scales, layers, self.latent, attention=self.attention_layers)
+        got = {i: scales[i] for i in self.attention_layers}  # a linear-attention layer's scale is never read: 1
+        k = torch.tensor([float(got[i][0]) if i in got else 1.0 for i in range(layers)], dtype=torch.float32)
+        v = torch.tensor([float(got[i][1]) if i in got else 1.0 for i in range(layers)], dtype=torch.float32)
         self.k_scale.copy_(k)
         if not self.latent:
             self.v_scale.copy_(v)
@@ -107,7 +112,7 @@ class KVCache:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Store K and V rows in their slots, quantized with this layer's scales where the cache is FP8 (a latent
         cache stores K only: its V is a view of K's first columns, and so is the v it is handed)."""
-        k_cache, v_cache = self.k[layer], self.v[layer]
+        k_cache, v_cache = self._layer(layer)
         if not self.quantized:
             k_cache.index_copy_(0, slot_mapping, k.to(k_cache.dtype))
             if not self.latent:
@@ -122,7 +127,7 @@ class KVCache:
         """This layer's keys and values, [S, Hkv, D] each, in the compute dtype: rows [:num_slots] (the pad slot
         left out), or the rows `index` lists. A 16-bit cache hands out its own tensors (views, or the rows
         selected); an FP8 one dequantizes them (one latent row dequantized once, values its first columns)."""
-        k, v = self.k[layer], self.v[layer]
+        k, v = self._layer(layer)
         if not self.quantized:
             if index is None:
                 return k[: self.num_slots], v[: self.num_slots]
@@ -133,6 +138,13 @@ class KVCache:
         if self.latent:
             return keys, keys[..., : v.shape[-1]]
         return keys, dequantize_kv(pick(v), self.v_scale[layer], self.dtype)
+
+    def _layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self.k[layer]
+        if k is None:
+            raise ValueError(f"layer {layer} is a linear-attention layer: it keeps a recurrent state, not a KV cache "
+                             f"(the cache's attention layers: {list(self.attention_layers)})")
+        return k, self.v[layer]
 
     def reset(self, page_order: list[int] | None = None) -> None:
         """Forget all sequences (the tensors keep their addresses, so captured graphs stay valid). page_order:
@@ -173,17 +185,31 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         tensors = self.k if self.latent else self.k + self.v  # a latent cache's values are views of its keys
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     @property
     def bytes_per_token(self) -> int:
-        """KV memory one token takes over all layers (MLA: (kv_lora_rank + qk_rope_head_dim) × layers × dtype)."""
+        """KV memory one token takes over all attention layers (MLA: (kv_lora_rank + qk_rope_head_dim) × layers ×
+        dtype; a hybrid's linear-attention layers take none)."""
         return self.nbytes // (self.num_slots + 1)
 
 
-def check_kv_scales(scales: object, layers: int, latent: bool = False, where: str = "pcg_kv_scales") -> None:
-    """ConfigError (field kv_cache) unless `scales` maps every decoder layer 0..layers-1 to two positive finite
-    floats (equal ones for a latent cache); layers past the model's (a trimmed model's) are allowed."""
+def attention_layers(config: PretrainedConfig) -> tuple[int, ...]:
+    """The decoder layers that attend over a KV cache: every layer, but a hybrid's `linear_attention` ones
+    (config.layer_types, Qwen3-Next's)."""
+    types = getattr(config, "layer_types", None)
+    layers = config.num_hidden_layers
+    if not isinstance(types, (list, tuple)):
+        return tuple(range(layers))
+    return tuple(i for i in range(layers) if i >= len(types) or types[i] != "linear_attention")
+
+
+def check_kv_scales(scales: object, layers: int, latent: bool = False, where: str = "pcg_kv_scales",
+                    attention: tuple[int, ...] | None = None) -> None:
+    """ConfigError (field kv_cache) unless `scales` maps every attention layer (`attention`, default every decoder
+    layer 0..layers-1) to two positive finite floats (equal ones for a latent cache); other layers (past a trimmed
+    model's, or a hybrid's linear-attention ones) are allowed."""
+    attention = tuple(range(layers)) if attention is None else attention
     fix = ("a dict {layer: (k_scale, v_scale)}, k ≈ k_fp8 · k_scale, from the checkpoint's k/v scales or "
            "pcg_core.engine.kv_scales.calibrate_kv_scales")
     if not isinstance(scales, Mapping):
@@ -192,10 +218,10 @@ def check_kv_scales(scales: object, layers: int, latent: bool = False, where: st
     if bad_keys:
         raise ConfigError(f"{where}: layer keys must be non-negative ints, got {bad_keys[:3]!r}; expected {fix}",
                           field="kv_cache")
-    missing = [i for i in range(layers) if i not in scales]
+    missing = [i for i in attention if i not in scales]
     if missing:
         raise ConfigError(f"{where}: no KV scales for layer(s) {missing[:8]} of {layers}; expected {fix}", field="kv_cache")
-    for i in range(layers):
+    for i in attention:
         pair = scales[i]
         try:
             ks, vs = (float(x) for x in pair)

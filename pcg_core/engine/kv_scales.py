@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from pcg_core.attention.kv_cache import FP8_MAX, KVCache, KVScales, check_kv_scales
+from pcg_core.attention.kv_cache import FP8_MAX, KVCache, KVScales, attention_layers, check_kv_scales
 from pcg_core.errors import ConfigError
 
 ATTRIBUTE = "pcg_kv_scales"
@@ -30,18 +30,20 @@ class _Engine(Protocol):
 
 
 def kv_scales_of(model: torch.nn.Module, cache: KVCache | None = None) -> dict[int, tuple[float, float]]:
-    """The model's KV scales, checked against `cache` (or the model's config): every layer, positive finite, one per
-    layer for MLA."""
-    layers = len(cache.k) if cache is not None else model.config.num_hidden_layers
-    latent = cache.latent if cache is not None else bool(getattr(model.config, "kv_lora_rank", None))
+    """The model's KV scales, checked against `cache` (or the model's text config): every attention layer (a hybrid's
+    linear-attention layers have no KV cache), positive finite, one per layer for MLA."""
+    text = model.config.get_text_config()  # a VLM's text model: only it has a KV cache
+    layers = len(cache.k) if cache is not None else text.num_hidden_layers
+    attention = cache.attention_layers if cache is not None else attention_layers(text)
+    latent = cache.latent if cache is not None else bool(getattr(text, "kv_lora_rank", None))
     scales = getattr(model, ATTRIBUTE, None)
     if scales is None:
         raise ConfigError("kv_cache fp8_e4m3 needs per-layer K/V scales and the model has none: the checkpoint declares "
                           f"no FP8 KV cache and nothing set `model.{ATTRIBUTE}`; calibrate them with "
                           "pcg_core.engine.kv_scales.calibrate_kv_scales (the cell runner does for synthetic weights) "
                           "or use kv_cache auto", field="kv_cache")
-    check_kv_scales(scales, layers, latent, where=f"model.{ATTRIBUTE}")
-    return {i: (float(scales[i][0]), float(scales[i][1])) for i in range(layers)}
+    check_kv_scales(scales, layers, latent, where=f"model.{ATTRIBUTE}", attention=attention)
+    return {i: (float(scales[i][0]), float(scales[i][1])) for i in attention}
 
 
 def scales_from_cache(cache: KVCache) -> dict[int, tuple[float, float]]:
@@ -50,7 +52,7 @@ def scales_from_cache(cache: KVCache) -> dict[int, tuple[float, float]]:
     if cache.quantized:
         raise ValueError("calibration reads a 16-bit KV cache; this one is FP8")
     out = {}
-    for i in range(len(cache.k)):
+    for i in cache.attention_layers:
         keys, values = cache.read(i)
         k, v = (float(t.abs().amax().float()) if t.numel() else 0.0 for t in (keys, values))
         if cache.latent:
@@ -72,7 +74,9 @@ def calibrate_kv_scales(engine: _Engine, prompts: list[list[int]],
 
 
 def set_kv_scales(model: torch.nn.Module, scales: KVScales) -> None:
-    """Put checked scales on the model, where every engine built on it reads them."""
-    layers = model.config.num_hidden_layers
-    check_kv_scales(scales, layers, bool(getattr(model.config, "kv_lora_rank", None)), where=ATTRIBUTE)
+    """Put checked scales on the model, where every engine built on it reads them (one per attention layer of its
+    text model)."""
+    text = model.config.get_text_config()
+    check_kv_scales(scales, text.num_hidden_layers, bool(getattr(text, "kv_lora_rank", None)), where=ATTRIBUTE,
+                    attention=attention_layers(text))
     setattr(model, ATTRIBUTE, {int(i): (float(k), float(v)) for i, (k, v) in scales.items()})

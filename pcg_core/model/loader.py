@@ -309,7 +309,9 @@ def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str
 
 
 def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.device, layers: int | None) -> torch.nn.Module:
-    config_data = shrink_config(read_config_file(path), layers=layers)
+    full = read_config_file(path)
+    config_data = shrink_config(full, layers=layers)
+    _check_real_trim(full, config_data, path)
     # Before transformers sees it: a format it does not know (ModelOpt, w8a8_int8) it would load as unquantized.
     spec = detect_quantization(config_data, path)
     config = build_config(config_data, where=str(path))
@@ -320,7 +322,8 @@ def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.devic
     if spec is not None:
         torch.manual_seed(0)  # the initial values are all overwritten; seeded so nothing depends on the global RNG
         model = _auto_class(config).from_config(config, dtype=dtype, **_implementation_kwargs(config))
-        load_quantized(model, path, spec, layers=config.num_hidden_layers)
+        # A VLM's config nests its text model's (get_text_config: the config itself for a text model)
+        load_quantized(model, path, spec, layers=config.get_text_config().num_hidden_layers)
     else:
         _check_16bit_files(Path(path), config_data.get("transformers_weights"))
         model = _auto_class(config).from_pretrained(path, config=config, dtype=dtype, **_implementation_kwargs(config))
@@ -328,6 +331,33 @@ def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.devic
     install_dense_deepstack(model)
     install_gated_deltanet(model)
     return model.to(device).eval().requires_grad_(False)  # .to(): device_map would need accelerate
+
+
+def _layer_types(d: dict[str, Any]) -> list[str] | None:
+    """A text config's layer types, written out from full_attention_interval where it leaves them implicit."""
+    types, interval, depth = d.get("layer_types"), d.get("full_attention_interval"), d.get("num_hidden_layers")
+    if isinstance(types, list):
+        return types
+    if isinstance(interval, int) and interval > 0 and isinstance(depth, int):
+        return ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(depth)]
+    return None
+
+
+def _check_real_trim(full: dict[str, Any], trimmed: dict[str, Any], path: str) -> None:
+    """Trimmed real weights keep each layer what the checkpoint holds. A hybrid trimmed past its first full-attention
+    layer gets its last layer made full (_trim_hybrid: a model of linear layers only is not the architecture), for
+    which the checkpoint has no weights: loaded, it would be refused tensor by tensor (quantized) or initialized at
+    random by transformers (16-bit). Refused here, naming the smallest trim that keeps the checkpoint's layers."""
+    before, after = _layer_types(full.get("text_config") or full), _layer_types(trimmed.get("text_config") or trimmed)
+    if before is None or after is None:
+        return
+    changed = [i for i, kind in enumerate(after) if i < len(before) and before[i] != kind]
+    if changed:
+        first = next((i for i, kind in enumerate(before) if kind == "full_attention"), None)
+        i = changed[0]
+        raise ConfigError(f"{path}: layers {len(after)} would make layer {i} (a {before[i]} layer in the checkpoint) "
+                          f"{after[i]} to keep one full-attention layer, and the checkpoint has no weights for that; "
+                          f"keep at least {first + 1 if first is not None else len(before)} layers", field="layers")
 
 
 def _check_16bit_files(path: Path, named: str | None) -> None:

@@ -43,6 +43,17 @@ def record_input_absmax(model: torch.nn.Module) -> Iterator[dict[str, float]]:
 _KV_CALIBRATION = "pcg_kv_calibration"
 
 
+def _attention_settings(config) -> tuple[str | dict, str | dict]:
+    """(the model's attention implementations as they are, the calibration's): a VLM's recorded in its text model
+    only and every sub-model's restored as it was (its vision tower keeps its own, SDPA), in the dict form
+    set_attn_implementation takes; a text model's as one name."""
+    subs = [k for k in getattr(config, "sub_configs", None) or {} if getattr(config, k, None) is not None]
+    if "text_config" not in subs:
+        return config._attn_implementation, _KV_CALIBRATION
+    previous = {"": config._attn_implementation, **{k: getattr(config, k)._attn_implementation for k in subs}}
+    return previous, {**previous, "": _KV_CALIBRATION, "text_config": _KV_CALIBRATION}
+
+
 def producer_kv_scales(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[int, tuple[float, float]]:
     """{decoder layer index: (k_scale, v_scale)}, each the absmax of what that layer's KV cache holds over a forward
     of `input_ids` [1, T], divided by FP8 e4m3's 448: a producer's FP8 KV-cache calibration (ModelOpt's, without
@@ -68,13 +79,14 @@ def producer_kv_scales(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register(_KV_CALIBRATION, recording)
-    handles, absorbed = [], {}
+    handles = []
+    # pcg's own forwards, installed per instance (MLA's absorbed one, Qwen3-Next's Gated DeltaNet over the split op),
+    # run inside pcg's engine only: transformers' own run here.
+    own = {mod: mod.__dict__.pop("forward") for mod in model.modules() if "forward" in mod.__dict__}
     for idx, (name, mla) in attention_modules(model).items():
         if not mla:
             continue
         mod = model.get_submodule(name)
-        if "forward" in mod.__dict__:  # pcg's absorbed forward (it runs in pcg's engine): transformers' own here
-            absorbed[mod] = mod.__dict__.pop("forward")
         rank = mod.kv_lora_rank
 
         def latent(_m, _a, out, idx=idx):
@@ -86,15 +98,15 @@ def producer_kv_scales(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[
             pairs = torch.cat([torch.hypot(r[..., :half], r[..., half:]), torch.hypot(r[..., 0::2], r[..., 1::2])], -1)
             keep(idx, float(pairs.max()), 0.0)
         handles += [mod.kv_a_layernorm.register_forward_hook(latent), mod.kv_a_proj_with_mqa.register_forward_hook(rope_part)]
-    previous = model.config._attn_implementation
+    previous, recording_one = _attention_settings(model.config)
     try:
-        model.set_attn_implementation(_KV_CALIBRATION)
+        model.set_attn_implementation(recording_one)
         with torch.no_grad():
             model(input_ids=input_ids, use_cache=False)
     finally:
         model.set_attn_implementation(previous)
         for h in handles:
             h.remove()
-        for mod, forward in absorbed.items():
+        for mod, forward in own.items():
             mod.forward = forward
     return {idx: (k / FP8_E4M3_MAX, (v or k) / FP8_E4M3_MAX) for idx, (k, v) in sorted(seen.items())}

@@ -35,7 +35,9 @@ from pcg_core.quant.layers.linear import QuantLinear
 from pcg_core.quant.schemes.w8a8 import Scheme, quantize_weight
 from pcg_core.quant.formats.kv_scales import declare_kv_cache, kv_scale_tensors, read_kv_scales
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+# A decoder layer's tensors, a text model's (model.layers.N) or a VLM's (model.language_model.layers.N): those past
+# the layers kept are skipped, not refused.
+_LAYER = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.")
 
 
 @dataclass
@@ -89,7 +91,7 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     if spec.kv_cache is not None:
         report.kv_scales = read_kv_scales(model, tensors, spec.kv_cache, layout.file_key)
         model.pcg_kv_scales = dict(report.kv_scales)
-    _check_all_used(tensors, layers, report, spec)
+    _check_all_used(tensors, layers, report, spec, unexpected_ok(model))
     if not report.quantized:
         four = spec.int4 or spec.fp4
         stored = (f"stored in 4 bits ({four.packed_key('<linear>')})" if four else "stored in 8 bits"
@@ -182,10 +184,18 @@ def _load_rest(model: torch.nn.Module, tensors: CheckpointTensors, layout: Exper
             param.copy_(t.to(param.dtype))
 
 
-def _check_all_used(tensors: CheckpointTensors, layers: int | None, report: LoadReport, spec: QuantSpec) -> None:
+def unexpected_ok(model: torch.nn.Module) -> tuple[re.Pattern, ...]:
+    """The tensors transformers itself leaves unread in this model's checkpoints without a word (its class's
+    `_keys_to_ignore_on_load_unexpected`, searched as transformers searches them): Qwen3-Next's multi-token-
+    prediction head `mtp.*`, which its checkpoints carry (8-bit in an FP8 one) and its model has no module for."""
+    return tuple(re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
+
+
+def _check_all_used(tensors: CheckpointTensors, layers: int | None, report: LoadReport, spec: QuantSpec,
+                    unexpected: tuple[re.Pattern, ...] = ()) -> None:
     left = []
     for k in tensors.keys():
-        if k in tensors.used:
+        if k in tensors.used or any(p.search(k) for p in unexpected):
             continue
         m = _LAYER.match(k)
         if layers is not None and m and int(m.group(1)) >= layers:

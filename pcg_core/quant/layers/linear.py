@@ -141,12 +141,14 @@ def _cuda_linear(x: torch.Tensor, mod: QuantLinear) -> torch.Tensor:
 
 def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Scheme, skip: tuple[str, ...] = ("lm_head",),
                    input_absmax: dict[str, float] | None = None) -> list[str]:
-    """Swap every nn.Linear of `model` (but those whose name ends with one of `skip`) for a QuantLinear holding
+    """Swap every nn.Linear of `model` (but those whose name ends with one of `skip`, those its checkpoints keep in
+    16 bits (kept_16bit) and a VLM's vision tower) for a QuantLinear holding
     its weight quantized (Int4Linear, W4A8Linear, Fp4Linear for the 4-bit schemes), and quantize fused MoE experts
     in place (experts.py): what a synthetic cell runs. Returns the names quantized. A static scheme needs the
     calibrated input absmax (calibrate.record_input_absmax)."""
     if not scheme.act_dynamic and input_absmax is None:
         raise ValueError(f"{scheme.name} has static activation scales: pass input_absmax from a calibration run")
+    skip = tuple(skip) + kept_16bit(model)
     if isinstance(scheme, Fp4Scheme):
         return _quantize_fp4(model, scheme, skip)
     tower = vision_tower_prefixes(model)  # a VLM's vision tower stays 16-bit, as its checkpoints keep it
@@ -177,6 +179,24 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Sche
         setattr(model.get_submodule(parent) if parent else model, attr, QuantLinear.from_linear(mod, scheme, static))
         swapped.append(name)
     return swapped
+
+
+# Linears a model's published quantized checkpoints keep in 16 bits (their quantization_config's
+# modules_to_not_convert / ignore), by model_type, as name suffixes. Qwen/Qwen3-Next-80B-A3B-Instruct-FP8 lists, in
+# every layer, linear_attn.in_proj_ba (β and the decay's input: 2 × 32 heads = 64 rows, not one 128-row FP8 block)
+# and the MoE's scalar mlp.shared_expert_gate (1 row), beside norms, conv1d, A_log, dt_bias and the router (not
+# linears); in_proj_qkvz, out_proj, the full-attention and shared-expert projections and the experts are FP8.
+# A synthetic cell quantizes what a real checkpoint does, so its cost and kernels are the real model's.
+KEPT_16BIT: dict[str, tuple[str, ...]] = {
+    "qwen3_next": ("linear_attn.in_proj_ba", "mlp.shared_expert_gate"),
+}
+
+
+def kept_16bit(model: torch.nn.Module) -> tuple[str, ...]:
+    """Name suffixes of the linears `model`'s quantized checkpoints keep in 16 bits (KEPT_16BIT; () if none)."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    return KEPT_16BIT.get(getattr(text, "model_type", None), ())
 
 
 def vision_tower_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
