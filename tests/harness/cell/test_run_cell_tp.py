@@ -1,0 +1,47 @@
+"""A TP=2 cell as the launcher runs it: two processes (gloo ranks) with torch's env:// variables, each calling
+run_cell(spec) with the same spec; both return the same outcome (rank 0's is the one recorded)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cell.run import run_cell
+from harness.cell.spec import CellSpec
+from harness.outcome import Status
+from pcg_core.errors import ConfigError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "pcg_core" / "distributed"))
+from tp_ranks import run_ranks  # noqa: E402
+
+SMALL = {"tiny": True, "max_tokens": 64, "max_new_tokens": 2, "latency_repeat": 1}
+
+
+def cells_on_rank(rank: int) -> dict:
+    out = {}
+    for graph in ("piecewise", "breakable"):
+        o = run_cell(CellSpec("llama-3.1-8b", graph=graph, parallel="tp2", **SMALL))
+        out[graph] = (o.status, o.reason, o.metrics.pieces, o.metrics.max_prompt_logprob_diff)
+    o = run_cell(CellSpec("deepseek-v3", graph="piecewise", parallel="tp2", **SMALL))
+    out["deepseek"] = (o.status, o.reason)
+    return out
+
+
+@pytest.mark.slow
+def test_llama_tp2_cells_pass_on_both_ranks_and_mla_is_unsupported_with_the_reason():
+    ranks = run_ranks(cells_on_rank)
+    assert ranks[0] == ranks[1]  # the ranks agree on everything the outcome records
+    for graph in ("piecewise", "breakable"):
+        status, reason, pieces, _ = ranks[0][graph]
+        assert status == Status.PASS, (graph, reason)
+        assert pieces == 7  # 2 layers: 2 attentions and 4 all-reduces cut the forward into 7
+    status, reason = ranks[0]["deepseek"]
+    assert status == Status.UNSUPPORTED and "MLA attention is not sharded" in reason
+
+
+def test_a_tp2_cell_in_a_single_process_says_how_to_start_it(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match="runs as 2 processes, one per rank.*pcgh cell --parallel"):
+        run_cell(CellSpec("llama-3.1-8b", parallel="tp2", **SMALL))
