@@ -20,6 +20,14 @@ REPLICATED = ("replicated_with_grad_allreduce", "embedding_rowwise", "replicate"
 # Styles on fused experts (5.17 TP plan, 5.25 EP plan): pcg's expert rule shards them instead.
 EXPERT_STYLES = ("packed_colwise", "moe_tp_experts", "grouped_gemm", "ep_dispatch_experts", "ep_router",
                  "local_colwise", "local_rowwise", "local_packed_rowwise", "gather")
+# pcg's own plan entries where transformers' plan lacks them (5.17's DeepSeek-V3 plan shards only its MLPs): MLA
+# heads sharded as its q/kv_b rows (per head: nope then rope, nope then v) and o_proj's columns; the latent
+# projection and its norm stay whole, so every rank keeps the whole latent cache.
+PCG_PLANS: dict[str, dict[str, str]] = {
+    "deepseek_v3": {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.q_b_proj": "colwise",
+                    "layers.*.self_attn.kv_a_proj_with_mqa": "replicate", "layers.*.self_attn.kv_b_proj": "colwise",
+                    "layers.*.self_attn.o_proj": "rowwise"},
+}
 TP_DEGREES = (1, 2)  # tensor-parallel sizes run today; larger ones wait for a multi-GPU run (issue 40)
 
 
@@ -29,9 +37,13 @@ def plan_regex(key: str) -> re.Pattern[str]:
 
 
 def decoder_plan(config: Any) -> dict[str, str]:
-    """transformers' TP plan of the model's decoder (keys relative to it), {} when it has none."""
+    """transformers' TP plan of the model's decoder (keys relative to it), pcg's entries (PCG_PLANS) added where it
+    has none for a module; {} when neither has one."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return dict(getattr(text, "base_model_tp_plan", None) or {})
+    plan = dict(getattr(text, "base_model_tp_plan", None) or {})
+    for key, style in PCG_PLANS.get(getattr(text, "model_type", ""), {}).items():
+        plan.setdefault(key, style)
+    return plan
 
 
 def style_for(plan: dict[str, str], name: str) -> str | None:
@@ -43,15 +55,13 @@ def style_for(plan: dict[str, str], name: str) -> str | None:
 
 def tp_unsupported_reason(config: Any, tp: int) -> str | None:
     """Why a model with `config` cannot run at tensor parallelism `tp`, or None: the degree, what the sharding
-    does not cover yet (MLA heads, linear attention, vision towers, sinks), and head counts it does not divide."""
+    does not cover yet (linear attention, vision towers, sinks), and head counts it does not divide."""
     if tp == 1:
         return None
     if tp not in TP_DEGREES:
         return f"tensor parallelism {tp}: the runtime runs TP {', '.join(map(str, TP_DEGREES))} only so far"
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
-    if getattr(text, "kv_lora_rank", None):
-        return f"tp{tp}: {arch}'s MLA attention is not sharded by head yet (its latent cache and absorbed weights)"
     if getattr(text, "linear_num_value_heads", None):
         return f"tp{tp}: {arch}'s linear-attention (Gated DeltaNet) layers are not sharded by head yet"
     if getattr(config, "vision_config", None) is not None:

@@ -24,21 +24,21 @@ def cells_on_rank(rank: int) -> dict:
     for graph in ("piecewise", "breakable"):
         o = run_cell(CellSpec("llama-3.1-8b", graph=graph, parallel="tp2", **SMALL))
         out[graph] = (o.status, o.reason, o.metrics.pieces, o.metrics.max_prompt_logprob_diff)
-    o = run_cell(CellSpec("deepseek-v3", graph="piecewise", parallel="tp2", **SMALL))
-    out["deepseek"] = (o.status, o.reason)
+    o = run_cell(CellSpec("qwen3-next-80b-a3b", graph="piecewise", parallel="tp2", **SMALL))
+    out["linear"] = (o.status, o.reason)
     return out
 
 
 @pytest.mark.slow
-def test_llama_tp2_cells_pass_on_both_ranks_and_mla_is_unsupported_with_the_reason():
+def test_llama_tp2_cells_pass_on_both_ranks_and_linear_attention_is_unsupported_with_the_reason():
     ranks = run_ranks(cells_on_rank)
     assert ranks[0] == ranks[1]  # the ranks agree on everything the outcome records
     for graph in ("piecewise", "breakable"):
         status, reason, pieces, _ = ranks[0][graph]
         assert status == Status.PASS, (graph, reason)
         assert pieces == 7  # 2 layers: 2 attentions and 4 all-reduces cut the forward into 7
-    status, reason = ranks[0]["deepseek"]
-    assert status == Status.UNSUPPORTED and "MLA attention is not sharded" in reason
+    status, reason = ranks[0]["linear"]
+    assert status == Status.UNSUPPORTED and "linear-attention (Gated DeltaNet) layers are not sharded" in reason
 
 
 def test_a_tp2_cell_in_a_single_process_says_how_to_start_it(monkeypatch):

@@ -99,8 +99,8 @@ def test_moe_experts_keep_every_expert_with_a_slice_of_its_intermediate():
     assert tp.all_reduces == 2 and type(lm.model.model.layers[0].self_attn.o_proj) is RowParallelLinear
 
 
-@pytest.mark.parametrize("arch,words", [("deepseek-v3", "MLA attention is not sharded"),
-                                        ("qwen3-next-80b-a3b", "linear-attention"),
+@pytest.mark.parametrize("arch,words", [("qwen3-next-80b-a3b", "linear-attention"),
+                                        ("qwen2.5-vl-7b", "vision tower"),
                                         ("gpt-oss-120b", "gpt-oss")])
 def test_models_the_plan_does_not_cover_are_refused_with_the_reason(arch, words):
     from harness.cards import find_card
@@ -116,3 +116,17 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused():
     with pytest.raises(UnsupportedModel, match="does not divide the heads"):
         shard_model(lm.model, PAIR)
     assert "TP 1, 2 only" in tp_unsupported_reason(lm.model.config, 4)
+
+
+def test_mla_heads_are_sharded_and_the_latent_stays_whole():
+    """DeepSeek-V3: q_b and kv_b rows by head, o_proj's columns; the latent projection (one row per token, the
+    cache's) whole on every rank. Layer 0 dense (2 all-reduces), layer 1 MoE: attention, shared expert, experts."""
+    from pcg_helpers import CONFIGS
+    from pcg_core import load_model
+
+    lm = load_model(CONFIGS / "deepseek-ai__DeepSeek-V3.json", tiny=True)
+    attn = lm.model.model.layers[1].self_attn
+    kv_b, kv_a = attn.kv_b_proj.weight.clone(), attn.kv_a_proj_with_mqa.weight.clone()
+    tp = shard_model(lm.model, ParallelGroup(rank=1, size=2, name="test-pair", backend="gloo"))
+    assert attn.num_heads == 2 and torch.equal(attn.kv_b_proj.weight, kv_b[kv_b.shape[0] // 2:])
+    assert torch.equal(attn.kv_a_proj_with_mqa.weight, kv_a) and tp.all_reduces == 5

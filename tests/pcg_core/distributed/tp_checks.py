@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from pcg_helpers import make_engine, prompts_of, tiny_model
+from pcg_helpers import CONFIGS, make_engine, prompts_of, tiny_model
+from pcg_core import load_model
 from pcg_core.distributed import init_from_env, shard_model
+
+EXTRA = {"deepseek-v3": "deepseek-ai__DeepSeek-V3.json"}  # beside pcg_helpers' table: MLA, a dense then a MoE layer
 
 NEW_TOKENS = 3
 
@@ -32,9 +35,9 @@ def _diff(a: dict, b: dict) -> dict:
 def measure(rank: int, arch: str, faults: bool) -> dict:
     group = init_from_env("cpu")
     prompts = prompts_of([5, 11, 2], 2048, seed=1)
-    lm = tiny_model(arch)
+    lm = load_model(CONFIGS / EXTRA[arch], tiny=True) if arch in EXTRA else tiny_model(arch)
     tp1 = _run(lm.model, "disabled", prompts)
-    q_full = lm.model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    q_full = lm.model.model.layers[0].self_attn.q_proj.weight.detach().clone() if faults else None
     record = shard_model(lm.model, group)
     tp2 = _run(lm.model, "disabled", prompts)
     out = {"rank": rank, "tp2_vs_tp1": _diff(tp2, tp1), "all_reduces": record.all_reduces,
