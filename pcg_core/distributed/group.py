@@ -68,10 +68,16 @@ def init_from_env(device: str) -> ParallelGroup | None:
         if backend == "nccl":
             torch.cuda.set_device(torch.device(rank_device(device)))
         dist.init_process_group(backend=backend, init_method="env://", timeout=TIMEOUT)
-    group = dist.group.WORLD
+    return register_group(dist.group.WORLD)
+
+
+def register_group(group: dist.ProcessGroup) -> ParallelGroup:
+    """Make `group` (set up by the caller: the world, or a world of one on a single GPU) reachable by name from
+    pcg::all_reduce_, and describe it."""
     name = group.group_name
     _GROUPS[name] = group
-    return ParallelGroup(rank=dist.get_rank(), size=dist.get_world_size(), name=name, backend=dist.get_backend())
+    return ParallelGroup(rank=dist.get_rank(group), size=dist.get_world_size(group), name=name,
+                         backend=dist.get_backend(group))
 
 
 def get_group(name: str) -> dist.ProcessGroup:
