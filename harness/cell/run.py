@@ -19,7 +19,7 @@ from harness.cell.diagnose import LockstepStats, first_diverging_piece, lockstep
 from harness.cell.judge import (KL_TOL, LOGPROB_TOL, SAME_PADDING_RTOL_EAGER, Judgement, compare, logprob_bound,
                                 same_padding_rtol, tie_margin)
 from harness.cell.padding import FP32_PADDING_RTOL, float32_padding_rel
-from harness.cell.parallel import parallel_group
+from harness.cell.parallel import parallel_group, tp1_prompt_logprob_diff
 from harness.cell.prompts import Case, latency_token_counts, prompt_suite, repeat_of
 from harness.cell.reference import reference_layer
 from harness.cell.spec import CellSpec
@@ -273,6 +273,23 @@ def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
     return eager, ref
 
 
+def _tp1(cell: _Cell, ref: Outputs) -> None:
+    """A tensor-parallel cell's eager against the same synthetic weights unsharded in this process (TP=1): a wrong
+    shard or a missing all-reduce fails here, where graph = eager at the same TP cannot see it."""
+    s, case = cell.spec, cell.cases[0]
+    try:
+        full = load_model(resolve_model(s), layers=s.layers, tiny=s.tiny, weights=s.weights, dtype=cell.config.torch_dtype,
+                          device=s.device, seed=s.seed, peaked=s.peaked).model
+        diff = tp1_prompt_logprob_diff(full, replace(cell.config, kv_slots=cell.kv_slots), case, ref[case.name])
+    except Exception as e:  # noqa: BLE001 - the unsharded model is eager too
+        raise _crash(Status.EAGER_FAIL, e) from e
+    cell.metrics.tp1_logprob_diff = round(diff, 9)
+    if not diff <= cell.tol:
+        raise _Stop(Status.FAIL_ACCURACY, f"{s.parallel} eager differs from tp1 eager (the same weights unsharded) by "
+                                          f"{diff:.3g} in prompt logprob > {cell.tol:g} on {case.name}: a shard or a "
+                                          "collective is wrong")
+
+
 def _reference(cell: _Cell, ref: Outputs) -> None:
     """The reference layer (reference.py): eager against transformers' forward and the kernels' reference math,
     before capture, while the GPU holds only the model and eager's cache."""
@@ -492,6 +509,8 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
         _load(cell)
         phase("eager")
         eager, ref = _eager_reference(cell)
+        if cell.group is not None and cell.lm.synthetic:
+            _tp1(cell, ref)
         phase("reference")
         _reference(cell, ref)
         phase("capture")

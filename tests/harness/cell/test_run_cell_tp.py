@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.cell.run import run_cell
 from harness.cell.spec import CellSpec
@@ -23,20 +24,39 @@ def cells_on_rank(rank: int) -> dict:
     out = {}
     for graph in ("piecewise", "breakable"):
         o = run_cell(CellSpec("llama-3.1-8b", graph=graph, parallel="tp2", **SMALL))
-        out[graph] = (o.status, o.reason, o.metrics.pieces, o.metrics.max_prompt_logprob_diff)
+        out[graph] = (o.status, o.reason, o.metrics.pieces, o.metrics.tp1_logprob_diff)
     o = run_cell(CellSpec("qwen3-next-80b-a3b", graph="piecewise", parallel="tp2", **SMALL))
     out["linear"] = (o.status, o.reason)
+    import harness.cell.run as run
+
+    real = run.shard_model
+
+    def drop_one_all_reduce(model, group):  # planted: layer 1's MLP partial sum never reduced
+        record = real(model, group)
+        model.model.layers[1].mlp.down_proj.__class__ = torch.nn.Linear
+        return record
+
+    run.shard_model = drop_one_all_reduce
+    try:
+        o = run_cell(CellSpec("llama-3.1-8b", graph="piecewise", parallel="tp2", **SMALL))
+    finally:
+        run.shard_model = real
+    out["fault"] = (o.status, o.reason)
     return out
 
 
 @pytest.mark.slow
-def test_llama_tp2_cells_pass_on_both_ranks_and_linear_attention_is_unsupported_with_the_reason():
+def test_llama_tp2_cells_pass_on_both_ranks_a_dropped_all_reduce_fails_and_linear_attention_is_unsupported():
     ranks = run_ranks(cells_on_rank)
+    faults = [r.pop("fault") for r in ranks]  # a fault's ranks hold different partial sums: their numbers differ
     assert ranks[0] == ranks[1]  # the ranks agree on everything the outcome records
     for graph in ("piecewise", "breakable"):
-        status, reason, pieces, _ = ranks[0][graph]
+        status, reason, pieces, tp1_diff = ranks[0][graph]
         assert status == Status.PASS, (graph, reason)
+        assert tp1_diff is not None and tp1_diff < 1e-5  # float32: TP2 eager vs TP1 eager, same weights
         assert pieces == 7  # 2 layers: 2 attentions and 4 all-reduces cut the forward into 7
+    for status, reason in faults:
+        assert status == Status.FAIL_ACCURACY and "tp2 eager differs from tp1 eager" in reason, reason
     status, reason = ranks[0]["linear"]
     assert status == Status.UNSUPPORTED and "linear-attention (Gated DeltaNet) layers are not sharded" in reason
 
