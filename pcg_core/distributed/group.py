@@ -87,3 +87,10 @@ def get_group(name: str) -> dist.ProcessGroup:
     except KeyError:
         raise KeyError(f"no process group {name!r} set up in this process (have: {', '.join(_GROUPS) or 'none'}); "
                        "pcg_core.distributed.init_from_env sets up the world group") from None
+
+
+def shutdown() -> None:
+    """Tear the process group down (a rank's last act: NCCL warns about a group left to the interpreter's exit)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _GROUPS.clear()

@@ -130,3 +130,18 @@ def test_mla_heads_are_sharded_and_the_latent_stays_whole():
     tp = shard_model(lm.model, ParallelGroup(rank=1, size=2, name="test-pair", backend="gloo"))
     assert attn.num_heads == 2 and torch.equal(attn.kv_b_proj.weight, kv_b[kv_b.shape[0] // 2:])
     assert torch.equal(attn.kv_a_proj_with_mqa.weight, kv_a) and tp.all_reduces == 5
+
+
+def test_a_rank_finds_its_gpu_and_a_half_set_environment_is_refused(monkeypatch):
+    from pcg_core.distributed import init_from_env, rank_device
+    from pcg_core.errors import ConfigError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert rank_device("cuda") == "cuda:1" and rank_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the launcher narrowed CUDA_VISIBLE_DEVICES
+    assert rank_device("cuda") == "cuda:0"
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ConfigError, match="RANK.*unset.*pcgh cell --parallel"):
+        init_from_env("cpu")

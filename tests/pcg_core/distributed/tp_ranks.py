@@ -29,10 +29,9 @@ def _rank_main(rank: int, fn: Callable[..., Any], world: int, port: int, out: st
     except BaseException:
         result = {"error": traceback.format_exc()}
     torch.save(result, Path(out) / f"rank{rank}.pt")
-    import torch.distributed as dist
+    from pcg_core.distributed import shutdown
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    shutdown()
 
 
 def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2) -> list[Any]:
