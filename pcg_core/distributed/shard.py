@@ -87,6 +87,8 @@ def _is_experts(m: torch.nn.Module) -> bool:
 def shard_model(model: torch.nn.Module, group: ParallelGroup) -> TensorParallel:
     """Shard `model` (built whole, the same weights on every rank) for `group` in place; returns the record, also
     set on the model as `pcg_tensor_parallel`. A model the plan does not cover raises UnsupportedModel with why."""
+    if tensor_parallel_of(model) is not None:
+        raise ValueError(f"{type(model).__name__} is already sharded (pcg_tensor_parallel is set); shard a model once")
     config = model.config
     if why := tp_unsupported_reason(config, group.size):
         raise UnsupportedModel(why)
@@ -116,7 +118,7 @@ def shard_model(model: torch.nn.Module, group: ParallelGroup) -> TensorParallel:
     kv = (getattr(text, "num_key_value_heads", None) or text.num_attention_heads) // group.size
     for m in decoder.modules():  # attributes a module reads its head count from (its reshapes infer it: -1)
         for attr, local in (("num_heads", heads), ("num_attention_heads", heads), ("num_key_value_heads", kv)):
-            if isinstance(getattr(m, attr, None), int) and not isinstance(m, torch.nn.Embedding) and hasattr(m, "o_proj"):
+            if isinstance(getattr(m, attr, None), int) and hasattr(m, "o_proj"):
                 setattr(m, attr, local)
     record = TensorParallel(group=group, kv_heads=kv, heads=heads, all_reduces=reduces)
     setattr(model, ATTRIBUTE, record)

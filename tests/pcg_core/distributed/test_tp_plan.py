@@ -78,6 +78,13 @@ def test_traced_graph_has_two_all_reduces_and_one_attention_per_layer_and_no_dte
         assert "dtensor" not in str(node.target).lower() and "c10d" not in str(node.target), node
 
 
+def test_a_model_is_sharded_once():
+    lm = tiny_model("llama", layers=1)
+    shard_model(lm.model, PAIR)
+    with pytest.raises(ValueError, match="already sharded"):
+        shard_model(lm.model, PAIR)
+
+
 def test_the_count_check_catches_a_dropped_all_reduce():
     """Planted: one rowwise layer left a plain Linear (its partial sum never reduced) shows in the count."""
     lm = tiny_model("llama", layers=2)
