@@ -65,3 +65,19 @@ def test_a_tp2_cell_in_a_single_process_says_how_to_start_it(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(ConfigError, match="runs as 2 processes, one per rank.*pcgh cell --parallel"):
         run_cell(CellSpec("llama-3.1-8b", parallel="tp2", **SMALL))
+
+
+def moe_and_mla_cells_on_rank(rank: int) -> dict:
+    return {(model, graph): (o.status, o.reason, o.metrics.tp1_logprob_diff)
+            for model in ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3") for graph in ("piecewise", "breakable")
+            for o in [run_cell(CellSpec(model, graph=graph, parallel="tp2", **SMALL))]}
+
+
+@pytest.mark.slow
+def test_moe_and_mla_tp2_cells_pass_under_piecewise_and_breakable():
+    """Qwen3-MoE and Mixtral (experts sliced along their intermediate size, summed over ranks) and DeepSeek-V3 (MLA
+    heads sharded, the latent whole; a dense then a MoE layer with its shared expert)."""
+    ranks = run_ranks(moe_and_mla_cells_on_rank)
+    assert ranks[0] == ranks[1]
+    for key, (status, reason, tp1_diff) in ranks[0].items():
+        assert status == Status.PASS and tp1_diff < 1e-5, (key, reason, tp1_diff)
