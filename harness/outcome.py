@@ -278,6 +278,9 @@ class CellMetrics(_Model):
     # float model on the first case — what the scheme costs, recorded, never judged.
     quant_layers: int | None = None
     quant_logprob_diff: float | None = None
+    # A tensor-parallel cell: max |Δ prompt logprob| of its eager vs the same full weights eager in one process
+    # (TP=1), on the first case; judged against the logprob tolerance. None: a single-process cell (or real weights).
+    tp1_logprob_diff: float | None = None
     # A checkpoint declaring an FP8 KV cache: its scales as read and checked. None: none declared (or an older row).
     checkpoint_kv_scales: CheckpointKvScales | None = None
     # Capture.

@@ -15,6 +15,8 @@ import torch
 from pcg_core.attention import attention_backend_names, get_attention_backend
 from pcg_core.capture import capture_backend_names, get_capture_backend
 from pcg_core.config import COMPILERS, DTYPES, KV_CACHE_DTYPES
+from pcg_core.distributed.plan import TP_DEGREES
+from pcg_core.known import parse_parallel
 from pcg_core.linear_attention import CAPTURABLE as LINEAR_CAPTURABLE
 from pcg_core.linear_attention import WHY_NOT_CAPTURABLE as LINEAR_WHY_NOT
 from pcg_core.model import architectures
@@ -53,8 +55,24 @@ SPLIT_OPS: dict[str, dict[str, Any]] = {
                               "devices": {"cpu": None, "cuda": None},
                               "state": "per sequence and linear layer: conv state (model dtype) and float32 recurrent "
                                        "state, two versions per slot, EngineConfig.linear_state_slots slots"},
+    # Tensor parallelism's collective: piecewise and breakable run it eagerly between their graphs; `full` records
+    # it in its one graph (NCCL capture, uniform over ranks), which no GPU run has checked yet.
+    "pcg::all_reduce_": {"feature": "tensor_parallel", "capturable": True, "why_not_capturable": None,
+                         "devices": {"cpu": None, "cuda": None},  # gloo on a CPU, NCCL on CUDA
+                         "in_graph": {"piecewise": False, "breakable": False, "full": True},
+                         "state": "none: an in-place sum over the tensor-parallel group, named by string"},
 }
-PARALLEL = {"tp1": 1}  # parallel mode → GPUs it needs; TP/EP/PP/DP come later
+
+
+def parallel_gpus(parallel: str) -> int:
+    """GPUs a parallel mode takes: tp·pp·dp (expert parallelism runs within them)."""
+    d = parse_parallel(parallel)
+    return d.get("tp", 1) * d.get("pp", 1) * d.get("dp", 1)
+
+
+# Parallel mode → GPUs it needs, for the modes the runtime runs: the rule below (tensor parallelism of the degrees
+# pcg_core.distributed shards to; its experts EP = TP in all-reduce style), written out for the pre-checks.
+PARALLEL = {f"tp{n}": parallel_gpus(f"tp{n}") for n in TP_DEGREES}
 
 
 def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION, features: Iterable[str] = (),
@@ -84,10 +102,30 @@ def checkpoint_limits(quant: str) -> dict[str, str]:
     return dict(QUANT_CHECKPOINT_LIMITS)
 
 
-def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL) -> str | None:
-    """Why the runtime cannot run parallel mode `parallel`, or None; worded once, like quant_unsupported_reason."""
+_NOT_YET = {"ep": "expert parallelism as its own axis (all-to-all dispatch) is not run yet; tpN shards MoE experts "
+                  "across its N ranks (EP = TP, all-reduce style)",
+            "pp": "pipeline parallelism is not run yet", "dp": "data-parallel attention is not run yet"}
+
+
+def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL, quant: str = "none") -> str | None:
+    """Why the runtime cannot run parallel mode `parallel` (with quantization `quant`), or None; worded once, like
+    quant_unsupported_reason. What a model itself refuses (heads the degree does not divide, MLA, linear attention)
+    is said when it loads (pcg_core.distributed.tp_unsupported_reason)."""
     have = list(supported)
-    return None if parallel in have else f"parallel mode {parallel!r} is not supported by the runtime yet (supported: {', '.join(have)})"
+    if parallel in have:
+        if quant != "none" and parse_parallel(parallel).get("tp", 1) > 1:
+            return f"parallel mode {parallel!r} with quantization {quant}: quantized layers are not sharded yet"
+        return None
+    try:
+        parts = parse_parallel(parallel)
+    except ValueError as e:
+        return str(e)
+    why = [_NOT_YET[k] for k in parts if k in _NOT_YET and parts[k] > 1]
+    tp = parts.get("tp", 1)
+    if tp > 1 and f"tp{tp}" not in have:
+        why.insert(0, f"tensor parallelism {tp} is not run yet")
+    detail = "; ".join(why) or "not run by the runtime yet"
+    return f"parallel mode {parallel!r} is not supported by the runtime yet ({detail}; supported: {', '.join(have)})"
 
 
 def kv_cache_unsupported_reason(kv_cache: str, attention: str, backends: dict[str, Any] | None = None,

@@ -19,6 +19,7 @@ from harness.cell.diagnose import LockstepStats, first_diverging_piece, lockstep
 from harness.cell.judge import (KL_TOL, LOGPROB_TOL, SAME_PADDING_RTOL_EAGER, Judgement, compare, logprob_bound,
                                 same_padding_rtol, tie_margin)
 from harness.cell.padding import FP32_PADDING_RTOL, float32_padding_rel
+from harness.cell.parallel import parallel_group, tp1_prompt_logprob_diff
 from harness.cell.prompts import Case, latency_token_counts, prompt_suite, repeat_of
 from harness.cell.reference import reference_layer
 from harness.cell.spec import CellSpec
@@ -28,6 +29,7 @@ from pcg_core.attention import get_attention_backend
 from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupported_reason, parallel_unsupported_reason,
                                    quant_unsupported_reason)
 from pcg_core.config import CaptureConfig, EngineConfig
+from pcg_core.distributed import ParallelGroup, rank_device, shard_model
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.kv_scales import ATTRIBUTE, calibrate_kv_scales, set_kv_scales
 from pcg_core.errors import ConfigError, UnsupportedModel
@@ -99,6 +101,7 @@ class _Cell:
     cases: list[Case] | None = None
     kv_slots: int = 0
     coverage: CoverageCounter | None = None
+    group: ParallelGroup | None = None  # this rank's tensor-parallel group (None: one process)
     float_ref: list[SequenceOutput] | None = None  # the unquantized model's first case, for the quantization error
 
     def engine(self, backend: str, kv_cache: str | None = None) -> Engine:
@@ -138,7 +141,7 @@ def _check_runtime(spec: CellSpec) -> None:
     reason = (quant_unsupported_reason(spec.quant, features=features, real_weights=spec.weights == "real")
               or ((card.no_checkpoint_reason(spec.quant) or card.checkpoint_reason(spec.quant))
                   if card and spec.weights == "real" else None)
-              or parallel_unsupported_reason(spec.parallel))
+              or parallel_unsupported_reason(spec.parallel, quant=spec.quant))
     if not reason:
         reason = (attention_unsupported_reason(spec.attention, spec.device, features)
                   or kv_cache_unsupported_reason(spec.kv_cache, spec.attention))
@@ -151,6 +154,8 @@ def _load(cell: _Cell) -> None:
     try:
         cell.lm = load_model(resolve_model(s), layers=s.layers, tiny=s.tiny, weights=s.weights,
                              dtype=cell.config.torch_dtype, device=s.device, seed=s.seed, peaked=s.peaked)
+        if cell.group is not None:  # every rank built the same full weights: each keeps its shard
+            shard_model(cell.lm.model, cell.group)
     except UnsupportedModel as e:
         raise _Stop(Status.UNSUPPORTED, str(e)) from e
     except ConfigError:
@@ -266,6 +271,23 @@ def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
             raise _Stop(Status.EAGER_NONDETERMINISTIC,
                         f"two eager runs of the same prompts differ beyond the judge's bounds: {self_check.reason}")
     return eager, ref
+
+
+def _tp1(cell: _Cell, ref: Outputs) -> None:
+    """A tensor-parallel cell's eager against the same synthetic weights unsharded in this process (TP=1): a wrong
+    shard or a missing all-reduce fails here, where graph = eager at the same TP cannot see it."""
+    s, case = cell.spec, cell.cases[0]
+    try:
+        full = load_model(resolve_model(s), layers=s.layers, tiny=s.tiny, weights=s.weights, dtype=cell.config.torch_dtype,
+                          device=s.device, seed=s.seed, peaked=s.peaked).model
+        diff = tp1_prompt_logprob_diff(full, replace(cell.config, kv_slots=cell.kv_slots), case, ref[case.name])
+    except Exception as e:  # noqa: BLE001 - the unsharded model is eager too
+        raise _crash(Status.EAGER_FAIL, e) from e
+    cell.metrics.tp1_logprob_diff = round(diff, 9)
+    if not diff <= cell.tol:
+        raise _Stop(Status.FAIL_ACCURACY, f"{s.parallel} eager differs from tp1 eager (the same weights unsharded) by "
+                                          f"{diff:.3g} in prompt logprob > {cell.tol:g} on {case.name}: a shard or a "
+                                          "collective is wrong")
 
 
 def _reference(cell: _Cell, ref: Outputs) -> None:
@@ -454,6 +476,10 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
 
     on_phase(name) is told when each phase starts (load, eager, capture, run, latency), so a parent process
     can tell where a child that died without a result was.
+
+    A tensor-parallel cell (parallel tpN) is N processes, each calling run_cell(spec) with RANK, WORLD_SIZE=N,
+    LOCAL_RANK, MASTER_ADDR and MASTER_PORT set: every rank runs every phase in lockstep (the collectives pair up)
+    and returns the same outcome, rank 0's being the one recorded. Device `cuda` becomes this rank's GPU.
     """
     running: list = []  # [name, start] of the phase whose clock runs
 
@@ -469,18 +495,22 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
         if on_phase is not None:
             on_phase(name)
 
+    metrics = recorded_settings(spec)  # as asked (`cuda`), not this rank's device
+    spec = replace(spec, device=rank_device(spec.device))
     capture = CaptureConfig(backend=spec.graph, compiler=spec.compiler, max_tokens=spec.max_tokens)
     config = EngineConfig(device=spec.device, dtype=spec.dtype, attention=spec.attention, capture=capture,
                           kv_cache=spec.kv_cache)
-    metrics = recorded_settings(spec)
     cell = _Cell(spec, config, metrics)
     t0 = time.perf_counter()
     try:
         _check_runtime(spec)
+        cell.group = parallel_group(spec)
         phase("load")
         _load(cell)
         phase("eager")
         eager, ref = _eager_reference(cell)
+        if cell.group is not None and cell.lm.synthetic:
+            _tp1(cell, ref)
         phase("reference")
         _reference(cell, ref)
         phase("capture")

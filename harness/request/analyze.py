@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from harness.request.features import detect
@@ -96,6 +96,17 @@ def runtime_support(config: dict[str, Any], where: str) -> tuple[str, str | None
     return architecture, reason, note
 
 
+def _tp_reason(config: dict[str, Any], where: str) -> Callable[[int], str | None]:
+    """Why the runtime's sharding cannot run the model at TP t (its plan, its attention kind), from transformers'
+    config of it; called only for a model the runtime supports, whose config builds."""
+    from pcg_core.distributed import tp_unsupported_reason
+    from pcg_core.model import build_config
+
+    with _quiet_transformers():
+        built = build_config(copy.deepcopy(config), where=where)
+    return lambda t: tp_unsupported_reason(built, t)
+
+
 def analyze(config: dict[str, Any], *, model: str = "config", source: str = "config", revision: str | None = None,
             quants: list[str] | None = None, tps: list[int] | None = None, caps: dict[str, Any] | None = None) -> dict[str, Any]:
     """The request report (schema.RequestReport) for one raw config.json mapping."""
@@ -138,7 +149,8 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
         "quant": quant_verdict(wanted_quant, quant, caps, features, *_loader_reading(config)),
         "attention": attention_verdict(features, s.heads, s.kv_heads, caps),
         "parallel": parallel_verdict(tps or None, tp_ok, divides, ep_ok, h200s, memory.get("bfloat16"),
-                                       s.moe.experts if s.moe else None, caps),
+                                       s.moe.experts if s.moe else None, caps, _tp_reason(config, where) if reason is None
+                                       else lambda t: None),
         "graph": graph_verdict(reason is None, caps, features),
         "kv_cache": kv_cache_verdict(quant, caps),
     }

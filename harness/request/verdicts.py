@@ -22,7 +22,7 @@ same table the matrix pre-check reads; no list of what the runtime can do is kep
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from harness.request.features import ATTENTION_FEATURES
@@ -110,8 +110,10 @@ def _backend_words(name: str, b: dict[str, Any], needed: list[str]) -> str:
 
 
 def parallel_verdict(wanted: list[int] | None, tp_ok: list[int], divides: list[int], ep_ok: list[int], h200s: int | None,
-                     bf16_bytes: int | None, experts: int | None, caps: dict[str, Any]) -> dict[str, Any]:
-    """tp_ok: TP sizes up to 8 that divide the heads; divides: those plus any size asked for that divides them."""
+                     bf16_bytes: int | None, experts: int | None, caps: dict[str, Any],
+                     model_reason: Callable[[int], str | None] = lambda t: None) -> dict[str, Any]:
+    """tp_ok: TP sizes up to 8 that divide the heads; divides: those plus any size asked for that divides them.
+    model_reason(t): why the runtime's sharding cannot run this model at TP t (pcg_core.distributed), or None."""
     modes = caps["parallel"]
     have = ", ".join(modes)
     ep = f"; EP sizes dividing its {experts} experts: {', '.join(map(str, ep_ok))}" if experts else ""
@@ -141,6 +143,8 @@ def parallel_verdict(wanted: list[int] | None, tp_ok: list[int], divides: list[i
             sized = "; ".join(why) if why else f"TP {t} divides the heads and holds the bf16 weights"
             problems.append(f"{mode}: not run by the runtime yet, which runs {have} only; as a what-if, {sized}")
         else:
+            if t > 1 and (reason := model_reason(t)):
+                why.append(reason.removeprefix(f"{mode}: "))
             (problems if why else fine).append(f"{mode}: " + ("; ".join(why) if why else f"runs on {modes[mode]} GPU(s)"))
     return _v(not problems, lead + "; ".join(problems + fine) + ep)
 

@@ -52,7 +52,8 @@ class KVCacheFull(RuntimeError):
 
 class KVCache:
     def __init__(self, config: PretrainedConfig, num_slots: int, dtype: torch.dtype, device: torch.device,
-                 page_size: int = 1, kv_cache: str = "auto"):
+                 page_size: int = 1, kv_cache: str = "auto", kv_heads: int | None = None):
+        """kv_heads: the KV heads this process holds (a tensor-parallel rank: its share), default the config's."""
         if not isinstance(page_size, int) or page_size < 1:
             raise ConfigError(f"page_size must be a positive integer, got {page_size!r}", field="page_size")
         if kv_cache not in KV_CACHE_DTYPES:
@@ -80,7 +81,7 @@ class KVCache:
             self.k = [torch.zeros(shape, dtype=store, device=device) if i in kept else None for i in range(layers)]
             self.v = [None if k is None else k[..., :config.kv_lora_rank] for k in self.k]
         else:
-            n_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            n_kv = kv_heads or getattr(config, "num_key_value_heads", None) or config.num_attention_heads
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
             shape = (self.num_slots + 1, n_kv, head_dim)
             self.k = [torch.zeros(shape, dtype=store, device=device) if i in kept else None for i in range(layers)]

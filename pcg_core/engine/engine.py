@@ -22,6 +22,7 @@ from pcg_core.engine.inputs import InputBuffers, PackedBatch
 from pcg_core.engine.kv_scales import kv_scales_of
 from pcg_core.engine.prep import PrepGraphs
 from pcg_core.engine.vision import VisionInputs
+from pcg_core.distributed.shard import tensor_parallel_of
 from pcg_core.errors import ConfigError
 from pcg_core.model.vision import Image
 from pcg_core.forward_context import AttentionObserver, CaptureMode, ForwardContext, set_forward_context
@@ -98,7 +99,8 @@ class Engine:
         if reason := attn_cls.device_reason(self.device.type):
             raise ConfigError(reason, field="attention")
         self.cache = KVCache(model.config.get_text_config(), config.kv_slots, config.torch_dtype, self.device,
-                             page_size=config.page_size or attn_cls.page_size, kv_cache=config.kv_cache)
+                             page_size=config.page_size or attn_cls.page_size, kv_cache=config.kv_cache,
+                             kv_heads=tp.kv_heads if (tp := tensor_parallel_of(model)) is not None else None)
         scales = kv_scales_of(model, self.cache) if self.cache.quantized else None  # refused before any capture
         self.attn_backend = attn_cls(self.cache, config.capture.max_tokens)
         self.linear_state = make_linear_state(model.config, config)  # None unless the model has linear layers

@@ -143,7 +143,8 @@ def test_verdicts_of_unsupported_models_name_the_missing_capability():
     assert not ds["parallel"]["ok"] and "11 H200s" in ds["parallel"]["reason"]
     oss = _analyze("openai__gpt-oss-120b.json")["verdicts"]
     assert "sliding_window, sinks" in oss["attention"]["reason"] and "mxfp4" in oss["quant"]["reason"]
-    assert "tp2: not run by the runtime yet, which runs tp1 only; as a what-if, TP 2 divides" in oss["parallel"]["reason"]
+    oss4 = analyze(json.loads((REPO_CONFIGS / "openai__gpt-oss-120b.json").read_text()), model="oss", tps=[4])["verdicts"]
+    assert "tp4: not run by the runtime yet, which runs tp1, tp2 only; as a what-if, TP 4 divides" in oss4["parallel"]["reason"]
     vl = _analyze("Qwen__Qwen3-VL-30B-A3B-Instruct.json")["verdicts"]
     assert vl["attention"]["ok"] and vl["parallel"]["ok"] and vl["graph"]["ok"]  # the text decoder is captured
 
@@ -167,12 +168,23 @@ def test_verdicts_follow_the_capability_table():
 
 
 def test_a_tp_size_the_runtime_does_not_run_is_said_as_a_what_if(pcgh, db):
-    """`--tp 2` checks a size against the heads and the weights; while the runtime runs tp1 alone, the verdict and
-    the headline say first that it does not run, not only that the model is supported."""
-    par = analyze(json.loads((REPO_CONFIGS / "Qwen__Qwen3-30B-A3B.json").read_text()), model="q", tps=[2])["verdicts"]["parallel"]
-    assert not par["ok"] and par["reason"].startswith("tp2: not run by the runtime yet, which runs tp1 only; as a what-if")
-    rc, out, _ = pcgh("request", REPO_CONFIGS / "Qwen__Qwen3-30B-A3B.json", "--tp", "2", "--db", db)
+    """`--tp 4` checks a size against the heads and the weights; while the runtime runs tp1 and tp2 alone, the
+    verdict and the headline say first that it does not run, not only that the model is supported."""
+    par = analyze(json.loads((REPO_CONFIGS / "Qwen__Qwen3-30B-A3B.json").read_text()), model="q", tps=[4])["verdicts"]["parallel"]
+    assert not par["ok"] and par["reason"].startswith("tp4: not run by the runtime yet, which runs tp1, tp2 only; as a what-if")
+    rc, out, _ = pcgh("request", REPO_CONFIGS / "Qwen__Qwen3-30B-A3B.json", "--tp", "4", "--db", db)
     assert rc == 0 and "Qwen3MoeForCausalLM — supported, but not as asked: parallel" in " ".join(out.split())
+
+
+def test_a_tp_size_the_runtime_runs_is_checked_against_its_sharding_of_the_model():
+    """tp2 runs, but not every model shards yet: the verdict says what the sharding lacks for this one."""
+    def par(name: str) -> dict:
+        return analyze(json.loads((REPO_CONFIGS / name).read_text()), model="m", tps=[2])["verdicts"]["parallel"]
+
+    assert par("Qwen__Qwen3-0.6B.json") == {"ok": True, "reason": "tp2: runs on 2 GPU(s)"}
+    oss = par("openai__gpt-oss-120b.json")
+    assert not oss["ok"] and "gpt-oss's attention (sinks by head) has no TP plan yet" in oss["reason"]
+    assert "Gated DeltaNet" in par("Qwen__Qwen3-Next-80B-A3B-Instruct.json")["reason"]
 
 
 def test_requested_quant_and_tp_are_checked():

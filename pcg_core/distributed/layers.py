@@ -1,0 +1,39 @@
+"""pcg's runtime form of tensor-parallel layers: plain local tensors and one `pcg::all_reduce_` where a partial sum
+is completed. No DTensor and no replaced `forward` attribute: a module's class is swapped for a subclass that adds
+the collective, so parameter names, state dicts and the reference twins' deep copies stay what they were."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import pcg_core.distributed.ops  # noqa: F401 - registers pcg::all_reduce_
+
+TP_GROUP = "pcg_tp_group"  # the attribute naming the process group a swapped module reduces over
+
+
+class RowParallelLinear(torch.nn.Linear):
+    """A linear whose input features are this rank's shard: local matmul, the sum over ranks, then the bias (once,
+    not once per rank)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight)
+        torch.ops.pcg.all_reduce_(out, getattr(self, TP_GROUP))
+        return out if self.bias is None else out + self.bias
+
+
+_EXPERT_CLASSES: dict[type, type] = {}
+
+
+def tp_experts_class(cls: type) -> type:
+    """A subclass of transformers' experts class `cls` whose output (this rank's slice of every expert's
+    intermediate dimension, so a partial sum) is summed over ranks. One subclass per class, reused."""
+    if cls not in _EXPERT_CLASSES:
+        def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            out = cls.forward(self, hidden_states, *args, **kwargs)
+            torch.ops.pcg.all_reduce_(out, getattr(self, TP_GROUP))
+            return out
+
+        _EXPERT_CLASSES[cls] = type(f"TensorParallel{cls.__name__}", (cls,), {"forward": forward,
+                                                                             "__module__": __name__})
+    return _EXPERT_CLASSES[cls]

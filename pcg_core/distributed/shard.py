@@ -1,0 +1,129 @@
+"""Shard a built model in place for tensor parallelism: every rank slices the same full weights.
+
+Why shard the built model rather than load through transformers' `DistributedConfig`: synthetic weights are drawn
+by `from_config` under a seed, which transformers' TP path does not take (it shards at checkpoint read), and a
+TP=2 run is only comparable with TP=1 when both hold exactly the same full weights; slicing them is exact by
+construction. The plan strings are transformers' (plan.py), so the layout is the one its loader would produce;
+the result is plain local tensors (no DTensor can reach a traced graph) and pcg's `pcg::all_reduce_`.
+A real checkpoint is read whole on every rank and sliced the same way (memory: the full model per rank while
+loading; sharded reads are later work).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pcg_core.distributed.group import ParallelGroup
+from pcg_core.distributed.layers import TP_GROUP, RowParallelLinear, tp_experts_class
+from pcg_core.distributed.plan import COLWISE, EXPERT_STYLES, ROWWISE, decoder_plan, style_for, tp_unsupported_reason, unknown_styles
+from pcg_core.errors import UnsupportedModel
+
+ATTRIBUTE = "pcg_tensor_parallel"  # on the sharded model: its TensorParallel record
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """What sharding did: the group, the per-rank head counts the KV cache is sized by, and how many collectives
+    one forward makes (2 per dense layer: attention out and MLP out)."""
+
+    group: ParallelGroup
+    kv_heads: int
+    heads: int
+    all_reduces: int
+
+
+def _shard(t: torch.Tensor, dim: int, rank: int, size: int, where: str) -> torch.Tensor:
+    n = t.shape[dim]
+    if n % size:
+        raise UnsupportedModel(f"tp{size}: {where} has {n} rows along dim {dim}, which {size} ranks do not divide")
+    step = n // size
+    return t.narrow(dim, rank * step, step).clone().contiguous()
+
+
+def _param(t: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(t, requires_grad=False)
+
+
+def _colwise(m: torch.nn.Linear, g: ParallelGroup, where: str) -> None:
+    m.weight = _param(_shard(m.weight.data, 0, g.rank, g.size, where))
+    if m.bias is not None:
+        m.bias = _param(_shard(m.bias.data, 0, g.rank, g.size, where))
+    m.out_features = m.weight.shape[0]
+
+
+def _rowwise(m: torch.nn.Linear, g: ParallelGroup, where: str) -> None:
+    m.weight = _param(_shard(m.weight.data, 1, g.rank, g.size, where))
+    m.in_features = m.weight.shape[1]
+    m.__class__ = RowParallelLinear
+    setattr(m, TP_GROUP, g.name)
+
+
+def _experts(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
+    """Every expert keeps its whole hidden size and this rank's slice of its intermediate size: gate and up halves
+    of gate_up_proj [E, 2I, H] sliced alike, down_proj [E, H, I] along I; the output is summed over ranks."""
+    if getattr(m, "is_transposed", False) or getattr(m, "has_bias", False) or not getattr(m, "has_gate", True):
+        raise UnsupportedModel(f"tp{g.size}: {where} ({type(m).__name__}) is transposed, biased or gateless; only "
+                               "[E, 2I, H] / [E, H, I] experts are sharded so far")
+    gate_up, down = m.gate_up_proj.data, m.down_proj.data
+    inter = down.shape[2]
+    if gate_up.shape[1] != 2 * inter:
+        raise UnsupportedModel(f"tp{g.size}: {where}: gate_up_proj {tuple(gate_up.shape)} is not [E, 2·{inter}, H]")
+    gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    m.gate_up_proj = _param(torch.cat([_shard(gate, 1, g.rank, g.size, where), _shard(up, 1, g.rank, g.size, where)], 1))
+    m.down_proj = _param(_shard(down, 2, g.rank, g.size, where))
+    if hasattr(m, "intermediate_dim"):
+        m.intermediate_dim = inter // g.size
+    m.__class__ = tp_experts_class(type(m))
+    setattr(m, TP_GROUP, g.name)
+
+
+def _is_experts(m: torch.nn.Module) -> bool:
+    w = getattr(m, "down_proj", None)
+    return isinstance(w, torch.Tensor) and w.dim() == 3 and hasattr(m, "num_experts")
+
+
+def shard_model(model: torch.nn.Module, group: ParallelGroup) -> TensorParallel:
+    """Shard `model` (built whole, the same weights on every rank) for `group` in place; returns the record, also
+    set on the model as `pcg_tensor_parallel`. A model the plan does not cover raises UnsupportedModel with why."""
+    if tensor_parallel_of(model) is not None:
+        raise ValueError(f"{type(model).__name__} is already sharded (pcg_tensor_parallel is set); shard a model once")
+    config = model.config
+    if why := tp_unsupported_reason(config, group.size):
+        raise UnsupportedModel(why)
+    plan = decoder_plan(config)
+    if bad := unknown_styles(plan):
+        raise UnsupportedModel(f"tp{group.size}: transformers' plan has styles pcg does not apply yet: {'; '.join(bad)}")
+    decoder = model.get_decoder()
+    reduces = 0
+    for name, m in list(decoder.named_modules()):
+        if _is_experts(m):
+            _experts(m, group, name)
+            reduces += 1
+            continue
+        style = style_for(plan, name)
+        if style is None or style in EXPERT_STYLES:
+            continue
+        if style in COLWISE + ROWWISE and type(m) is not torch.nn.Linear:
+            raise UnsupportedModel(f"tp{group.size}: {name} is a {type(m).__name__}, not a plain Linear; "
+                                   "quantized or custom layers are not sharded yet")
+        if style in COLWISE:
+            _colwise(m, group, name)
+        elif style in ROWWISE:
+            _rowwise(m, group, name)
+            reduces += 1
+    text = config.get_text_config()
+    heads = text.num_attention_heads // group.size
+    kv = (getattr(text, "num_key_value_heads", None) or text.num_attention_heads) // group.size
+    for m in decoder.modules():  # attributes a module reads its head count from (its reshapes infer it: -1)
+        for attr, local in (("num_heads", heads), ("num_attention_heads", heads), ("num_key_value_heads", kv)):
+            if isinstance(getattr(m, attr, None), int) and hasattr(m, "o_proj"):
+                setattr(m, attr, local)
+    record = TensorParallel(group=group, kv_heads=kv, heads=heads, all_reduces=reduces)
+    setattr(model, ATTRIBUTE, record)
+    return record
+
+
+def tensor_parallel_of(model: torch.nn.Module) -> TensorParallel | None:
+    return getattr(model, ATTRIBUTE, None)

@@ -1,0 +1,46 @@
+"""What one GPU can show of tensor parallelism: a world of one (NCCL) whose pcg::all_reduce_ runs eagerly between
+piecewise's and breakable's graphs and is captured inside `full`'s one graph, each bitwise equal to eager at the
+same padding. Skipped without CUDA; the 2-rank path is the gloo tests' (test_tp_ranks.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pcg_helpers import make_engine, prompts_of, tiny_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    import torch.distributed as dist
+
+    from pcg_core.distributed import register_group
+    from tp_ranks import free_port
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))
+    yield register_group(dist.group.WORLD)
+
+
+@pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
+def test_all_reduce_of_a_world_of_one_under_each_backend_equals_eager(world_of_one, backend):
+    from pcg_core.distributed import shard_model
+
+    lm = tiny_model("llama", device="cuda")
+    record = shard_model(lm.model, world_of_one)  # whole shards, but every rowwise layer through pcg::all_reduce_
+    assert record.all_reduces == 4
+    prompts = prompts_of([5, 11, 2], lm.config.vocab_size)
+    graph = make_engine(lm.model, backend, device="cuda")
+    eager = make_engine(lm.model, "disabled", device="cuda")
+    batch = graph.prefill_batch(prompts)
+    got = graph.logits(graph.forward(batch)).clone()
+    batch = eager.prefill_batch(prompts)
+    want = eager.logits(eager.forward(batch, eager=True, pad_to=graph.bucket_for(len(batch))))
+    assert graph.stats.graphs_captured > 0
+    assert torch.equal(got, want), (got - want).abs().max()
