@@ -66,6 +66,9 @@ def main() -> int:
     tmp = out.with_suffix(".tmp")
     tmp.write_text(outcome.to_json())
     os.replace(tmp, out)  # the parent sees a whole result or none
+    from pcg_core.distributed import shutdown
+
+    shutdown()  # a rank of a parallel cell: its process group torn down before the interpreter's exit (NCCL warns)
     return 0
 
 
