@@ -249,7 +249,8 @@ def requests(store: Store) -> list[RequestRow]:
     latest = store.latest_run()
     per_card: dict[str, Counter[str]] = {}
     if latest is not None:
-        for model, counts in store.views.model_counts(latest["id"]).items():
+        counts_by_model = store.views.derived("model_counts", [latest["id"]], lambda: store.views.model_counts(latest["id"]))
+        for model, counts in counts_by_model.items():
             per_card.setdefault(model.partition(":")[0], Counter()).update(counts)
     out = []
     for r in map(present.scrub, store.requests()):  # a verdict stored before uploads were checked stays readable

@@ -11,13 +11,14 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
+from markupsafe import Markup
 from starlette.responses import PlainTextResponse, Response
 
 from harness.outcome import AXES
 from harness.store import RunNotFound
 from harness.reports import cell_speedup
 from web import services
-from web.deps import MAX_LIMIT, MAX_PAGE, MAX_THRESHOLD, StoreDep, gc_paused, kept_page, render
+from web.deps import MAX_LIMIT, MAX_PAGE, MAX_THRESHOLD, StoreDep, gc_paused, kept_page, render, templates
 from web.grid import CONFIG_AXES, DEFAULT_GROUP, STATUS_CLASSES, parse_filters
 from web.plots import line_plot
 from web.support import SUMMARY_AXES
@@ -49,19 +50,34 @@ def matrix_page(request: Request, store: StoreDep, run: str = "latest", group: s
             runs = store.runs(50)  # for the run picker; an older run asked for by id is added to it
             if all(x["id"] != v.run["id"] for x in runs):
                 runs.append(v.run)
+            href = _href(request)
+            # The grid's HTML (the page's bulk): rendered once per grid and the parameters its links carry, kept
+            # per the runs' revisions as the grid is
+            fragment = store.views.derived("grid_html", [v.run["id"], *v.strip_runs], lambda: Markup(
+                templates.get_template("_grid.html").render(grid=v.grid, strip_runs=v.strip_runs, href=href)),
+                group, tuple(sorted(_known_params(request))), unsupported, page)
             return render(request, "matrix.html", {
+                "grid_fragment": fragment,
                 "run": v.run, "grid": v.grid, "support": v.support, "strip_runs": v.strip_runs, "runs": runs,
                 "axes": AXES, "config_axes": CONFIG_AXES, "summary_axes": SUMMARY_AXES,
                 "status_classes": list(STATUS_CLASSES), "freshness": fresh, "unsupported": unsupported,
-                "href": _href(request)})
+                "href": href})
 
     return kept_page(request, build, fresh.message)
 
 
+MATRIX_PARAMS = {"run", "group", "page", "unsupported", "status", *AXES}  # what the matrix page reads
+
+
+def _known_params(request: Request) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in request.query_params.multi_items() if k in MATRIX_PARAMS]
+
+
 def _href(request: Request) -> Callable[..., str]:
-    """This page's URL with some parameters replaced (None drops one)."""
+    """This page's URL with some parameters replaced (None drops one); parameters the page does not read are left
+    out, so they change no link (and no kept grid)."""
     def href(**changes: object) -> str:
-        params = [(k, v) for k, v in request.query_params.multi_items() if k not in changes]
+        params = [(k, v) for k, v in _known_params(request) if k not in changes]
         params += [(k, str(v)) for k, v in changes.items() if v is not None]
         return f"{request.url.path}?{urlencode(params)}"
     return href
@@ -121,10 +137,13 @@ def diff_page(request: Request, store: StoreDep, base: str | None = None, head: 
             v = services.diff(store, base or None, head or None, threshold)
             if format == "md":
                 return PlainTextResponse(v.markdown, media_type="text/markdown; charset=utf-8")
-            return render(request, "diff.html", {
-                "v": v, "runs": store.runs(200), "freshness": fresh, "max_rows": DIFF_ROWS,
-                "slower": sum(c.rel_change > 0 for c in v.diff.latency_changes),
-                "worse": sum(c.rel_change < 0 for c in v.diff.speedup_changes)})
+            # the tables (the page's bulk): rendered once per run pair and threshold, kept per their revisions
+            body = store.views.derived("diff_html", [v.base["id"], v.head["id"]], lambda: Markup(
+                templates.get_template("_diff_body.html").render(
+                    v=v, max_rows=DIFF_ROWS, slower=sum(c.rel_change > 0 for c in v.diff.latency_changes),
+                    worse=sum(c.rel_change < 0 for c in v.diff.speedup_changes))),
+                threshold, repr(v.base), repr(v.head))
+            return render(request, "diff.html", {"v": v, "body": body, "runs": store.runs(200), "freshness": fresh})
 
     return kept_page(request, build, fresh.message)
 
