@@ -14,7 +14,7 @@ FLOORS: dict[str, int] = {
     "pcg_core": 0,
     "harness.outcome": 1, "harness.repro": 1,  # the vocabulary every later stage reads
     "harness.safe_yaml": 1,  # the bounded YAML reader of matrices and model cards
-    "harness.cards": 2,
+    "harness.cards": 2, "harness.shape": 2,  # model cards; a model's shape from its config (widths, parameters)
     "harness.cell": 3,
     "harness.matrix": 4,
     "harness.store": 5,

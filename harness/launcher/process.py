@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from harness.launcher import ranks
+import harness.launcher.ranks as ranks  # the module: tests plant its WORKER
 from harness.launcher.classify import classify_death
 from harness.launcher.groups import Terminated, WorkerGroups
 from harness.launcher.ranks import launch_ranks, visible_devices

@@ -1,5 +1,5 @@
 """Memory fit: will a cell's model fit the GPUs its parallel mode gives it? An estimate per GPU, from the model
-card's config alone (harness/request/params.py's parameter count), so a cell that cannot fit is refused before
+card's config alone (harness/shape/params.py's parameter count), so a cell that cannot fit is refused before
 launch with the GPUs it needs, instead of running out of memory minutes into its load.
 
 Per GPU, for a cell at (tp, pp, dp, ep) — see pcg_core.known.world_size:
@@ -24,9 +24,9 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from harness.request.fields import TEXT_CONFIG_KEYS
-from harness.request.params import HEADROOM, count
-from harness.request.structure import Structure, read_structure
+from harness.shape.fields import TEXT_CONFIG_KEYS
+from harness.shape.params import HEADROOM, count
+from harness.shape.structure import Structure, read_structure
 from pcg_core.known import MAX_PARALLEL_DEGREE, parse_parallel, world_size
 
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}

@@ -1,10 +1,10 @@
 """Contributor model requests (`pcgh request MODEL`): what the runtime would make of a model, from its config.json alone.
 
 - source.py       MODEL (hub id, directory, config.json) → the raw config, fetched alone, never run
-- structure.py    widths, per-layer attention kind, MoE numbers, read from the raw JSON
+- harness/shape/  widths, per-layer attention kind, MoE numbers (structure.py), parameter count, active params,
+                  memory (params.py), read from the raw JSON; below the matrix, whose memory fit reads it too
 - features.py     moe, mla, sliding_window, sinks, linear_attention, vlm, rope_scaling
 - quantization.py the checkpoint's quantization_config → {method, params}
-- params.py       parameter count (formula in its docstring), active params, memory, H200s, TP/EP sizes
 - verdicts.py     one verdict per matrix axis, from the runtime's capability table
 - analyze.py      all of the above → the report (schema.py)
 - card_writer.py  --write-card; submit.py --submit; command.py the whole command; render.py its tables

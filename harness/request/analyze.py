@@ -14,13 +14,25 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from harness.request.features import detect
-from harness.request.params import count as count_params, divides_heads, ep_sizes, h200s_needed, memory_bytes, tp_sizes
-from harness.request.verdicts import (attention_verdict, graph_verdict, kv_cache_verdict, model_verdict, parallel_verdict,
-                                      quant_verdict)
 from harness.request.quantization import quant_word, quantization_of
-from harness.request.schema import RequestReport
-from harness.request.schema import config_hash
-from harness.request.structure import read_structure
+from harness.request.schema import RequestReport, config_hash
+from harness.request.verdicts import (
+    attention_verdict,
+    graph_verdict,
+    kv_cache_verdict,
+    model_verdict,
+    parallel_verdict,
+    quant_verdict,
+)
+from harness.shape.params import count as count_params
+from harness.shape.params import (
+    divides_heads,
+    ep_sizes,
+    h200s_needed,
+    memory_bytes,
+    tp_sizes,
+)
+from harness.shape.structure import read_structure
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.quant import detect as detect_quantization
 from pcg_core.quant.schemes import registry as quant_registry

@@ -12,7 +12,12 @@ from typing import Any
 
 from harness.cards import CARDS_DIR
 from harness.request.analyze import analyze
-from harness.request.card_writer import check_card, existing_cards, hub_id_for_local, write_card
+from harness.request.card_writer import (
+    check_card,
+    existing_cards,
+    hub_id_for_local,
+    write_card,
+)
 from harness.request.quantization import check_quant_words
 from harness.request.source import looks_like_hub_id, resolve
 from harness.request.submit import endpoint, submit, token

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.request.fields import vision_fields
-from harness.request.structure import Structure
+from harness.shape.fields import vision_fields
+from harness.shape.structure import Structure
 
 FEATURES = ("moe", "mla", "sliding_window", "sinks", "softcap", "length_temperature", "linear_attention", "vlm",
             "rope_scaling")

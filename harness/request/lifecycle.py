@@ -18,8 +18,8 @@ from pathlib import Path
 
 from harness.cards import CARDS_DIR, find_card
 from harness.outcome import PASSING, VARIANT_GRAMMAR, CellRecord, ModelRef
-from harness.request.card_writer import existing_cards, write_card
 from harness.reports.stats import is_failing
+from harness.request.card_writer import existing_cards, write_card
 from harness.store import Store
 from pcg_core.errors import ConfigError
 

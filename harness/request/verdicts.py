@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from harness.request.features import ATTENTION_FEATURES
-from harness.request.params import H200_BYTES, HEADROOM, MAX_SIZE
 from harness.request.quantization import describe
+from harness.shape.params import H200_BYTES, HEADROOM, MAX_SIZE
 
 AXES = ("model", "quant", "attention", "parallel", "graph", "kv_cache")
 

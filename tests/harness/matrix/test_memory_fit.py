@@ -13,8 +13,8 @@ from harness.cards import find_card
 from harness.launcher import RunOptions
 from harness.matrix import expand, load_matrix, precheck
 from harness.matrix.fit import estimate, fit_reason, scaled, trimmed
-from harness.request.params import count
-from harness.request.structure import read_structure
+from harness.shape.params import count
+from harness.shape.structure import read_structure
 from pcg_core.capabilities import capabilities
 
 GIB = 2**30

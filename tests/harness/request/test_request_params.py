@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from request_helpers import load_config
 
 from harness.cards import load_cards
 from harness.request.analyze import analyze
-from harness.request.params import BYTES_PER_PARAM, H200_BYTES, h200s_needed, memory_bytes
-from request_helpers import load_config
+from harness.shape.params import BYTES_PER_PARAM, H200_BYTES, h200s_needed, memory_bytes
 
 B = 1e9
 # file → (published total, published active or None for dense); model cards and technical reports.

@@ -39,8 +39,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.request.fields import Fields, vision_fields
-from harness.request.structure import Structure
+from harness.shape.fields import Fields, vision_fields
+from harness.shape.structure import Structure
 
 BYTES_PER_PARAM = {"float32": 4.0, "bfloat16": 2.0, "fp8": 1.0, "int4": 0.5}
 H200_BYTES = 141 * 10**9

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.request.fields import Fields, lm_fields
+from harness.shape.fields import Fields, lm_fields
 
 # Keys under which configs give the routed-expert count and the experts chosen per token.
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
