@@ -41,6 +41,26 @@ def _closed_by_server(sock: socket.socket, wait: float) -> bool:
         return True
 
 
+def _start(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, int]:
+    """`python -m web` over a seeded database on a free port, answering; (its process, the port)."""
+    db = tmp_path / "pcg.db"
+    seed(f"sqlite:///{db}")
+    port = _free_port()
+    env = {**os.environ, "PCG_UPLOAD_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "web", "--db", str(db), "--port", str(port), *flags], cwd=ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            _get(port, "/api/runs", timeout=2)
+            return proc, port
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"the server did not start: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            time.sleep(0.2)
+
+
 @pytest.fixture
 def server(tmp_path: Path):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -49,23 +69,7 @@ def server(tmp_path: Path):
         if hard != resource.RLIM_INFINITY and hard < need:
             pytest.skip(f"this machine allows {hard} open files; the test holds {need}")
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-    db = tmp_path / "pcg.db"
-    seed(f"sqlite:///{db}")
-    port = _free_port()
-    env = {**os.environ, "PCG_UPLOAD_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "web", "--db", str(db), "--port", str(port),
-                             "--header-timeout", "1.5", "--body-timeout", "1.5"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            _get(port, "/api/runs", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"the server did not start: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-            time.sleep(0.2)
+    proc, port = _start(tmp_path, "--header-timeout", "1.5", "--body-timeout", "1.5")
     yield port
     proc.terminate()
     try:
@@ -114,21 +118,8 @@ def test_the_upload_worker_does_not_outlive_a_killed_server(tmp_path: Path):
     """A server killed outright (no atexit) leaves no upload worker behind holding its memory."""
     import json
     import signal
-    db = tmp_path / "pcg.db"
-    seed(f"sqlite:///{db}")
-    port = _free_port()
-    env = {**os.environ, "PCG_UPLOAD_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "web", "--db", str(db), "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, port = _start(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                _get(port, "/api/runs", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.2)
         body = json.dumps({"name": "x", "matrix": "m", "results": []}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/api/runs", data=body, method="POST",
                                      headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
