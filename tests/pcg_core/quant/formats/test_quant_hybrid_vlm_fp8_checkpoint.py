@@ -223,26 +223,17 @@ def test_a_trimmed_vlm_checkpoint_skips_the_layers_past_those_kept(vl_fp8):
 
 
 @pytest.mark.slow
-def test_qwen3_next_fp8_checkpoint_cell_passes(next_fp8):
-    """`pcgh cell` on the release-format checkpoint: real weights, fp8_block, the reference layer measured."""
+@pytest.mark.parametrize("checkpoint,graph", [("next_fp8", "piecewise"), ("vl_fp8", "breakable")])
+def test_a_release_format_fp8_checkpoint_cell_passes(checkpoint, graph, request):
+    """`pcgh cell` on each release-format checkpoint: real weights, fp8_block, the reference layer measured, every
+    linear the checkpoint quantizes counted (Qwen3-Next's set; Qwen3-VL-MoE's 4 attention linears + experts × 2)."""
     from harness.cell import CellSpec, run_cell
 
-    path, _ = next_fp8
-    r = run_cell(CellSpec(str(path), weights="real", quant="fp8_block", graph="piecewise", max_tokens=16,
-                          max_new_tokens=4))
+    path, _ = request.getfixturevalue(checkpoint)
+    r = run_cell(CellSpec(str(path), weights="real", quant="fp8_block", graph=graph, max_tokens=16, max_new_tokens=4))
     assert r.status == "pass", (r.status, r.reason)
-    assert r.metrics.quant_layers == len(NEXT_QUANTIZED) and r.metrics.reference.status == "pass"
-
-
-@pytest.mark.slow
-def test_qwen3_vl_fp8_checkpoint_cell_passes(vl_fp8):
-    from harness.cell import CellSpec, run_cell
-
-    path, _ = vl_fp8
-    r = run_cell(CellSpec(str(path), weights="real", quant="fp8_block", graph="breakable", max_tokens=16,
-                          max_new_tokens=4))
-    assert r.status == "pass", (r.status, r.reason)
-    assert r.metrics.quant_layers == 10 and r.metrics.reference.status == "pass"
+    quantized = len(NEXT_QUANTIZED) if checkpoint == "next_fp8" else 10
+    assert r.metrics.quant_layers == quantized and r.metrics.reference.status == "pass"
 
 
 def test_a_trim_past_the_first_full_attention_layer_is_refused_for_real_weights(next_fp8):
