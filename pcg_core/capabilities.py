@@ -188,6 +188,8 @@ def capabilities() -> dict[str, Any]:
             # device type → None (runs there) or why not; feature → None (supported) or why not
             "devices": {d: cls.device_reason(d) for d in ("cpu", "cuda")},
             "features": cls.features(),
+            # compute dtype → None (runs it) or why not
+            "dtypes": {d: cls.dtype_reason(d) for d in DTYPES},
             # kv_cache dtype → None (it reads that cache) or why not
             "kv_cache": {kv: cls.kv_cache_reason(kv) for kv in KV_CACHE_DTYPES},
         }

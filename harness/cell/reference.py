@@ -39,16 +39,17 @@ from harness.cell.judge import LOGPROB_TOL
 from harness.cell.kv_reference import round_kv, text_only
 from harness.cell.prompts import Case
 from harness.outcome import ReferenceCheck
+from pcg_core.attention import get_attention_backend
 from pcg_core.attention.kv_cache import KVScales
 from pcg_core.config import EngineConfig
-from pcg_core.engine.kv_scales import kv_scales_of
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.engine import LOGITS_CHUNK, head_logits
+from pcg_core.engine.kv_scales import kv_scales_of
 from pcg_core.model.mla import uninstall_mla
-from pcg_core.model.vision import Image
 from pcg_core.model.qwen3_next import uninstall_gated_deltanet
-from pcg_core.quant.schemes.int4 import Int4Scheme
+from pcg_core.model.vision import Image
 from pcg_core.quant.layers.linear import scheme_of
+from pcg_core.quant.schemes.int4 import Int4Scheme
 from pcg_core.quant.schemes.w8a8 import Scheme
 from pcg_core.quant.twin import float_twin, reference_twin
 
@@ -255,10 +256,17 @@ def _engine_stages(model: torch.nn.Module, config: EngineConfig, case: Case) -> 
         _free()
 
 
+def float32_attention(attention: str) -> str:
+    """The attention backend of the layer's float32 engine runs: the cell's where it computes float32, else sdpa.
+    Those runs measure the reference math's own noise and the scheme's cost, not the cell's kernels (varlen's
+    FlashAttention has no float32 kernel)."""
+    return attention if get_attention_backend(attention).dtype_reason("float32") is None else "sdpa"
+
+
 def _judge_kernels(check: ReferenceCheck, model: torch.nn.Module, config: EngineConfig, case: Case) -> list[str]:
     """Kernels vs reference math per layer (quantized cells), and the scheme's own cost."""
     eager = replace(config, capture=replace(config.capture, backend="disabled"))
-    f32 = replace(eager, dtype="float32")
+    f32 = replace(eager, dtype="float32", attention=float32_attention(config.attention))
     got = _engine_stages(model, eager, case)
     ref = _engine_stages(reference_twin(model), eager, case)
     half = config.dtype != "float32"

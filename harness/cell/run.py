@@ -1,7 +1,7 @@
 """run_cell: load, eager reference, graph candidate, judge, latency — one phase each, one CellOutcome out.
 
 `pcgh cell` runs this in-process; the matrix launcher runs the same code in a child process per cell. A phase
-that cannot go on raises `_Stop` with the status it ends the cell in; whatever was measured before it is kept.
+that cannot go on raises `Stop` with the status it ends the cell in; whatever was measured before it is kept.
 """
 
 from __future__ import annotations
@@ -15,19 +15,44 @@ import torch
 
 from harness.cards import find_card
 from harness.cell.coverage import CoverageCounter
-from harness.cell.diagnose import LockstepStats, first_diverging_piece, lockstep_stats, nan_max
-from harness.cell.judge import (KL_TOL, LOGPROB_TOL, SAME_PADDING_RTOL_EAGER, Judgement, compare, logprob_bound,
-                                same_padding_rtol, tie_margin)
+from harness.cell.crash import Stop, crash
+from harness.cell.diagnose import (
+    LockstepStats,
+    first_diverging_piece,
+    lockstep_stats,
+    nan_max,
+)
+from harness.cell.judge import (
+    KL_TOL,
+    LOGPROB_TOL,
+    SAME_PADDING_RTOL_EAGER,
+    Judgement,
+    compare,
+    logprob_bound,
+    same_padding_rtol,
+    tie_margin,
+)
 from harness.cell.padding import FP32_PADDING_RTOL, float32_padding_rel
 from harness.cell.parallel import parallel_group, tp1_prompt_logprob_diff
 from harness.cell.prompts import Case, latency_token_counts, prompt_suite, repeat_of
 from harness.cell.reference import reference_layer
 from harness.cell.spec import CellSpec
 from harness.cell.timing import median_ms
-from harness.outcome import CellMetrics, CellOutcome, CheckpointKvScales, EagerSelfDiff, Latency, Status
+from harness.outcome import (
+    CellMetrics,
+    CellOutcome,
+    CheckpointKvScales,
+    EagerSelfDiff,
+    Latency,
+    Status,
+)
 from pcg_core.attention import get_attention_backend
-from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupported_reason, parallel_unsupported_reason,
-                                   quant_unsupported_reason)
+from pcg_core.capabilities import (
+    attention_unsupported_reason,
+    kv_cache_unsupported_reason,
+    parallel_unsupported_reason,
+    quant_unsupported_reason,
+)
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.distributed import ParallelGroup, rank_device, shard_model
 from pcg_core.engine import Engine, SequenceOutput
@@ -35,50 +60,15 @@ from pcg_core.engine.kv_scales import ATTRIBUTE, calibrate_kv_scales, set_kv_sca
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.model import LoadedModel, load_model
 from pcg_core.model.vision import is_vlm, text_token_limit
-from pcg_core.quant import get_scheme, quantize_model, quantized_modules, record_input_absmax
+from pcg_core.quant import (
+    get_scheme,
+    quantize_model,
+    quantized_modules,
+    record_input_absmax,
+)
 from pcg_core.quant.synthetic_weights import make_realistic_
 
 Outputs = dict[str, list[SequenceOutput]]
-
-
-class _Stop(Exception):
-    """Ends the cell early in `status`, for `reason`."""
-
-    def __init__(self, status: Status, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
-def _causes(e: BaseException, depth: int = 4) -> list[tuple[BaseException, bool]]:
-    """`e` and the errors behind it, outermost first, each with whether it was raised *from* the one before (its
-    cause) rather than while it was being handled (its context), by Python's own rule for a traceback: a wrapper
-    such as transformers' lazy import ("Could not import module 'Qwen3MoeForCausalLM'") hides the error that says
-    what went wrong."""
-    chain = [(e, True)]
-    while len(chain) < depth:
-        last = chain[-1][0]
-        caused = last.__cause__ is not None
-        nxt = last.__cause__ if caused else None if last.__suppress_context__ else last.__context__
-        if nxt is None or any(nxt is c for c, _ in chain):
-            break
-        chain.append((nxt, caused))
-    return chain
-
-
-def _crash(status: Status, e: BaseException) -> _Stop:
-    """The status a crash ends the cell in: OOM when running out of memory is what failed (the error, or one it
-    was raised from — not one handled before it), else `status`; the reason names every error of the chain."""
-    chain = _causes(e)
-    raised_from = [e]
-    for c, caused in chain[1:]:
-        if not caused:
-            break
-        raised_from.append(c)
-    oom = any(isinstance(c, torch.cuda.OutOfMemoryError) or "out of memory" in str(c).lower() for c in raised_from)
-    parts = [f"{type(c).__name__}: {c}"[:1800 // len(chain)] for c, _ in chain]  # each link cut, not the root
-    reason = parts[0] + "".join(f"; {'raised from' if caused else 'raised while handling'} {p}"
-                                for p, (_, caused) in zip(parts[1:], chain[1:]))
-    return _Stop(Status.OOM if oom else status, reason[:2000])
 
 
 def resolve_model(spec: CellSpec) -> str | dict:
@@ -146,7 +136,7 @@ def _check_runtime(spec: CellSpec) -> None:
         reason = (attention_unsupported_reason(spec.attention, spec.device, features)
                   or kv_cache_unsupported_reason(spec.kv_cache, spec.attention))
     if reason:
-        raise _Stop(Status.UNSUPPORTED, reason)
+        raise Stop(Status.UNSUPPORTED, reason)
 
 
 def _load(cell: _Cell) -> None:
@@ -157,11 +147,11 @@ def _load(cell: _Cell) -> None:
         if cell.group is not None:  # every rank built the same full weights: each keeps its shard
             shard_model(cell.lm.model, cell.group)
     except UnsupportedModel as e:
-        raise _Stop(Status.UNSUPPORTED, str(e)) from e
+        raise Stop(Status.UNSUPPORTED, str(e)) from e
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - any failure to build the model means eager cannot run
-        raise _crash(Status.EAGER_FAIL, e) from e
+        raise crash(Status.EAGER_FAIL, e) from e
     text = cell.lm.config.get_text_config()  # a VLM's text model (the config itself for a text-only one)
     cell.metrics.layers = text.num_hidden_layers
     cell.metrics.checkpoint_kv_scales = _kv_scales_read(cell.lm.model)
@@ -174,7 +164,7 @@ def _load(cell: _Cell) -> None:
     if s.quant != "none":
         _quantize(cell)
     elif not cell.lm.synthetic and (got := sorted(set(quantized_modules(cell.lm.model).values()))):
-        raise _Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got)}; the cell asks for none (a 16-bit "
+        raise Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got)}; the cell asks for none (a 16-bit "
                                         "model): run it as quant " + got[0])
     if s.kv_cache != "auto":
         _kv_scales(cell)
@@ -196,7 +186,7 @@ def _kv_scales(cell: _Cell) -> None:
                                      list(case.new_tokens))
         set_kv_scales(model, scales)
     except Exception as e:  # noqa: BLE001 - the 16-bit forwards failed: eager cannot run either
-        raise _crash(Status.EAGER_FAIL, e) from e
+        raise crash(Status.EAGER_FAIL, e) from e
     cell.metrics.kv_scales = "calibrated"
 
 
@@ -221,7 +211,7 @@ def _quantize(cell: _Cell) -> None:
         quantized = quantized_modules(model)
         got = sorted(set(quantized.values()))
         if got != [s.quant]:
-            raise _Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got) or 'not quantized'}; the cell asks "
+            raise Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got) or 'not quantized'}; the cell asks "
                                             f"for {s.quant}")
         m.quant_layers = len(quantized)  # linears and experts modules, as quantize_model counts them
         return
@@ -234,9 +224,9 @@ def _quantize(cell: _Cell) -> None:
             cell.float_ref = cell.run_suite(cell.engine("disabled", kv_cache="auto"), cases=[case])[case.name]
         m.quant_layers = len(quantize_model(model, get_scheme(s.quant), input_absmax=absmax))
     except NotImplementedError as e:  # a layout the quantizer declines (gpt-oss's biased, transposed experts)
-        raise _Stop(Status.UNSUPPORTED, f"quantization {s.quant}: {e}") from e
+        raise Stop(Status.UNSUPPORTED, f"quantization {s.quant}: {e}") from e
     except Exception as e:  # noqa: BLE001 - the float reference or the quantization itself failed: eager cannot run
-        raise _crash(Status.EAGER_FAIL, e) from e
+        raise crash(Status.EAGER_FAIL, e) from e
 
 
 def _quant_error(cell: _Cell, ref: Outputs) -> None:
@@ -259,7 +249,7 @@ def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
         eager = cell.engine("disabled")
         ref, ref2 = cell.run_suite(eager), cell.run_suite(eager)
     except Exception as e:  # noqa: BLE001
-        raise _crash(Status.EAGER_FAIL, e) from e
+        raise crash(Status.EAGER_FAIL, e) from e
     _quant_error(cell, ref)
     cell.metrics.eager_bitwise_deterministic = list(ref.values()) == list(ref2.values())
     if not cell.metrics.eager_bitwise_deterministic:
@@ -268,7 +258,7 @@ def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
             token_match=self_check.token_match, max_prompt_logprob_diff=self_check.max_prompt_logprob_diff,
             max_output_logprob_diff=self_check.max_output_logprob_diff)
         if self_check.status != Status.PASS:
-            raise _Stop(Status.EAGER_NONDETERMINISTIC,
+            raise Stop(Status.EAGER_NONDETERMINISTIC,
                         f"two eager runs of the same prompts differ beyond the judge's bounds: {self_check.reason}")
     return eager, ref
 
@@ -282,10 +272,10 @@ def _tp1(cell: _Cell, ref: Outputs) -> None:
                           device=s.device, seed=s.seed, peaked=s.peaked).model
         diff = tp1_prompt_logprob_diff(full, replace(cell.config, kv_slots=cell.kv_slots), case, ref[case.name])
     except Exception as e:  # noqa: BLE001 - the unsharded model is eager too
-        raise _crash(Status.EAGER_FAIL, e) from e
+        raise crash(Status.EAGER_FAIL, e) from e
     cell.metrics.tp1_logprob_diff = round(diff, 9)
     if not diff <= cell.tol:
-        raise _Stop(Status.FAIL_ACCURACY, f"{s.parallel} eager differs from tp1 eager (the same weights unsharded) by "
+        raise Stop(Status.FAIL_ACCURACY, f"{s.parallel} eager differs from tp1 eager (the same weights unsharded) by "
                                           f"{diff:.3g} in prompt logprob > {cell.tol:g} on {case.name}: a shard or a "
                                           "collective is wrong")
 
@@ -316,9 +306,9 @@ def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Ou
     try:
         graph = cell.engine(cell.spec.graph)
     except ConfigError as e:
-        raise _Stop(Status.UNSUPPORTED, str(e)) from e
+        raise Stop(Status.UNSUPPORTED, str(e)) from e
     except Exception as e:  # noqa: BLE001
-        raise _crash(Status.FAIL_CAPTURE, e) from e
+        raise crash(Status.FAIL_CAPTURE, e) from e
     st = graph.stats
     m.pieces, m.graphs_captured, m.trace_s, m.capture_s = st.pieces, st.graphs_captured, st.trace_s, st.capture_s
     m.compile_s, m.graph_pool_bytes = st.compile_s, st.graph_pool_bytes
@@ -328,7 +318,7 @@ def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Ou
     try:
         cand = cell.run_suite(graph, cell.coverage)
     except Exception as e:  # noqa: BLE001
-        raise _crash(Status.FAIL_RUN, e) from e
+        raise crash(Status.FAIL_RUN, e) from e
     m.eager_fallbacks, m.bucket_hits = st.eager_fallbacks, dict(sorted(st.bucket_hits.items()))
     return graph, cand
 
@@ -518,15 +508,15 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
         try:
             judgement = _judge(cell, eager, graph, ref, cand)
         except Exception as e:  # noqa: BLE001 - the lockstep re-runs the graph: a crash there is the graph's
-            raise _crash(Status.FAIL_RUN, e) from e
+            raise crash(Status.FAIL_RUN, e) from e
         status, reason = _with_reference(cell.metrics, judgement.status, judgement.reason)
         phase("latency")
         try:
             _latency(cell, eager, graph)
         except Exception as e:  # noqa: BLE001 - the graph crashed while timed: a run failure, the verdict kept beside it
-            stop = _crash(Status.FAIL_RUN, e)
+            stop = crash(Status.FAIL_RUN, e)
             status, reason = stop.status, f"latency: {stop.reason}; judge: {status}{': ' + reason if reason else ''}"[:2000]
-    except _Stop as stop:
+    except Stop as stop:
         status, reason = _with_reference(metrics, stop.status, stop.reason)
     if metrics.checkpoint_kv_scales is not None:  # a load fact the verdict's reader needs: the scales went unused
         reason = (f"{reason}; " if reason else "") + metrics.checkpoint_kv_scales.summary()

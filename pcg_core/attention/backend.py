@@ -42,6 +42,9 @@ class AttentionBackend(ABC):
     # Device types it runs on, and why not on the others (device type → reason).
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     why_not_device: ClassVar[dict[str, str]] = {}
+    # Compute dtypes it runs, and why not the others (a FlashAttention kernel has no float32 one).
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    why_not_dtype: ClassVar[str] = ""
     # KV-cache dtypes (pcg_core.known.KV_CACHE_DTYPES) it reads correctly: an FP8 cache only through KVCache.read,
     # which dequantizes; a backend that reads the cache tensors itself declares "auto" alone.
     kv_caches: ClassVar[tuple[str, ...]] = ("auto",)
@@ -51,6 +54,8 @@ class AttentionBackend(ABC):
 
     def __init__(self, cache: KVCache, max_tokens: int):
         device = cache.slot_seq.device
+        if reason := self.dtype_reason(str(cache.dtype).removeprefix("torch.")):
+            raise ConfigError(reason, field="dtype")
         if reason := self.device_reason(device.type):
             raise ConfigError(reason, field="attention")
         if reason := self.kv_cache_reason(cache.kv_cache):
@@ -65,6 +70,13 @@ class AttentionBackend(ABC):
     def features(cls) -> dict[str, str | None]:
         """Each of FEATURES → None (supported) or why not. A classmethod: it may depend on the installed torch."""
         return {f: None for f in FEATURES}
+
+    @classmethod
+    def dtype_reason(cls, dtype: str) -> str | None:
+        """Why this backend cannot compute in `dtype` (float32, float16, bfloat16), or None."""
+        if dtype in cls.dtypes:
+            return None
+        return f"attention backend {cls.name!r} cannot compute in {dtype}: {cls.why_not_dtype or 'it runs ' + ', '.join(cls.dtypes)}"
 
     @classmethod
     def device_reason(cls, device_type: str) -> str | None:

@@ -212,9 +212,9 @@ class FlexBackend(AttentionBackend):
         values = values.permute(1, 0, 2).unsqueeze(0)
         n = md.num_tokens
         rows = flex_rows(n)
-        query = q.transpose(0, 1).unsqueeze(0)
         if rows != n:  # rows past n carry sequence -2: they see nothing and are cut off below
-            query = torch.nn.functional.pad(query, (0, 0, 0, rows - n))
+            q = torch.nn.functional.pad(q, (0, 0, 0, 0, 0, rows - n))  # padded along tokens: the same layout as
+        query = q.transpose(0, 1).unsqueeze(0)  # an unpadded contiguous q, so one kernel serves both
         lse = None
         kw = {}
         if params.sinks is not None:
@@ -224,8 +224,11 @@ class FlexBackend(AttentionBackend):
             kw["kernel_options"] = dict(WIDE_HEAD_OPTIONS if q.element_size() <= 2 else WIDE_HEAD_OPTIONS_FP32)
         elif not _decode_kernel_fits(rows, q.shape[1] // k.shape[1]):
             kw["kernel_options"] = {"FORCE_USE_FLEX_ATTENTION": True}
+        # The layouts are part of the key: inductor's artifact, called past dynamo's guards, asserts the strides it
+        # was compiled for (a q that arrives as another view gets a kernel of its own, never a wrong-stride call)
         fn = self._kernel((rows, params.sliding_window, params.softcap, params.temperature_len, params.sinks is not None,
-                           gqa, tuple(sorted(kw.get("kernel_options", {}).items()))))
+                           gqa, tuple(sorted(kw.get("kernel_options", {}).items())), query.stride(), keys.stride(),
+                           values.stride()))
         res = fn(query, keys, values, score_mod=self._score_mod(params.softcap, params.temperature_len), block_mask=bm,
                  scale=params.scale, enable_gqa=gqa, direct=self._bufs is self._static, **kw)
         if params.sinks is not None:

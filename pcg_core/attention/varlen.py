@@ -36,6 +36,8 @@ class VarlenBackend(AttentionBackend):
     name = "varlen"
     capturable = True
     kv_caches = ("auto", "fp8_e4m3")  # reads through KVCache.read
+    dtypes = ("float16", "bfloat16")
+    why_not_dtype = "torch's varlen_attn runs FlashAttention-2 kernels, which have none for float32; sdpa or flex do"
     page_size = 16
     devices = ("cuda",) if _varlen is not None else ()
     why_not_device = {"cpu": "torch's varlen_attn runs FlashAttention-2 kernels, which exist for CUDA only"}

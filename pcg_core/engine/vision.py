@@ -50,6 +50,17 @@ def vlm_model(model: torch.nn.Module) -> torch.nn.Module:
     return inner
 
 
+def feature_rows(features: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+    """An image-feature output as one [rows, hidden] tensor, whichever form this transformers gives it in: split per
+    image (a tuple of [rows_i, hidden]: pooler_output, and from 5.2x each deepstack layer) or whole ([rows, hidden]:
+    deepstack layers in 5.17). `torch.cat(list(whole))` would flatten the latter to one row of rows × hidden."""
+    if isinstance(features, torch.Tensor):
+        if features.dim() != 2:
+            raise ValueError(f"image features of shape {tuple(features.shape)}: expected [rows, hidden]")
+        return features
+    return torch.cat(list(features))
+
+
 class VisionInputs:
     """The pre-process stage of a VLM and its static buffers (see the module docstring)."""
 
@@ -103,13 +114,13 @@ class VisionInputs:
         pixels = torch.cat([im.pixel_values for im in imgs]).to(self.device, vdtype)
         grid = torch.tensor([im.grid_thw for im in imgs], dtype=torch.int64, device=self.device)
         out = self.vlm.get_image_features(pixels, grid, return_dict=True)
-        embeds = torch.cat(list(out.pooler_output)).to(self.dtype)
+        embeds = feature_rows(out.pooler_output).to(self.dtype)
         if embeds.shape[0] != int(placeholders.sum()):
             raise ValueError(f"prompt {i}: {int(placeholders.sum())} image placeholder tokens but its "
                              f"{len(imgs)} image(s) give {embeds.shape[0]} features; build the prompt with "
                              "pcg_core.model.vision.image_tokens for each image, in order")
         feats = getattr(out, "deepstack_features", None) or []
-        ds = [torch.cat(list(f)).to(self.dtype) for f in feats][: self.ds_layers]
+        ds = [feature_rows(f).to(self.dtype) for f in feats][: self.ds_layers]
         deepstack = torch.stack(ds) if ds else embeds.new_zeros(0, *embeds.shape)
         kw = {"image_grid_thw": grid}
         if "mm_token_type_ids" in self._rope_kwargs:

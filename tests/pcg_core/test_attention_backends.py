@@ -143,6 +143,18 @@ def test_declared_features_and_devices_are_published():
     assert caps["flex"]["devices"]["cpu"] is None and caps["flex"]["page_size"] == 128
     assert caps["varlen"]["devices"]["cuda"] is None  # this torch has varlen_attn
     assert all(why is None for why in caps["sdpa"]["features"].values())  # the reference runs every modifier
+    assert caps["varlen"]["dtypes"]["float32"] and "FlashAttention" in caps["varlen"]["dtypes"]["float32"]
+    assert caps["varlen"]["dtypes"]["bfloat16"] is None and caps["sdpa"]["dtypes"]["float32"] is None
+
+
+def test_a_backend_asked_for_a_dtype_it_has_no_kernel_for_is_refused_naming_it():
+    from pcg_core.attention.varlen import VarlenBackend
+
+    cache = KVCache(_config(4, 2), 4 * PAGE, torch.float32, torch.device("cpu"), page_size=PAGE)
+    with pytest.raises(ConfigError, match="varlen.*cannot compute in float32.*FlashAttention") as e:
+        VarlenBackend(cache, 8)
+    assert e.value.field == "dtype"
+    FlexBackend(cache, 8)  # flex computes float32
 
 
 def test_varlen_on_cpu_is_refused_with_the_reason():
@@ -402,6 +414,29 @@ def test_flex_compiled_kernel_matches_its_cpu_math_past_dynamo_without_a_recompi
             compiled.forward(q, k, v, got, params, md)
             plain.forward(q, k, v, want, params, md)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    (kernel,) = compiled._kernels.values()
+    assert kernel.direct_off == "" and kernel.direct_calls == 3 and kernel.compile_once.compiled == 1
+
+
+@pytest.mark.slow
+def test_flex_padded_and_unpadded_buckets_of_one_row_count_share_a_kernel_past_dynamo():
+    """Buckets 24 and 32 both hand flex 32 query rows: 24 padded up to 32, 32 as it is. Inductor's artifact asserts
+    the query strides it was compiled for, and the direct path skips dynamo's stride guards, so the two must reach
+    it in one layout (seen on the H200: bucket 32 after bucket 24 raised "expected … stride" in every flex cell)."""
+    cache, batch, _, _, _, _ = _setup("cpu", 4, 2)
+    compiled, plain = FlexBackend(cache, 32), FlexBackend(cache, 32)
+    compiled._compiled = True
+    g = torch.Generator().manual_seed(3)
+    qkv = [torch.randn(32, h, 16, generator=g) for h in (4, 2, 2)]
+    for bucket in (24, 32, 24, 32):
+        md = InputBuffers(32, cache, torch.device("cpu")).fill(batch, bucket)[2]
+        q, k, v = (t[:bucket] for t in qkv)
+        for backend in (compiled, plain):
+            backend.begin_forward(md)
+        got, want = torch.empty_like(q), torch.empty_like(q)
+        compiled.forward(q, k, v, got, LayerParams(0, 16 ** -0.5), md)
+        plain.forward(q, k, v, want, LayerParams(0, 16 ** -0.5), md)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     (kernel,) = compiled._kernels.values()
     assert kernel.direct_off == "" and kernel.direct_calls == 3 and kernel.compile_once.compiled == 1
 

@@ -219,3 +219,36 @@ def test_chunked_prefill_splits_an_image_across_forwards(vlm):
     for w, c in zip(whole, chunked):
         assert w.output_ids == c.output_ids
         assert (ours(w) - ours(c)).abs().max().item() < 1e-5
+
+
+def test_image_features_as_transformers_5_17_returns_them_give_the_same_outputs(vlm, monkeypatch):
+    """transformers 5.17 hands each deepstack layer back whole ([rows, hidden]) where 5.2x splits it per image; both
+    must reach the decoder as the same rows (seen on the H200: Qwen3-VL-MoE failed every cell on 5.17)."""
+    engine = make_engine(vlm.model, "disabled")
+    prompts, images = vl_prompts(vlm.config)
+    split = engine.generate(prompts, NEW, prompt_logprobs=True, images=images)
+    from pcg_core.engine.vision import vlm_model
+
+    inner = type(vlm_model(vlm.model))
+    orig = inner.get_image_features
+
+    def whole(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        if getattr(out, "deepstack_features", None):
+            out.deepstack_features = [torch.cat(list(f)) for f in out.deepstack_features]
+        return out
+
+    monkeypatch.setattr(inner, "get_image_features", whole)
+    engine = make_engine(vlm.model, "disabled")
+    for a, b in zip(split, engine.generate(prompts, NEW, prompt_logprobs=True, images=images)):
+        assert a.output_ids == b.output_ids
+        assert (ours(a) - ours(b)).abs().max().item() == 0
+
+
+def test_feature_rows_takes_split_and_whole_features_and_refuses_other_shapes():
+    from pcg_core.engine.vision import feature_rows
+
+    x = torch.arange(12.0).reshape(6, 2)
+    assert torch.equal(feature_rows(x), x) and torch.equal(feature_rows(x.split([2, 4])), x)
+    with pytest.raises(ValueError, match=r"expected \[rows, hidden\]"):
+        feature_rows(x.reshape(2, 3, 2))
