@@ -38,7 +38,7 @@ def create_app(db_url: str | None = None, upload_token: str | None = None) -> Fa
     """The app over `db_url` (None: $PCG_DB_URL or sqlite:///pcg.db); uploads need `upload_token`, else
     $PCG_UPLOAD_TOKEN; with neither, uploads are refused and everything else works."""
     store = Store(db_url)
-    store.views = KeptViews(store.views.engine)
+    store.views = KeptViews(store.views.engine, **store.views.flags)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
+from pydantic import TypeAdapter
 from sqlalchemy import Engine
 
 from harness.outcome import CellRecord
@@ -108,8 +109,9 @@ class KeptViews(Views):
     """Store.views keeping what the matrix reads per run (its cells, its statuses for the history strips), keyed on
     the run's revision: a finished run is read from the database once, a running one again after each write."""
 
-    def __init__(self, engine: Engine, runs_kept: int = 6, strips_kept: int = 64, derived_kept: int = 64) -> None:
-        super().__init__(engine)
+    def __init__(self, engine: Engine, runs_kept: int = 6, strips_kept: int = 64, derived_kept: int = 64,
+                 **flags: bool) -> None:
+        super().__init__(engine, **flags)
         self._cells: Kept[list[CellRecord]] = Kept(runs_kept)
         self._statuses: Kept[dict[str, str]] = Kept(strips_kept)
         self._derived: Kept[Any] = Kept(derived_kept, DERIVED_BYTES, size=_encoded_bytes)
@@ -122,10 +124,15 @@ class KeptViews(Views):
         rev = self.revisions([run_id])[run_id]
         return self._statuses.get((run_id, rev), lambda: super(KeptViews, self).statuses(run_id))
 
-    def derived(self, name: str, run_ids: list[int], build: Callable[[], T], *params: Hashable) -> T:
+    def derived(self, name: str, run_ids: list[int], build: Callable[[], T], *params: Hashable,
+                stored: TypeAdapter[T] | None = None) -> T:
         """Kept per (name, each run at its revision, params): a query string cannot make a page rebuild it, and
-        a write to any of the runs makes the next read compute it afresh."""
+        a write to any of the runs makes the next read compute it afresh. `stored` (one run, no params): kept in
+        the store as well (Views.stored), so another process or a restart reads it instead of building it."""
         revs = self.revisions(run_ids)
+        if stored is not None:
+            inner = build
+            build = lambda: Views.derived(self, name, run_ids, inner, *params, stored=stored)  # noqa: E731
         return self._derived.get((name, tuple(revs.items()), params), build)
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from harness.outcome import CellMetrics, CellRecord
 from harness.repro import repro_command
 from harness.reports import RunDiff, diff_markdown, diff_runs, results_frame, totals
@@ -22,11 +24,13 @@ from harness.reports.stats import is_counted, is_failing, is_passing, ordered_st
 from harness.store import HistoryPoint, RunNotFound, Store
 from web import present
 from web.grid import DEFAULT_GROUP, Grid, build_grid, row_matches
-from web.support import Support, support
+from web.support import STORED_SUPPORT, Support, support
 
 STALE_AFTER = timedelta(days=1)
 HISTORY_RUNS = 8  # runs in a matrix cell's history strip, this one included
 MAX_FAILING = 50  # failing cells listed on a run page
+# The latest run's cells by status per model, as the store keeps them per revision (the request queue reads them)
+STORED_MODEL_COUNTS: TypeAdapter[dict[str, dict[str, int]]] = TypeAdapter(dict[str, dict[str, int]])
 
 
 class CellNotFound(LookupError):
@@ -142,14 +146,15 @@ def matrix(store: Store, run_ref: int | str = "latest", group: str = DEFAULT_GRO
     if with_support and grid.filters:  # the summary answers the same question as the grid
         summary = support([r for r in rows if row_matches(r, grid.filters)], run["id"])
     elif with_support:  # the whole run's: computed once per revision, whatever the query string
-        summary = store.views.derived("support", [run["id"]], lambda: support(rows, run["id"]))
+        summary = store.views.derived("support", [run["id"]], lambda: support(rows, run["id"]), stored=STORED_SUPPORT)
     return MatrixView(run, grid, summary, before)
 
 
 def run_support(store: Store, run_ref: int | str = "latest") -> tuple[dict[str, Any], Support]:
     """A run and its whole support summary (no grid), kept per revision."""
     run = store.run(run_ref)
-    return run, store.views.derived("support", [run["id"]], lambda: support(store.views.cells(run["id"]), run["id"]))
+    return run, store.views.derived("support", [run["id"]], lambda: support(store.views.cells(run["id"]), run["id"]),
+                                    stored=STORED_SUPPORT)
 
 
 @dataclass
@@ -249,7 +254,8 @@ def requests(store: Store) -> list[RequestRow]:
     latest = store.latest_run()
     per_card: dict[str, Counter[str]] = {}
     if latest is not None:
-        counts_by_model = store.views.derived("model_counts", [latest["id"]], lambda: store.views.model_counts(latest["id"]))
+        counts_by_model = store.views.derived("model_counts", [latest["id"]], lambda: store.views.model_counts(latest["id"]),
+                                              stored=STORED_MODEL_COUNTS)
         for model, counts in counts_by_model.items():
             per_card.setdefault(model.partition(":")[0], Counter()).update(counts)
     out = []

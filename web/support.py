@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
+from pydantic import TypeAdapter
+
 from harness.outcome import AXES, CellRecord
 from harness.reports.markdown import one_line
 from harness.reports.stats import natural_key, status_class
@@ -86,6 +88,10 @@ class Support:
     not_supported_groups: int = 0  # all groups, listed or not
     failing: list[ReasonGroup] = field(default_factory=list)
     failing_groups: int = 0
+
+
+# The summary as the store keeps it (run_aggregates), per run revision: a restarted server reads it, not 10,000 cells
+STORED_SUPPORT: TypeAdapter[Support] = TypeAdapter(Support)
 
 
 def matrix_href(run_id: int, **params: str | list[str]) -> str:

@@ -107,6 +107,20 @@ class RunCounts(Base):
     revision: Mapped[int] = mapped_column(Integer, default=0)
 
 
+class RunAggregate(Base):
+    """A dashboard aggregate of one run (its support summary, its cells' statuses for the history strips, its
+    counts per model) as JSON, with the run revision it was computed at: computed once per revision by whichever
+    reader needs it first and kept here, so a restarted or second server process reads one row instead of
+    recomputing it from 10,000 cells. Stale the moment RunCounts.revision moves past it."""
+
+    __tablename__ = "run_aggregates"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    payload: Mapped[str] = mapped_column(Text)
+
+
 class MatrixFile(Base):
     """The content hash of the matrix file a run started from (`pcgh run` records it; an upload has none), so a
     resume can say the file changed since. A table of its own, not a column of runs: a database made before it

@@ -34,6 +34,7 @@ from harness.store.models import (
     RequestConfig,
     RequestOutcome,
     Run,
+    RunAggregate,
     RunCounts,
     as_dict,
     final_attempt,
@@ -89,7 +90,8 @@ class Store:
         self._session = sessionmaker(self._engine, expire_on_commit=False)
         # a store older than the request outcomes and configs (added together) reads on without them
         self._request_tables = not read_only or RequestOutcome.__tablename__ in tables
-        self.views = Views(self._engine, counted=not read_only or RunCounts.__tablename__ in tables)
+        self.views = Views(self._engine, counted=not read_only or RunCounts.__tablename__ in tables,
+                           aggregates=not read_only or RunAggregate.__tablename__ in tables, keep=not read_only)
         if not read_only:
             self._count_uncounted_runs()
 
@@ -113,6 +115,7 @@ class Store:
         self.close()
 
     def close(self) -> None:
+        self.views.close()
         self._engine.dispose()
 
     # --- runs -----------------------------------------------------------------------------------------------

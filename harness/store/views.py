@@ -10,19 +10,24 @@ as CellRecords whose metrics hold only those fields; nothing here hands out ORM 
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
-from sqlalchemy import ColumnElement, Connection, Engine, Text, cast, func, literal_column, select
+from pydantic import TypeAdapter, ValidationError
+from sqlalchemy import ColumnElement, Connection, Engine, Text, and_, cast, func, literal_column, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from harness.outcome import CellRecord, key_spellings
-from harness.store.models import CellResult, Run, RunCounts, final_attempt, first_recorded
+from harness.store.models import CellResult, Run, RunAggregate, RunCounts, final_attempt, first_recorded
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+_STATUSES: TypeAdapter[dict[str, str]] = TypeAdapter(dict[str, str])
 
 REASON_CHARS = 400  # of a reason, enough for the one-line tooltips and tables; the cell page reads it whole
 # besides speedup (and latency for a diff); graphs_captured tells a CPU run's timings from a graph speedup
@@ -101,10 +106,15 @@ def _record_json(dialect: str, latency: bool) -> ColumnElement[str]:
 class Views:
     """Reads over one database for the dashboard; built by the Store on its engine."""
 
-    def __init__(self, engine: Engine, counted: bool = True) -> None:
-        """`counted`: the database has the RunCounts table (a read-only Store over an older one may not)."""
+    def __init__(self, engine: Engine, counted: bool = True, aggregates: bool = True, keep: bool = True) -> None:
+        """`counted`: the database has the RunCounts table, `aggregates` the RunAggregate one (a read-only Store over
+        an older database may lack either); `keep`: aggregates computed here may be written (not read-only)."""
         self._engine = engine
         self._counted = counted
+        self._aggregates = aggregates and counted
+        self._keep_writes = keep
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
 
     @property
     def engine(self) -> Engine:
@@ -123,10 +133,79 @@ class Views:
             out.update(tally(conn, [r for r in run_ids if r not in out]))
         return {r: out[r] for r in run_ids}
 
-    def derived(self, name: str, run_ids: list[int], build: Callable[[], T], *params: Hashable) -> T:
-        """What `build` computes from these runs' cells (a support summary, a diff): computed here each time; a
-        caching subclass (web.cache.KeptViews) keeps it per the runs' revisions, so it is exact."""
+    def derived(self, name: str, run_ids: list[int], build: Callable[[], T], *params: Hashable,
+                stored: TypeAdapter[T] | None = None) -> T:
+        """What `build` computes from these runs' cells (a support summary, a diff): computed here each time, or
+        with `stored` (an aggregate of one run, no params) read from the store when kept at the run's revision; a
+        caching subclass (web.cache.KeptViews) keeps it in memory per the runs' revisions too, so it is exact."""
+        if stored is not None:
+            if len(run_ids) != 1 or params:
+                raise ValueError(f"{name}: a stored aggregate is one run's, without parameters")
+            return self.stored(name, run_ids[0], stored, build)
         return build()
+
+    def stored(self, name: str, run_id: int, adapter: TypeAdapter[T], build: Callable[[], T]) -> T:
+        """Run `run_id`'s aggregate `name`: read back from run_aggregates where it was kept at the run's current
+        revision, else built here and handed to a background writer to keep (a read never waits on a write lock:
+        an upload may hold SQLite's for seconds). A payload `adapter` cannot read (kept by another version of the
+        type) is built again."""
+        if not self._aggregates:
+            return build()
+        q = (select(RunCounts.revision, RunAggregate.revision, RunAggregate.payload).select_from(RunCounts)
+             .outerjoin(RunAggregate, and_(RunAggregate.run_id == RunCounts.run_id, RunAggregate.name == name))
+             .where(RunCounts.run_id == run_id))
+        with self._engine.connect() as conn:
+            row = conn.execute(q).first()
+        if row is None:  # a run with no RunCounts row (written by an older Store): no revision to key it on
+            return build()
+        current, kept, payload = row
+        if kept == current and payload is not None:
+            try:
+                return adapter.validate_json(payload)
+            except ValidationError:
+                log.info("run %s's kept %s no longer reads as %s: building it again", run_id, name, adapter)
+        value = build()  # the revision was read before the build: a write meanwhile makes the kept row a miss
+        if self._keep_writes:
+            self._keep(run_id, name, int(current), adapter.dump_json(value).decode())
+        return value
+
+    def _keep(self, run_id: int, name: str, revision: int, payload: str) -> None:
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="pcg-aggregates")
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._writer.submit(self._write_aggregate, run_id, name, revision, payload))
+
+    def _write_aggregate(self, run_id: int, name: str, revision: int, payload: str) -> None:
+        if self._engine.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        stmt = insert(RunAggregate).values(run_id=run_id, name=name, revision=revision, payload=payload)
+        stmt = stmt.on_conflict_do_update(index_elements=["run_id", "name"],
+                                          set_={"revision": stmt.excluded.revision, "payload": stmt.excluded.payload})
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(stmt)
+        except SQLAlchemyError as e:  # kept or not, the reader already has its value: the next one builds it again
+            log.warning("run %s's %s not kept: %s", run_id, name, e)
+
+    def flush(self) -> None:
+        """Wait until every aggregate handed to the background writer is written (tests; a clean shutdown)."""
+        for f in self._pending:
+            f.result()
+        self._pending = []
+
+    def close(self) -> None:
+        """Write what is pending, then stop the writer (the Store closes its views before its engine)."""
+        self.flush()
+        if self._writer is not None:
+            self._writer.shutdown()
+            self._writer = None
+
+    @property
+    def flags(self) -> dict[str, bool]:
+        """The keyword arguments that build Views with the same reach over this database (a subclass over it)."""
+        return {"counted": self._counted, "aggregates": self._aggregates, "keep": self._keep_writes}
 
     def revisions(self, run_ids: list[int]) -> dict[int, int]:
         """How many writes each run has had (RunCounts.revision; 0 when it has no row): a cache of a run's cells
@@ -148,8 +227,12 @@ class Views:
     def statuses(self, run_id: int) -> dict[str, str]:
         """Each cell's final status in one run, by key: what a history strip needs, without the rest of the row."""
         q = select(CellResult.key, CellResult.status).where(CellResult.run_id == run_id, final_attempt())
-        with self._engine.connect() as conn:
-            return {k: s for k, s in conn.execute(q)}
+
+        def build() -> dict[str, str]:
+            with self._engine.connect() as conn:
+                return {k: s for k, s in conn.execute(q)}
+
+        return self.stored("statuses", run_id, _STATUSES, build)
 
     def model_counts(self, run_id: int) -> dict[str, Counter[str]]:
         """Final-attempt cells by status per model-axis value ("card:variant") of one run, in one GROUP BY."""

@@ -95,3 +95,47 @@ def test_derived_answers_are_built_once_per_revision_and_exact_after_a_write(tmp
         assert k in {c["key"] for c in after["new_failures"]}
         assert "planted after the first read" in client.get("/").text
         assert built == {"support": 2, "diff": 2}
+
+
+def test_a_restarted_server_reads_the_runs_aggregates_from_the_store(tmp_path, monkeypatch) -> None:
+    """The support summary and the request queue's counts per model are kept in the store per run revision: a
+    second app over the same database (a restart, another worker) answers with them and builds neither, and
+    after a write it builds them again, once."""
+    from fastapi.testclient import TestClient
+    from web_seed import axes, key, seed
+
+    from harness.outcome import CellRecord
+    from harness.store import Store
+    from web import services
+    from web.app import create_app
+
+    monkeypatch.setenv("PCG_PAGE_CACHE_MB", "0")
+    url = f"sqlite:///{tmp_path / 'pcg.db'}"
+    seed(url)
+    built = {"support": 0, "model_counts": 0}
+    real_support = services.support
+
+    def counted_support(*a, **k):
+        built["support"] += 1
+        return real_support(*a, **k)
+
+    monkeypatch.setattr(services, "support", counted_support)
+    with TestClient(create_app(url)) as client:
+        first = client.get("/api/support").json()
+        assert client.get("/requests").status_code == 200
+        client.app.state.store.views.flush()
+    assert built["support"] == 1
+    with Store(url) as store:  # the queue's counts are read from the kept row from here on
+        real_counts = type(store.views).model_counts
+    monkeypatch.setattr(type(store.views), "model_counts", lambda self, run_id: (
+        built.__setitem__("model_counts", built["model_counts"] + 1), real_counts(self, run_id))[1])
+    with TestClient(create_app(url)) as client:
+        assert client.get("/api/support").json() == first
+        assert client.get("/requests").status_code == 200
+        assert built == {"support": 1, "model_counts": 0}
+        with Store(url) as store:
+            store.record_result(3, CellRecord(key=key("llama-3.1-8b:tiny", "piecewise"), status="fail_run",
+                                              axes=axes("llama-3.1-8b:tiny", "piecewise"), reason="planted", attempt=9))
+        assert client.get("/api/support").json() != first
+        assert client.get("/requests").status_code == 200
+        assert built == {"support": 2, "model_counts": 1}

@@ -144,3 +144,58 @@ def test_a_run_stored_under_a_schemes_old_name_still_reads_and_joins_its_history
         history = store.views.history(cell_key(new_axes))
         assert [(h.run_id, h.record.status) for h in history] == [(first, "pass"), (run, "fail_run")]
         assert store.views.history(cell_key({**_axes("m:tiny"), "quant": "awq"})) == []
+
+
+def _counting(value):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return value
+
+    return build, calls
+
+
+def test_a_stored_aggregate_is_built_once_per_revision_and_read_back_by_another_process(db_url):
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(dict[str, int])
+    with Store(db_url) as store:
+        _, run = _seed(store)
+        build, calls = _counting({"x": 1})
+        assert store.views.stored("probe", run, adapter, build) == {"x": 1} and calls == [1]
+        store.views.flush()
+    with Store(db_url) as again:  # a restarted server: the kept row, not a build
+        build, calls = _counting({"x": 2})
+        assert again.views.stored("probe", run, adapter, build) == {"x": 1} and calls == []
+        again.record_results(run, [CellRecord(key="d", axes=_axes("m:tiny", "breakable"), status="pass")])
+        assert again.views.stored("probe", run, adapter, build) == {"x": 2} and calls == [1]  # a write: built again
+        again.views.flush()
+        assert again.views.stored("probe", run, adapter, build) == {"x": 2} and calls == [1]
+    with Store(db_url, read_only=True) as reader:
+        assert reader.views.stored("probe", run, adapter, _counting({"x": 3})[0]) == {"x": 2}
+
+
+def test_a_kept_aggregate_that_no_longer_reads_as_its_type_is_built_again(db_url):
+    from pydantic import TypeAdapter
+
+    with Store(db_url) as store:
+        _, run = _seed(store)
+        store.views.stored("probe", run, TypeAdapter(dict[str, str]), lambda: {"x": "not a number"})
+        store.views.flush()
+        build, calls = _counting({"x": 5})
+        assert store.views.stored("probe", run, TypeAdapter(dict[str, int]), build) == {"x": 5} and calls == [1]
+
+
+def test_history_strips_read_the_kept_statuses(db_url):
+    with Store(db_url) as store:
+        first, run = _seed(store)
+        want = store.views.statuses(run)
+        assert want == {"a": "pass_flaky", "b": "unsupported", "c": "timeout"}
+        store.views.flush()
+    with Store(db_url) as again:
+        from sqlalchemy import text
+
+        with again.views.engine.begin() as conn:  # the cells gone behind the store's back: only the kept row answers
+            conn.execute(text("DELETE FROM cell_results"))
+        assert again.views.statuses(run) == want
