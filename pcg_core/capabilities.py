@@ -113,8 +113,9 @@ def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALL
     is said when it loads (pcg_core.distributed.tp_unsupported_reason)."""
     have = list(supported)
     if parallel in have:
-        if quant != "none" and parse_parallel(parallel).get("tp", 1) > 1:
-            return f"parallel mode {parallel!r} with quantization {quant}: quantized layers are not sharded yet"
+        info = quant_registry.SCHEME_INFO.get(quant)
+        if info is not None and info.weights == "fp4" and parse_parallel(parallel).get("tp", 1) > 1:
+            return f"parallel mode {parallel!r} with quantization {quant}: FP4 layers are not sharded yet"
         return None
     try:
         parts = parse_parallel(parallel)

@@ -20,10 +20,11 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.cell.run import resolve_model, run_cell
+    from harness.cell.run import run_cell
+    from harness.cell.spec import resolve_model
     from harness.cell.spec import CellSpec
 
-_WHERE = {"CellSpec": "harness.cell.spec", "resolve_model": "harness.cell.run", "run_cell": "harness.cell.run"}
+_WHERE = {"CellSpec": "harness.cell.spec", "resolve_model": "harness.cell.spec", "run_cell": "harness.cell.run"}
 __all__ = ["CellSpec", "resolve_model", "run_cell"]
 
 

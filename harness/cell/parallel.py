@@ -9,12 +9,16 @@ from dataclasses import replace
 import torch
 
 from harness.cell.prompts import Case
-from harness.cell.spec import CellSpec
+from harness.cell.spec import CellSpec, resolve_model
 from pcg_core.config import EngineConfig
 from pcg_core.distributed import ParallelGroup, env_world_size, init_from_env
+from pcg_core.distributed.quant import emulate_row_shards, scheme_for_shards
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.errors import ConfigError
 from pcg_core.known import parse_parallel
+from pcg_core.model import load_model
+from pcg_core.quant import get_scheme, quantize_model
+from pcg_core.quant.synthetic_weights import make_realistic_
 
 
 def parallel_group(spec: CellSpec) -> ParallelGroup | None:
@@ -42,3 +46,25 @@ def tp1_prompt_logprob_diff(full_model: torch.nn.Module, config: EngineConfig, c
     for a, b in zip(outs, sharded):
         worst = max([worst, *(abs(x - y) for x, y in zip(a.prompt_logprobs or [], b.prompt_logprobs or []))])
     return worst
+
+
+def tp1_check(spec: CellSpec, config: EngineConfig, case: Case, sharded: list[SequenceOutput], tol: float,
+              input_absmax: dict[str, float] | None) -> tuple[float, str | None]:
+    """(max |Δ prompt logprob| of the sharded eager against the same weights unsharded in this process, why that is
+    too far or None). A synthetic quantized model is quantized again here as the shards' full model was (same
+    realistic scales, same calibration, same groups); where the shards round their activations per token over their
+    own K, the unsharded model rounds them alike (emulate_row_shards), so only the sharding itself separates the two
+    and the bound stays the cell's tolerance."""
+    parts = parse_parallel(spec.parallel).get("tp", 1)
+    lm = load_model(resolve_model(spec), layers=spec.layers, tiny=spec.tiny, weights=spec.weights,
+                    dtype=config.torch_dtype, device=spec.device, seed=spec.seed, peaked=spec.peaked)
+    if spec.quant != "none":
+        if lm.synthetic:
+            make_realistic_(lm.model, spec.seed)
+            quantize_model(lm.model, scheme_for_shards(get_scheme(spec.quant), lm.model, parts), input_absmax=input_absmax)
+        emulate_row_shards(lm.model, parts)
+    diff = tp1_prompt_logprob_diff(lm.model, config, case, sharded)
+    if diff <= tol:
+        return diff, None
+    return diff, (f"{spec.parallel} eager differs from tp1 eager (the same weights unsharded) by {diff:.3g} in prompt "
+                  f"logprob > {tol:g} on {case.name}: a shard or a collective is wrong")

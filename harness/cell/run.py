@@ -33,10 +33,10 @@ from harness.cell.judge import (
     tie_margin,
 )
 from harness.cell.padding import FP32_PADDING_RTOL, float32_padding_rel
-from harness.cell.parallel import parallel_group, tp1_prompt_logprob_diff
+from harness.cell.parallel import parallel_group, tp1_check
 from harness.cell.prompts import Case, latency_token_counts, prompt_suite, repeat_of
 from harness.cell.reference import reference_layer
-from harness.cell.spec import CellSpec
+from harness.cell.spec import CellSpec, resolve_model
 from harness.cell.timing import median_ms
 from harness.outcome import (
     CellMetrics,
@@ -55,6 +55,7 @@ from pcg_core.capabilities import (
 )
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.distributed import ParallelGroup, rank_device, shard_model
+from pcg_core.distributed.quant import scheme_for_shards
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.kv_scales import ATTRIBUTE, calibrate_kv_scales, set_kv_scales
 from pcg_core.errors import ConfigError, UnsupportedModel
@@ -71,14 +72,6 @@ from pcg_core.quant.synthetic_weights import make_realistic_
 Outputs = dict[str, list[SequenceOutput]]
 
 
-def resolve_model(spec: CellSpec) -> str | dict:
-    """A card id becomes its real config (synthetic weights), or with weights="real" the hub id of its checkpoint
-    in the cell's quantization (the card's `quantized:`; _check_runtime stopped a cell that has none)."""
-    card = find_card(spec.model)
-    if card is None:
-        return spec.model
-    return (card.checkpoint_for(spec.quant) or card.hub_id) if spec.weights == "real" else card.config
-
 
 @dataclass
 class _Cell:
@@ -93,6 +86,7 @@ class _Cell:
     coverage: CoverageCounter | None = None
     group: ParallelGroup | None = None  # this rank's tensor-parallel group (None: one process)
     float_ref: list[SequenceOutput] | None = None  # the unquantized model's first case, for the quantization error
+    input_absmax: dict[str, float] | None = None  # a synthetic model's calibration (tp1 requantizes with it)
 
     def engine(self, backend: str, kv_cache: str | None = None) -> Engine:
         """An engine on the cell's model (kv_cache: another KV-cache dtype than the cell's, for calibration)."""
@@ -144,8 +138,6 @@ def _load(cell: _Cell) -> None:
     try:
         cell.lm = load_model(resolve_model(s), layers=s.layers, tiny=s.tiny, weights=s.weights,
                              dtype=cell.config.torch_dtype, device=s.device, seed=s.seed, peaked=s.peaked)
-        if cell.group is not None:  # every rank built the same full weights: each keeps its shard
-            shard_model(cell.lm.model, cell.group)
     except UnsupportedModel as e:
         raise Stop(Status.UNSUPPORTED, str(e)) from e
     except ConfigError:
@@ -168,6 +160,11 @@ def _load(cell: _Cell) -> None:
                                         "model): run it as quant " + got[0])
     if s.kv_cache != "auto":
         _kv_scales(cell)
+    if cell.group is not None:  # every rank built, quantized and calibrated the same full model: each keeps its shard
+        try:
+            shard_model(cell.lm.model, cell.group)
+        except UnsupportedModel as e:
+            raise Stop(Status.UNSUPPORTED, str(e)) from e
 
 
 def _kv_scales(cell: _Cell) -> None:
@@ -222,7 +219,9 @@ def _quantize(cell: _Cell) -> None:
     try:
         with record_input_absmax(model) as absmax:
             cell.float_ref = cell.run_suite(cell.engine("disabled", kv_cache="auto"), cases=[case])[case.name]
-        m.quant_layers = len(quantize_model(model, get_scheme(s.quant), input_absmax=absmax))
+        cell.input_absmax = absmax
+        m.quant_layers = len(quantize_model(model, scheme_for_shards(get_scheme(s.quant), model, cell.group.size if cell.group else 1),
+                                              input_absmax=absmax))
     except NotImplementedError as e:  # a layout the quantizer declines (gpt-oss's biased, transposed experts)
         raise Stop(Status.UNSUPPORTED, f"quantization {s.quant}: {e}") from e
     except Exception as e:  # noqa: BLE001 - the float reference or the quantization itself failed: eager cannot run
@@ -264,20 +263,16 @@ def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
 
 
 def _tp1(cell: _Cell, ref: Outputs) -> None:
-    """A tensor-parallel cell's eager against the same synthetic weights unsharded in this process (TP=1): a wrong
-    shard or a missing all-reduce fails here, where graph = eager at the same TP cannot see it."""
+    """A tensor-parallel cell's eager against the same weights unsharded in this process (parallel.tp1_check)."""
     s, case = cell.spec, cell.cases[0]
     try:
-        full = load_model(resolve_model(s), layers=s.layers, tiny=s.tiny, weights=s.weights, dtype=cell.config.torch_dtype,
-                          device=s.device, seed=s.seed, peaked=s.peaked).model
-        diff = tp1_prompt_logprob_diff(full, replace(cell.config, kv_slots=cell.kv_slots), case, ref[case.name])
+        diff, problem = tp1_check(s, replace(cell.config, kv_slots=cell.kv_slots), case, ref[case.name], cell.tol,
+                                  cell.input_absmax)
     except Exception as e:  # noqa: BLE001 - the unsharded model is eager too
         raise crash(Status.EAGER_FAIL, e) from e
     cell.metrics.tp1_logprob_diff = round(diff, 9)
-    if not diff <= cell.tol:
-        raise Stop(Status.FAIL_ACCURACY, f"{s.parallel} eager differs from tp1 eager (the same weights unsharded) by "
-                                          f"{diff:.3g} in prompt logprob > {cell.tol:g} on {case.name}: a shard or a "
-                                          "collective is wrong")
+    if problem:
+        raise Stop(Status.FAIL_ACCURACY, problem)
 
 
 def _reference(cell: _Cell, ref: Outputs) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.cards import find_card
 from pcg_core.quant.schemes import registry as quant_registry
 
 
@@ -33,3 +34,12 @@ class CellSpec:
         self.quant = quant_registry.canonical(self.quant)  # an alias (fp4) runs as its scheme (nvfp4)
         if self.dtype is None:
             self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
+
+
+def resolve_model(spec: CellSpec) -> str | dict:
+    """A card id becomes its real config (synthetic weights), or with weights="real" the hub id of its checkpoint
+    in the cell's quantization (the card's `quantized:`; _check_runtime stopped a cell that has none)."""
+    card = find_card(spec.model)
+    if card is None:
+        return spec.model
+    return (card.checkpoint_for(spec.quant) or card.hub_id) if spec.weights == "real" else card.config

@@ -37,3 +37,24 @@ def tp_experts_class(cls: type) -> type:
         _EXPERT_CLASSES[cls] = type(f"TensorParallel{cls.__name__}", (cls,), {"forward": forward,
                                                                              "__module__": __name__})
     return _EXPERT_CLASSES[cls]
+
+
+_ROW_CLASSES: dict[type, type] = {}
+
+
+def tp_row_class(cls: type) -> type:
+    """A subclass of a quantized linear class `cls` holding this rank's input columns: `local_forward` (the class's
+    own forward, on the local shard, without bias) then the sum over ranks, then `tp_bias` once. The float and
+    reference twins (pcg_core/quant/twin.py) replace `local_forward` only, so their shards are summed alike."""
+    if cls not in _ROW_CLASSES:
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.local_forward(x)
+            torch.ops.pcg.all_reduce_(out, getattr(self, TP_GROUP))
+            return out if self.tp_bias is None else out + self.tp_bias.to(out.dtype)
+
+        def local_forward(self, x: torch.Tensor) -> torch.Tensor:
+            return cls.forward(self, x)
+
+        _ROW_CLASSES[cls] = type(f"RowParallel{cls.__name__}", (cls,), {
+            "forward": forward, "local_forward": local_forward, "row_parallel": True, "__module__": __name__})
+    return _ROW_CLASSES[cls]

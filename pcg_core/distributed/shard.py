@@ -17,8 +17,10 @@ import torch
 
 from pcg_core.distributed.group import ParallelGroup
 from pcg_core.distributed.layers import TP_GROUP, RowParallelLinear, tp_experts_class
+from pcg_core.distributed.quant import is_quantized_linear, shard_quantized
 from pcg_core.distributed.plan import COLWISE, EXPERT_STYLES, ROWWISE, decoder_plan, style_for, tp_unsupported_reason, unknown_styles
 from pcg_core.errors import UnsupportedModel
+from pcg_core.quant.layers.linear import scheme_of
 
 ATTRIBUTE = "pcg_tensor_parallel"  # on the sharded model: its TensorParallel record
 
@@ -98,6 +100,9 @@ def shard_model(model: torch.nn.Module, group: ParallelGroup) -> TensorParallel:
     decoder = model.get_decoder()
     reduces = 0
     for name, m in list(decoder.named_modules()):
+        if hasattr(m, "num_experts") and scheme_of(m) is not None:
+            raise UnsupportedModel(f"tp{group.size}: {name}: quantized experts ({scheme_of(m).name}) are not sharded "
+                                   "yet (quantized dense layers are)")
         if _is_experts(m):
             _experts(m, group, name)
             reduces += 1
@@ -105,9 +110,13 @@ def shard_model(model: torch.nn.Module, group: ParallelGroup) -> TensorParallel:
         style = style_for(plan, name)
         if style is None or style in EXPERT_STYLES:
             continue
+        if style in COLWISE + ROWWISE and is_quantized_linear(m):
+            shard_quantized(m, style in ROWWISE, group, name)
+            reduces += style in ROWWISE
+            continue
         if style in COLWISE + ROWWISE and type(m) is not torch.nn.Linear:
-            raise UnsupportedModel(f"tp{group.size}: {name} is a {type(m).__name__}, not a plain Linear; "
-                                   "quantized or custom layers are not sharded yet")
+            raise UnsupportedModel(f"tp{group.size}: {name} is a {type(m).__name__}, not a plain or quantized Linear; "
+                                   "custom layers are not sharded yet")
         if style in COLWISE:
             _colwise(m, group, name)
         elif style in ROWWISE:

@@ -133,7 +133,10 @@ def _twin(model: torch.nn.Module, float32: bool, quantized) -> torch.nn.Module:
             module.float_twin = True
         elif _quantized_linear(module):
             module.float_twin = True
-            module.forward = types.MethodType(quantized, module)
+            # a row-parallel shard (pcg_core.distributed) sums its local output over ranks in `forward`: its local
+            # part is what the twin replaces
+            setattr(module, "local_forward" if getattr(module, "row_parallel", False) else "forward",
+                    types.MethodType(quantized, module))
         elif float32:
             _read_in_float32(name, module)
         module._apply = types.MethodType(_refuse_apply, module)

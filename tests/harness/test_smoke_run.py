@@ -22,15 +22,15 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
         attempts_before = store.results(first["id"], all_attempts=True)
     # unquantized: 14 models × 3 attention backends × 3 graph backends; 8-bit: 4 schemes × 3 models × sdpa × 3 graphs;
     # 4-bit weight-only (awq, gptq, nvfp4): 3 schemes × 3 models × sdpa × 3 graphs; the FP8 KV cache: 4 cells;
-    # TP=2: 4 models × {piecewise, breakable}
-    assert len(rows) == 126 + 36 + 27 + 4 + 8
+    # TP=2: 4 models × {piecewise, breakable}, and Llama quantized (int8_w8a8 piecewise, awq breakable)
+    assert len(rows) == 126 + 36 + 27 + 4 + 8 + 2
     assert all(r.status in STATUSES for r in rows)
     launched = [r for r in rows if r.status != "unsupported"]
     # all 14 models (DeepSeek-V3 and Kimi-K2 with MLA, Qwen3-Next with linear attention, two VLMs) × {sdpa, flex} ×
     # 3 graphs, less Qwen3-Next under full (its linear-attention op cannot be captured: refused with the reason);
     # varlen is marked unsupported on the CPU, with the reason; each 8-bit scheme on Llama, Qwen3 and Qwen3-MoE ×
     # 3 graphs; each 4-bit weight-only scheme (awq, gptq, nvfp4) on Llama, Qwen3 and Qwen3-MoE × 3 graphs
-    assert len(launched) == 82 + 36 + 27 + 4 + 8 and all(r.passed for r in launched), \
+    assert len(launched) == 82 + 36 + 27 + 4 + 8 + 2 and all(r.passed for r in launched), \
         [(r.key, r.status, r.reason) for r in launched if not r.passed]
     # TP=2, two gloo processes a cell: both ranks passed, and the sharded eager matches the same weights unsharded
     tp2 = [r for r in rows if r.axes["parallel"] == "tp2"]
@@ -39,6 +39,8 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
         for g in ("piecewise", "breakable")}
     assert all(r.passed and r.metrics.rank_statuses == ["pass", "pass"] and r.metrics.tp1_logprob_diff is not None
                and r.metrics.tp1_logprob_diff < 1e-4 for r in tp2), [(r.key, r.status, r.reason) for r in tp2]
+    assert sorted((r.axes["quant"], r.axes["graph"]) for r in tp2 if r.axes["quant"] != "none") == [
+        ("awq", "breakable"), ("int8_w8a8", "piecewise")]
     mla_flex = [r for r in rows if r.axes["model"] in ("deepseek-v3:tiny", "kimi-k2:tiny") and r.axes["attention"] == "flex"]
     assert len(mla_flex) == 7 and all(r.passed for r in mla_flex)  # 6 + DeepSeek-V3's FP8 latent cache
     grok_flex = [r for r in rows if r.axes["model"] == "grok-2:tiny" and r.axes["attention"] == "flex"]
@@ -46,13 +48,13 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
     fp8_kv = [r for r in rows if r.axes["kv_cache"] == "fp8_e4m3"]
     assert len(fp8_kv) == 4 and all(r.passed and r.metrics.kv_scales == "calibrated" for r in fp8_kv)
     quantized = [r for r in rows if r.axes["quant"] not in ("none", "awq", "gptq", "nvfp4")]
-    assert len(quantized) == 36 and all(r.passed for r in quantized)
+    assert len(quantized) == 36 + 1 and all(r.passed for r in quantized)
     # 7 linears per dense layer; 4 + the fused experts per MoE layer; 2 layers
     layers = {"llama-3.1-8b:tiny": 14, "qwen3-0.6b:tiny": 14, "qwen3-30b-a3b:tiny": 10}
     assert all(r.metrics.quant_layers == layers[r.axes["model"]] and r.metrics.quant_logprob_diff > 0 for r in quantized)
     int4 = [r for r in rows if r.axes["quant"] in ("awq", "gptq")]
     dense4 = [r for r in int4 if r.axes["model"] != "qwen3-30b-a3b:tiny"]
-    assert len(dense4) == 12 and all(r.passed and r.metrics.quant_layers == 14 and r.metrics.quant_logprob_diff > 0
+    assert len(dense4) == 12 + 1 and all(r.passed and r.metrics.quant_layers == 14 and r.metrics.quant_logprob_diff > 0
                                      for r in dense4)
     moe4 = [r for r in int4 if r.axes["model"] == "qwen3-30b-a3b:tiny"]  # 4 linears + the int4 experts per layer
     assert len(moe4) == 6 and all(r.passed and r.metrics.quant_layers == 10 and r.metrics.quant_logprob_diff > 0

@@ -61,7 +61,8 @@ def test_parallel_modes_are_a_rule_and_the_reasons_name_what_is_missing():
     assert "pipeline parallelism" in parallel_unsupported_reason("pp2")
     assert "data-parallel attention" in parallel_unsupported_reason("tp2-dp2")
     assert "EP = TP" in parallel_unsupported_reason("tp2-ep2")
-    assert "quantized layers are not sharded" in parallel_unsupported_reason("tp2", quant="fp8")
+    assert "FP4 layers are not sharded" in parallel_unsupported_reason("tp2", quant="nvfp4")
+    assert parallel_unsupported_reason("tp2", quant="int8_w8a8") is None and parallel_unsupported_reason("tp2", quant="awq") is None
     assert parallel_unsupported_reason("tp1", quant="fp8") is None
 
 
