@@ -12,7 +12,6 @@ import pytest
 
 from harness.cell.run import run_cell
 from harness.cell.spec import CellSpec
-from harness.outcome import Status
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "pcg_core" / "distributed"))
 from tp_ranks import run_ranks  # noqa: E402
