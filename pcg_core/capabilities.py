@@ -72,7 +72,8 @@ def parallel_gpus(parallel: str) -> int:
 
 # Parallel mode → GPUs it needs, for the modes the runtime runs: the rule below (tensor parallelism of the degrees
 # pcg_core.distributed shards to; its experts EP = TP in all-reduce style), written out for the pre-checks.
-PARALLEL = {f"tp{n}": parallel_gpus(f"tp{n}") for n in TP_DEGREES}
+# tpN, and tpN-epN: the same N ranks with the routed experts split by expert index instead of intermediate size
+PARALLEL = {m: parallel_gpus(m) for m in (*(f"tp{n}" for n in TP_DEGREES), *(f"tp{n}-ep{n}" for n in TP_DEGREES if n > 1))}
 
 
 def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION, features: Iterable[str] = (),
@@ -102,8 +103,8 @@ def checkpoint_limits(quant: str) -> dict[str, str]:
     return dict(QUANT_CHECKPOINT_LIMITS)
 
 
-_NOT_YET = {"ep": "expert parallelism as its own axis (all-to-all dispatch) is not run yet; tpN shards MoE experts "
-                  "across its N ranks (EP = TP, all-reduce style)",
+_NOT_YET = {"ep": "expert parallelism beyond the TP ranks (all-to-all dispatch) is not run yet; tpN-epN spreads whole "
+                  "experts over the N TP ranks (EP = TP, all-reduce style)",
             "pp": "pipeline parallelism is not run yet", "dp": "data-parallel attention is not run yet"}
 
 

@@ -59,6 +59,7 @@ from pcg_core.distributed.quant import scheme_for_shards
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.kv_scales import ATTRIBUTE, calibrate_kv_scales, set_kv_scales
 from pcg_core.errors import ConfigError, UnsupportedModel
+from pcg_core.known import parse_parallel
 from pcg_core.model import LoadedModel, load_model
 from pcg_core.model.vision import is_vlm, text_token_limit
 from pcg_core.quant import (
@@ -162,7 +163,7 @@ def _load(cell: _Cell) -> None:
         _kv_scales(cell)
     if cell.group is not None:  # every rank built, quantized and calibrated the same full model: each keeps its shard
         try:
-            shard_model(cell.lm.model, cell.group)
+            shard_model(cell.lm.model, cell.group, expert_parallel=parse_parallel(s.parallel).get("ep", 1) > 1)
         except UnsupportedModel as e:
             raise Stop(Status.UNSUPPORTED, str(e)) from e
 

@@ -58,3 +58,26 @@ def tp_row_class(cls: type) -> type:
         _ROW_CLASSES[cls] = type(f"RowParallel{cls.__name__}", (cls,), {
             "forward": forward, "local_forward": local_forward, "row_parallel": True, "__module__": __name__})
     return _ROW_CLASSES[cls]
+
+
+_EP_CLASSES: dict[type, type] = {}
+
+
+def ep_experts_class(cls: type) -> type:
+    """A subclass of transformers' experts class `cls` holding a contiguous range of whole experts (`ep_start`, then
+    `num_experts` of them; expert parallelism where ep = tp, all-reduce style). Every rank sees every token and the
+    same routing: the routes to its own experts keep their index (made local) and weight, the others run nowhere
+    here (their weight zeroed, their index pointed at a local expert), and the partial sums are added over ranks.
+    Static shapes throughout, so the experts stay capturable (an all-to-all dispatch is data-dependent)."""
+    if cls not in _EP_CLASSES:
+        def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                    *args, **kwargs) -> torch.Tensor:
+            local = top_k_index - self.ep_start
+            mine = (local >= 0) & (local < self.num_experts)
+            out = cls.forward(self, hidden_states, torch.where(mine, local, torch.zeros_like(local)),
+                              top_k_weights * mine, *args, **kwargs)
+            torch.ops.pcg.all_reduce_(out, getattr(self, TP_GROUP))
+            return out
+
+        _EP_CLASSES[cls] = type(f"ExpertParallel{cls.__name__}", (cls,), {"forward": forward, "__module__": __name__})
+    return _EP_CLASSES[cls]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from pcg_core.distributed.group import ParallelGroup
-from pcg_core.distributed.layers import TP_GROUP, RowParallelLinear, tp_experts_class
+from pcg_core.distributed.layers import TP_GROUP, RowParallelLinear, ep_experts_class, tp_experts_class
 from pcg_core.distributed.quant import is_quantized_linear, shard_quantized
 from pcg_core.distributed.plan import COLWISE, EXPERT_STYLES, ROWWISE, decoder_plan, style_for, tp_unsupported_reason, unknown_styles
 from pcg_core.errors import UnsupportedModel
@@ -81,14 +81,32 @@ def _experts(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
     setattr(m, TP_GROUP, g.name)
 
 
+def _experts_by_index(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
+    """Expert parallelism (ep = tp): this rank keeps experts [rank·E/size, (rank+1)·E/size) whole."""
+    if getattr(m, "has_bias", False):
+        raise UnsupportedModel(f"tp{g.size}-ep{g.size}: {where} ({type(m).__name__}) has biased experts; not sharded yet")
+    experts = m.num_experts
+    if experts % g.size:
+        raise UnsupportedModel(f"ep{g.size}: {where} has {experts} experts, which {g.size} ranks do not divide")
+    for name in ("gate_up_proj", "up_proj", "down_proj"):
+        if isinstance(getattr(m, name, None), torch.Tensor):
+            setattr(m, name, _param(_shard(getattr(m, name).data, 0, g.rank, g.size, where)))
+    m.num_experts = experts // g.size
+    m.ep_start = g.rank * m.num_experts
+    m.__class__ = ep_experts_class(type(m))
+    setattr(m, TP_GROUP, g.name)
+
+
 def _is_experts(m: torch.nn.Module) -> bool:
     w = getattr(m, "down_proj", None)
     return isinstance(w, torch.Tensor) and w.dim() == 3 and hasattr(m, "num_experts")
 
 
-def shard_model(model: torch.nn.Module, group: ParallelGroup) -> TensorParallel:
+def shard_model(model: torch.nn.Module, group: ParallelGroup, expert_parallel: bool = False) -> TensorParallel:
     """Shard `model` (built whole, the same weights on every rank) for `group` in place; returns the record, also
-    set on the model as `pcg_tensor_parallel`. A model the plan does not cover raises UnsupportedModel with why."""
+    set on the model as `pcg_tensor_parallel`. A model the plan does not cover raises UnsupportedModel with why.
+    `expert_parallel` (tpN-epN): fused experts split by expert index, whole experts per rank, instead of every
+    expert by its intermediate size; a model without experts is refused."""
     if tensor_parallel_of(model) is not None:
         raise ValueError(f"{type(model).__name__} is already sharded (pcg_tensor_parallel is set); shard a model once")
     config = model.config
@@ -98,13 +116,16 @@ def shard_model(model: torch.nn.Module, group: ParallelGroup) -> TensorParallel:
     if bad := unknown_styles(plan):
         raise UnsupportedModel(f"tp{group.size}: transformers' plan has styles pcg does not apply yet: {'; '.join(bad)}")
     decoder = model.get_decoder()
+    if expert_parallel and not any(_is_experts(m) for m in decoder.modules()):
+        raise UnsupportedModel(f"ep{group.size}: {type(model).__name__} has no routed experts to spread (expert "
+                               "parallelism is for MoE models)")
     reduces = 0
     for name, m in list(decoder.named_modules()):
         if hasattr(m, "num_experts") and scheme_of(m) is not None:
             raise UnsupportedModel(f"tp{group.size}: {name}: quantized experts ({scheme_of(m).name}) are not sharded "
                                    "yet (quantized dense layers are)")
         if _is_experts(m):
-            _experts(m, group, name)
+            (_experts_by_index if expert_parallel else _experts)(m, group, name)
             reduces += 1
             continue
         style = style_for(plan, name)
