@@ -16,43 +16,19 @@ import torch
 from harness.cards import find_card
 from harness.cell.coverage import CoverageCounter
 from harness.cell.crash import Stop, crash
-from harness.cell.diagnose import (
-    LockstepStats,
-    first_diverging_piece,
-    lockstep_stats,
-    nan_max,
-)
-from harness.cell.judge import (
-    KL_TOL,
-    LOGPROB_TOL,
-    SAME_PADDING_RTOL_EAGER,
-    Judgement,
-    compare,
-    logprob_bound,
-    same_padding_rtol,
-    tie_margin,
-)
+from harness.cell.diagnose import LockstepStats, first_diverging_piece, lockstep_stats, nan_max
+from harness.cell.judge import (KL_TOL, LOGPROB_TOL, SAME_PADDING_RTOL_EAGER, Judgement, compare, logprob_bound,
+                                same_padding_rtol, tie_margin)
 from harness.cell.padding import FP32_PADDING_RTOL, float32_padding_rel
 from harness.cell.parallel import parallel_group, tp1_check
 from harness.cell.prompts import Case, latency_token_counts, prompt_suite, repeat_of
 from harness.cell.reference import reference_layer
 from harness.cell.spec import CellSpec, resolve_model
 from harness.cell.timing import median_ms
-from harness.outcome import (
-    CellMetrics,
-    CellOutcome,
-    CheckpointKvScales,
-    EagerSelfDiff,
-    Latency,
-    Status,
-)
+from harness.outcome import CellMetrics, CellOutcome, CheckpointKvScales, EagerSelfDiff, Latency, Status
 from pcg_core.attention import get_attention_backend
-from pcg_core.capabilities import (
-    attention_unsupported_reason,
-    kv_cache_unsupported_reason,
-    parallel_unsupported_reason,
-    quant_unsupported_reason,
-)
+from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupported_reason, parallel_unsupported_reason,
+                                   quant_unsupported_reason)
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.distributed import ParallelGroup, rank_device, shard_model
 from pcg_core.distributed.quant import scheme_for_shards
@@ -62,12 +38,7 @@ from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.known import parse_parallel
 from pcg_core.model import LoadedModel, load_model
 from pcg_core.model.vision import is_vlm, text_token_limit
-from pcg_core.quant import (
-    get_scheme,
-    quantize_model,
-    quantized_modules,
-    record_input_absmax,
-)
+from pcg_core.quant import get_scheme, quantize_model, quantized_modules, record_input_absmax
 from pcg_core.quant.synthetic_weights import make_realistic_
 
 Outputs = dict[str, list[SequenceOutput]]

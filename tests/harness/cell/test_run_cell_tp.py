@@ -31,8 +31,8 @@ def cells_on_rank(rank: int) -> dict:
 
     real = run.shard_model
 
-    def drop_one_all_reduce(model, group):  # planted: layer 1's MLP partial sum never reduced
-        record = real(model, group)
+    def drop_one_all_reduce(model, group, **kw):  # planted: layer 1's MLP partial sum never reduced
+        record = real(model, group, **kw)
         model.model.layers[1].mlp.down_proj.__class__ = torch.nn.Linear
         return record
 

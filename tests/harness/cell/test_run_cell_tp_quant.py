@@ -25,8 +25,8 @@ def _planted(rank: int, fault: str) -> tuple[str, str]:
 
     real = run.shard_model
 
-    def faulty(model, group):
-        record = real(model, group)
+    def faulty(model, group, **kw):
+        record = real(model, group, **kw)
         layer = model.model.layers[1]
         if fault == "scale" and rank == 1:  # rank 1 scales its q_proj rows with rank 0's per-channel scales
             q = layer.self_attn.q_proj
