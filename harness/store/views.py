@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -115,6 +116,7 @@ class Views:
         self._keep_writes = keep
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
+        self._writer_lock = threading.Lock()  # request threads hand aggregates to the one writer concurrently
 
     @property
     def engine(self) -> Engine:
@@ -170,10 +172,11 @@ class Views:
         return value
 
     def _keep(self, run_id: int, name: str, revision: int, payload: str) -> None:
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix="pcg-aggregates")
-        self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._writer.submit(self._write_aggregate, run_id, name, revision, payload))
+        with self._writer_lock:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="pcg-aggregates")
+            self._pending = [f for f in self._pending if not f.done()]
+            self._pending.append(self._writer.submit(self._write_aggregate, run_id, name, revision, payload))
 
     def _write_aggregate(self, run_id: int, name: str, revision: int, payload: str) -> None:
         if self._engine.dialect.name == "postgresql":
@@ -191,16 +194,18 @@ class Views:
 
     def flush(self) -> None:
         """Wait until every aggregate handed to the background writer is written (tests; a clean shutdown)."""
-        for f in self._pending:
+        with self._writer_lock:
+            pending, self._pending = self._pending, []
+        for f in pending:
             f.result()
-        self._pending = []
 
     def close(self) -> None:
         """Write what is pending, then stop the writer (the Store closes its views before its engine)."""
         self.flush()
-        if self._writer is not None:
-            self._writer.shutdown()
-            self._writer = None
+        with self._writer_lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.shutdown()
 
     @property
     def flags(self) -> dict[str, bool]:
