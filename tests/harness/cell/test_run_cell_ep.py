@@ -14,7 +14,7 @@ from harness.cell.run import run_cell
 from harness.cell.spec import CellSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "pcg_core" / "distributed"))
-from tp_ranks import run_ranks  # noqa: E402
+from tp_ranks import planted_after_sharding, run_ranks  # noqa: E402
 
 SMALL = {"tiny": True, "max_tokens": 64, "max_new_tokens": 2, "latency_repeat": 1}
 MOES = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3")
@@ -22,22 +22,12 @@ MOES = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3")
 
 def _wrong_range(rank: int) -> tuple[str, str]:
     """Planted: rank 1's experts module of layer 1 answers for rank 0's experts (its start index is rank 0's)."""
-    import harness.cell.run as run
-
-    real = run.shard_model
-
-    def faulty(model, group, **kw):
-        record = real(model, group, **kw)
+    def plant(model):
         if rank == 1:
-            experts = model.model.layers[1].mlp.experts
-            experts.ep_start = 0
-        return record
+            model.model.layers[1].mlp.experts.ep_start = 0
 
-    run.shard_model = faulty
-    try:
+    with planted_after_sharding(plant):
         o = run_cell(CellSpec("qwen3-30b-a3b", graph="piecewise", parallel="tp2-ep2", **SMALL))
-    finally:
-        run.shard_model = real
     return str(o.status), o.reason
 
 

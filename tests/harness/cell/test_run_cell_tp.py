@@ -15,7 +15,7 @@ from harness.outcome import Status
 from pcg_core.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "pcg_core" / "distributed"))
-from tp_ranks import run_ranks  # noqa: E402
+from tp_ranks import planted_after_sharding, run_ranks  # noqa: E402
 
 SMALL = {"tiny": True, "max_tokens": 64, "max_new_tokens": 2, "latency_repeat": 1}
 
@@ -27,20 +27,11 @@ def cells_on_rank(rank: int) -> dict:
         out[graph] = (o.status, o.reason, o.metrics.pieces, o.metrics.tp1_logprob_diff)
     o = run_cell(CellSpec("qwen3-next-80b-a3b", graph="piecewise", parallel="tp2", **SMALL))
     out["linear"] = (o.status, o.reason)
-    import harness.cell.run as run
-
-    real = run.shard_model
-
-    def drop_one_all_reduce(model, group, **kw):  # planted: layer 1's MLP partial sum never reduced
-        record = real(model, group, **kw)
+    def drop_one_all_reduce(model):  # planted: layer 1's MLP partial sum never reduced
         model.model.layers[1].mlp.down_proj.__class__ = torch.nn.Linear
-        return record
 
-    run.shard_model = drop_one_all_reduce
-    try:
+    with planted_after_sharding(drop_one_all_reduce):
         o = run_cell(CellSpec("llama-3.1-8b", graph="piecewise", parallel="tp2", **SMALL))
-    finally:
-        run.shard_model = real
     out["fault"] = (o.status, o.reason)
     return out
 

@@ -14,33 +14,25 @@ from harness.cell.run import run_cell
 from harness.cell.spec import CellSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "pcg_core" / "distributed"))
-from tp_ranks import run_ranks  # noqa: E402
+from tp_ranks import planted_after_sharding, run_ranks  # noqa: E402
 
 SMALL = {"tiny": True, "max_tokens": 64, "max_new_tokens": 2, "latency_repeat": 1}
 
 
 def _planted(rank: int, fault: str) -> tuple[str, str]:
-    import harness.cell.run as run
     from pcg_core.quant.layers.linear import QuantLinear
 
-    real = run.shard_model
-
-    def faulty(model, group, **kw):
-        record = real(model, group, **kw)
+    def plant(model):
         layer = model.model.layers[1]
         if fault == "scale" and rank == 1:  # rank 1 scales its q_proj rows with rank 0's per-channel scales
             q = layer.self_attn.q_proj
             q.weight_scale = q.weight_scale.roll(q.weight_scale.shape[0] // 2, 0)
         if fault == "reduce":  # layer 1's quantized down_proj: its partial sum never reduced
-            layer.mlp.down_proj.forward = lambda x, m=layer.mlp.down_proj: QuantLinear.forward(m, x) + m.tp_bias \
-                if m.tp_bias is not None else QuantLinear.forward(m, x)
-        return record
+            down = layer.mlp.down_proj
+            down.forward = lambda x: QuantLinear.forward(down, x) + (0 if down.tp_bias is None else down.tp_bias)
 
-    run.shard_model = faulty
-    try:
+    with planted_after_sharding(plant):
         o = run_cell(CellSpec("llama-3.1-8b", graph="piecewise", parallel="tp2", quant="int8_w8a8", **SMALL))
-    finally:
-        run.shard_model = real
     return str(o.status), o.reason
 
 

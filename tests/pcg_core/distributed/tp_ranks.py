@@ -7,8 +7,9 @@ import os
 import socket
 import tempfile
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.multiprocessing as mp
@@ -52,3 +53,23 @@ def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2) -> list[Any]:
         if isinstance(res, dict) and "error" in res:
             raise AssertionError(f"rank {r} failed:\n{res['error']}")
     return results
+
+
+@contextmanager
+def planted_after_sharding(plant: Callable[[torch.nn.Module], None]) -> Iterator[None]:
+    """Within the block, every cell's model goes through `plant(model)` right after run_cell shards it: a fault
+    planted where only the tp1 check can see it."""
+    import harness.cell.run as run
+
+    real = run.shard_model
+
+    def sharded_then_planted(model, group, **kw):
+        record = real(model, group, **kw)
+        plant(model)
+        return record
+
+    run.shard_model = sharded_then_planted
+    try:
+        yield
+    finally:
+        run.shard_model = real
