@@ -22,10 +22,11 @@ import torch
 
 from pcg_core.distributed.group import ParallelGroup
 from pcg_core.distributed.layers import TP_GROUP, tp_row_class
+from pcg_core.distributed.plan import ROWWISE, decoder_plan, style_for
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.layers.fp4_linear import Fp4Linear
 from pcg_core.quant.layers.int4_linear import Int4Linear
-from pcg_core.quant.layers.linear import QuantLinear
+from pcg_core.quant.layers.linear import QuantLinear, scheme_of
 from pcg_core.quant.schemes.int4 import Int4Scheme
 from pcg_core.quant.kernels.w4a8_gemm import quantize_act
 from pcg_core.quant.schemes.w8a8 import BLOCK, expand_activation_scale, quantize_activation
@@ -129,9 +130,6 @@ def emulate_row_shards(model: torch.nn.Module, parts: int) -> int:
     slice of its input on its own and sums the slices' outputs in the model's dtype, as the ranks' all-reduce does.
     The weights are the unsharded layer's, dequantized whole and then sliced by column: none of the sharding's own
     slicing (shard_quantized) is reused, so a wrong scale slice there still shows. Returns how many layers."""
-    from pcg_core.distributed.plan import ROWWISE, decoder_plan, style_for
-    from pcg_core.quant.layers.linear import scheme_of
-
     plan, count = decoder_plan(model.config), 0
     for name, m in model.get_decoder().named_modules():
         scheme = scheme_of(m)

@@ -14,6 +14,7 @@ from pcg_core.distributed.group import ParallelGroup
 from pcg_core.distributed.quant import _split_k_forward, activation_rounding_differs, shard_quantized
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant import get_scheme
+from pcg_core.quant.layers.fp4_linear import Fp4Linear
 from pcg_core.quant.layers.int4_linear import Int4Linear, W4A8Linear
 from pcg_core.quant.layers.linear import QuantLinear
 
@@ -97,15 +98,11 @@ def test_a_wrong_scale_slice_is_visible():
 @torch.no_grad()
 def test_splits_that_would_cut_a_block_a_group_or_act_order_are_refused():
     lin = torch.nn.Linear(384, 256)  # K/2 = 192: not whole 128-blocks
-    x = torch.randn(3, 384)
     with pytest.raises(UnsupportedModel, match="128×128 blocks.*192 columns"):
         _shards(QuantLinear.from_linear(lin, get_scheme("fp8_block")), rowwise=True)
     with pytest.raises(UnsupportedModel, match="int4 groups of 128.*192 input features"):
         _shards(Int4Linear.from_scheme(lin, get_scheme("awq")), rowwise=True)
     with pytest.raises(UnsupportedModel, match="act-order"):
         _shards(Int4Linear.from_scheme(_float_linear(0, False), get_scheme("gptq")), rowwise=True)
-    from pcg_core.quant.layers.fp4_linear import Fp4Linear
-
     with pytest.raises(UnsupportedModel, match="FP4"):
         _shards(Fp4Linear.from_scheme(_float_linear(0, False), get_scheme("nvfp4")), rowwise=False)
-    del x
