@@ -308,6 +308,9 @@ class CellMetrics(_Model):
     # checked.
     padding_rel_fp32: float | None = None
     padding_check_error: str | None = None  # the float32 check could not run (e.g. out of memory): why
+    # A backend with no float32 kernel (float32 then ran on sdpa): its own padding probe in the cell's dtype, worst
+    # per-row relative change of real rows' attention output when only padding rows' inputs change (0: exact).
+    padding_probe_rel: float | None = None
     topk_containment_ok: bool | None = None
     divergences: list[str] = Field(default_factory=list)
     diverging_piece: str | None = None  # layer 5: the first piece whose output differs, when the judge failed

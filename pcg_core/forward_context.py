@@ -42,6 +42,14 @@ class AttentionObserver(Protocol):
     def __call__(self, layer: int, query: torch.Tensor) -> None: ...
 
 
+class AttentionProbe(Protocol):
+    """A judge's hook: called after each attention call outside a graph with the call's backend, inputs, output and
+    metadata, so that it can call the backend again (the padding probe, harness/cell/padding.py)."""
+
+    def __call__(self, backend: AttentionBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 out: torch.Tensor, params: Any, md: AttentionMetadata) -> None: ...
+
+
 @dataclass
 class ForwardContext:
     attn_metadata: AttentionMetadata
@@ -51,6 +59,7 @@ class ForwardContext:
     mode: CaptureMode = CaptureMode.EAGER
     segment_recorder: SegmentHook | None = None
     observer: AttentionObserver | None = None
+    attention_probe: AttentionProbe | None = None
     # Per-sequence states of linear-attention layers (pcg_core/linear_attention/state.py), for models that have them.
     linear_state: Any = None
 

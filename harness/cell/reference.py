@@ -37,9 +37,9 @@ import torch
 from harness.cell.diagnose import rel_diff
 from harness.cell.judge import LOGPROB_TOL
 from harness.cell.kv_reference import round_kv, text_only
+from harness.cell.padding import float32_attention
 from harness.cell.prompts import Case
 from harness.outcome import ReferenceCheck
-from pcg_core.attention import get_attention_backend
 from pcg_core.attention.kv_cache import KVScales
 from pcg_core.config import EngineConfig
 from pcg_core.engine import Engine, SequenceOutput
@@ -254,13 +254,6 @@ def _engine_stages(model: torch.nn.Module, config: EngineConfig, case: Case) -> 
     finally:
         engine = None
         _free()
-
-
-def float32_attention(attention: str) -> str:
-    """The attention backend of the layer's float32 engine runs: the cell's where it computes float32, else sdpa.
-    Those runs measure the reference math's own noise and the scheme's cost, not the cell's kernels (varlen's
-    FlashAttention has no float32 kernel)."""
-    return attention if get_attention_backend(attention).dtype_reason("float32") is None else "sdpa"
 
 
 def _judge_kernels(check: ReferenceCheck, model: torch.nn.Module, config: EngineConfig, case: Case) -> list[str]:

@@ -19,7 +19,8 @@ from harness.cell.crash import Stop, crash
 from harness.cell.diagnose import LockstepStats, first_diverging_piece, lockstep_stats, nan_max
 from harness.cell.judge import (KL_TOL, LOGPROB_TOL, SAME_PADDING_RTOL_EAGER, Judgement, compare, logprob_bound,
                                 same_padding_rtol, tie_margin)
-from harness.cell.padding import FP32_PADDING_RTOL, float32_padding_rel
+from harness.cell.padding import (FP32_PADDING_RTOL, PROBE_RTOL, attention_padding_rel, float32_attention,
+                                  float32_padding_rel, padding_leak, probe_note)
 from harness.cell.parallel import parallel_group, tp1_check
 from harness.cell.prompts import Case, latency_token_counts, prompt_suite, repeat_of
 from harness.cell.reference import reference_layer
@@ -319,9 +320,7 @@ def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Output
     if judgement.status == Status.FAIL_ACCURACY and exact is not False and not lockstep_failed:
         exact = _excuse_padding(cell, graph, judgement, stats, {c.name for c in noisy} if exact else set())
     if judgement.status == Status.FAIL_ACCURACY and exact is False:
-        judgement.reason += (f"; eager's padding is not exact: in float32, eager padded as the graph pads differs from "
-                             f"unpadded by {m.padding_rel_fp32:.3g} per row > {FP32_PADDING_RTOL:g} (padding reaches "
-                             "real rows), so its noise is not allowed for")
+        judgement.reason += f"; eager's padding is not exact: {padding_leak(cell.metrics)}, so its noise is not allowed for"
     if judgement.status == Status.FAIL_ACCURACY:
         _diagnose(cell, eager, graph, judgement, stats, failed, pad_rtol)
     return judgement
@@ -331,18 +330,24 @@ def _padding_exact(cell: _Cell, graph: Engine, cases: list[Case]) -> bool | None
     """Is eager's padding exact in float32 (padding.py) for `cases`? True, False (a leak), or None when not asked
     (no case; an unquantized float32 cell, whose eager noise is already float32's) or when the check could not run
     (why in padding_check_error). A quantized cell is checked in any dtype (on its float twin): its quantizers make
-    float32 noisy too. The worst difference measured is kept in padding_rel_fp32."""
+    float32 noisy too. The worst difference measured is kept in padding_rel_fp32. A backend with no float32 kernel
+    ran that check on sdpa, so its own padding is probed too (padding_probe_rel, in the cell's dtype)."""
     quantized = cell.spec.quant != "none" or cell.spec.kv_cache != "auto"
     if not cases or (not quantized and cell.spec.dtype == "float32"):
         return None
     m = cell.metrics
     try:
         rel = float32_padding_rel(cell.lm.model, graph.config, graph.bucket_for, cases)
+        probe = None
+        if float32_attention(graph.config.attention) != graph.config.attention:
+            probe = attention_padding_rel(cell.lm.model, graph.config, graph.bucket_for, cases)
     except Exception as e:  # noqa: BLE001 - out of memory, a backend without float32: nothing is allowed for
         m.padding_check_error = f"{type(e).__name__}: {e}"[:1000]
         return None
     m.padding_rel_fp32 = rel if m.padding_rel_fp32 is None else nan_max([m.padding_rel_fp32, rel])
-    return rel <= FP32_PADDING_RTOL  # NaN: False
+    if probe is not None:
+        m.padding_probe_rel = probe if m.padding_probe_rel is None else nan_max([m.padding_probe_rel, probe])
+    return rel <= FP32_PADDING_RTOL and (probe is None or probe <= PROBE_RTOL)  # NaN: False
 
 
 def _excuse_padding(cell: _Cell, graph: Engine, judgement: Judgement, stats: dict[str, LockstepStats],
@@ -366,7 +371,8 @@ def _excuse_padding(cell: _Cell, graph: Engine, judgement: Judgement, stats: dic
                         f"forward ({same:.3g} ≤ {SAME_PADDING_RTOL_EAGER:g}) and in float32 eager "
                         f"{'(the float twin: weights dequantized, no activation quantizer) ' if quantized else ''}"
                         f"padded as the graph pads matches unpadded ({m.padding_rel_fp32:.3g} per row ≤ "
-                        f"{FP32_PADDING_RTOL:g}): {'rounding steps of the quantizers' if quantized else 'half-precision rounding'}"
+                        f"{FP32_PADDING_RTOL:g}{probe_note(m)}): "
+                        f"{'rounding steps of the quantizers' if quantized else 'half-precision rounding'}"
                         f" at the padded shapes (padding noise {m.padding_noise:.3g})")[:2000]
     return exact
 

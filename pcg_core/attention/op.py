@@ -30,6 +30,8 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
         backend.check_call(params, gqa=q.shape[1] != k.shape[1])
         backend.checked_layers.add(layer)
     backend.forward(q, k, v, out, params, ctx.attn_metadata)
+    if ctx.attention_probe is not None:
+        ctx.attention_probe(backend, q, k, v, out, params, ctx.attn_metadata)
 
 
 @torch.library.custom_op("pcg::attention", mutates_args=("out",))

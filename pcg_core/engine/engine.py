@@ -25,7 +25,8 @@ from pcg_core.engine.vision import VisionInputs
 from pcg_core.distributed.shard import tensor_parallel_of
 from pcg_core.errors import ConfigError
 from pcg_core.model.vision import Image
-from pcg_core.forward_context import AttentionObserver, CaptureMode, ForwardContext, set_forward_context
+from pcg_core.forward_context import (AttentionObserver, AttentionProbe, CaptureMode, ForwardContext,
+                                      set_forward_context)
 from pcg_core.linear_attention.setup import make_linear_state
 
 LOGITS_CHUNK = 1024  # rows of lm_head at a time, so prompt logprobs over long prompts stay small
@@ -148,14 +149,15 @@ class Engine:
 
     @torch.no_grad()
     def forward(self, batch: PackedBatch, eager: bool = False, observer: AttentionObserver | None = None,
-                decode: bool = False, pad_to: int | None = None) -> torch.Tensor:
+                decode: bool = False, pad_to: int | None = None, probe: AttentionProbe | None = None) -> torch.Tensor:
         """Hidden states [len(batch), hidden] of a packed batch whose KV slots are allocated.
 
         eager=True pads exactly as the graph path would but runs the model eagerly: the reference for
         "replay is bitwise equal to eager at the same padded token count". observer(layer, query) sees every
         attention input that runs outside a graph (eager, holes), for naming the first diverging piece. decode
         only tells the listener what kind of step this is. pad_to (with eager) pads to another engine's bucket: an
-        eager reference at the graph's padding, on this engine's own cache.
+        eager reference at the graph's padding, on this engine's own cache. probe (eager only) is called after
+        each attention call with the backend and the call's tensors (forward_context.AttentionProbe).
         """
         n = len(batch)
         bucket = pad_to if eager and pad_to is not None else self.bucket_for(n)
@@ -170,7 +172,7 @@ class Engine:
         input_ids, positions, md = self.stage_inputs(batch, bucket or n, replay)
         mode = CaptureMode.REPLAY if replay else CaptureMode.EAGER
         ctx = ForwardContext(md, self.attn_backend, bucket=bucket, mode=mode, observer=observer,
-                             linear_state=self.linear_state)
+                             attention_probe=probe if eager else None, linear_state=self.linear_state)
         with set_forward_context(ctx):
             hidden = self.backend.run(input_ids, positions, ctx) if replay else self._body(input_ids, positions)
         return hidden[:n]

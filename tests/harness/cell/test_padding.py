@@ -10,7 +10,7 @@ import torch
 from harness.cards import find_card
 from harness.cell import CellSpec, run_cell
 from harness.cell.judge import Judgement
-from harness.cell.padding import FP32_PADDING_RTOL, float32_padding_rel
+from harness.cell.padding import FP32_PADDING_RTOL, PROBE_RTOL, attention_padding_rel, float32_padding_rel
 from harness.cell.diagnose import LockstepStats
 from harness.cell.run import _Cell, _excuse_padding
 from harness.cell.prompts import Case, prompt_suite
@@ -141,7 +141,7 @@ def test_unquantized_float32_cells_skip_the_check_and_quantized_cells_run_it_in_
         calls.clear()
         cell.spec = CellSpec(model="qwen3-0.6b", dtype=dtype, quant=quant)
         cell.metrics.padding_rel_fp32, cell.lm = None, type("LM", (), {"model": None})()
-        got = run._padding_exact(cell, type("G", (), {"config": None, "bucket_for": None})(), cell.cases)
+        got = run._padding_exact(cell, type("G", (), {"config": EngineConfig(), "bucket_for": None})(), cell.cases)
         assert (got is not None) == asked and bool(calls) == asked, (dtype, quant)
 
 
@@ -159,6 +159,85 @@ def test_a_padding_leak_in_a_quantized_cell_is_told_from_its_quantizers_noise(mo
     else:
         assert m.padding_rel_fp32 > FP32_PADDING_RTOL and r.status == Status.FAIL_ACCURACY, r.reason
         assert "padding reaches real rows" in r.reason
+
+
+# The backend's own padding probe (a backend with no float32 kernel: float32 runs on sdpa) ---------------------------
+
+def _plant_attention_leak(monkeypatch, name: str, via: str) -> None:
+    """`name`'s backend leaks padding into real rows outside float32 (as a half-precision-only kernel would, where the
+    float32 check runs on a stand-in): `rows` adds a share of the mean value over every row of the call, padding
+    rows included; `pad_slot` a share of the pad slot's value, which padding rows write."""
+    from pcg_core.attention import get_attention_backend
+
+    cls = get_attention_backend(name)
+    real = cls.forward
+
+    def forward(self, q, k, v, out, params, md):
+        real(self, q, k, v, out, params, md)
+        if q.dtype == torch.float32:
+            return
+        if via == "rows":
+            extra = v.float().mean(dim=(0, 1))
+        else:
+            extra = self.cache.k[params.layer][self.cache.pad_slot].float().mean(dim=0)
+        out[md.valid] += (0.05 * extra).to(out.dtype)
+
+    monkeypatch.setattr(cls, "forward", forward)
+
+
+def _probe(attention: str, dtype=torch.bfloat16, device: str = "cpu", kv_cache: str = "auto") -> float:
+    lm = load_model(find_card("qwen3-0.6b").config, tiny=True, dtype=dtype, device=device, seed=0)
+    ladder = (16, 32, 64)
+    config = EngineConfig(attention=attention, dtype=str(dtype).removeprefix("torch."), kv_cache=kv_cache,
+                          capture=CaptureConfig(backend="piecewise", max_tokens=64), kv_slots=4096)
+    cases = prompt_suite(ladder, lm.model.config.vocab_size, seed=0, max_new_tokens=3)[:3]
+    return attention_padding_rel(lm.model, config, lambda n: next((b for b in ladder if b >= n), None), cases)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_the_padding_probe_finds_a_backend_exact(attention):
+    assert _probe(attention) <= PROBE_RTOL
+    assert _probe(attention, torch.float32) <= PROBE_RTOL
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("attention", ["sdpa", "flex", "varlen"])
+@pytest.mark.parametrize("kv_cache", ["auto", "fp8_e4m3"])
+def test_gpu_the_padding_probe_finds_every_backend_exact(attention, kv_cache):
+    """On CUDA the same kernel on the same real rows gives the same bits whatever the padding rows hold (varlen:
+    FlashAttention-2, whose padding only this probe can prove)."""
+    assert _probe(attention, device="cuda", kv_cache=kv_cache) <= PROBE_RTOL
+
+
+@pytest.mark.parametrize("via", ["rows", "pad_slot"])
+def test_the_padding_probe_catches_a_backend_whose_padding_reaches_real_rows(monkeypatch, via):
+    _plant_attention_leak(monkeypatch, "sdpa", via)
+    assert _probe("sdpa") > 100 * PROBE_RTOL
+
+
+@pytest.mark.parametrize("leak", [False, True])
+def test_a_backend_without_float32_is_probed_and_its_leak_fails_the_cell(monkeypatch, leak):
+    """As varlen on the H200 (no float32 kernel): the float32 check runs on another backend (sdpa here), which
+    proves the model's padding but not the cell's backend's; the probe proves that one. Half-precision-only padding
+    noise makes the excuse path run; with the backend exact the cell passes saying so, with it leaking it fails."""
+    import harness.cell.run as run
+
+    import harness.cell.padding as padding
+
+    for module in (run, padding):
+        monkeypatch.setattr(module, "float32_attention", lambda a: "sdpa")
+    _plant(monkeypatch, 0.5, half_only=True)
+    if leak:  # through the rows of the call: graph and eager at one padding still agree, only the probe can tell
+        _plant_attention_leak(monkeypatch, "flex", "rows")
+    r = _cell(attention="flex")
+    m = r.metrics
+    assert m.padding_rel_fp32 is not None and m.padding_rel_fp32 <= FP32_PADDING_RTOL, m.padding_rel_fp32
+    if leak:
+        assert m.padding_probe_rel > PROBE_RTOL and r.status == Status.FAIL_ACCURACY, (m.padding_probe_rel, r.reason)
+        assert "padding probe" in r.reason
+    else:
+        assert m.padding_probe_rel <= PROBE_RTOL and r.status == Status.PASS, (m.padding_probe_rel, r.reason)
 
 
 @pytest.mark.gpu

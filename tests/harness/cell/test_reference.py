@@ -120,7 +120,7 @@ def test_the_cases_cover_several_sequences_decode_and_chunked_prefill():
 
 
 def test_the_float32_runs_use_the_cells_attention_where_it_computes_float32_else_sdpa():
-    from harness.cell.reference import float32_attention
+    from harness.cell.padding import float32_attention
 
     assert float32_attention("flex") == "flex" and float32_attention("sdpa") == "sdpa"
     assert float32_attention("varlen") == "sdpa"  # FlashAttention has no float32 kernel (seen on the H200)
