@@ -61,6 +61,13 @@ SPLIT_OPS: dict[str, dict[str, Any]] = {
                          "devices": {"cpu": None, "cuda": None},  # gloo on a CPU, NCCL on CUDA
                          "in_graph": {"piecewise": False, "breakable": False, "full": True},
                          "state": "none: an in-place sum over the tensor-parallel group, named by string"},
+    # Pipeline parallelism's stage hand-off: send/recv (and the last stage's broadcast) between graphs, never in one.
+    "pcg::pipeline_pass_": {"feature": "pipeline_parallel", "capturable": False,
+                            "why_not_capturable": "send and receive run between graphs, as serving engines run them",
+                            "devices": {"cpu": None, "cuda": None},
+                            "in_graph": {"piecewise": False, "breakable": False, "full": None},
+                            "state": "none: the hidden state written over the next stage's (the last stage's over "
+                                     "every rank's)"},
 }
 
 
@@ -73,7 +80,13 @@ def parallel_gpus(parallel: str) -> int:
 # Parallel mode → GPUs it needs, for the modes the runtime runs: the rule below (tensor parallelism of the degrees
 # pcg_core.distributed shards to; its experts EP = TP in all-reduce style), written out for the pre-checks.
 # tpN, and tpN-epN: the same N ranks with the routed experts split by expert index instead of intermediate size
-PARALLEL = {m: parallel_gpus(m) for m in (*(f"tp{n}" for n in TP_DEGREES), *(f"tp{n}-ep{n}" for n in TP_DEGREES if n > 1))}
+# ppN: N ranks, a contiguous stage of the decoder layers each (pcg_core.distributed.pipeline), piecewise and breakable.
+PP_DEGREES = (2,)  # larger ones when a test runs them
+PARALLEL = {m: parallel_gpus(m) for m in (*(f"tp{n}" for n in TP_DEGREES), *(f"tp{n}-ep{n}" for n in TP_DEGREES if n > 1),
+                                          *(f"pp{n}" for n in PP_DEGREES))}
+# Graph modes a parallel kind cannot run under, and why (the matrix pre-check and a cell asked directly say it alike).
+PARALLEL_GRAPH_LIMITS = {("pp", "full"): "pipeline stages hand their hidden state on between graphs (send/recv are "
+                                         "never recorded), and full records the whole forward in one graph"}
 
 
 def quant_unsupported_reason(quant: str, supported: Iterable[str] = QUANTIZATION, features: Iterable[str] = (),
@@ -105,15 +118,20 @@ def checkpoint_limits(quant: str) -> dict[str, str]:
 
 _NOT_YET = {"ep": "expert parallelism beyond the TP ranks (all-to-all dispatch) is not run yet; tpN-epN spreads whole "
                   "experts over the N TP ranks (EP = TP, all-reduce style)",
-            "pp": "pipeline parallelism is not run yet", "dp": "data-parallel attention is not run yet"}
+            "pp": "pipeline parallelism combined with other kinds is not run yet (ppN alone is)",
+            "dp": "data-parallel attention is not run yet"}
 
 
-def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL, quant: str = "none") -> str | None:
+def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL, quant: str = "none",
+                                graph: str | None = None) -> str | None:
     """Why the runtime cannot run parallel mode `parallel` (with quantization `quant`), or None; worded once, like
     quant_unsupported_reason. What a model itself refuses (heads the degree does not divide, MLA, linear attention)
     is said when it loads (pcg_core.distributed.tp_unsupported_reason)."""
     have = list(supported)
     if parallel in have:
+        for kind in parse_parallel(parallel):
+            if graph is not None and (why := PARALLEL_GRAPH_LIMITS.get((kind, graph))):
+                return f"parallel mode {parallel!r} under {graph}: {why}"
         info = quant_registry.SCHEME_INFO.get(quant)
         if info is not None and info.weights == "fp4" and parse_parallel(parallel).get("tp", 1) > 1:
             return f"parallel mode {parallel!r} with quantization {quant}: FP4 layers are not sharded yet"
@@ -122,7 +140,9 @@ def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALL
         parts = parse_parallel(parallel)
     except ValueError as e:
         return str(e)
-    why = [_NOT_YET[k] for k in parts if k in _NOT_YET and parts[k] > 1]
+    alone = sum(n > 1 for n in parts.values()) == 1
+    why = [f"pipeline parallelism {parts[k]} is not run yet" if k == "pp" and alone else _NOT_YET[k]
+           for k in parts if k in _NOT_YET and parts[k] > 1]
     tp = parts.get("tp", 1)
     if tp > 1 and f"tp{tp}" not in have:
         why.insert(0, f"tensor parallelism {tp} is not run yet")

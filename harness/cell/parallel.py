@@ -15,22 +15,22 @@ from pcg_core.distributed import ParallelGroup, env_world_size, init_from_env
 from pcg_core.distributed.quant import emulate_row_shards, scheme_for_shards
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.errors import ConfigError
-from pcg_core.known import parse_parallel
+from pcg_core.known import parse_parallel, world_size
 from pcg_core.model import load_model
 from pcg_core.quant import get_scheme, quantize_model
 from pcg_core.quant.synthetic_weights import make_realistic_
 
 
 def parallel_group(spec: CellSpec) -> ParallelGroup | None:
-    """This rank's group for a tensor-parallel cell (None for tp1): the cell runs as one process per rank, each
-    calling run_cell with the same spec and torch's env:// variables set (the launcher, or torchrun)."""
-    tp = parse_parallel(spec.parallel).get("tp", 1)
+    """This rank's group for a parallel cell (None for tp1): the cell runs as one process per rank, each calling
+    run_cell with the same spec and torch's env:// variables set (the launcher, or torchrun)."""
+    ranks = world_size(spec.parallel)
     world = env_world_size()
-    if tp == 1 and world == 1:
+    if ranks == 1 and world == 1:
         return None
-    if world != tp:
-        raise ConfigError(f"parallel {spec.parallel} runs as {tp} processes, one per rank; this one has WORLD_SIZE={world}: "
-                          f"start the cell with `pcgh cell --parallel` or torchrun --nproc_per_node {tp}", field="parallel")
+    if world != ranks:
+        raise ConfigError(f"parallel {spec.parallel} runs as {ranks} processes, one per rank; this one has WORLD_SIZE={world}: "
+                          f"start the cell with `pcgh cell --parallel` or torchrun --nproc_per_node {ranks}", field="parallel")
     return init_from_env(spec.device)
 
 

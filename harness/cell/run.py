@@ -32,6 +32,7 @@ from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupp
                                    quant_unsupported_reason)
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.distributed import ParallelGroup, rank_device, shard_model
+from pcg_core.distributed.pipeline import pipeline_model
 from pcg_core.distributed.quant import scheme_for_shards
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.kv_scales import ATTRIBUTE, calibrate_kv_scales, set_kv_scales
@@ -98,7 +99,7 @@ def _check_runtime(spec: CellSpec) -> None:
     reason = (quant_unsupported_reason(spec.quant, features=features, real_weights=spec.weights == "real")
               or ((card.no_checkpoint_reason(spec.quant) or card.checkpoint_reason(spec.quant))
                   if card and spec.weights == "real" else None)
-              or parallel_unsupported_reason(spec.parallel, quant=spec.quant))
+              or parallel_unsupported_reason(spec.parallel, quant=spec.quant, graph=spec.graph))
     if not reason:
         reason = (attention_unsupported_reason(spec.attention, spec.device, features)
                   or kv_cache_unsupported_reason(spec.kv_cache, spec.attention))
@@ -133,9 +134,13 @@ def _load(cell: _Cell) -> None:
                                         "model): run it as quant " + got[0])
     if s.kv_cache != "auto":
         _kv_scales(cell)
-    if cell.group is not None:  # every rank built, quantized and calibrated the same full model: each keeps its shard
+    if cell.group is not None:  # every rank built, quantized and calibrated the same full model: each keeps its part
+        mode = parse_parallel(s.parallel)
         try:
-            shard_model(cell.lm.model, cell.group, expert_parallel=parse_parallel(s.parallel).get("ep", 1) > 1)
+            if mode.get("pp", 1) > 1:
+                pipeline_model(cell.lm.model, cell.group)
+            else:
+                shard_model(cell.lm.model, cell.group, expert_parallel=mode.get("ep", 1) > 1)
         except UnsupportedModel as e:
             raise Stop(Status.UNSUPPORTED, str(e)) from e
 
@@ -193,7 +198,7 @@ def _quantize(cell: _Cell) -> None:
         with record_input_absmax(model) as absmax:
             cell.float_ref = cell.run_suite(cell.engine("disabled", kv_cache="auto"), cases=[case])[case.name]
         cell.input_absmax = absmax
-        m.quant_layers = len(quantize_model(model, scheme_for_shards(get_scheme(s.quant), model, cell.group.size if cell.group else 1),
+        m.quant_layers = len(quantize_model(model, scheme_for_shards(get_scheme(s.quant), model, parse_parallel(s.parallel).get("tp", 1)),
                                               input_absmax=absmax))
     except NotImplementedError as e:  # a layout the quantizer declines (gpt-oss's biased, transposed experts)
         raise Stop(Status.UNSUPPORTED, f"quantization {s.quant}: {e}") from e
