@@ -61,6 +61,11 @@ SPLIT_OPS: dict[str, dict[str, Any]] = {
                          "devices": {"cpu": None, "cuda": None},  # gloo on a CPU, NCCL on CUDA
                          "in_graph": {"piecewise": False, "breakable": False, "full": True},
                          "state": "none: an in-place sum over the tensor-parallel group, named by string"},
+    # Data-parallel attention's gather: a MoE block's rows from every rank (and the forward's output, after it).
+    "pcg::all_gather_into_": {"feature": "data_parallel", "capturable": True, "why_not_capturable": None,
+                              "devices": {"cpu": None, "cuda": None},
+                              "in_graph": {"piecewise": False, "breakable": False, "full": True},
+                              "state": "none: every rank's rows stacked in rank order into a buffer allocated before"},
     # Pipeline parallelism's stage hand-off: send/recv (and the last stage's broadcast) between graphs, never in one.
     "pcg::pipeline_pass_": {"feature": "pipeline_parallel", "capturable": False,
                             "why_not_capturable": "send and receive run between graphs, as serving engines run them",
@@ -81,9 +86,11 @@ def parallel_gpus(parallel: str) -> int:
 # pcg_core.distributed shards to; its experts EP = TP in all-reduce style), written out for the pre-checks.
 # tpN, and tpN-epN: the same N ranks with the routed experts split by expert index instead of intermediate size
 # ppN: N ranks, a contiguous stage of the decoder layers each (pcg_core.distributed.pipeline), piecewise and breakable.
-PP_DEGREES = (2,)  # larger ones when a test runs them
+# dpN: N ranks attending over their own sequences, MoE blocks over every rank's tokens
+# (pcg_core.distributed.data_parallel).
+PP_DEGREES = DP_DEGREES = (2,)  # larger ones when a test runs them
 PARALLEL = {m: parallel_gpus(m) for m in (*(f"tp{n}" for n in TP_DEGREES), *(f"tp{n}-ep{n}" for n in TP_DEGREES if n > 1),
-                                          *(f"pp{n}" for n in PP_DEGREES))}
+                                          *(f"pp{n}" for n in PP_DEGREES), *(f"dp{n}" for n in DP_DEGREES))}
 # Graph modes a parallel kind cannot run under, and why (the matrix pre-check and a cell asked directly say it alike).
 PARALLEL_GRAPH_LIMITS = {("pp", "full"): "pipeline stages hand their hidden state on between graphs (send/recv are "
                                          "never recorded), and full records the whole forward in one graph"}
@@ -119,7 +126,7 @@ def checkpoint_limits(quant: str) -> dict[str, str]:
 _NOT_YET = {"ep": "expert parallelism beyond the TP ranks (all-to-all dispatch) is not run yet; tpN-epN spreads whole "
                   "experts over the N TP ranks (EP = TP, all-reduce style)",
             "pp": "pipeline parallelism combined with other kinds is not run yet (ppN alone is)",
-            "dp": "data-parallel attention is not run yet"}
+            "dp": "data-parallel attention combined with other kinds is not run yet (dpN alone is)"}
 
 
 def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL, quant: str = "none",
@@ -141,7 +148,8 @@ def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALL
     except ValueError as e:
         return str(e)
     alone = sum(n > 1 for n in parts.values()) == 1
-    why = [f"pipeline parallelism {parts[k]} is not run yet" if k == "pp" and alone else _NOT_YET[k]
+    alone_words = {"pp": "pipeline parallelism", "dp": "data-parallel attention"}
+    why = [f"{alone_words[k]} {parts[k]} is not run yet" if k in alone_words and alone else _NOT_YET[k]
            for k in parts if k in _NOT_YET and parts[k] > 1]
     tp = parts.get("tp", 1)
     if tp > 1 and f"tp{tp}" not in have:

@@ -22,6 +22,7 @@ from pcg_core.engine.inputs import InputBuffers, PackedBatch
 from pcg_core.engine.kv_scales import kv_scales_of
 from pcg_core.engine.prep import PrepGraphs
 from pcg_core.engine.vision import VisionInputs
+from pcg_core.distributed.data_parallel import DataParallel, data_parallel_of
 from pcg_core.distributed.shard import tensor_parallel_of
 from pcg_core.errors import ConfigError
 from pcg_core.model.vision import Image
@@ -159,8 +160,16 @@ class Engine:
         eager reference at the graph's padding, on this engine's own cache. probe (eager only) is called after
         each attention call with the backend and the call's tensors (forward_context.AttentionProbe).
         """
+        if (dp := data_parallel_of(self.model)) is not None:
+            return self._data_parallel_forward(dp, batch, eager, observer, decode, pad_to, probe)
         n = len(batch)
         bucket = pad_to if eager and pad_to is not None else self.bucket_for(n)
+        return self._forward(batch, bucket, eager, observer, decode, probe)[:n]
+
+    def _forward(self, batch: PackedBatch, bucket: int | None, eager: bool, observer: AttentionObserver | None,
+                 decode: bool, probe: AttentionProbe | None) -> torch.Tensor:
+        """One forward of `batch` padded to `bucket` (None: unpadded); replays where a bucket is and eager is not.
+        Returns every row, padding included."""
         replay = bucket is not None and not eager
         if self.backend.pads and not eager:
             if bucket is None:
@@ -169,13 +178,30 @@ class Engine:
                 self.stats.bucket_hits[bucket] += 1
         if self.on_forward is not None:
             self.on_forward(batch, bucket, replay, decode)
-        input_ids, positions, md = self.stage_inputs(batch, bucket or n, replay)
+        input_ids, positions, md = self.stage_inputs(batch, bucket or len(batch), replay)
         mode = CaptureMode.REPLAY if replay else CaptureMode.EAGER
         ctx = ForwardContext(md, self.attn_backend, bucket=bucket, mode=mode, observer=observer,
                              attention_probe=probe if eager else None, linear_state=self.linear_state)
         with set_forward_context(ctx):
-            hidden = self.backend.run(input_ids, positions, ctx) if replay else self._body(input_ids, positions)
-        return hidden[:n]
+            return self.backend.run(input_ids, positions, ctx) if replay else self._body(input_ids, positions)
+
+    def _data_parallel_forward(self, dp: DataParallel, batch: PackedBatch, eager: bool,
+                               observer: AttentionObserver | None, decode: bool, pad_to: int | None,
+                               probe: AttentionProbe | None) -> torch.Tensor:
+        """This rank's sequences of `batch`, padded to the bucket of the largest local count over the ranks (to that
+        count where no bucket holds it, or eager without pad_to: the least padding every rank can share), then the
+        ranks' rows gathered back into the whole batch. pad_to (eager) only asks for the graph's padding: the
+        graph's bucket is the agreed count's, which each rank's engine works out alike."""
+        rows = dp.split(batch.seq_ids)
+        mine = rows[dp.group.rank]
+        local = PackedBatch([batch.token_ids[i] for i in mine], [batch.positions[i] for i in mine],
+                            [batch.seq_ids[i] for i in mine], [batch.slots[i] for i in mine])
+        widest = dp.agreed_rows(len(local), self.device)
+        bucket = self.bucket_for(widest) if (pad_to is not None or not eager) else None
+        if bucket is None and not eager and self.backend.pads:
+            self.stats.eager_fallbacks += 1
+        hidden = self._forward(local, bucket or widest, eager or bucket is None, observer, decode, probe)
+        return dp.gather(hidden[: bucket or widest], rows)
 
     def stage_inputs(self, batch: PackedBatch, num_tokens: int, replay: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The batch into the input buffers and the attention metadata built: a replay takes the bucket's prep

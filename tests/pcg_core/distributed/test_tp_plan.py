@@ -55,7 +55,7 @@ def test_all_reduce_is_a_split_op_and_the_table_says_where_it_runs():
 
 
 def test_parallel_modes_are_a_rule_and_the_reasons_name_what_is_missing():
-    assert PARALLEL == {"tp1": 1, "tp2": 2, "tp2-ep2": 2, "pp2": 2} and parallel_gpus("tp2-pp2-dp2-ep8") == 8
+    assert PARALLEL == {"tp1": 1, "tp2": 2, "tp2-ep2": 2, "pp2": 2, "dp2": 2} and parallel_gpus("tp2-pp2-dp2-ep8") == 8
     assert parallel_unsupported_reason("tp2") is None
     assert "tensor parallelism 4 is not run yet" in parallel_unsupported_reason("tp4")
     assert parallel_unsupported_reason("pp2") is None and PARALLEL["pp2"] == 2
