@@ -16,7 +16,7 @@ from pcg_core.attention import attention_backend_names, get_attention_backend
 from pcg_core.capture import capture_backend_names, get_capture_backend
 from pcg_core.config import COMPILERS, DTYPES, KV_CACHE_DTYPES
 from pcg_core.distributed.plan import TP_DEGREES
-from pcg_core.known import parse_parallel
+from pcg_core.known import parse_parallel, world_size
 from pcg_core.linear_attention import CAPTURABLE as LINEAR_CAPTURABLE
 from pcg_core.linear_attention import WHY_NOT_CAPTURABLE as LINEAR_WHY_NOT
 from pcg_core.model import architectures
@@ -77,9 +77,9 @@ SPLIT_OPS: dict[str, dict[str, Any]] = {
 
 
 def parallel_gpus(parallel: str) -> int:
-    """GPUs a parallel mode takes: tp·pp·dp (expert parallelism runs within them)."""
-    d = parse_parallel(parallel)
-    return d.get("tp", 1) * d.get("pp", 1) * d.get("dp", 1)
+    """GPUs a parallel mode takes: its ranks, pp × max(tp·dp, ep) (pcg_core.known.world_size: expert parallelism
+    runs within the attention ranks, or sets the rank count where it is the larger, as epN alone does)."""
+    return world_size(parallel)
 
 
 # Parallel mode → GPUs it needs, for the modes the runtime runs: the rule below (tensor parallelism of the degrees
@@ -87,10 +87,11 @@ def parallel_gpus(parallel: str) -> int:
 # tpN, and tpN-epN: the same N ranks with the routed experts split by expert index instead of intermediate size
 # ppN: N ranks, a contiguous stage of the decoder layers each (pcg_core.distributed.pipeline), piecewise and breakable.
 # dpN: N ranks attending over their own sequences, MoE blocks over every rank's tokens
-# (pcg_core.distributed.data_parallel).
+# (pcg_core.distributed.data_parallel); epN: the same, each rank holding 1/N of the routed experts whole.
 PP_DEGREES = DP_DEGREES = (2,)  # larger ones when a test runs them
 PARALLEL = {m: parallel_gpus(m) for m in (*(f"tp{n}" for n in TP_DEGREES), *(f"tp{n}-ep{n}" for n in TP_DEGREES if n > 1),
-                                          *(f"pp{n}" for n in PP_DEGREES), *(f"dp{n}" for n in DP_DEGREES))}
+                                          *(f"pp{n}" for n in PP_DEGREES), *(f"dp{n}" for n in DP_DEGREES),
+                                          *(f"ep{n}" for n in DP_DEGREES))}
 # Graph modes a parallel kind cannot run under, and why (the matrix pre-check and a cell asked directly say it alike).
 PARALLEL_GRAPH_LIMITS = {("pp", "full"): "pipeline stages hand their hidden state on between graphs (send/recv are "
                                          "never recorded), and full records the whole forward in one graph"}
@@ -123,8 +124,9 @@ def checkpoint_limits(quant: str) -> dict[str, str]:
     return dict(QUANT_CHECKPOINT_LIMITS)
 
 
-_NOT_YET = {"ep": "expert parallelism beyond the TP ranks (all-to-all dispatch) is not run yet; tpN-epN spreads whole "
-                  "experts over the N TP ranks (EP = TP, all-reduce style)",
+_NOT_YET = {"ep": "expert parallelism over more ranks than TP with TP > 1 is not run yet; tpN-epN spreads whole "
+                  "experts over the N TP ranks, epN over N data-parallel attention ranks (gather, all-reduce; no "
+                  "all-to-all dispatch yet)",
             "pp": "pipeline parallelism combined with other kinds is not run yet (ppN alone is)",
             "dp": "data-parallel attention combined with other kinds is not run yet (dpN alone is)"}
 
@@ -148,7 +150,7 @@ def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALL
     except ValueError as e:
         return str(e)
     alone = sum(n > 1 for n in parts.values()) == 1
-    alone_words = {"pp": "pipeline parallelism", "dp": "data-parallel attention"}
+    alone_words = {"pp": "pipeline parallelism", "dp": "data-parallel attention", "ep": "expert parallelism"}
     why = [f"{alone_words[k]} {parts[k]} is not run yet" if k in alone_words and alone else _NOT_YET[k]
            for k in parts if k in _NOT_YET and parts[k] > 1]
     tp = parts.get("tp", 1)

@@ -32,6 +32,7 @@ from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupp
                                    quant_unsupported_reason)
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.distributed import ParallelGroup, rank_device, shard_model
+from pcg_core.distributed.shard import shard_experts_by_index
 from pcg_core.distributed.data_parallel import data_parallel_model
 from pcg_core.distributed.pipeline import pipeline_model
 from pcg_core.distributed.quant import scheme_for_shards
@@ -140,8 +141,10 @@ def _load(cell: _Cell) -> None:
         try:
             if mode.get("pp", 1) > 1:
                 pipeline_model(cell.lm.model, cell.group)
-            elif mode.get("dp", 1) > 1:
+            elif mode.get("dp", 1) > 1 or mode.get("tp", 1) < mode.get("ep", 1):  # epN alone: DP attention + EP
                 data_parallel_model(cell.lm.model, cell.group)
+                if mode.get("ep", 1) > 1:
+                    shard_experts_by_index(cell.lm.model, cell.group)
             else:
                 shard_model(cell.lm.model, cell.group, expert_parallel=mode.get("ep", 1) > 1)
         except UnsupportedModel as e:

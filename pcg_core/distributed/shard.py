@@ -155,5 +155,21 @@ def shard_model(model: torch.nn.Module, group: ParallelGroup, expert_parallel: b
     return record
 
 
+def shard_experts_by_index(model: torch.nn.Module, group: ParallelGroup) -> int:
+    """Expert parallelism over `group` beside data-parallel attention (epN alone): every fused experts block keeps
+    this rank's range of whole experts and sums its partial output over the ranks (the block sees every rank's rows:
+    pcg_core.distributed.data_parallel); attention and dense layers stay whole. Returns how many blocks were split;
+    a model without routed experts, or with quantized ones, raises UnsupportedModel."""
+    blocks = [(n, m) for n, m in model.get_decoder().named_modules() if _is_experts(m)]
+    if not blocks:
+        raise UnsupportedModel(f"ep{group.size}: {type(model).__name__} has no routed experts to spread (expert "
+                               "parallelism is for MoE models)")
+    for name, m in blocks:
+        if scheme_of(m) is not None:
+            raise UnsupportedModel(f"ep{group.size}: {name}: quantized experts ({scheme_of(m).name}) are not sharded yet")
+        _experts_by_index(m, group, name)
+    return len(blocks)
+
+
 def tensor_parallel_of(model: torch.nn.Module) -> TensorParallel | None:
     return getattr(model, ATTRIBUTE, None)

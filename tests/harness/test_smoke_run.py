@@ -23,15 +23,15 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
     # unquantized: 14 models × 3 attention backends × 3 graph backends; 8-bit: 4 schemes × 3 models × sdpa × 3 graphs;
     # 4-bit weight-only (awq, gptq, nvfp4): 3 schemes × 3 models × sdpa × 3 graphs; the FP8 KV cache: 4 cells;
     # TP=2: 4 models × {piecewise, breakable}, and Llama quantized (int8_w8a8 piecewise, awq breakable); tp2-ep2: 1;
-    # pp2: Llama piecewise and DeepSeek-V3 breakable; dp2: Qwen3-MoE piecewise and DeepSeek-V3 breakable
-    assert len(rows) == 126 + 36 + 27 + 4 + 8 + 2 + 1 + 2 + 2
+    # pp2: Llama piecewise and DeepSeek-V3 breakable; dp2: Qwen3-MoE piecewise and DeepSeek-V3 breakable; ep2: 1
+    assert len(rows) == 126 + 36 + 27 + 4 + 8 + 2 + 1 + 2 + 2 + 1
     assert all(r.status in STATUSES for r in rows)
     launched = [r for r in rows if r.status != "unsupported"]
     # all 14 models (DeepSeek-V3 and Kimi-K2 with MLA, Qwen3-Next with linear attention, two VLMs) × {sdpa, flex} ×
     # 3 graphs, less Qwen3-Next under full (its linear-attention op cannot be captured: refused with the reason);
     # varlen is marked unsupported on the CPU, with the reason; each 8-bit scheme on Llama, Qwen3 and Qwen3-MoE ×
     # 3 graphs; each 4-bit weight-only scheme (awq, gptq, nvfp4) on Llama, Qwen3 and Qwen3-MoE × 3 graphs
-    assert len(launched) == 82 + 36 + 27 + 4 + 8 + 2 + 1 + 2 + 2 and all(r.passed for r in launched), \
+    assert len(launched) == 82 + 36 + 27 + 4 + 8 + 2 + 1 + 2 + 2 + 1 and all(r.passed for r in launched), \
         [(r.key, r.status, r.reason) for r in launched if not r.passed]
     # TP=2, two gloo processes a cell: both ranks passed, and the sharded eager matches the same weights unsharded
     tp2 = [r for r in rows if r.axes["parallel"] == "tp2"]
@@ -42,8 +42,9 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
                and r.metrics.tp1_logprob_diff < 1e-4 for r in tp2), [(r.key, r.status, r.reason) for r in tp2]
     assert sorted((r.axes["quant"], r.axes["graph"]) for r in tp2 if r.axes["quant"] != "none") == [
         ("awq", "breakable"), ("int8_w8a8", "piecewise")]
-    (ep,) = [r for r in rows if r.axes["parallel"] == "tp2-ep2"]
-    assert ep.passed and ep.metrics.rank_statuses == ["pass", "pass"] and ep.metrics.tp1_logprob_diff < 1e-4, ep.reason
+    for mode in ("tp2-ep2", "ep2"):
+        (ep,) = [r for r in rows if r.axes["parallel"] == mode]
+        assert ep.passed and ep.metrics.rank_statuses == ["pass", "pass"] and ep.metrics.tp1_logprob_diff < 1e-4, ep.reason
     for mode, first in (("pp2", "llama-3.1-8b:tiny"), ("dp2", "qwen3-30b-a3b:tiny")):
         cells = [r for r in rows if r.axes["parallel"] == mode]
         assert {(r.axes["model"], r.axes["graph"]) for r in cells} == {(first, "piecewise"), ("deepseek-v3:tiny", "breakable")}

@@ -1,7 +1,8 @@
 """A DP=2 cell (data-parallel attention) as the launcher runs it: two gloo ranks, each attending over its own
 sequences with its own KV, the MoE blocks over both ranks' rows (pcg::all_gather_into_), the whole batch's hidden
-states gathered after each forward. DP eager is held to TP1 eager on the same weights, which sees a rank that keeps
-the wrong rows (graph and eager share it)."""
+states gathered after each forward. EP=2 alone is the same with each rank holding half the routed experts whole (their
+partial sums all-reduced). Both are held to TP1 eager on the same weights, which sees a rank that keeps the wrong
+rows or serves the wrong experts (graph and eager share them)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,48 @@ def cells_on_rank(rank: int) -> dict:
     return out
 
 
+def ep_cells_on_rank(rank: int) -> dict:
+    import harness.cell.run as run
+
+    out = {}
+    for model in MODELS[1:]:
+        for graph in ("piecewise", "breakable"):
+            o = run_cell(CellSpec(model, graph=graph, parallel="ep2", **SMALL))
+            out[model, graph] = (o.status, o.reason, o.metrics.tp1_logprob_diff)
+    o = run_cell(CellSpec("llama-3.1-8b", graph="piecewise", parallel="ep2", **SMALL))
+    out["dense"] = (o.status, o.reason)
+    real = run.shard_experts_by_index
+
+    def wrong_range(model, group):  # planted: rank 1's layer-1 experts answer for rank 0's range
+        n = real(model, group)
+        if group.rank == 1:
+            model.model.layers[1].mlp.experts.ep_start = 0
+        return n
+
+    run.shard_experts_by_index = wrong_range
+    try:
+        o = run_cell(CellSpec("qwen3-30b-a3b", graph="piecewise", parallel="ep2", **SMALL))
+    finally:
+        run.shard_experts_by_index = real
+    out["fault"] = (o.status, o.reason)
+    return out
+
+
+@pytest.mark.slow
+def test_ep2_cells_pass_a_rank_serving_the_wrong_experts_fails_and_a_dense_model_is_refused():
+    r0, r1 = run_ranks(ep_cells_on_rank)
+    faults = [r0.pop("fault"), r1.pop("fault")]
+    assert r0 == r1
+    for model in MODELS[1:]:
+        for graph in ("piecewise", "breakable"):
+            status, reason, tp1_diff = r0[model, graph]
+            assert status == Status.PASS and tp1_diff is not None and tp1_diff < 1e-5, (model, graph, reason, tp1_diff)
+    status, reason = r0["dense"]
+    assert status == Status.UNSUPPORTED and "no routed experts" in reason, reason
+    for status, reason in faults:
+        assert status == Status.FAIL_ACCURACY and "ep2 eager differs from tp1 eager" in reason, reason
+
+
 @pytest.mark.slow
 def test_dp2_cells_pass_and_a_rank_keeping_the_wrong_rows_fails():
     ranks = run_ranks(cells_on_rank)
@@ -111,7 +154,8 @@ def test_each_dp_rank_writes_only_its_own_sequences_kv_and_all_return_every_sequ
     assert r0["tokens"] == r1["tokens"] and r0["logprobs"] == r1["logprobs"] and len(r0["tokens"]) == 3
 
 
-def test_the_pre_check_runs_dp2_alone():
+def test_the_pre_check_runs_dp2_and_ep2_alone():
     assert parallel_unsupported_reason("dp2", graph="piecewise") is None
+    assert parallel_unsupported_reason("ep2", graph="breakable") is None
     assert "data-parallel attention 4 is not run yet" in parallel_unsupported_reason("dp4")
     assert "data-parallel attention combined with other kinds" in parallel_unsupported_reason("tp2-dp2")

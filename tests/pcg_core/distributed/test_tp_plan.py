@@ -55,7 +55,7 @@ def test_all_reduce_is_a_split_op_and_the_table_says_where_it_runs():
 
 
 def test_parallel_modes_are_a_rule_and_the_reasons_name_what_is_missing():
-    assert PARALLEL == {"tp1": 1, "tp2": 2, "tp2-ep2": 2, "pp2": 2, "dp2": 2} and parallel_gpus("tp2-pp2-dp2-ep8") == 8
+    assert PARALLEL == {"tp1": 1, "tp2": 2, "tp2-ep2": 2, "pp2": 2, "dp2": 2, "ep2": 2} and parallel_gpus("tp2-pp2-dp2-ep8") == 8 * 2
     assert parallel_unsupported_reason("tp2") is None
     assert "tensor parallelism 4 is not run yet" in parallel_unsupported_reason("tp4")
     assert parallel_unsupported_reason("pp2") is None and PARALLEL["pp2"] == 2
@@ -63,7 +63,8 @@ def test_parallel_modes_are_a_rule_and_the_reasons_name_what_is_missing():
     assert "pipeline parallelism combined with other kinds" in parallel_unsupported_reason("tp2-pp2")
     assert "data-parallel attention" in parallel_unsupported_reason("tp2-dp2")
     assert parallel_unsupported_reason("tp2-ep2") is None and PARALLEL["tp2-ep2"] == 2
-    assert "EP = TP" in parallel_unsupported_reason("tp2-ep4") and "all-to-all" in parallel_unsupported_reason("ep2")
+    assert "more ranks than TP with TP > 1" in parallel_unsupported_reason("tp2-ep4")
+    assert parallel_unsupported_reason("ep2") is None and "expert parallelism 4 is not run yet" in parallel_unsupported_reason("ep4")
     assert "FP4 layers are not sharded" in parallel_unsupported_reason("tp2", quant="nvfp4")
     assert parallel_unsupported_reason("tp2", quant="int8_w8a8") is None and parallel_unsupported_reason("tp2", quant="awq") is None
     assert parallel_unsupported_reason("tp1", quant="fp8") is None
