@@ -4,6 +4,8 @@ padding. Planted into the model (so eager and graph share it): a padding leak, a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -16,6 +18,8 @@ from harness.cell.run import _Cell, _excuse_padding
 from harness.cell.prompts import Case, prompt_suite
 from harness.outcome import CellMetrics, Status
 from pcg_core.config import CaptureConfig, EngineConfig
+from pcg_core.engine import Engine
+from pcg_core.engine.kv_scales import calibrate_kv_scales, set_kv_scales
 from pcg_core.model import load_model
 
 
@@ -188,8 +192,12 @@ def _plant_attention_leak(monkeypatch, name: str, via: str) -> None:
 def _probe(attention: str, dtype=torch.bfloat16, device: str = "cpu", kv_cache: str = "auto") -> float:
     lm = load_model(find_card("qwen3-0.6b").config, tiny=True, dtype=dtype, device=device, seed=0)
     ladder = (16, 32, 64)
-    config = EngineConfig(attention=attention, dtype=str(dtype).removeprefix("torch."), kv_cache=kv_cache,
+    config = EngineConfig(attention=attention, dtype=str(dtype).removeprefix("torch."), device=device,
                           capture=CaptureConfig(backend="piecewise", max_tokens=64), kv_slots=4096)
+    if kv_cache != "auto":  # scales calibrated on a 16-bit cache, as the cell runner does for synthetic weights
+        set_kv_scales(lm.model, calibrate_kv_scales(Engine(lm.model, replace(config, capture=CaptureConfig(
+            backend="disabled", max_tokens=64))), [[3, 1, 4, 1, 5, 9, 2, 6] * 4]))
+        config = replace(config, kv_cache=kv_cache)
     cases = prompt_suite(ladder, lm.model.config.vocab_size, seed=0, max_new_tokens=3)[:3]
     return attention_padding_rel(lm.model, config, lambda n: next((b for b in ladder if b >= n), None), cases)
 
@@ -198,6 +206,7 @@ def _probe(attention: str, dtype=torch.bfloat16, device: str = "cpu", kv_cache: 
 def test_the_padding_probe_finds_a_backend_exact(attention):
     assert _probe(attention) <= PROBE_RTOL
     assert _probe(attention, torch.float32) <= PROBE_RTOL
+    assert _probe(attention, kv_cache="fp8_e4m3") <= PROBE_RTOL  # padding rows' K/V land in the pad slot, FP8 too
 
 
 @pytest.mark.gpu
