@@ -44,3 +44,40 @@ def test_all_reduce_of_a_world_of_one_under_each_backend_equals_eager(world_of_o
     want = eager.logits(eager.forward(batch, eager=True, pad_to=graph.bucket_for(len(batch))))
     assert graph.stats.graphs_captured > 0
     assert torch.equal(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("backend", ["piecewise", "breakable"])
+@pytest.mark.parametrize("kind", ["pp", "dp", "ep"])
+def test_pipeline_and_data_parallel_ops_of_a_world_of_one_equal_eager(world_of_one, backend, kind):
+    """The N-rank code paths of pp/dp/ep on NCCL with one rank: the last stage's broadcast (pp), the MoE blocks' gather
+    and the output's (dp), and the experts' all-reduce beside them (ep) run between the graphs, bitwise equal to eager
+    at the same padding; full is refused for pp by the pre-check, and pcg::pipeline_pass_ raises inside a capture."""
+    from pcg_core.distributed.data_parallel import data_parallel_model
+    from pcg_core.distributed.pipeline import pipeline_model
+    from pcg_core.distributed.shard import shard_experts_by_index
+
+    lm = tiny_model("llama" if kind == "pp" else "qwen3-moe", device="cuda")
+    if kind == "pp":
+        record = pipeline_model(lm.model, world_of_one)
+        assert record.bounds == ((0, 2),)
+    else:
+        assert data_parallel_model(lm.model, world_of_one).gathers == 2
+        if kind == "ep":
+            assert shard_experts_by_index(lm.model, world_of_one) == 2
+    prompts = prompts_of([5, 11, 2], lm.config.vocab_size)
+    graph = make_engine(lm.model, backend, device="cuda")
+    eager = make_engine(lm.model, "disabled", device="cuda")
+    batch = graph.prefill_batch(prompts)
+    got = graph.logits(graph.forward(batch)).clone()
+    batch = eager.prefill_batch(prompts)
+    want = eager.logits(eager.forward(batch, eager=True, pad_to=graph.bucket_for(len(batch))))
+    assert graph.stats.graphs_captured > 0
+    assert torch.equal(got, want), (got - want).abs().max()
+
+
+def test_a_pipeline_hand_off_inside_a_cuda_graph_is_refused(world_of_one):
+    x = torch.ones(4, 8, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="runs between graphs"):
+        with torch.cuda.graph(g):
+            torch.ops.pcg.pipeline_pass_(x, world_of_one.name, 0, -1)
