@@ -313,6 +313,7 @@ class CellMetrics(_Model):
     padding_probe_rel: float | None = None
     topk_containment_ok: bool | None = None
     divergences: list[str] = Field(default_factory=list)
+    worst_sequence: str | None = None  # the sequence farthest from its own eager reference: case[i] (its Δ logprob)
     diverging_piece: str | None = None  # layer 5: the first piece whose output differs, when the judge failed
     diagnosis_error: str | None = None  # layer 5 itself failed: why (the verdict above stands)
     tie_margin: float | None = None  # the largest eager top-2 margin a token flip is excused within (the noise)

@@ -62,6 +62,9 @@ class Judgement:
     topk_containment_ok: bool = True  # every flip's tokens were in each other's top-k (recorded, never an excuse)
     divergences: list[str] = field(default_factory=list)
     failed_cases: list[str] = field(default_factory=list)  # the cases with an unexcused flip or a logprob past tol
+    # The sequence farthest from its own eager reference (largest |Δ logprob| over its prompt and agreeing output
+    # tokens, a divergence counting as infinite): case[index], or "" when every sequence is equal.
+    worst_sequence: str = ""
 
 
 def tie_margin(tol: float, eager_self_diff: float | None = None) -> float:
@@ -116,6 +119,7 @@ def compare(
     notes: list[str] = []
     bad: list[str] = []
     failed: list[str] = []
+    worst, worst_at = 0.0, ""
     for case, refs in ref.items():
         cands = cand.get(case, [])
         if len(cands) != len(refs):
@@ -124,17 +128,21 @@ def compare(
         bad_before, case_p, case_o = len(bad), 0.0, 0.0
         for i, (r, c) in enumerate(zip(refs, cands)):
             where = f"{case}[{i}]"
+            seq = 0.0
             if r.prompt_logprobs is not None and c.prompt_logprobs is not None:
                 for a, b in zip(r.prompt_logprobs, c.prompt_logprobs):
-                    case_p = max(case_p, _diff(a, b))
+                    seq = max(seq, _diff(a, b))
+            case_p = max(case_p, seq)
             total += len(r.output_ids)
             if len(c.output_ids) != len(r.output_ids):
                 bad.append(f"{where}: {len(c.output_ids)} output tokens for eager's {len(r.output_ids)}")
             for t, (a, b) in enumerate(zip(r.output_ids, c.output_ids)):
                 if a == b:
                     matched += 1
-                    case_o = max(case_o, _diff(r.output_logprobs[t], c.output_logprobs[t]))
+                    d = _diff(r.output_logprobs[t], c.output_logprobs[t])
+                    case_o, seq = max(case_o, d), max(seq, d)
                     continue
+                seq = math.inf
                 excused, contained, words = _flip(r, c, t, margin)
                 contained_all &= contained
                 note = f"{where}: first divergence at output {t}: {words}"
@@ -142,11 +150,14 @@ def compare(
                 if not excused:
                     bad.append(note)
                 break
+            if seq > worst:
+                worst, worst_at = seq, where
         max_p, max_o = max(max_p, case_p), max(max_o, case_o)
         if len(bad) > bad_before or case_p > tol or case_o > tol:
             failed.append(case)
     token_match = matched / total if total else 1.0
-    v = Judgement(Status.PASS, "", token_match, max_p, max_o, contained_all, notes, failed)
+    v = Judgement(Status.PASS, "", token_match, max_p, max_o, contained_all, notes, failed,
+                  f"{worst_at} ({'diverges' if math.isinf(worst) else f'{worst:.3g}'})" if worst_at else "")
     problems = []
     if bad:
         problems.append(f"greedy tokens diverge in {len(bad)} sequence(s): " + "; ".join(bad)[:600])
@@ -154,7 +165,7 @@ def compare(
         if worst > tol:
             problems.append(f"{side} logprob diff {worst:.3g} > {tol:g}" + (" (a NaN logprob)" if math.isinf(worst) else ""))
     if problems:
-        v.status, v.reason = Status.FAIL_ACCURACY, "; ".join(problems)
+        v.status, v.reason = Status.FAIL_ACCURACY, "; ".join(problems) + f"; worst sequence {v.worst_sequence}"
     elif notes:
         v.reason = f"{len(notes)} near-tie flip(s) within the noise: " + "; ".join(notes)[:600]
     return v

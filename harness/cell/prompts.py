@@ -19,6 +19,9 @@ from pcg_core.model.vision import Image, image_tokens, is_vlm, patchify, synthet
 
 EDGE_NEW_TOKENS = 2  # decode steps after an edge-size prefill: enough to read the KV it wrote
 MIN_DECODE_STEPS = 4  # the decode case needs a few steps for its batch to change membership
+# Sequences packed into one forward by the concurrency cases (a serving engine's batch, vLLM's FULL-vs-PIECEWISE test
+# runs up to 123): each level the ladder's largest bucket holds as a decode batch.
+CONCURRENCY = (64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,12 @@ def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_toke
     steps = max(MIN_DECODE_STEPS, max_new_tokens)
     n = ladder[0] + 2
     add(f"decode_{n}_seqs", [1 + (7 * i) % max(2, min(largest, 24)) for i in range(n)], [2 + i % (steps - 1) for i in range(n)])
+    # Concurrency: many sequences of mixed lengths in one prefill (chunked at the largest bucket, so each chunk holds
+    # dozens of them), then decode batches that shrink across bucket edges as sequences finish at different steps.
+    for n in (c for c in CONCURRENCY if c <= largest):
+        lengths = [1 + (13 * i) % max(1, min(31, 4 * largest // n - 1)) for i in range(n)]
+        add(f"concurrent_{n}_seqs", lengths, [1 + (i * 5) % steps for i in range(n)],
+            chunk=largest if sum(lengths) > largest else None)
     # Positions past every bucket: a prompt one over the largest (prefill eager, decode replayed at positions
     # above it), and a chunked prefill whose later chunks replay the graphs at positions beyond the ladder.
     add(f"above_max_{largest + 1}", [largest + 1], max_new_tokens)

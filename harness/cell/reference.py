@@ -68,12 +68,14 @@ HIDDEN_FLOOR = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 5e-3}
 
 def reference_cases(cases: list[Case]) -> tuple[list[Case], Case]:
     """The cases the layer runs: several sequences of one layout, the decode case (sequences leaving at different
-    steps) and the chunked prefill (positions past every bucket); and the one-sequence layout prefill whose
-    hidden states the kernel check compares."""
+    steps), the chunked prefill (positions past every bucket) and the most concurrent case (an engine fault that
+    shows only with many sequences in one forward is eager's too: only this layer sees it); and the one-sequence
+    layout prefill whose hidden states the kernel check compares."""
     def first(prefix: str, contains: str = "") -> Case | None:
         return next((c for c in cases if c.name.startswith(prefix) and contains in c.name), None)
 
-    chosen = [c for c in (first("layout_", "_1_"), first("decode_"), first("chunked_"), first("vision_mixed"))
+    widest = max((c for c in cases if c.name.startswith("concurrent_")), key=lambda c: len(c.prompts), default=None)
+    chosen = [c for c in (first("layout_", "_1_"), first("decode_"), first("chunked_"), widest, first("vision_mixed"))
               if c is not None] or cases[:1]
     return chosen, first("layout_", "_0_") or cases[0]
 

@@ -129,6 +129,9 @@ def _load(cell: _Cell) -> None:
     page = cell.config.page_size or get_attention_backend(cell.config.attention).page_size
     need = max(c.kv_slots(page) for c in cell.cases)
     cell.kv_slots = max(need, -(-max(latency_token_counts(s.max_tokens), default=0) // page) * page) + page
+    # a linear-attention model's state slots: one per live sequence of the most concurrent case
+    live = max(len(c.prompts) for c in cell.cases)
+    cell.config = replace(cell.config, linear_state_slots=max(cell.config.linear_state_slots, live))
     if s.quant != "none":
         _quantize(cell)
     elif not cell.lm.synthetic and (got := sorted(set(quantized_modules(cell.lm.model).values()))):
