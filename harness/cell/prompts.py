@@ -136,7 +136,7 @@ def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_toke
     # Concurrency: many sequences of mixed lengths in one prefill (chunked at the largest bucket, so each chunk holds
     # dozens of them), then decode batches that shrink across bucket edges as sequences finish at different steps.
     for n in (c for c in CONCURRENCY if c <= largest):
-        lengths = [1 + (13 * i) % max(1, min(31, 4 * largest // n - 1)) for i in range(n)]
+        lengths = [1 + (5 * i) % max(1, min(8, 4 * largest // n - 1)) for i in range(n)]  # 1–8 tokens: a serving mix
         add(f"concurrent_{n}_seqs", lengths, [1 + (i * 5) % steps for i in range(n)],
             chunk=largest if sum(lengths) > largest else None)
     # Positions past every bucket: a prompt one over the largest (prefill eager, decode replayed at positions

@@ -26,7 +26,7 @@ def test_the_levels_the_ladder_holds_pack_mixed_lengths_and_shrink_across_bucket
     cases = _concurrent(LADDER_4096)
     assert [len(c.prompts) for c in cases] == list(CONCURRENCY)
     for c in cases:
-        assert c.prefill_tokens <= 4096 and len({len(p) for p in c.prompts}) > 8  # one prefill, lengths mixed
+        assert c.prefill_tokens <= 4096 and len({len(p) for p in c.prompts}) == 8  # one prefill, lengths 1–8 mixed
         alive = [sum(n > k for n in c.new_tokens) for k in range(max(c.new_tokens))]  # decode batch sizes by step
         buckets = {next(b for b in LADDER_4096 if b >= a) for a in alive if a}
         assert len(buckets) >= 3, (c.name, alive)  # the shrinking decode batch replays several buckets
