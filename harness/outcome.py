@@ -291,6 +291,12 @@ class CellMetrics(_Model):
     compile_s: float | None = None
     graph_pool_bytes: int | None = None
     kv_bytes_per_token: int | None = None  # KV cache memory per token over all layers (MLA: the latent's)
+    # Per GPU (rank), harness/cell/memory.py: the weights, the budget a serving engine plans with (90% of the GPU;
+    # None off CUDA) and the largest context whose KV fits beside the weights with the graph pool and without it.
+    weights_bytes: int | None = None
+    memory_budget_bytes: int | None = None
+    max_context_tokens: int | None = None
+    max_context_tokens_without_graphs: int | None = None
     eager_fallbacks: int | None = None
     bucket_hits: dict[int, int] = Field(default_factory=dict)
     # Judge.

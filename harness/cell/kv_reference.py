@@ -31,6 +31,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from harness.outcome import CheckpointKvScales
 from pcg_core.model.mla import is_mla_attention
 
 PREFIX = "pcg_fp8kv_"
@@ -106,3 +107,13 @@ def text_only(config, implementation: str, others: str) -> str | dict[str, str]:
     if "text_config" not in subs:
         return implementation
     return {"": implementation, **{k: implementation if k == "text_config" else others for k in subs}}
+
+
+def checkpoint_kv_scales(model: torch.nn.Module) -> CheckpointKvScales | None:
+    """What the loader read of a declared FP8 KV cache (the model's `pcg_kv_scales`, pcg_core/quant/formats/kv_scales.py),
+    for the record; None when the checkpoint declares none."""
+    scales = getattr(model, "pcg_kv_scales", None)
+    if not scales:
+        return None
+    k, v = [s[0] for s in scales.values()], [s[1] for s in scales.values()]
+    return CheckpointKvScales(layers=len(scales), k_min=min(k), k_max=max(k), v_min=min(v), v_max=max(v), applied=False)

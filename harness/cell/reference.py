@@ -39,7 +39,7 @@ from harness.cell.judge import LOGPROB_TOL
 from harness.cell.kv_reference import round_kv, text_only
 from harness.cell.padding import float32_attention
 from harness.cell.prompts import Case
-from harness.outcome import ReferenceCheck
+from harness.outcome import CellMetrics, ReferenceCheck, Status
 from pcg_core.attention.kv_cache import KVScales
 from pcg_core.config import EngineConfig
 from pcg_core.engine import Engine, SequenceOutput
@@ -336,3 +336,16 @@ def _free() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def with_reference(m: CellMetrics, status: Status, reason: str) -> tuple[Status, str]:
+    """The graph judge's verdict with the reference layer's beside it: a cell whose eager is wrong fails, whatever
+    graph = eager says; one the layer could not measure keeps its verdict, saying so."""
+    check = m.reference
+    if check is None or check.status == "pass":
+        return status, reason
+    line = f"reference layer: {check.summary()}"
+    joined = (f"{reason}; {line}" if reason else line)[:2000]
+    if check.status == "fail" and status in (Status.PASS, Status.PASS_FLAKY):
+        return Status.FAIL_ACCURACY, joined
+    return status, joined

@@ -19,14 +19,16 @@ from harness.cell.crash import Stop, crash
 from harness.cell.diagnose import LockstepStats, first_diverging_piece, lockstep_stats, nan_max
 from harness.cell.judge import (KL_TOL, LOGPROB_TOL, SAME_PADDING_RTOL_EAGER, Judgement, compare, logprob_bound,
                                 same_padding_rtol, tie_margin)
+from harness.cell.memory import memory_budget, memory_fit, weights_bytes
 from harness.cell.padding import (FP32_PADDING_RTOL, PROBE_RTOL, attention_padding_rel, float32_attention,
                                   float32_padding_rel, padding_leak, probe_note)
 from harness.cell.parallel import parallel_group, tp1_check
 from harness.cell.prompts import Case, latency_token_counts, prompt_suite, repeat_of
-from harness.cell.reference import reference_layer
+from harness.cell.kv_reference import checkpoint_kv_scales
+from harness.cell.reference import reference_layer, with_reference
 from harness.cell.spec import CellSpec, resolve_model
 from harness.cell.timing import median_ms
-from harness.outcome import CellMetrics, CellOutcome, CheckpointKvScales, EagerSelfDiff, Latency, Status
+from harness.outcome import CellMetrics, CellOutcome, EagerSelfDiff, Latency, Status
 from pcg_core.attention import get_attention_backend
 from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupported_reason, parallel_unsupported_reason,
                                    quant_unsupported_reason)
@@ -122,7 +124,7 @@ def _load(cell: _Cell) -> None:
         raise crash(Status.EAGER_FAIL, e) from e
     text = cell.lm.config.get_text_config()  # a VLM's text model (the config itself for a text-only one)
     cell.metrics.layers = text.num_hidden_layers
-    cell.metrics.checkpoint_kv_scales = _kv_scales_read(cell.lm.model)
+    cell.metrics.checkpoint_kv_scales = checkpoint_kv_scales(cell.lm.model)
     vocab = text_token_limit(cell.lm.config) if is_vlm(cell.lm.config) else text.vocab_size
     cell.cases = prompt_suite(cell.config.capture.ladder, vocab, seed=s.seed, max_new_tokens=s.max_new_tokens,
                               model_config=cell.lm.config)
@@ -172,16 +174,6 @@ def _kv_scales(cell: _Cell) -> None:
     except Exception as e:  # noqa: BLE001 - the 16-bit forwards failed: eager cannot run either
         raise crash(Status.EAGER_FAIL, e) from e
     cell.metrics.kv_scales = "calibrated"
-
-
-def _kv_scales_read(model: torch.nn.Module) -> CheckpointKvScales | None:
-    """What the loader read of a declared FP8 KV cache (the model's `pcg_kv_scales`, pcg_core/quant/formats/kv_scales.py),
-    for the record; None when the checkpoint declares none."""
-    scales = getattr(model, "pcg_kv_scales", None)
-    if not scales:
-        return None
-    k, v = [s[0] for s in scales.values()], [s[1] for s in scales.values()]
-    return CheckpointKvScales(layers=len(scales), k_min=min(k), k_max=max(k), v_min=min(v), v_max=max(v), applied=False)
 
 
 def _quantize(cell: _Cell) -> None:
@@ -269,19 +261,6 @@ def _reference(cell: _Cell, ref: Outputs) -> None:
     cell.metrics.reference = reference_layer(cell.lm.model, config, cell.cases, ref, cell.spec.quant != "none")
 
 
-def _with_reference(m: CellMetrics, status: Status, reason: str) -> tuple[Status, str]:
-    """The graph judge's verdict with the reference layer's beside it: a cell whose eager is wrong fails, whatever
-    graph = eager says; one the layer could not measure keeps its verdict, saying so."""
-    check = m.reference
-    if check is None or check.status == "pass":
-        return status, reason
-    line = f"reference layer: {check.summary()}"
-    joined = (f"{reason}; {line}" if reason else line)[:2000]
-    if check.status == "fail" and status in (Status.PASS, Status.PASS_FLAKY):
-        return Status.FAIL_ACCURACY, joined
-    return status, joined
-
-
 def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Outputs]:
     """Layer 2: capture, then run the suite; a crash in either is classified by where it happened."""
     m = cell.metrics
@@ -295,6 +274,7 @@ def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Ou
     m.pieces, m.graphs_captured, m.trace_s, m.capture_s = st.pieces, st.graphs_captured, st.trace_s, st.capture_s
     m.compile_s, m.graph_pool_bytes = st.compile_s, st.graph_pool_bytes
     m.kv_bytes_per_token = graph.cache.bytes_per_token
+    m.weights_bytes = weights_bytes(cell.lm.model)
     on_phase("run")
     cell.coverage = CoverageCounter(cell.config.capture.ladder)
     try:
@@ -496,7 +476,7 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
             judgement = _judge(cell, eager, graph, ref, cand)
         except Exception as e:  # noqa: BLE001 - the lockstep re-runs the graph: a crash there is the graph's
             raise crash(Status.FAIL_RUN, e) from e
-        status, reason = _with_reference(cell.metrics, judgement.status, judgement.reason)
+        status, reason = with_reference(cell.metrics, judgement.status, judgement.reason)
         phase("latency")
         try:
             _latency(cell, eager, graph)
@@ -504,10 +484,12 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
             stop = crash(Status.FAIL_RUN, e)
             status, reason = stop.status, f"latency: {stop.reason}; judge: {status}{': ' + reason if reason else ''}"[:2000]
     except Stop as stop:
-        status, reason = _with_reference(metrics, stop.status, stop.reason)
-    if metrics.checkpoint_kv_scales is not None:  # a load fact the verdict's reader needs: the scales went unused
-        reason = (f"{reason}; " if reason else "") + metrics.checkpoint_kv_scales.summary()
-        reason = reason[:2000]
+        status, reason = with_reference(metrics, stop.status, stop.reason)
+    notes = [metrics.checkpoint_kv_scales.summary()] if metrics.checkpoint_kv_scales is not None else []
+    if metrics.graph_pool_bytes is not None and (line := memory_fit(metrics, memory_budget(spec.device), spec.memory_share)):
+        notes.append(line)  # what the graphs cost the context: the verdict stands
+    if notes:  # facts the verdict's reader needs beside it (checkpoint scales unused, the graphs' memory)
+        reason = "; ".join([reason, *notes] if reason else notes)[:2000]
     close_phase()
     metrics.cell_s = round(time.perf_counter() - t0, 3)
     return CellOutcome(status=status, reason=reason, metrics=metrics, duration_s=metrics.cell_s)

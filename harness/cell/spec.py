@@ -29,6 +29,7 @@ class CellSpec:
     top_k: int = 5
     logprob_tol: float | None = None  # None: the judge's per-dtype default
     latency_repeat: int | None = None  # None: 20 on a GPU, 5 on a CPU
+    memory_share: float = 0.10  # the graph pool's share of the KV cache's room past which the verdict says so
 
     def __post_init__(self) -> None:
         self.quant = quant_registry.canonical(self.quant)  # an alias (fp4) runs as its scheme (nvfp4)

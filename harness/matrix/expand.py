@@ -91,6 +91,7 @@ def spec_for(matrix: Matrix, axes: dict[str, str], overrides: list[Override] | N
         top_k=d.top_k,
         logprob_tol=tol,
         peaked=not d.flat_weights,
+        memory_share=d.memory_share,
     )
     return spec, timeout
 

@@ -55,6 +55,9 @@ class Defaults(_Strict):
     timeout_s: TimeoutS = 900
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     tolerances: Tolerances = Tolerances()
+    memory_share: float = Field(default=0.10, gt=0, le=1, allow_inf_nan=False,
+                                description="the graph pool's share of what the KV cache could have had (beside the "
+                                            "weights) past which a cell's verdict carries a memory line")
     flat_weights: bool = Field(default=False, description="synthetic weights as initialized, without the peaked "
                                                              "output head (the judge then sees flat distributions)")
 
