@@ -20,8 +20,10 @@ from pcg_core.model.vision import Image, image_tokens, is_vlm, patchify, synthet
 EDGE_NEW_TOKENS = 2  # decode steps after an edge-size prefill: enough to read the KV it wrote
 MIN_DECODE_STEPS = 4  # the decode case needs a few steps for its batch to change membership
 # Sequences packed into one forward by the concurrency cases (a serving engine's batch, vLLM's FULL-vs-PIECEWISE test
-# runs up to 123): each level the ladder's largest bucket holds as a decode batch.
+# runs up to 123): each level the ladder's largest bucket holds as a decode batch. A CPU cell runs the levels up to
+# CPU_CONCURRENCY (an eager CPU forward of 256 short sequences costs minutes on flex, which compiles per shape).
 CONCURRENCY = (64, 128, 256)
+CPU_CONCURRENCY = 64
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,12 @@ def layout_bucket(ladder: list[int]) -> int:
 
 
 def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_tokens: int = 8,
-                 model_config: Any = None) -> list[Case]:
+                 model_config: Any = None, concurrency: int = CONCURRENCY[-1]) -> list[Case]:
     """The cases, in the order they run: edge sizes per ladder region and at the largest bucket, layouts at one
     bucket, decode with changing membership, positions past every bucket, then a repeat of an earlier case. A VLM
     (model_config with a vision tower) gets image+text cases before the repeat (vision_cases); vocab_size is then
-    the text-token limit (pcg_core.model.vision.text_token_limit), so no random token is an image placeholder."""
+    the text-token limit (pcg_core.model.vision.text_token_limit), so no random token is an image placeholder.
+    concurrency: the most sequences a concurrency case packs (CONCURRENCY's levels up to it)."""
     gen = torch.Generator().manual_seed(seed)
     cases: list[Case] = []
     seen: set[str] = set()
@@ -135,7 +138,7 @@ def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_toke
     add(f"decode_{n}_seqs", [1 + (7 * i) % max(2, min(largest, 24)) for i in range(n)], [2 + i % (steps - 1) for i in range(n)])
     # Concurrency: many sequences of mixed lengths in one prefill (chunked at the largest bucket, so each chunk holds
     # dozens of them), then decode batches that shrink across bucket edges as sequences finish at different steps.
-    for n in (c for c in CONCURRENCY if c <= largest):
+    for n in (c for c in CONCURRENCY if c <= min(largest, concurrency)):
         lengths = [1 + (5 * i) % max(1, min(8, 4 * largest // n - 1)) for i in range(n)]  # 1–8 tokens: a serving mix
         add(f"concurrent_{n}_seqs", lengths, [1 + (i * 5) % steps for i in range(n)],
             chunk=largest if sum(lengths) > largest else None)

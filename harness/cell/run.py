@@ -23,7 +23,7 @@ from harness.cell.memory import memory_budget, memory_fit, weights_bytes
 from harness.cell.padding import (FP32_PADDING_RTOL, PROBE_RTOL, attention_padding_rel, float32_attention,
                                   float32_padding_rel, padding_leak, probe_note)
 from harness.cell.parallel import parallel_group, tp1_check
-from harness.cell.prompts import Case, latency_token_counts, prompt_suite, repeat_of
+from harness.cell.prompts import CONCURRENCY, CPU_CONCURRENCY, Case, latency_token_counts, prompt_suite, repeat_of
 from harness.cell.kv_reference import checkpoint_kv_scales
 from harness.cell.reference import reference_layer, with_reference
 from harness.cell.spec import CellSpec, resolve_model
@@ -127,7 +127,8 @@ def _load(cell: _Cell) -> None:
     cell.metrics.checkpoint_kv_scales = checkpoint_kv_scales(cell.lm.model)
     vocab = text_token_limit(cell.lm.config) if is_vlm(cell.lm.config) else text.vocab_size
     cell.cases = prompt_suite(cell.config.capture.ladder, vocab, seed=s.seed, max_new_tokens=s.max_new_tokens,
-                              model_config=cell.lm.config)
+                              model_config=cell.lm.config,
+                              concurrency=CONCURRENCY[-1] if s.device.startswith("cuda") else CPU_CONCURRENCY)
     page = cell.config.page_size or get_attention_backend(cell.config.attention).page_size
     need = max(c.kv_slots(page) for c in cell.cases)
     cell.kv_slots = max(need, -(-max(latency_token_counts(s.max_tokens), default=0) // page) * page) + page

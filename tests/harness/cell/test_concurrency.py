@@ -32,6 +32,8 @@ def test_the_levels_the_ladder_holds_pack_mixed_lengths_and_shrink_across_bucket
         assert len(buckets) >= 3, (c.name, alive)  # the shrinking decode batch replays several buckets
     small = _concurrent([4, 8, 16, 24, 32, 48, 64])  # the CPU smoke ladder: 64 only, its prefill chunked
     assert [len(c.prompts) for c in small] == [64] and small[0].chunk == 64
+    capped = [c for c in prompt_suite(LADDER_4096, 1000, max_new_tokens=4, concurrency=64) if "concurrent" in c.name]
+    assert [len(c.prompts) for c in capped] == [64]  # a CPU cell's cap
     chosen, _ = reference_cases(prompt_suite(LADDER_4096, 1000, max_new_tokens=4))
     assert "concurrent_256_seqs" in [c.name for c in chosen]
 
@@ -53,6 +55,9 @@ def _off_by_one_above_64(monkeypatch):
 
 @pytest.mark.parametrize("plant", [False, True])
 def test_a_sequence_index_off_by_one_above_64_sequences_is_caught(monkeypatch, plant):
+    import harness.cell.run as run
+
+    monkeypatch.setattr(run, "CPU_CONCURRENCY", 128)  # a CPU cell stops at 64 sequences by default
     if plant:
         _off_by_one_above_64(monkeypatch)
     r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, max_tokens=128, max_new_tokens=4))
