@@ -270,6 +270,7 @@ class CellMetrics(_Model):
     seed: int | None = None
     top_k: int | None = None
     logprob_tol: float | None = None  # None here and in the spec alike: the judge's per-dtype default
+    memory_share: float | None = None  # the graph pool's share of the KV cache's room past which a memory line shows
     peaked: bool | None = None  # synthetic weights get a peaked output head (loader.peak_logits); None: older row
     kv_cache: str | None = None  # the KV-cache dtype (also an axis); None: a row from before the axis
     kv_scales: str | None = None  # an FP8 KV cache's scales: "checkpoint" (declared) or "calibrated"

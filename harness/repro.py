@@ -3,7 +3,7 @@
 Every axis is written out, defaults too (`--quant none --parallel tp1 …`), so the command says which cell it is;
 each axis has the `pcgh cell` flag of the same name, and a scheme or mode the runtime lacks ends that cell as
 `unsupported` instead of quietly running the default one. The run settings (device, dtype, token limits, seed,
-top-k, logprob tolerance) come from the cell's CellMetrics, which run_cell fills before anything can fail.
+top-k, logprob tolerance, memory share) come from the cell's CellMetrics, which run_cell fills before anything can fail.
 
 It lives beside the outcome (not in the command line, which imports the runtime) so the dashboard can print it
 without torch; tests/harness/test_repro.py parses the commands it makes with pcgh's own parser and checks that
@@ -20,7 +20,7 @@ from harness.outcome import AXES, CellMetrics, ModelRef, with_default_axes
 # `pcgh cell` flag → the CellMetrics field that recorded its value.
 SETTINGS = (("--device", "device"), ("--dtype", "dtype"), ("--max-tokens", "max_tokens"),
             ("--max-new-tokens", "max_new_tokens"), ("--seed", "seed"), ("--top-k", "top_k"),
-            ("--logprob-tol", "logprob_tol"))
+            ("--logprob-tol", "logprob_tol"), ("--memory-share", "memory_share"))
 
 
 def repro_command(axes: dict[str, str], metrics: CellMetrics, fallbacks: Iterable[CellMetrics] = ()) -> str:

@@ -91,7 +91,7 @@ def recorded_settings(spec: CellSpec) -> CellMetrics:
     return CellMetrics(device=spec.device, dtype=spec.dtype, layers=spec.layers, tiny=spec.tiny, weights=spec.weights,
                        kv_cache=spec.kv_cache,
                        max_tokens=spec.max_tokens, max_new_tokens=spec.max_new_tokens, seed=spec.seed, top_k=spec.top_k,
-                       logprob_tol=spec.logprob_tol, peaked=spec.peaked)
+                       logprob_tol=spec.logprob_tol, peaked=spec.peaked, memory_share=spec.memory_share)
 
 
 def _check_runtime(spec: CellSpec) -> None:

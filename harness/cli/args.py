@@ -82,6 +82,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def share_float(text: str) -> float:
+    """A share of a whole: 0 < share ≤ 1."""
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a share of at most 1 (0.1 is 10%), got {value}")
+    return value
+
+
 def threshold(text: str) -> float:
     """A relative change: 0 (report every change) up to 100 (100×); NaN, infinities and negatives mean nothing."""
     try:

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from harness.cli.args import DefaultsShown, bounded_int, positive_float, positive_int, seed_int
+from harness.cli.args import DefaultsShown, bounded_int, positive_float, positive_int, seed_int, share_float
 from pcg_core.known import COMPILERS, DTYPE_NAMES, KNOWN_QUANTIZATION, KV_CACHE_DTYPES, MAX_TOKENS, world_size
 from pcg_core.quant.schemes import registry as quant_registry
 from pcg_core.registry import CAPTURE_BACKENDS
@@ -70,6 +70,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=8, help="greedy decode steps per prompt, each judged")
     p.add_argument("--top-k", type=positive_int, default=5, help="top-k logprobs kept per position for the judge")
     p.add_argument("--logprob-tol", type=positive_float, help="max |Δlogprob| where tokens agree (default: per dtype)")
+    p.add_argument("--memory-share", type=share_float, default=0.10,
+                   help="the graph pool's share of the KV cache's room (beside the weights) past which the verdict "
+                        "carries a memory line; 0 < share ≤ 1 (GPU cells)")
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="run the cell in N fresh processes and keep the worst (flakiness that fires in some processes)")
     p.add_argument("--json", action="store_true",
@@ -103,7 +106,7 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
                     layers=args.layers, tiny=args.tiny, weights=args.weights, max_tokens=args.max_tokens,
                     compiler=args.compiler, quant=args.quant, parallel=args.parallel, kv_cache=args.kv_cache, seed=args.seed,
                     max_new_tokens=args.max_new_tokens, top_k=args.top_k, logprob_tol=args.logprob_tol,
-                    peaked=not args.flat_weights)
+                    peaked=not args.flat_weights, memory_share=args.memory_share)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,7 +39,7 @@ def _every_value_off_default(attention: str) -> Matrix:
     return Matrix.model_validate({
         "name": "repro",
         "defaults": {"device": "cuda", "dtype": "float16", "seed": 7, "top_k": 3, "max_tokens": 256, "max_new_tokens": 5,
-                     "tolerances": {"logprob": 0.002}, "flat_weights": True},
+                     "tolerances": {"logprob": 0.002}, "flat_weights": True, "memory_share": 0.25},
         "axes": {"model": ["qwen3-0.6b:tiny", "qwen3-8b:trim:2", "qwen3-8b:full"], "quant": ["none", "fp8"],
                  "attention": ["sdpa", attention], "parallel": ["tp1", "tp2"], "graph": ["piecewise", "breakable", "full"],
                  "compiler": ["eager", "inductor"], "kv_cache": ["auto", "fp8_e4m3"]},
