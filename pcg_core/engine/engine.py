@@ -189,15 +189,18 @@ class Engine:
                                observer: AttentionObserver | None, decode: bool, pad_to: int | None,
                                probe: AttentionProbe | None) -> torch.Tensor:
         """This rank's sequences of `batch`, padded to the bucket of the largest local count over the ranks (to that
-        count where no bucket holds it, or eager without pad_to: the least padding every rank can share), then the
-        ranks' rows gathered back into the whole batch. pad_to (eager) only asks for the graph's padding: the
-        graph's bucket is the agreed count's, which each rank's engine works out alike."""
+        count itself where the whole batch is past the ladder, or eager without pad_to: the least padding every rank
+        can share), then the ranks' rows gathered back into the whole batch. pad_to (eager) only asks for the
+        graph's padding: the graph's bucket is the agreed count's, which each rank's engine works out alike."""
         rows = dp.split(batch.seq_ids)
         mine = rows[dp.group.rank]
         local = PackedBatch([batch.token_ids[i] for i in mine], [batch.positions[i] for i in mine],
                             [batch.seq_ids[i] for i in mine], [batch.slots[i] for i in mine])
         widest = dp.agreed_rows(len(local), self.device)
-        bucket = self.bucket_for(widest) if (pad_to is not None or not eager) else None
+        # Replays where the whole batch fits the ladder (an eager reference is asked for the graph's padding then,
+        # and for none past it: both sides then pad alike); else eager, padded to the agreed count.
+        graphed = pad_to is not None if eager else self.bucket_for(len(batch)) is not None
+        bucket = self.bucket_for(widest) if graphed else None
         if bucket is None and not eager and self.backend.pads:
             self.stats.eager_fallbacks += 1
         hidden = self._forward(local, bucket or widest, eager or bucket is None, observer, decode, probe)
