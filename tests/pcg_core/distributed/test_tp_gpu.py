@@ -28,13 +28,8 @@ def world_of_one():
     yield register_group(dist.group.WORLD)
 
 
-@pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
-def test_all_reduce_of_a_world_of_one_under_each_backend_equals_eager(world_of_one, backend):
-    from pcg_core.distributed import shard_model
-
-    lm = tiny_model("llama", device="cuda")
-    record = shard_model(lm.model, world_of_one)  # whole shards, but every rowwise layer through pcg::all_reduce_
-    assert record.all_reduces == 4
+def _graph_equals_eager(lm, backend: str) -> None:
+    """A prefill on `backend`'s graphs, logits bitwise equal to eager's at the same padding."""
     prompts = prompts_of([5, 11, 2], lm.config.vocab_size)
     graph = make_engine(lm.model, backend, device="cuda")
     eager = make_engine(lm.model, "disabled", device="cuda")
@@ -44,6 +39,16 @@ def test_all_reduce_of_a_world_of_one_under_each_backend_equals_eager(world_of_o
     want = eager.logits(eager.forward(batch, eager=True, pad_to=graph.bucket_for(len(batch))))
     assert graph.stats.graphs_captured > 0
     assert torch.equal(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
+def test_all_reduce_of_a_world_of_one_under_each_backend_equals_eager(world_of_one, backend):
+    from pcg_core.distributed import shard_model
+
+    lm = tiny_model("llama", device="cuda")
+    record = shard_model(lm.model, world_of_one)  # whole shards, but every rowwise layer through pcg::all_reduce_
+    assert record.all_reduces == 4
+    _graph_equals_eager(lm, backend)
 
 
 @pytest.mark.parametrize("backend", ["piecewise", "breakable"])
@@ -64,15 +69,7 @@ def test_pipeline_and_data_parallel_ops_of_a_world_of_one_equal_eager(world_of_o
         assert data_parallel_model(lm.model, world_of_one).gathers == 2
         if kind == "ep":
             assert shard_experts_by_index(lm.model, world_of_one) == 2
-    prompts = prompts_of([5, 11, 2], lm.config.vocab_size)
-    graph = make_engine(lm.model, backend, device="cuda")
-    eager = make_engine(lm.model, "disabled", device="cuda")
-    batch = graph.prefill_batch(prompts)
-    got = graph.logits(graph.forward(batch)).clone()
-    batch = eager.prefill_batch(prompts)
-    want = eager.logits(eager.forward(batch, eager=True, pad_to=graph.bucket_for(len(batch))))
-    assert graph.stats.graphs_captured > 0
-    assert torch.equal(got, want), (got - want).abs().max()
+    _graph_equals_eager(lm, backend)
 
 
 def test_a_pipeline_hand_off_inside_a_cuda_graph_is_refused(world_of_one):
