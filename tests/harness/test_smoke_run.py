@@ -45,9 +45,9 @@ def test_smoke_matrix_runs_reports_resumes_and_diffs(tmp_path, capsys):
     for mode in ("tp2-ep2", "ep2"):
         (ep,) = [r for r in rows if r.axes["parallel"] == mode]
         assert ep.passed and ep.metrics.rank_statuses == ["pass", "pass"] and ep.metrics.tp1_logprob_diff < 1e-4, ep.reason
-    for mode, first in (("pp2", "llama-3.1-8b:tiny"), ("dp2", "qwen3-30b-a3b:tiny")):
+    for mode, model in (("pp2", "llama-3.1-8b:tiny"), ("dp2", "qwen3-30b-a3b:tiny")):
         cells = [r for r in rows if r.axes["parallel"] == mode]
-        assert {(r.axes["model"], r.axes["graph"]) for r in cells} == {(first, "piecewise"), ("deepseek-v3:tiny", "breakable")}
+        assert {(r.axes["model"], r.axes["graph"]) for r in cells} == {(model, "piecewise"), ("deepseek-v3:tiny", "breakable")}
         assert all(r.passed and r.metrics.rank_statuses == ["pass", "pass"] and r.metrics.tp1_logprob_diff < 1e-4
                    for r in cells), [(r.key, r.status, r.reason) for r in cells]
     mla_flex = [r for r in rows if r.axes["model"] in ("deepseek-v3:tiny", "kimi-k2:tiny") and r.axes["attention"] == "flex"]
