@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.cell.prompts import Case
-from pcg_core.engine import Engine
-from pcg_core.engine.engine import LOGITS_CHUNK, chunks, decode_batch
+from pcg_core.engine import Engine, PrefixCache
+from pcg_core.engine.engine import LOGITS_CHUNK
+from pcg_core.engine.schedule import Schedule
 
 
 @dataclass
@@ -37,16 +38,29 @@ class Step:
 @torch.no_grad()
 def lockstep(eager: Engine, graph: Engine, case: Case, observe: bool = False, noise: bool = False) -> Iterator[Step]:
     """The case's forwards on both engines, one Step each (observe: record every attention input too; noise: run
-    eager unpadded before and at the same padding again after, for the noise the eager path itself shows)."""
-    prompts = [list(p) for p in case.prompts]
-    new = list(case.new_tokens)
-    batch, seq_slots = eager.pack_prompts(prompts, max(new), case.image_lists)
-    graph.pack_prompts(prompts, max(new), case.image_lists)  # the same slots on the graph's own cache
-    pieces = chunks(batch, case.chunk)
+    eager unpadded before and at the same padding again after, for the noise the eager path itself shows). The
+    forwards are the suite's own (engine/schedule.py), fed eager's tokens on both sides. A case of several rounds
+    runs them in order, each side with its own prefix cache (what a round's sequences fed in goes into it, so both
+    caches hold the same prefixes)."""
+    caches = (PrefixCache(eager.cache), PrefixCache(graph.cache)) if case.rounds else (None, None)
+    for k, (prompts, new, images, join_at) in enumerate(case.round_parts()):
+        label = f"round {k + 1} of {len(case.rounds)}, " if case.rounds else ""
+        yield from _lockstep_round(eager, graph, prompts, new, images, join_at, case.chunk, caches, label, observe,
+                                   noise)
 
-    def run(part, label: str, decode: bool) -> Step:
-        step = Step(label, decode, torch.empty(0), torch.empty(0))
-        bucket, n = graph.bucket_for(len(part)), len(part)
+
+def _lockstep_round(eager: Engine, graph: Engine, prompts: list[list[int]], new: list[int], images,
+                    join_at: list[int] | None, chunk: int | None,
+                    caches: tuple[PrefixCache | None, PrefixCache | None], round_label: str, observe: bool,
+                    noise: bool) -> Iterator[Step]:
+    batch, seq_slots, cached = eager.pack_prompts(prompts, max(new), images, caches[0])
+    graph.pack_prompts(prompts, max(new), images, caches[1])  # the same slots on the graph's own cache; eager's
+    # batches run on both sides, so where the graph engine packs otherwise, the suite's comparison is what sees it
+    schedule = Schedule(batch, prompts, cached, seq_slots, new, chunk, join_at)
+    while (fwd := schedule.next()) is not None:
+        part, n = fwd.batch, len(fwd.batch)
+        bucket = graph.bucket_for(n)
+        step = Step(f"{round_label}{fwd.label}, bucket {bucket}", fwd.decode, torch.empty(0), torch.empty(0))
         # The real rows only: padding rows are nobody's output, and a backend may stage them as it likes.
         obs_ref = (lambda layer, q: step.ref_stages.__setitem__(layer, q[:n].float().clone())) if observe else None
         obs_cand = (lambda layer, q: step.cand_stages.__setitem__(layer, q[:n].float().clone())) if observe else None
@@ -55,30 +69,15 @@ def lockstep(eager: Engine, graph: Engine, case: Case, observe: bool = False, no
         step.ref = eager.forward(part, eager=True, observer=obs_ref, pad_to=bucket).clone()
         if noise:
             step.again = eager.forward(part, eager=True, pad_to=bucket).clone()
-        step.cand = graph.forward(part, observer=obs_cand, decode=decode).clone()
+        step.cand = graph.forward(part, observer=obs_cand, decode=fwd.decode).clone()
         # probe tokens: the next token of the packed stream (a prompt target, mostly from the tail), the last row's own
         step.probes = torch.tensor(part.token_ids[1:] + part.token_ids[-1:], device=step.ref.device)
-        return step
-
-    last_rows: list[torch.Tensor] = []
-    for k, part in enumerate(pieces):
-        label = f"prefill forward {k + 1} of {len(pieces)} ({len(part)} tokens, bucket {graph.bucket_for(len(part))})"
-        step = run(part, label, False)
-        last_rows.append(step.ref)
         yield step
-    ends = torch.tensor([len(p) for p in prompts]).cumsum(0) - 1
-    hidden = torch.cat(last_rows)
-    tokens = eager.logits(hidden[ends.to(hidden.device)]).argmax(-1).tolist()
-    done = [1] * len(prompts)
-    for t in range(1, max(new)):
-        active = [i for i in range(len(prompts)) if done[i] < new[i]]
-        steps = [(i, tokens[i], len(prompts[i]) + done[i] - 1) for i in active]
-        label = f"decode step {t} ({len(active)} sequences, bucket {graph.bucket_for(len(active))})"
-        step = run(decode_batch(steps, seq_slots), label, True)
-        yield step
-        for i, token in zip(active, eager.logits(step.ref).argmax(-1).tolist()):
-            tokens[i] = token
-            done[i] += 1
+        rows = torch.tensor(fwd.emit_rows, dtype=torch.int64, device=step.ref.device)
+        schedule.advance(eager.logits(step.ref[rows]).argmax(-1).tolist() if fwd.emit_rows else [])
+    for engine, cache in zip((eager, graph), caches):
+        if cache is not None:
+            engine.remember(cache, schedule.fed())
 
 
 def _kl_rows(eager: Engine, ref: torch.Tensor, cand: torch.Tensor) -> float:

@@ -134,6 +134,8 @@ def compare(
                     seq = max(seq, _diff(a, b))
             case_p = max(case_p, seq)
             total += len(r.output_ids)
+            if c.cached_tokens != r.cached_tokens:  # the two prefix caches served the prompt otherwise
+                bad.append(f"{where}: {c.cached_tokens} prompt tokens from the prefix cache for eager's {r.cached_tokens}")
             if len(c.output_ids) != len(r.output_ids):
                 bad.append(f"{where}: {len(c.output_ids)} output tokens for eager's {len(r.output_ids)}")
             for t, (a, b) in enumerate(zip(r.output_ids, c.output_ids)):

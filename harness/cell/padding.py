@@ -57,8 +57,15 @@ class _PaddedEager:
     def __init__(self, engine: Engine, bucket_for: Callable[[int], int | None], probe=None):
         self.engine, self.bucket_for, self.probe = engine, bucket_for, probe
 
-    def pack_prompts(self, prompts: list[list[int]], new_tokens: int, images=None):
-        return self.engine.pack_prompts(prompts, new_tokens, images)
+    @property
+    def cache(self):
+        return self.engine.cache
+
+    def pack_prompts(self, prompts: list[list[int]], new_tokens: int, images=None, prefix_cache=None):
+        return self.engine.pack_prompts(prompts, new_tokens, images, prefix_cache)
+
+    def remember(self, prefix_cache, sequences: list[list[int]]) -> None:
+        self.engine.remember(prefix_cache, sequences)
 
     def forward(self, batch: PackedBatch, observer=None, decode: bool = False) -> torch.Tensor:
         return self.engine.forward(batch, eager=True, observer=observer, pad_to=self.bucket_for(len(batch)),

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from harness.cell.prompts import Case
+from harness.cell.prompts import Case, run_case
 from harness.cell.spec import CellSpec, resolve_model
 from pcg_core.config import EngineConfig
 from pcg_core.distributed import ParallelGroup, env_world_size, init_from_env
@@ -41,7 +41,7 @@ def tp1_prompt_logprob_diff(full_model: torch.nn.Module, config: EngineConfig, c
     collective (both sides share them), nor can the reference layer (its twin is a copy of the sharded model);
     this can. Prompt logprobs are teacher-forced, so a near-tie token flip does not make the two diverge."""
     engine = Engine(full_model, replace(config, capture=replace(config.capture, backend="disabled")))
-    outs = engine.generate([list(p) for p in case.prompts], case.new_tokens, 1, prompt_logprobs=True, chunk=case.chunk)
+    outs = run_case(engine, case, 1)
     worst = 0.0
     for a, b in zip(outs, sharded):
         worst = max([worst, *(abs(x - y) for x, y in zip(a.prompt_logprobs or [], b.prompt_logprobs or []))])

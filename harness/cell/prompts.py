@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from pcg_core.engine import Engine, PrefixCache, SequenceOutput
+from pcg_core.known import parse_parallel
 from pcg_core.model.vision import Image, image_tokens, is_vlm, patchify, synthetic_image
 
 EDGE_NEW_TOKENS = 2  # decode steps after an edge-size prefill: enough to read the KV it wrote
@@ -36,6 +38,26 @@ class Case:
     new_tokens: tuple[int, ...]
     chunk: int | None = None
     images: tuple[tuple[Image, ...], ...] | None = None  # a VLM's images, one tuple per prompt (None: text only)
+    # Prompts per generate() call, in order, the calls sharing one prefix cache (a server's later requests starting
+    # from the KV its earlier ones left); () : one call, no prefix cache.
+    rounds: tuple[int, ...] = ()
+    # The decode step each prompt joins at (0: the first prefill; a later one: packed after that step's decode rows,
+    # as continuous batching does); None: all at once.
+    join_at: tuple[int, ...] | None = None
+
+    def round_parts(self) -> list[tuple[list[list[int]], list[int], list[list[Image]] | None, list[int] | None]]:
+        """(prompts, new tokens, images, join_at) of each generate() call, in order."""
+        cuts = self.rounds or (len(self.prompts),)
+        if sum(cuts) != len(self.prompts):
+            raise ValueError(f"case {self.name}: rounds {cuts} do not add up to its {len(self.prompts)} prompts")
+        parts, start = [], 0
+        for n in cuts:
+            imgs = self.image_lists[start : start + n] if self.images is not None else None
+            joins = list(self.join_at[start : start + n]) if self.join_at is not None else None
+            parts.append(([list(p) for p in self.prompts[start : start + n]], list(self.new_tokens[start : start + n]), imgs,
+                          joins))
+            start += n
+        return parts
 
     @property
     def image_lists(self) -> list[list[Image]] | None:
@@ -49,6 +71,26 @@ class Case:
     def kv_slots(self, page_size: int = 1) -> int:
         """KV slots the case needs: every prompt plus its room for generated tokens, in whole pages."""
         return sum(-(-(len(p) + max(self.new_tokens)) // page_size) * page_size for p in self.prompts)
+
+
+def prefix_cacheable(text_config, parallel: str) -> bool:
+    """Whether the cell runs the shared-prefix case: not for a hybrid's linear-attention layers (a cached prefix
+    needs their recurrent state at its end, which pcg does not keep) nor data-parallel attention (each rank's cache
+    holds only its own sequences) — Engine.pack_prompts refuses both, saying so."""
+    mode = parse_parallel(parallel)
+    data_parallel = mode.get("dp", 1) > 1 or mode.get("tp", 1) < mode.get("ep", 1)
+    return "linear_attention" not in (getattr(text_config, "layer_types", None) or ()) and not data_parallel
+
+
+def run_case(engine: Engine, case: Case, top_k: int, prompt_logprobs: bool = True) -> list[SequenceOutput]:
+    """The case's generate() calls on `engine` (its rounds sharing a prefix cache made for the case), the outputs of
+    every prompt in order."""
+    cache = PrefixCache(engine.cache) if case.rounds else None
+    outs: list[SequenceOutput] = []
+    for prompts, new, images, join_at in case.round_parts():
+        outs += engine.generate(prompts, new, top_k, prompt_logprobs=prompt_logprobs, chunk=case.chunk, images=images,
+                                prefix_cache=cache, join_at=join_at)
+    return outs
 
 
 def ladder_regions(ladder: list[int]) -> list[list[int]]:
@@ -85,12 +127,13 @@ def layout_bucket(ladder: list[int]) -> int:
 
 
 def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_tokens: int = 8,
-                 model_config: Any = None, concurrency: int = CONCURRENCY[-1]) -> list[Case]:
+                 model_config: Any = None, concurrency: int = CONCURRENCY[-1], page_size: int | None = None) -> list[Case]:
     """The cases, in the order they run: edge sizes per ladder region and at the largest bucket, layouts at one
     bucket, decode with changing membership, positions past every bucket, then a repeat of an earlier case. A VLM
     (model_config with a vision tower) gets image+text cases before the repeat (vision_cases); vocab_size is then
     the text-token limit (pcg_core.model.vision.text_token_limit), so no random token is an image placeholder.
-    concurrency: the most sequences a concurrency case packs (CONCURRENCY's levels up to it)."""
+    concurrency: the most sequences a concurrency case packs (CONCURRENCY's levels up to it). page_size: the KV
+    cache's, for the shared-prefix case (shared_prefix_case); None: no such case (a model a prefix cache cannot serve)."""
     gen = torch.Generator().manual_seed(seed)
     cases: list[Case] = []
     seen: set[str] = set()
@@ -98,9 +141,11 @@ def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_toke
     def tokens(n: int) -> tuple[int, ...]:
         return tuple(torch.randint(0, vocab_size, (n,), generator=gen).tolist())
 
-    def add(name: str, lengths: list[int], new: int | list[int], chunk: int | None = None) -> Case:
+    def add(name: str, lengths: list[int], new: int | list[int], chunk: int | None = None,
+            join_at: list[int] | None = None) -> Case:
         news = [new] * len(lengths) if isinstance(new, int) else new
-        case = Case(name, tuple(tokens(n) for n in lengths), tuple(news), chunk)
+        case = Case(name, tuple(tokens(n) for n in lengths), tuple(news), chunk,
+                    join_at=tuple(join_at) if join_at is not None else None)
         if name not in seen:
             seen.add(name)
             cases.append(case)
@@ -137,21 +182,42 @@ def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_toke
     n = ladder[0] + 2
     add(f"decode_{n}_seqs", [1 + (7 * i) % max(2, min(largest, 24)) for i in range(n)], [2 + i % (steps - 1) for i in range(n)])
     # Concurrency: many sequences of mixed lengths in one prefill (chunked at the largest bucket, so each chunk holds
-    # dozens of them), then decode batches that shrink across bucket edges as sequences finish at different steps.
+    # dozens of them), then decode batches that shrink across bucket edges as sequences finish at different steps,
+    # while every fourth sequence joins later: its prompt packed after the decode rows of step 1, 2 or 3.
     for n in (c for c in CONCURRENCY if c <= min(largest, concurrency)):
         lengths = [1 + (5 * i) % max(1, min(8, 4 * largest // n - 1)) for i in range(n)]  # 1–8 tokens: a serving mix
+        joins = [1 + (i // 4) % (steps - 1) if i % 4 == 3 else 0 for i in range(n)]
         add(f"concurrent_{n}_seqs", lengths, [1 + (i * 5) % steps for i in range(n)],
-            chunk=largest if sum(lengths) > largest else None)
+            chunk=largest if sum(lengths) > largest else None, join_at=joins)
     # Positions past every bucket: a prompt one over the largest (prefill eager, decode replayed at positions
     # above it), and a chunked prefill whose later chunks replay the graphs at positions beyond the ladder.
     add(f"above_max_{largest + 1}", [largest + 1], max_new_tokens)
     add(f"chunked_{2 * largest + 3}", [largest + largest // 2, largest // 2 + 3], max_new_tokens, chunk=largest)
+    if page_size is not None:
+        cases.append(shared_prefix_case(page_size, ladder, tokens, max_new_tokens))
     if model_config is not None and is_vlm(model_config):
         cases += vision_cases(ladder, model_config, tokens, max_new_tokens)
     # Stale state: the second layout again, after every other case has replayed its bucket with other data.
     again = firsts[1] if len(firsts) > 1 else cases[0]
     cases.append(Case(f"repeat_{again.name}", again.prompts, again.new_tokens, again.chunk))
     return cases
+
+
+def shared_prefix_case(page_size: int, ladder: list[int], tokens: Any, max_new_tokens: int) -> Case:
+    """Three rounds of requests through one prefix cache, fresh prompts among them. Round 1 writes A (three pages and
+    a bit) and a fresh prompt. Round 2 starts B from A's first two pages (whole pages shared), C from two pages and
+    half of the third (a page boundary inside the prefix: the half copied), D from less than A's first page (a copy
+    only), beside a fresh prompt. Round 3 starts E from B (A's pages, then B's own page, which B wrote past A's) and
+    runs A again (all of it cached but its last token). Prefills are chunked at the largest bucket, so a cached
+    prefix's positions run on past the ladder."""
+    ps, new = page_size, min(3, max_new_tokens)
+    a = tokens(3 * ps + 5)
+    b = (*a[: 2 * ps], *tokens(7))
+    c = (*a[: 2 * ps + ps // 2], *tokens(6))
+    d = (*a[: max(1, ps - 3)], *tokens(5))
+    e = (*b, *tokens(4))
+    prompts = (a, tokens(9), b, c, tokens(11), d, e, a)
+    return Case(f"shared_prefix_{ps}", prompts, (new,) * len(prompts), chunk=ladder[-1], rounds=(2, 4, 2))
 
 
 def vision_cases(ladder: list[int], config: Any, tokens: Any, max_new_tokens: int) -> list[Case]:

@@ -30,7 +30,7 @@ import functools
 import gc
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -38,7 +38,7 @@ from harness.cell.diagnose import rel_diff
 from harness.cell.judge import LOGPROB_TOL
 from harness.cell.kv_reference import round_kv, text_only
 from harness.cell.padding import float32_attention
-from harness.cell.prompts import Case
+from harness.cell.prompts import Case, run_case
 from harness.outcome import CellMetrics, ReferenceCheck, Status
 from pcg_core.attention.kv_cache import KVScales
 from pcg_core.config import EngineConfig
@@ -75,9 +75,13 @@ def reference_cases(cases: list[Case]) -> tuple[list[Case], Case]:
         return next((c for c in cases if c.name.startswith(prefix) and contains in c.name), None)
 
     widest = max((c for c in cases if c.name.startswith("concurrent_")), key=lambda c: len(c.prompts), default=None)
-    chosen = [c for c in (first("layout_", "_1_"), first("decode_"), first("chunked_"), widest, first("vision_mixed"))
-              if c is not None] or cases[:1]
+    chosen = [c for c in (first("layout_", "_1_"), first("decode_"), first("chunked_"), widest, first("shared_prefix_"),
+                          first("vision_mixed")) if c is not None] or cases[:1]
     return chosen, first("layout_", "_0_") or cases[0]
+
+
+class MalformedEager(ValueError):
+    """pcg's eager outputs do not have the shape their prompts call for (a logprob per position)."""
 
 
 @dataclass
@@ -89,6 +93,7 @@ class _Positions:
     ref32: list[float]
     ref16: list[float]
     flips: list[tuple[str, float]]  # (where, the reference's margin of its argmax over eager's token)
+    where: list[str] = field(default_factory=list)  # "case[sequence] position p", per position
 
 
 def _attention_implementation(model: torch.nn.Module) -> str:
@@ -177,11 +182,14 @@ def _transformers_positions(model: torch.nn.Module, dtype: str, cases: list[Case
             lp32, arg32, top32 = _hf_next_token(ref32, seq, device, images)
             lp16 = _hf_next_token(ref16, seq, device, images)[0]
             eager = [*(o.prompt_logprobs or []), *o.output_logprobs]
-            if len(eager) != len(seq) - 1:
-                raise ValueError(f"{name}[{i}]: {len(eager)} eager logprobs for {len(seq) - 1} positions")
+            skip = o.cached_tokens  # positions a prefix cache gave it: eager computed them in an earlier sequence
+            if len(eager) != len(seq) - 1 - skip:  # eager's own output is malformed: wrong, not unmeasurable
+                raise MalformedEager(f"{name}[{i}]: pcg's eager gave {len(eager)} logprobs for the {len(seq) - 1 - skip} "
+                                     f"positions of its prompt and output (prefix-cached: {skip})")
             pos.eager += eager
-            pos.ref32 += lp32.tolist()
-            pos.ref16 += lp16.tolist()
+            pos.ref32 += lp32[skip:].tolist()
+            pos.ref16 += lp16[skip:].tolist()
+            pos.where += [f"{name}[{i}] position {p}" for p in range(skip, len(seq) - 1)]
             start = len(o.prompt_ids) - 1
             for t, token in enumerate(o.output_ids):
                 if token != int(arg32[start + t]):
@@ -231,8 +239,10 @@ def _judge_transformers(check: ReferenceCheck, pos: _Positions, dtype: str) -> l
                         f" × {NOISE_MULT:g}, floor {MEAN_FLOOR[dtype]:g})")
     check.positions_over_max = sum(not e <= check.max_bound for e in err)
     if check.positions_over_max or math.isnan(check.max_logprob_diff):
+        at = max(range(len(err)), key=lambda k: (math.isnan(err[k]), err[k]))
         problems.append(f"at worst by {check.max_logprob_diff:.3g} > {check.max_bound:.3g} (noise {check.max_noise:.3g} "
-                        f"× {NOISE_MULT:g}, floor {MAX_FLOOR[dtype]:g}) at {check.positions_over_max} positions")
+                        f"× {NOISE_MULT:g}, floor {MAX_FLOOR[dtype]:g}) at {check.positions_over_max} positions, the worst "
+                        f"{pos.where[at] if at < len(pos.where) else 'unnamed'}")
     if bad:
         problems.append(f"{len(bad)} greedy token(s) not the reference's argmax beyond a near-tie "
                         f"(2 × {check.max_bound:.3g}): {bad[0][0]}, the reference's margin {bad[0][1]:.3g}")
@@ -309,6 +319,9 @@ def reference_layer(model: torch.nn.Module, config: EngineConfig, cases: list[Ca
         problems = _judge_transformers(check, positions, config.dtype)
         if quantized:
             problems += _judge_kernels(check, model, config, prefill)
+    except MalformedEager as e:
+        check.status, check.reason = "fail", str(e)[:1800]
+        return check
     except Exception as e:  # noqa: BLE001 - out of memory, a forward transformers refuses: said, never a silent pass
         check.status, check.reason = "not_measured", f"{type(e).__name__}: {e}"[:1000]
         _free()
@@ -322,9 +335,7 @@ def _float_twin_outputs(model: torch.nn.Module, config: EngineConfig, cases: lis
     """pcg's eager engine on the model's float twin (float32, no quantizer), the cases run as the suite runs them."""
     engine = Engine(float_twin(model), replace(config, dtype="float32", capture=replace(config.capture, backend="disabled")))
     try:
-        return {c.name: engine.generate([list(p) for p in c.prompts], c.new_tokens, 2, prompt_logprobs=True, chunk=c.chunk,
-                                        images=c.image_lists)
-                for c in cases}
+        return {c.name: run_case(engine, c, 2) for c in cases}
     finally:
         engine = None
         _free()

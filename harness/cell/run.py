@@ -23,7 +23,8 @@ from harness.cell.memory import memory_budget, memory_fit, weights_bytes
 from harness.cell.padding import (FP32_PADDING_RTOL, PROBE_RTOL, attention_padding_rel, float32_attention,
                                   float32_padding_rel, padding_leak, probe_note)
 from harness.cell.parallel import parallel_group, tp1_check
-from harness.cell.prompts import CONCURRENCY, CPU_CONCURRENCY, Case, latency_token_counts, prompt_suite, repeat_of
+from harness.cell.prompts import (CONCURRENCY, CPU_CONCURRENCY, Case, latency_token_counts, prompt_suite, repeat_of,
+                                  prefix_cacheable, run_case)
 from harness.cell.kv_reference import checkpoint_kv_scales
 from harness.cell.reference import reference_layer, with_reference
 from harness.cell.spec import CellSpec, resolve_model
@@ -75,8 +76,7 @@ class _Cell:
     def run_suite(self, e: Engine, listener: CoverageCounter | None = None, cases: list[Case] | None = None) -> Outputs:
         e.on_forward = listener
         try:
-            return {c.name: e.generate([list(p) for p in c.prompts], c.new_tokens, self.spec.top_k, prompt_logprobs=True,
-                                       chunk=c.chunk, images=c.image_lists) for c in (self.cases if cases is None else cases)}
+            return {c.name: run_case(e, c, self.spec.top_k) for c in (self.cases if cases is None else cases)}
         finally:
             e.on_forward = None
 
@@ -126,10 +126,11 @@ def _load(cell: _Cell) -> None:
     cell.metrics.layers = text.num_hidden_layers
     cell.metrics.checkpoint_kv_scales = checkpoint_kv_scales(cell.lm.model)
     vocab = text_token_limit(cell.lm.config) if is_vlm(cell.lm.config) else text.vocab_size
+    page = cell.config.page_size or get_attention_backend(cell.config.attention).page_size
     cell.cases = prompt_suite(cell.config.capture.ladder, vocab, seed=s.seed, max_new_tokens=s.max_new_tokens,
                               model_config=cell.lm.config,
-                              concurrency=CONCURRENCY[-1] if s.device.startswith("cuda") else CPU_CONCURRENCY)
-    page = cell.config.page_size or get_attention_backend(cell.config.attention).page_size
+                              concurrency=CONCURRENCY[-1] if s.device.startswith("cuda") else CPU_CONCURRENCY,
+                              page_size=page if prefix_cacheable(text, s.parallel) else None)
     need = max(c.kv_slots(page) for c in cell.cases)
     cell.kv_slots = max(need, -(-max(latency_token_counts(s.max_tokens), default=0) // page) * page) + page
     # a linear-attention model's state slots: one per live sequence of the most concurrent case

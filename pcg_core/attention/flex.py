@@ -4,8 +4,8 @@ Flex skips every (query block, KV block) pair its block mask leaves out, so with
 slots) and each page owned by one sequence, a query block reads exactly the pages of its own sequences: ragged,
 paged and causal at the cost of what is visible, where sdpa reads the whole cache. The block mask is rebuilt
 for every forward by `begin_forward`, on the device, into static buffers (no host sync), before any graph
-replays: a `full` graph reads the buffers it captured, refreshed. `mask_mod` refines the partial blocks slot
-by slot. One block mask per sliding window the model uses (learned on the first forward, the warm-up).
+replays: a `full` graph reads the buffers it captured, refreshed. A query block visits the pages of its
+sequences' block tables (a cached prefix's pages included), and `mask_mod` refines the partial blocks slot by slot. One block mask per sliding window the model uses (learned on the first forward, the warm-up).
 
 On CUDA the kernel is `torch.compile(flex_attention)` with static shapes and inductor's deterministic choices
 (`compile_options`), one compiled callable per token count and score-modifier set (a bucket, in practice; called
@@ -33,7 +33,7 @@ except ImportError:  # older torch: return_lse
 
 from pcg_core.attention.backend import AttentionBackend, register_attention_backend, write_kv, zero_padding
 from pcg_core.attention.flex_kernel import CompileOnce, FlexKernel  # noqa: F401 - CompileOnce: the tests' name
-from pcg_core.attention.reference import apply_sinks, attention_math, length_temperature, visible
+from pcg_core.attention.reference import apply_sinks, attention_math, causal, length_temperature
 from pcg_core.errors import ConfigError
 
 Q_BLOCK = 128  # flex's query block: the block mask has one row per 128 query tokens
@@ -65,6 +65,7 @@ class _Buffers:
     def __init__(self, rows: int, pages: int, device: torch.device):
         self.rows, self.pages, self.device = rows, pages, device
         self.q_seq = torch.full((rows,), -2, dtype=torch.int32, device=device)
+        self.q_row = torch.zeros(rows, dtype=torch.int64, device=device)  # q_seq's row of the cache's seq_pages
         self.q_pos = torch.zeros(rows, dtype=torch.int64, device=device)
         self.blocks: dict[int, _Blocks] = {}  # window → its block mask
         self.mask_mods: dict[int, object] = {}
@@ -115,6 +116,7 @@ class FlexBackend(AttentionBackend):
         b.q_seq[:n].copy_(md.seq_ids)
         b.q_seq[n:rows].fill_(-2)
         b.q_pos[:n].copy_(md.positions)
+        b.q_row[:rows].copy_(self.cache.reader_rows(b.q_seq[:rows]))
         self._md, self._masks, self._cpu_masks = md, {}, {}
         for window in self._windows:
             self._masks[window] = self._build(n, window)
@@ -144,11 +146,10 @@ class FlexBackend(AttentionBackend):
         c, b = self.cache, self._bufs
         nqb = _mask_rows(n) // Q_BLOCK
         ps = c.page_size
-        seq = b.q_seq[: nqb * Q_BLOCK].view(nqb, Q_BLOCK, 1)
         pos = b.q_pos[: nqb * Q_BLOCK].view(nqb, Q_BLOCK, 1)
         first = c.page_pos.view(1, 1, -1)
         last = first + (ps - 1)
-        same = seq == c.page_seq.view(1, 1, -1)
+        same = c.seq_pages.index_select(0, b.q_row[: nqb * Q_BLOCK]).view(nqb, Q_BLOCK, -1)  # its block table's pages
         some = same & (first <= pos)  # the page holds a key some query of the block sees
         whole = same & (last <= pos)  # every key of the page is visible to every query of the block
         if window > 0:
@@ -167,10 +168,12 @@ class FlexBackend(AttentionBackend):
     def _mask_mod(self, window: int):
         b = self._bufs
         if window not in b.mask_mods:
-            q_seq, q_pos, k_seq, k_pos = b.q_seq, b.q_pos, self.cache.slot_seq, self.cache.slot_pos
+            c = self.cache
+            q_row, q_pos, k_pos, pages, ps = b.q_row, b.q_pos, c.slot_pos, c.seq_pages.view(-1), c.page_size
+            num_pages = c.num_pages
 
             def mask_mod(bi, h, q, kv):
-                ok = (q_seq[q] == k_seq[kv]) & (k_pos[kv] <= q_pos[q])
+                ok = pages[q_row[q] * num_pages + kv // ps] & (k_pos[kv] <= q_pos[q])
                 if window > 0:
                     ok = ok & (q_pos[q] - k_pos[kv] < window)
                 return ok
@@ -249,7 +252,7 @@ class FlexBackend(AttentionBackend):
             dense = b.blocks_for(window).dense[:nqb]
             _to_dense(bm.kv_num_blocks[0, 0], bm.kv_indices[0, 0], bm.full_kv_num_blocks[0, 0], bm.full_kv_indices[0, 0], dense)
             listed = dense.repeat_interleave(Q_BLOCK, 0)[:n].repeat_interleave(c.page_size, 1)  # [n, slots]
-            rule = visible(b.q_seq[:n], b.q_pos[:n], c.slot_seq[: c.num_slots], c.slot_pos[: c.num_slots], window)
+            rule = causal(b.q_pos[:n], c.slot_pos[: c.num_slots], window) & c.readable(b.q_seq[:n])
             mask = self._cpu_masks[window] = rule & listed
         keys, values = c.read(params.layer)
         temp = length_temperature(b.q_pos[:n], params.temperature_len) if params.temperature_len else None

@@ -1,11 +1,16 @@
 """The paged KV cache: per layer a [slots + 1, kv_heads, head_dim] tensor for K and one for V, cut into pages (MLA
 models: one latent tensor per layer, V a view of it).
 
-A sequence owns whole pages (`page_size` slots each), not necessarily adjacent: its block table lists them in
+A sequence reads whole pages (`page_size` slots each), not necessarily adjacent: its block table lists them in
 order, and position p lives in slot `pages[p // page_size] * page_size + p % page_size`. Every slot also carries
-the id of its sequence and its position (`slot_seq`, `slot_pos`), and every page its sequence and its first
-position (`page_seq`, `page_pos`): that is all a mask (sdpa), a block mask (flex) or a gather (varlen) needs.
-The extra last slot is the pad slot: padded tokens write there and no sequence ever reads it.
+its position and the sequence that wrote it (`slot_pos`, `slot_seq`), every page its first position and writer
+(`page_pos`, `page_seq`), and `seq_pages[s, p]` says whether page p is in sequence s's block table: with the
+positions, that is all a mask (sdpa), a block mask (flex) or a gather (varlen) needs. A page can be in several
+block tables — a prefix cache's (engine/prefix_cache.py): a sequence that starts from another's cached prefix
+reads that prefix's whole pages, written once, and writes only pages of its own (`allocate(..., shared=)`); a
+page is freed when no sequence reads it and no prefix cache holds it. The extra last slot is the pad slot:
+padded tokens write there and no sequence ever reads it; the extra last row of `seq_pages` is the padding rows'
+(`reader_rows`), in no block table.
 
 Slot-major, like vLLM's: K[:num_slots] viewed as [pages, page_size, heads, dim] is the page pool a paged
 kernel takes, and one token's K for all heads is one contiguous row. Page 128 suits flex (its KV block), 1
@@ -93,8 +98,13 @@ class KVCache:
         self.slot_pos = torch.zeros(self.num_slots + 1, dtype=torch.int64, device=device)
         self.page_seq = torch.full((self.num_pages,), -1, dtype=torch.int32, device=device)
         self.page_pos = torch.zeros(self.num_pages, dtype=torch.int64, device=device)
+        # seq_pages[s, p]: page p is in sequence s's block table (one row per sequence id, ids < num_pages: a live
+        # sequence writes at least one page of its own; the last row is the padding rows', always empty).
+        self.seq_pages = torch.zeros(self.num_pages + 1, self.num_pages, dtype=torch.bool, device=device)
         self.block_tables: dict[int, list[int]] = {}  # sequence → its pages, in position order (host side)
+        self._readers = [0] * self.num_pages  # how many block tables and prefix caches hold each page (host side)
         self._free: list[int] = list(range(self.num_pages))
+        self.epoch = 0  # counts resets: a prefix cache's pages are valid in the epoch it saw them in
 
     # FP8 ------------------------------------------------------------------------------------------------------
     def set_scales(self, scales: KVScales) -> None:
@@ -148,40 +158,115 @@ class KVCache:
         return k, self.v[layer]
 
     def reset(self, page_order: list[int] | None = None) -> None:
-        """Forget all sequences (the tensors keep their addresses, so captured graphs stay valid). page_order:
-        the order free pages are handed out in (tests scatter sequences over the pool with it)."""
+        """Forget all sequences and prefix caches' pages (the tensors keep their addresses, so captured graphs stay
+        valid). page_order: the order free pages are handed out in (tests scatter sequences over the pool with it)."""
+        if page_order is not None and sorted(page_order) != list(range(self.num_pages)):
+            raise ValueError(f"page_order must be a permutation of the {self.num_pages} pages")
         self.slot_seq.fill_(-1)
         self.slot_pos.zero_()
         self.page_seq.fill_(-1)
         self.page_pos.zero_()
+        self.seq_pages.zero_()
         self.block_tables.clear()
-        if page_order is not None and sorted(page_order) != list(range(self.num_pages)):
-            raise ValueError(f"page_order must be a permutation of the {self.num_pages} pages")
+        self._readers = [0] * self.num_pages
         self._free = list(page_order) if page_order is not None else list(range(self.num_pages))
+        self.epoch += 1
 
-    def allocate(self, seq_id: int, length: int) -> list[int]:
-        """Reserve pages for positions 0..length-1 of sequence `seq_id`; returns the slot of each position."""
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def allocate(self, seq_id: int, length: int, shared: list[int] | tuple[int, ...] = ()) -> list[int]:
+        """Reserve pages for positions 0..length-1 of sequence `seq_id`; returns the slot of each position.
+        shared: whole pages already written that hold its first len(shared) · page_size positions (a cached
+        prefix); they join its block table read-only, and its own pages start after them."""
         if seq_id in self.block_tables:
             raise ValueError(f"sequence {seq_id} already holds pages")
-        need = -(-length // self.page_size)
+        ps = self.page_size
+        shared = list(shared)
+        if len(shared) * ps > length or any(self._readers[p] == 0 for p in shared):
+            raise ValueError(f"sequence {seq_id}: shared pages {shared} must be held (by a prefix cache or a live "
+                             f"sequence) and cover at most its {length} positions")
+        need = -(-length // ps) - len(shared)
         if need > len(self._free):
             used = self.num_pages - len(self._free)
-            raise KVCacheFull(f"KV cache full: {used} of {self.num_pages} pages of {self.page_size} slots used, "
+            raise KVCacheFull(f"KV cache full: {used} of {self.num_pages} pages of {ps} slots used, "
                               f"{need} more asked for {length} tokens; raise kv_slots")
-        pages, self._free = self._free[:need], self._free[need:]
+        if not isinstance(seq_id, int) or not 0 <= seq_id < self.num_pages:
+            raise ValueError(f"sequence id {seq_id!r} out of range: ids index the block-table rows, 0 ≤ id < "
+                             f"{self.num_pages} (the cache's pages: a live sequence writes one at least)")
+        own, self._free = self._free[:need], self._free[need:]
+        pages = shared + own
         self.block_tables[seq_id] = pages
-        ps = self.page_size
+        for p in pages:
+            self._readers[p] += 1
         dev = self.slot_pos.device
-        page_t = torch.tensor(pages, dtype=torch.int64, device=dev)
-        first = torch.arange(need, dtype=torch.int64, device=dev) * ps
-        slots = (page_t[:, None] * ps + torch.arange(ps, device=dev)).flatten()
-        # A page belongs to its sequence whole: slots past `length` in the last page carry the positions that
-        # would follow, which no query of this sequence reaches (queries stay below `length`).
-        self.slot_seq[slots] = seq_id
-        self.slot_pos[slots] = (first[:, None] + torch.arange(ps, device=dev)).flatten()
-        self.page_seq[page_t] = seq_id
-        self.page_pos[page_t] = first
+        self.seq_pages[seq_id, torch.tensor(pages, dtype=torch.int64, device=dev)] = True
+        if own:
+            page_t = torch.tensor(own, dtype=torch.int64, device=dev)
+            first = (torch.arange(need, dtype=torch.int64, device=dev) + len(shared)) * ps
+            slots = (page_t[:, None] * ps + torch.arange(ps, device=dev)).flatten()
+            # A page belongs to its sequence whole: slots past `length` in the last page carry the positions that
+            # would follow, which no query of this sequence reaches (queries stay below `length`).
+            self.slot_seq[slots] = seq_id
+            self.slot_pos[slots] = (first[:, None] + torch.arange(ps, device=dev)).flatten()
+            self.page_seq[page_t] = seq_id
+            self.page_pos[page_t] = first
         return [pages[p // ps] * ps + p % ps for p in range(length)]
+
+    def hold(self, page: int) -> None:
+        """A prefix cache keeps `page` (and the KV its writer left in it) past the sequences that read it."""
+        if self._readers[page] == 0:
+            raise ValueError(f"page {page} is free: only a page a live sequence holds can be kept")
+        self._readers[page] += 1
+
+    def unhold(self, page: int) -> None:
+        """A prefix cache lets `page` go (freed once no block table holds it either)."""
+        self._drop(page)
+
+    def release(self, seq_id: int) -> None:
+        """Sequence `seq_id` is done: its block table goes, and each page no one else holds is free again."""
+        pages = self.block_tables.pop(seq_id)
+        self.seq_pages[seq_id].zero_()
+        for p in pages:
+            self._drop(p)
+
+    def release_all(self) -> None:
+        """Every live sequence released; pages a prefix cache holds stay."""
+        for s in list(self.block_tables):
+            self.release(s)
+
+    def _drop(self, page: int) -> None:
+        if self._readers[page] <= 0:
+            raise ValueError(f"page {page} is not held")
+        self._readers[page] -= 1
+        if self._readers[page] == 0:
+            self.page_seq[page] = -1
+            self.slot_seq[page * self.page_size : (page + 1) * self.page_size] = -1
+            self._free.append(page)
+
+    def copy_slots(self, src: list[int], dst: list[int]) -> None:
+        """KV of slots `src` into slots `dst` in every layer, bit for bit (copy-on-write of a page a prefix ends
+        inside: the copy's writer goes on from there in a page of its own)."""
+        if not src:
+            return
+        dev = self.slot_pos.device
+        s, d = torch.tensor(src, dtype=torch.int64, device=dev), torch.tensor(dst, dtype=torch.int64, device=dev)
+        for k, v in zip(self.k, self.v):
+            if k is None:
+                continue
+            for t in (k,) if self.latent else (k, v):
+                raw = t.view(torch.uint8) if self.quantized else t  # index_copy_ has no FP8 kernel on the CPU
+                raw.index_copy_(0, d, raw.index_select(0, s))
+
+    def reader_rows(self, seq_ids: torch.Tensor) -> torch.Tensor:
+        """The `seq_pages` row of each token's sequence (padding, -2: the last row, which reads no page)."""
+        return torch.where(seq_ids >= 0, seq_ids, self.num_pages).long()
+
+    def readable(self, seq_ids: torch.Tensor) -> torch.Tensor:
+        """[T, num_slots] bool: the slot is in a page of the token's sequence's block table."""
+        rows = self.seq_pages.index_select(0, self.reader_rows(seq_ids))
+        return rows.repeat_interleave(self.page_size, dim=1)
 
     @property
     def nbytes(self) -> int:

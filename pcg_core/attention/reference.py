@@ -13,6 +13,13 @@ import math
 import torch
 
 
+def causal(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """[Tq, Tk] bool: key k is not in query q's future and inside its window (by position alone)."""
+    dist = q_pos[:, None] - k_pos[None, :]
+    ok = dist >= 0
+    return ok & (dist < window) if window > 0 else ok
+
+
 def visible(q_seq: torch.Tensor, q_pos: torch.Tensor, k_seq: torch.Tensor, k_pos: torch.Tensor, window: int = 0) -> torch.Tensor:
     """[Tq, Tk] bool: key k is visible to query q (same sequence, not in its future, inside the window)."""
     dist = q_pos[:, None] - k_pos[None, :]

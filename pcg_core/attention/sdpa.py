@@ -1,8 +1,8 @@
 """`sdpa` attention backend, the reference: torch's scaled_dot_product_attention over the whole KV cache with a mask.
 
 Why over the whole cache: the key set then has a static size (the cache capacity), so the op has the same
-shapes for every batch of a bucket and can be captured whole (`full` backend). The mask (same sequence and
-key position ≤ query position, optionally inside a sliding window) makes it causal, ragged and paged alike;
+shapes for every batch of a bucket and can be captured whole (`full` backend). The mask (a slot of the query's
+sequence's block table, key position ≤ query position, optionally inside a sliding window) makes it causal, ragged and paged alike;
 it is built once per forward into a static buffer the backend owns. Soft-cap and sinks, which the
 fused kernels lack, take the plain-math path (so does Grok's length temperature). Absorbed MLA is one KV head of the latent cache, keys 576 wide and
 values 512 (their first columns): SDPA takes the two widths as they are.
@@ -32,11 +32,12 @@ class SdpaBackend(AttentionBackend):
         self.mask = self._mask[:0]
 
     def begin_forward(self, md) -> None:
-        """mask[t, s]: slot s belongs to t's sequence and holds a position ≤ t's position."""
+        """mask[t, s]: slot s is in a page of t's sequence's block table and holds a position ≤ t's position."""
         c, n = self.cache, md.num_tokens
         buf = self._mask if n <= self.max_tokens else torch.empty(n, c.num_slots, dtype=torch.bool, device=self.device)
         self.mask = buf[:n]
-        torch.eq(md.seq_ids[:, None], c.slot_seq[None, : c.num_slots], out=self.mask)
+        rows = c.seq_pages.index_select(0, c.reader_rows(md.seq_ids))  # [n, pages]
+        self.mask.view(n, c.num_pages, c.page_size).copy_(rows[:, :, None].expand(n, c.num_pages, c.page_size))
         self.mask.logical_and_(c.slot_pos[None, : c.num_slots] <= md.positions[:, None])
 
     def rebind(self, md) -> None:

@@ -2,5 +2,6 @@
 
 from pcg_core.engine.engine import Engine, SequenceOutput
 from pcg_core.engine.inputs import PackedBatch
+from pcg_core.engine.prefix_cache import PrefixCache
 
-__all__ = ["Engine", "PackedBatch", "SequenceOutput"]
+__all__ = ["Engine", "PackedBatch", "PrefixCache", "SequenceOutput"]

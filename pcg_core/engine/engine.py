@@ -9,18 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from pcg_core.attention import KVCache, get_attention_backend
+from pcg_core.attention.kv_cache import KVCacheFull
 from pcg_core.attention.metadata import AttentionMetadata
 from pcg_core.capture import make_capture_backend
 from pcg_core.capture.stats import CaptureStats
 from pcg_core.config import EngineConfig
 from pcg_core.engine.inputs import InputBuffers, PackedBatch
 from pcg_core.engine.kv_scales import kv_scales_of
+from pcg_core.engine.prefix_cache import PrefixCache, PrefixMatch
 from pcg_core.engine.prep import PrepGraphs
+from pcg_core.engine.schedule import Forward, Schedule, chunks, decode_batch  # noqa: F401 - chunks, decode_batch: the tests' names
 from pcg_core.engine.vision import VisionInputs
 from pcg_core.distributed.data_parallel import DataParallel, data_parallel_of
 from pcg_core.distributed.shard import tensor_parallel_of
@@ -50,6 +53,18 @@ class SequenceOutput:
     prompt_logprobs: list[float] | None = None
     prompt_topk_ids: list[list[int]] | None = None
     prompt_topk_logprobs: list[list[float]] | None = None
+    # Prompt tokens taken from a prefix cache, not computed: the prompt lists above then start at this position
+    # (prompt_logprobs[j] is log p(prompt[cached+j+1] | prompt[:cached+j+1])).
+    cached_tokens: int = 0
+
+
+class Packed(NamedTuple):
+    """A packed prefill: the batch of the tokens to compute, each sequence's slots by position (its decode tokens go to
+    seq_slots[i][position]), and how many of each prompt's first tokens came from a prefix cache instead."""
+
+    batch: PackedBatch
+    seq_slots: list[list[int]]
+    cached: list[int]
 
 
 @dataclass
@@ -58,22 +73,6 @@ class _RowStats:
     argmax: torch.Tensor  # [R]
     topk_ids: torch.Tensor  # [R, k]
     topk_lp: torch.Tensor  # [R, k]
-
-
-def chunks(batch: PackedBatch, size: int | None) -> list[PackedBatch]:
-    """A packed prefill cut into forwards of at most `size` tokens (chunked prefill); the whole batch if None.
-    A later chunk attends to the KV its earlier ones wrote: the mask is by sequence and slot position."""
-    if size is None or len(batch) <= size:
-        return [batch]
-    return [PackedBatch(batch.token_ids[s : s + size], batch.positions[s : s + size], batch.seq_ids[s : s + size],
-                        batch.slots[s : s + size]) for s in range(0, len(batch), size)]
-
-
-def decode_batch(steps: list[tuple[int, int, int]], seq_slots: list[list[int]]) -> PackedBatch:
-    """One decode step: (sequence, token, position) for each sequence still generating; seq_slots[i][p] is the
-    KV slot of position p of sequence i (what KVCache.allocate returned)."""
-    return PackedBatch([t for _, t, _ in steps], [p for _, _, p in steps], [i for i, _, _ in steps],
-                       [seq_slots[i][p] for i, _, p in steps])
 
 
 def head_logits(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -224,41 +223,91 @@ class Engine:
     def prefill_batch(self, prompts: list[list[int]], extra_slots: int = 0,
                       images: Sequence[Sequence[Image]] | None = None) -> PackedBatch:
         """Reset the cache, allocate slots for `prompts` (+ extra per sequence) and pack them into one batch."""
-        return self.pack_prompts(prompts, extra_slots, images)[0]
+        return self.pack_prompts(prompts, extra_slots, images).batch
 
-    def pack_prompts(self, prompts: list[list[int]], extra_slots: int,
-                     images: Sequence[Sequence[Image]] | None = None) -> tuple[PackedBatch, list[list[int]]]:
-        """prefill_batch, plus each sequence's slots by position (its decode tokens go to seq_slots[i][position]).
-        images[i]: prompt i's images (a VLM: its vision front end runs here, once per sequence)."""
+    def pack_prompts(self, prompts: list[list[int]], extra_slots: int, images: Sequence[Sequence[Image]] | None = None,
+                     prefix_cache: PrefixCache | None = None) -> Packed:
+        """Every earlier sequence dropped, slots allocated for `prompts` (+ extra per sequence) and the prompts packed
+        into one batch. images[i]: prompt i's images (a VLM: its vision front end runs here, once per sequence).
+        prefix_cache: each prompt starts from its longest cached prefix (those tokens are not in the batch); the
+        cache's pages are all that outlives the earlier sequences."""
         if self.vision is not None:
             self.vision.prepare(prompts, images)
         elif images is not None and any(images):
             raise ValueError(f"{type(self.model).__name__} takes no images (it has no vision tower); drop `images`")
-        self.cache.reset()
+        if prefix_cache is None:
+            self.cache.reset()
+        else:
+            self._check_prefix_cache(prefix_cache, images)
+            self.cache.release_all()
         if self.linear_state is not None:
             self.linear_state.reset()
-        batch, seq_slots = PackedBatch([], [], [], []), []
+        packed = Packed(PackedBatch([], [], [], []), [], [])
+        ps = self.cache.page_size
         for i, p in enumerate(prompts):
-            seq_slots.append(self.cache.allocate(i, len(p) + extra_slots))
+            match = prefix_cache.match(p) if prefix_cache is not None else PrefixMatch(page_size=ps)
+            slots = self._allocate(i, len(p) + extra_slots, match, prefix_cache)
+            start = len(match.shared) * ps
+            if match.copied:  # the page the prefix ends inside: its first positions copied into this sequence's own
+                self.cache.copy_slots([match.copy_page * ps + j for j in range(match.copied)],
+                                      slots[start : start + match.copied])
             if self.linear_state is not None:
                 self.linear_state.allocate(i)
-            batch.token_ids += p
-            batch.positions += list(range(len(p)))
-            batch.seq_ids += [i] * len(p)
-            batch.slots += seq_slots[-1][: len(p)]
-        return batch, seq_slots
+            done = match.length
+            packed.seq_slots.append(slots)
+            packed.cached.append(done)
+            packed.batch.token_ids.extend(p[done:])
+            packed.batch.positions.extend(range(done, len(p)))
+            packed.batch.seq_ids.extend([i] * (len(p) - done))
+            packed.batch.slots.extend(slots[done : len(p)])
+        return packed
+
+    def _allocate(self, seq: int, length: int, match: PrefixMatch, prefix_cache: PrefixCache | None) -> list[int]:
+        """KVCache.allocate, a prefix cache's least recently used pages let go first where the cache is full."""
+        try:
+            return self.cache.allocate(seq, length, match.shared)
+        except KVCacheFull:
+            if prefix_cache is None:
+                raise
+            need = -(-length // self.cache.page_size) - len(match.shared) - self.cache.free_pages
+            prefix_cache.evict(need, keep={*match.shared, match.copy_page})
+            return self.cache.allocate(seq, length, match.shared)
+
+    def _check_prefix_cache(self, prefix_cache: PrefixCache, images: Sequence[Sequence[Image]] | None) -> None:
+        """What a prefix cache cannot serve, refused by name."""
+        if prefix_cache.cache is not self.cache:
+            raise ValueError("prefix_cache belongs to another engine's KV cache; make one with PrefixCache(engine.cache)")
+        if self.linear_state is not None:
+            raise ValueError(f"{type(self.model).__name__} has linear-attention layers: starting from a cached prefix needs "
+                             "their recurrent state at the prefix's end, which pcg does not keep per prefix; run it "
+                             "without prefix_cache")
+        if data_parallel_of(self.model) is not None:
+            raise ValueError("a data-parallel model keeps each rank's sequences in that rank's KV cache, so one rank's "
+                             "cached prefix is not another's; run it without prefix_cache")
+        if images is not None and any(images):
+            raise ValueError("a prefix cache keys pages by token ids, and an image's placeholder tokens are alike for "
+                             "every image; run prompts with images without prefix_cache")
+
+    def remember(self, prefix_cache: PrefixCache, sequences: list[list[int]]) -> None:
+        """The packed sequences' pages into `prefix_cache`: sequences[i] the tokens whose KV sequence i wrote (its
+        prompt, then every generated token it was fed)."""
+        for i, tokens in enumerate(sequences):
+            prefix_cache.insert(tokens, self.cache.block_tables[i])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of hidden states (head_logits)."""
         return head_logits(self.lm_head, hidden)
 
     def _row_stats(self, hidden: torch.Tensor, targets: torch.Tensor | None, top_k: int) -> _RowStats:
+        """Per row: the logprob of its target token (of its argmax where the target is None or -1), the argmax and
+        the top k."""
         parts = []
         for s in range(0, hidden.shape[0], LOGITS_CHUNK):
             logits = self.logits(hidden[s : s + LOGITS_CHUNK])
             lp = torch.log_softmax(logits, dim=-1)
             argmax = lp.argmax(dim=-1)
-            tgt = argmax if targets is None else targets[s : s + LOGITS_CHUNK]
+            tgt = argmax if targets is None else torch.where(targets[s : s + LOGITS_CHUNK] >= 0,
+                                                              targets[s : s + LOGITS_CHUNK], argmax)
             chosen = lp.gather(1, tgt[:, None])[:, 0]
             topk = lp.topk(min(top_k, lp.shape[-1]), dim=-1)
             parts.append((chosen, argmax, topk.indices, topk.values))
@@ -270,13 +319,18 @@ class Engine:
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int | Sequence[int] = 8, top_k: int = 5,
         prompt_logprobs: bool = False, chunk: int | None = None, images: Sequence[Sequence[Image]] | None = None,
+        prefix_cache: PrefixCache | None = None, join_at: Sequence[int] | None = None,
     ) -> list[SequenceOutput]:
-        """Prefill all prompts as one packed batch, then decode greedily, every unfinished sequence per step.
+        """Prefill the prompts as one packed batch, then decode greedily, every unfinished sequence per step
+        (schedule.py walks the forwards).
 
         max_new_tokens: one count for all, or one per sequence (sequences then leave the decode batch at
         different steps, as they do in a server). chunk: prefill in forwards of at most that many tokens, each
         attending to the KV the earlier ones wrote (chunked prefill: positions run past the chunk size). images: a
-        VLM's images, one list per prompt (pcg_core.model.vision: patchify, image_tokens).
+        VLM's images, one list per prompt (pcg_core.model.vision: patchify, image_tokens). prefix_cache: each prompt
+        starts from its longest prefix cached there (SequenceOutput.cached_tokens), and the sequences' pages go into
+        it at the end, for the next call. join_at[i]: the decode step prompt i joins at (0: the first prefill),
+        packed after that step's decode rows (continuous batching).
         """
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
@@ -285,31 +339,39 @@ class Engine:
             raise ValueError("max_new_tokens must be ≥ 1, one count for all prompts or one per prompt")
         if chunk is not None and chunk < 1:
             raise ValueError("chunk must be ≥ 1")
-        outs = [SequenceOutput(prompt_ids=list(p)) for p in prompts]
-        batch, seq_slots = self.pack_prompts(prompts, extra_slots=max(new), images=images)
-        hidden = torch.cat([self.forward(part).clone() for part in chunks(batch, chunk)]) if chunk else self.forward(batch)
-        ends = torch.tensor([len(p) for p in prompts]).cumsum(0)
+        batch, seq_slots, cached = self.pack_prompts(prompts, max(new), images, prefix_cache)
+        outs = [SequenceOutput(prompt_ids=list(p), cached_tokens=c) for p, c in zip(prompts, cached)]
         if prompt_logprobs:
-            next_ids = torch.tensor(batch.token_ids[1:] + [0], device=hidden.device)
-            rows = self._row_stats(hidden, next_ids, top_k)
-            start = 0
-            for o, end in zip(outs, ends.tolist()):
-                o.prompt_logprobs = rows.chosen[start : end - 1].tolist()
-                o.prompt_topk_ids = rows.topk_ids[start:end].tolist()
-                o.prompt_topk_logprobs = rows.topk_lp[start:end].tolist()
-                start = end
-            last = ends - 1
-            # the greedy token's logprob is the top-1 value
-            step = _RowStats(rows.topk_lp[last][:, 0], rows.argmax[last], rows.topk_ids[last], rows.topk_lp[last])
-        else:
-            step = self._row_stats(hidden[(ends - 1).to(hidden.device)], None, top_k)
-        self._append(outs, step, list(range(len(outs))))
-
-        # Decode
-        while active := [i for i, o in enumerate(outs) if len(o.output_ids) < new[i]]:
-            steps = [(i, outs[i].output_ids[-1], len(outs[i].prompt_ids) + len(outs[i].output_ids) - 1) for i in active]
-            self._append(outs, self._row_stats(self.forward(decode_batch(steps, seq_slots), decode=True), None, top_k), active)
+            for o in outs:
+                o.prompt_logprobs, o.prompt_topk_ids, o.prompt_topk_logprobs = [], [], []
+        schedule = Schedule(batch, prompts, cached, seq_slots, new, chunk, join_at)
+        while (fwd := schedule.next()) is not None:
+            hidden = self.forward(fwd.batch, decode=fwd.decode)
+            schedule.advance(self._take(outs, fwd, hidden, top_k, prompt_logprobs))
+        if prefix_cache is not None:
+            self.remember(prefix_cache, schedule.fed())
         return outs
+
+    def _take(self, outs: list[SequenceOutput], fwd: Forward, hidden: torch.Tensor, top_k: int,
+              prompt_logprobs: bool) -> list[int]:
+        """One forward's rows into the outputs: prompt rows' logprobs (where asked), each emit row's greedy token;
+        returns those tokens, in emit order."""
+        if prompt_logprobs:  # every row of the forward: prompt rows scored on their next prompt token
+            targets = torch.full((len(fwd.batch),), -1, dtype=torch.int64)
+            targets[fwd.prompt_rows] = torch.tensor(fwd.targets, dtype=torch.int64)
+            rows = self._row_stats(hidden, targets.to(hidden.device), top_k)
+            for r, t in zip(fwd.prompt_rows, fwd.targets):
+                o = outs[fwd.batch.seq_ids[r]]
+                o.prompt_topk_ids.append(rows.topk_ids[r].tolist())
+                o.prompt_topk_logprobs.append(rows.topk_lp[r].tolist())
+                if t >= 0:
+                    o.prompt_logprobs.append(float(rows.chosen[r]))
+            pick = torch.tensor(fwd.emit_rows, dtype=torch.int64)
+            step = _RowStats(rows.chosen[pick], rows.argmax[pick], rows.topk_ids[pick], rows.topk_lp[pick])
+        else:
+            step = self._row_stats(hidden[torch.tensor(fwd.emit_rows, device=hidden.device)], None, top_k)
+        self._append(outs, step, fwd.emit_seqs)
+        return step.argmax.tolist()
 
     @staticmethod
     def _append(outs: list[SequenceOutput], step: _RowStats, rows_of: list[int]) -> None:

@@ -281,7 +281,7 @@ def test_gpu_replay_bitwise_equal_to_eager_at_the_same_padding(trimmed, attentio
     # [300]: above the largest bucket, eager with buffers of its own; the replays after it must not read those.
     for i, lengths in enumerate([[5, 17, 30], [200], [300], [3] * 40, [1, 2, 250], [7]]):
         prompts = prompts_of(lengths, trimmed.vocab, seed=i)
-        batch, seq_slots = engine.pack_prompts(prompts, 4)
+        batch, seq_slots, _ = engine.pack_prompts(prompts, 4)
         got, want = engine.forward(batch).clone(), engine.forward(batch, eager=True)
         assert torch.equal(got, want), (attention, graph, lengths, float((got.float() - want.float()).abs().max()))
         steps = [(s, 1, len(p)) for s, p in enumerate(prompts)]  # one decode step for every sequence

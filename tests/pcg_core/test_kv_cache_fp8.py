@@ -205,7 +205,7 @@ def test_gpu_fp8_kv_replay_bitwise_equal_to_eager_at_the_same_padding(trimmed_bf
     assert float(engine.cache.k_scale[0]) == pytest.approx(trimmed_bf16.model.pcg_kv_scales[0][0])
     for i, lengths in enumerate([[5, 17, 30], [200], [3] * 40, [1, 2, 250]]):
         prompts = prompts_of(lengths, trimmed_bf16.config.vocab_size, seed=i)
-        batch, seq_slots = engine.pack_prompts(prompts, 4)
+        batch, seq_slots, _ = engine.pack_prompts(prompts, 4)
         got, want = engine.forward(batch).clone(), engine.forward(batch, eager=True)
         assert torch.equal(got, want), (attention, graph, lengths, float((got.float() - want.float()).abs().max()))
         dec = decode_batch([(s, 1, len(p)) for s, p in enumerate(prompts)], seq_slots)

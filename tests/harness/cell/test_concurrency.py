@@ -1,5 +1,5 @@
 """The concurrency cases (prompts.CONCURRENCY): 64, 128 and 256 sequences of mixed lengths in one forward, decode
-batches that shrink across bucket edges; each sequence judged against its own eager reference, the worst named. A
+batches that shrink across bucket edges while a quarter of the sequences join at later steps; each sequence judged against its own eager reference, the worst named. A
 fault that appears only with more than 64 sequences in a forward sits in code eager shares with the graph, so graph
 = eager cannot see it: eager's own checks must (its self-check, when the fault reads memory left by an earlier
 case; the reference layer, eager against transformers with the most concurrent case among its cases)."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from harness.cell import CellSpec, run_cell
-from harness.cell.prompts import CONCURRENCY, prompt_suite
+from harness.cell.prompts import CONCURRENCY, prompt_suite, run_case
 from harness.cell.reference import reference_cases
 from harness.outcome import Status
 from pcg_core.engine import inputs as engine_inputs
@@ -30,6 +30,7 @@ def test_the_levels_the_ladder_holds_pack_mixed_lengths_and_shrink_across_bucket
         alive = [sum(n > k for n in c.new_tokens) for k in range(max(c.new_tokens))]  # decode batch sizes by step
         buckets = {next(b for b in LADDER_4096 if b >= a) for a in alive if a}
         assert len(buckets) >= 3, (c.name, alive)  # the shrinking decode batch replays several buckets
+        assert sorted(set(c.join_at)) == [0, 1, 2, 3] and sum(j > 0 for j in c.join_at) == len(c.prompts) // 4
     small = _concurrent([4, 8, 16, 24, 32, 48, 64])  # the CPU smoke ladder: 64 only, its prefill chunked
     assert [len(c.prompts) for c in small] == [64] and small[0].chunk == 64
     capped = [c for c in prompt_suite(LADDER_4096, 1000, max_new_tokens=4, concurrency=64) if "concurrent" in c.name]
@@ -89,8 +90,7 @@ def test_the_reference_layer_alone_catches_it(monkeypatch):
         if plant:
             _off_by_one_above_64(monkeypatch)
         eager = Engine(lm.model, config)
-        outs = {c.name: eager.generate([list(p) for p in c.prompts], list(c.new_tokens), prompt_logprobs=True,
-                                       chunk=c.chunk) for c in cases}
+        outs = {c.name: run_case(eager, c, 5) for c in cases}
         verdicts[plant] = reference_layer(lm.model, config, cases, outs, False)
     assert verdicts[False].status == "pass", verdicts[False].summary()
     assert verdicts[True].status == "fail", verdicts[True].summary()

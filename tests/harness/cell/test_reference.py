@@ -111,6 +111,26 @@ def test_a_reference_that_cannot_run_says_not_measured_and_keeps_the_verdict(mon
     assert "reference layer: not measured: OutOfMemoryError" in r.reason
 
 
+def test_an_eager_output_of_the_wrong_shape_fails_rather_than_going_unmeasured(monkeypatch):
+    """A logprob missing from eager's output (an engine that lost a row) is a wrong eager, not a reference that
+    could not run: the cell fails."""
+    import pcg_core.engine.engine as engine_mod
+
+    real = engine_mod.Engine._take
+
+    def drop_one(self, outs, fwd, hidden, top_k, prompt_logprobs):
+        tokens = real(self, outs, fwd, hidden, top_k, prompt_logprobs)
+        for o in outs:
+            if o.prompt_logprobs and len(o.prompt_logprobs) > 3:
+                o.prompt_logprobs.pop()
+        return tokens
+
+    monkeypatch.setattr(engine_mod.Engine, "_take", drop_one)
+    r = _cell()
+    assert r.status == "fail_accuracy" and r.metrics.reference.status == "fail", (r.status, r.reason)
+    assert "logprobs for the" in r.reason
+
+
 def test_the_cases_cover_several_sequences_decode_and_chunked_prefill():
     cases = prompt_suite(list(range(4, 33, 4)) + list(range(48, 65, 16)), 1000)
     chosen, prefill = reference_cases(cases)

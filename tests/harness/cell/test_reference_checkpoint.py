@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from harness.cell.prompts import prompt_suite
+from harness.cell.prompts import prompt_suite, run_case
 from harness.cell.reference import reference_cases, reference_layer
 from pcg_core import load_model
 from pcg_core.config import CaptureConfig, EngineConfig
@@ -63,8 +63,7 @@ def reference_check(path: Path, device: str, dtype: str):
     chosen, _ = reference_cases(cases)
     config = replace(config, kv_slots=max(c.kv_slots(16) for c in cases) + 16)
     engine = Engine(lm.model, config)
-    outputs = {c.name: engine.generate([list(p) for p in c.prompts], c.new_tokens, 5, prompt_logprobs=True, chunk=c.chunk)
-               for c in chosen}
+    outputs = {c.name: run_case(engine, c, 5) for c in chosen}
     return reference_layer(lm.model, config, cases, outputs, quantized=True)
 
 

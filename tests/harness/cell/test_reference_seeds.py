@@ -1,5 +1,6 @@
 """The reference layer calls no right eager wrong: 20 seeds of synthetic weights on a slice of the smoke matrix
-(a dense model, absorbed MLA, sinks and sliding windows, an activation-quantized MoE model), eager only.
+(a dense model, absorbed MLA, sinks and sliding windows, an activation-quantized MoE model; sdpa, and flex's
+128-slot pages for the shared-prefix case), eager only.
 benchmarks/reference_seeds.py runs the whole smoke matrix the same way (results under benchmarks/results/)."""
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from reference_seeds import combinations, probe  # noqa: E402 - benchmarks/, beside the sweep it slices
 
 SMOKE = str(Path(__file__).resolve().parents[3] / "harness" / "configs" / "smoke.yaml")
-SLICE = [("qwen3-0.6b", "none"), ("deepseek-v3", "none"), ("gpt-oss-120b", "none"), ("qwen3-30b-a3b", "fp8_per_tensor")]
-SPECS = {(s.model, s.quant): s for s in combinations(SMOKE) if s.attention == "sdpa"}
+# flex too: its cases' shared prefix spans whole 128-slot pages (sdpa's, 16)
+SLICE = [("qwen3-0.6b", "none", "sdpa"), ("deepseek-v3", "none", "sdpa"), ("gpt-oss-120b", "none", "sdpa"),
+         ("qwen3-30b-a3b", "fp8_per_tensor", "sdpa"), ("qwen3-0.6b", "none", "flex"), ("deepseek-v3", "none", "flex")]
+SPECS = {(s.model, s.quant, s.attention): s for s in combinations(SMOKE)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,quant", SLICE)
-def test_no_false_fails_over_20_seeds(model, quant):
-    bad = [(seed, c.reason) for seed in range(20) if (c := probe(SPECS[(model, quant)], seed)).status != "pass"]
+@pytest.mark.parametrize("model,quant,attention", SLICE)
+def test_no_false_fails_over_20_seeds(model, quant, attention):
+    bad = [(seed, c.reason) for seed in range(20) if (c := probe(SPECS[(model, quant, attention)], seed)).status != "pass"]
     assert not bad, bad

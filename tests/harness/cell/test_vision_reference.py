@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.cards import load_cards
-from harness.cell.prompts import prompt_suite
+from harness.cell.prompts import prompt_suite, run_case
 from harness.cell.reference import reference_layer
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine
@@ -28,8 +28,7 @@ def setup(request):
 
 def _outputs(lm, config, cases):
     engine = Engine(lm.model, config)
-    return {c.name: engine.generate([list(p) for p in c.prompts], c.new_tokens, 2, prompt_logprobs=True,
-                                    images=c.image_lists) for c in cases}
+    return {c.name: run_case(engine, c, 2) for c in cases}
 
 
 def test_reference_layer_passes_the_vision_case(setup):
