@@ -69,8 +69,8 @@ def _unavailable(name: str, e: ImportError) -> Callable[[argparse.Namespace], in
 
 # `pcgh --help`'s epilog: a first session, in order.
 EXAMPLES = """examples:
-  pcgh run harness/configs/smoke.yaml --jobs 2      # the smoke matrix on the CPU into pcg.db; a summary at the end
-  pcgh run harness/configs/smoke.yaml --dry-run     # its cells and the pre-check's verdicts; nothing runs
+  pcgh run harness/configs/quick.yaml --jobs 2      # a first look: 13 cells on the CPU into pcg.db, a summary at the end
+  pcgh run harness/configs/smoke.yaml --dry-run     # the whole CPU matrix's cells and their pre-check; nothing runs
   pcgh runs                                         # the runs recorded, newest first: their ids
   pcgh report latest --out reports/                 # the whole report of a run
   pcgh diff 1 latest --fail-on-regression           # what changed between two runs

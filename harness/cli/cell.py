@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 EXIT_PASS, EXIT_FAIL = 0, 1
 
 
+# The largest bucket where --max-tokens is not given: the GPU's ladder, and on a CPU the smoke matrix's (a tiny model
+# there spends minutes in a 4096-token ladder and latency runs to 2048 tokens that say nothing on a host).
+GPU_MAX_TOKENS, CPU_MAX_TOKENS = 4096, 64
+
 DESCRIPTION = ("Run one cell: an eager reference and a graph candidate built on the same weights, run over a prompt "
                "suite derived from the bucket ladder, the candidate judged against eager (greedy tokens, logprobs, KL, "
                "the graph at its own padding) and both timed. Every setting a matrix gives a cell has a flag, so the "
@@ -64,8 +68,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "the checkpoint's, or calibrated on the prompts for synthetic weights)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", choices=DTYPE_NAMES, help="default: float32 on cpu, bfloat16 on cuda")
-    p.add_argument("--max-tokens", type=bounded_int(1, MAX_TOKENS, "a token count"), default=4096,
-                   help=f"largest token bucket, 1 to {MAX_TOKENS} (its buffers are allocated up front)")
+    p.add_argument("--max-tokens", type=bounded_int(1, MAX_TOKENS, "a token count"),
+                   help=f"largest token bucket, 1 to {MAX_TOKENS} (its buffers are allocated up front); default "
+                        f"{GPU_MAX_TOKENS} on cuda, {CPU_MAX_TOKENS} on cpu (a tiny model's minutes go to a GPU-sized ladder)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the synthetic weights and the prompts")
     p.add_argument("--max-new-tokens", type=positive_int, default=8, help="greedy decode steps per prompt, each judged")
     p.add_argument("--top-k", type=positive_int, default=5, help="top-k logprobs kept per position for the judge")
@@ -103,7 +108,8 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
     from harness.cell import CellSpec
 
     return CellSpec(model=args.model, graph=args.graph, attention=args.attention, device=args.device, dtype=args.dtype,
-                    layers=args.layers, tiny=args.tiny, weights=args.weights, max_tokens=args.max_tokens,
+                    layers=args.layers, tiny=args.tiny, weights=args.weights,
+                    max_tokens=args.max_tokens or (CPU_MAX_TOKENS if args.device == "cpu" else GPU_MAX_TOKENS),
                     compiler=args.compiler, quant=args.quant, parallel=args.parallel, kv_cache=args.kv_cache, seed=args.seed,
                     max_new_tokens=args.max_new_tokens, top_k=args.top_k, logprob_tol=args.logprob_tol,
                     peaked=not args.flat_weights, memory_share=args.memory_share)

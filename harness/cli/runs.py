@@ -133,7 +133,11 @@ def end_summary(run: dict[str, Any], records: list[CellRecord], failed: list[Cel
     counts = Counter(r.status for r in records)
     passing = sum(is_passing(r.status) for r in records)
     counted = sum(is_counted(r.status) for r in records)
-    lines = [f"run {run['id']} ({run['name']}, {run['status']}): {len(records)} cells, "
+    took = ""
+    if run.get("started_at") and run.get("finished_at"):
+        secs = int((run["finished_at"] - run["started_at"]).total_seconds())
+        took = f" in {secs // 60} min {secs % 60:02d} s"
+    lines = [f"run {run['id']} ({run['name']}, {run['status']}{took}): {len(records)} cells, "
              + ", ".join(f"{counts[s]} {s}" for s in ordered_statuses(counts))
              + f"; pass rate {fmt_rate(passing / counted if counted else None)} ({passing}/{counted} counted)"]
     t = totals(result_rows(records))

@@ -101,7 +101,10 @@ def test_repro_of_a_dead_cell_takes_settings_from_its_other_runs():
                         [CellMetrics(), CellMetrics(device="cuda", seed=0)])
     args = build_parser().parse_args(shlex.split(cmd)[1:])
     assert args.device == "cuda" and args.seed == 0  # a recorded 0 is a value, not "unrecorded"
-    assert args.dtype is None and args.max_tokens == 4096 and args.logprob_tol is None  # the rest: pcgh's defaults
+    assert args.dtype is None and args.max_tokens is None and args.logprob_tol is None  # the rest: pcgh's defaults
+    from harness.cli.cell import spec_from_args
+
+    assert spec_from_args(args).max_tokens == 4096  # on cuda (a CPU cell's default ladder stops at 64)
 
 
 def test_metrics_stored_before_the_newer_settings_still_read_and_repro():

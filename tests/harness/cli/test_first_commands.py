@@ -84,7 +84,7 @@ assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch 
     assert len(typo) == 1 and "field axes.graph.0: unknown capture backend 'piecewize'; did you mean 'piecewise'?" in typo[0]
     assert any("key.yaml:10: field defaults.tmeout_s: unknown key 'tmeout_s'; did you mean 'timeout_s'?" in e for e in errors)
     assert any(e.startswith("pcgh run: error: ") and "configs: is a folder, not a matrix file; e.g. "
-               f"{ROOT / 'harness' / 'configs' / 'smoke.yaml'} (files there: full.yaml, nightly.yaml, smoke.yaml)" in e
+               f"{ROOT / 'harness' / 'configs' / 'smoke.yaml'} (files there: full.yaml, nightly.yaml, quick.yaml, smoke.yaml)" in e
                for e in errors), errors
     assert any("tier 'dens' is not in matrix 'smoke'; did you mean 'dense'?" in e for e in errors)
     # the nightly matrix joins requested models to its model axis: its other axes are checked at once all the same
@@ -158,7 +158,7 @@ def _subparser(name: str) -> argparse.ArgumentParser:
 
 def test_pcgh_help_shows_examples() -> None:
     text = build_parser().format_help()
-    assert "examples:\n  pcgh run harness/configs/smoke.yaml" in text and "pcgh runs" in text and "pcgh serve" in text
+    assert "examples:\n  pcgh run harness/configs/quick.yaml" in text and "pcgh runs" in text and "pcgh serve" in text
 
 
 def test_cell_help_describes_every_flag_its_defaults_and_the_ranges_its_errors_use(capsys) -> None:
@@ -166,7 +166,7 @@ def test_cell_help_describes_every_flag_its_defaults_and_the_ranges_its_errors_u
     text = " ".join(cell.format_help().split())
     assert text.count("Run one cell: an eager reference and a graph candidate") == 1 and "examples:" in text
     assert [a.dest for a in cell._actions if not a.help] == []
-    for shown in ("(default: 4096)", "(default: sdpa)", "(default: eager)", "(default: auto)", "(default: 8)",
+    for shown in ("default 4096 on cuda, 64 on cpu", "(default: sdpa)", "(default: eager)", "(default: auto)", "(default: 8)",
                   f"largest token bucket, 1 to {MAX_TOKENS}"):
         assert shown in text, shown
     assert "(default: None)" not in text and "(default: False)" not in text
