@@ -23,7 +23,7 @@ from pcg_core.engine.inputs import InputBuffers, PackedBatch
 from pcg_core.engine.kv_scales import kv_scales_of
 from pcg_core.engine.prefix_cache import PrefixCache, PrefixMatch
 from pcg_core.engine.prep import PrepGraphs
-from pcg_core.engine.schedule import Forward, Schedule, chunks, decode_batch  # noqa: F401 - chunks, decode_batch: the tests' names
+from pcg_core.engine.schedule import Forward, Schedule
 from pcg_core.engine.vision import VisionInputs
 from pcg_core.distributed.data_parallel import DataParallel, data_parallel_of
 from pcg_core.distributed.shard import tensor_parallel_of
@@ -368,6 +368,8 @@ class Engine:
                     o.prompt_logprobs.append(float(rows.chosen[r]))
             pick = torch.tensor(fwd.emit_rows, dtype=torch.int64)
             step = _RowStats(rows.chosen[pick], rows.argmax[pick], rows.topk_ids[pick], rows.topk_lp[pick])
+        elif not fwd.emit_rows:  # a prefill chunk in which no prompt ends
+            return []
         else:
             step = self._row_stats(hidden[torch.tensor(fwd.emit_rows, device=hidden.device)], None, top_k)
         self._append(outs, step, fwd.emit_seqs)

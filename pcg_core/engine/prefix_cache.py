@@ -52,7 +52,6 @@ class PrefixCache:
         self._root = _Node(-1, (), None)
         self._epoch = cache.epoch
         self._clock = 0
-        self.hits = 0  # positions prompts started from instead of computing (reported by the tests)
 
     def _fresh(self) -> None:
         if self._epoch != self.cache.epoch:  # the KVCache was reset: every page it held is gone
@@ -83,7 +82,6 @@ class PrefixCache:
             if n > copied:
                 best, copied = child, n
         self._tick(best or node)
-        self.hits += start + copied
         return PrefixMatch(tuple(shared), None if best is None else best.page, copied, ps)
 
     def insert(self, tokens: list[int], pages: list[int]) -> None:
@@ -97,21 +95,12 @@ class PrefixCache:
             key = tuple(tokens[k * ps : (k + 1) * ps])
             child = node.children.get(key)
             if child is None:
-                if pages[k] in self._pages_on_path(node):
-                    return  # a page cannot sit twice on one path (a shared page of this very sequence)
                 child = node.children[key] = _Node(pages[k], key, node)
                 self.cache.hold(pages[k])
             self._tick(child)
             if len(key) < ps:
                 return
             node = child
-
-    def _pages_on_path(self, node: _Node) -> set[int]:
-        seen = set()
-        while node is not None and node is not self._root:
-            seen.add(node.page)
-            node = node.parent
-        return seen
 
     def evict(self, pages: int, keep: set[int] = frozenset()) -> int:
         """Let go of up to `pages` leaf pages, least recently used first (not those in `keep`, nor a page a live

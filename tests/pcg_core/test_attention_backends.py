@@ -19,7 +19,7 @@ from pcg_core.attention import FEATURES, KVCache, LayerParams, get_attention_bac
 from pcg_core.attention.flex import FlexBackend
 from pcg_core.attention.reference import attention_math, length_temperature, visible
 from pcg_core.capabilities import capabilities
-from pcg_core.engine.engine import decode_batch
+from pcg_core.engine.schedule import decode_batch
 from pcg_core.engine.inputs import InputBuffers, PackedBatch
 from torch.nn.attention.flex_attention import BlockMask
 

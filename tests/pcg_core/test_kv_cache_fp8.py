@@ -197,7 +197,7 @@ def trimmed_bf16():
 def test_gpu_fp8_kv_replay_bitwise_equal_to_eager_at_the_same_padding(trimmed_bf16, attention, graph):
     """CUDA graphs over an FP8 cache: the scales loaded after capture reach every replay (the graph reads the scale
     tensors), prefill and decode, bitwise as eager at the same padding."""
-    from pcg_core.engine.engine import decode_batch
+    from pcg_core.engine.schedule import decode_batch
     from pcg_helpers import prompts_of
 
     engine = Engine(trimmed_bf16.model, EngineConfig(device="cuda", dtype="bfloat16", attention=attention, kv_slots=8192,

@@ -71,3 +71,13 @@ def test_a_sequence_that_joins_mid_decode_computes_what_it_computes_alone(arch, 
         assert o.output_ids == ref.output_ids and len(o.prompt_logprobs) == len(p) - 1
         assert max(abs(a - b) for a, b in zip(o.prompt_logprobs + o.output_logprobs,
                                                ref.prompt_logprobs + ref.output_logprobs)) < 1e-4
+
+
+@pytest.mark.parametrize("prompt_logprobs", [False, True])
+def test_a_chunk_in_which_no_prompt_ends_gives_no_token(prompt_logprobs):
+    lm = tiny_model("qwen3")
+    engine = Engine(lm.model, EngineConfig(capture=CaptureConfig(backend="disabled", max_tokens=16), kv_slots=256))
+    prompt = list(range(10, 50))
+    chunked = engine.generate([prompt, [3, 4]], 3, 2, prompt_logprobs=prompt_logprobs, chunk=16)
+    whole = engine.generate([prompt, [3, 4]], 3, 2, prompt_logprobs=prompt_logprobs)
+    assert [o.output_ids for o in chunked] == [o.output_ids for o in whole]
