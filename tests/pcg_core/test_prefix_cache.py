@@ -218,3 +218,35 @@ def test_gpu_a_cached_prefix_computes_what_the_whole_prompt_computes(attention, 
         k = o.cached_tokens
         diff = max(abs(a - b) for a, b in zip(o.prompt_logprobs, whole.prompt_logprobs[k:]))
         assert diff < 0.1, (attention, graph, k, diff)  # the judge's bf16 logprob bound
+
+
+def test_compiled_flex_reads_shared_pages_through_its_block_mask_and_mask_mod(qwen3):
+    """What the CUDA path runs — torch.compile(flex_attention) with the backend's block mask and mask_mod — compiled by
+    inductor for the CPU over a batch whose sequence reads another's cached pages: equal to plain math over the block
+    tables (a mask_mod that cannot be compiled, or reads the wrong pages, fails here before a GPU sees it)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from pcg_core.attention.flex import FlexBackend
+    from pcg_core.attention.reference import attention_math, causal
+    from pcg_core.engine.inputs import InputBuffers, PackedBatch
+
+    cache = KVCache(qwen3.config, 8 * 128, torch.float32, CPU, page_size=128)
+    cache.allocate(0, 300)
+    shared = cache.block_tables[0][:2]
+    for page in shared:
+        cache.hold(page)
+    cache.release(0)
+    cache.allocate(1, 300, shared=shared)  # positions 0-255 in the cached pages, 256 on in its own
+    cache.allocate(2, 100)
+    pos, seqs = list(range(256, 280)) + list(range(40)), [1] * 24 + [2] * 40
+    slots = [cache.block_tables[s][p // 128] * 128 + p % 128 for s, p in zip(seqs, pos)]
+    md = InputBuffers(128, cache, CPU).fill(PackedBatch([1] * 64, pos, seqs, slots), 64)[2]
+    flex = FlexBackend(cache, 128)
+    flex.begin_forward(md)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, n, 64, generator=g) for n in (64, cache.num_slots, cache.num_slots))
+    out = torch.compile(flex_attention, dynamic=False)(q, k, v, block_mask=flex.block_mask(md, 0))
+    mask = causal(md.positions[:64], cache.slot_pos[: cache.num_slots]) & cache.readable(md.seq_ids[:64])
+    assert mask[:24, shared[0] * 128].all()  # the cached prefix is visible to sequence 1
+    ref = attention_math(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), mask, 64**-0.5)
+    assert torch.allclose(out[0].transpose(0, 1), ref, atol=1e-5, rtol=1e-5)
