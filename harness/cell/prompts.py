@@ -3,9 +3,12 @@
 A graph is recorded once per bucket and replayed for every batch padded to it, so a bug hides wherever the suite
 does not look: a bucket never replayed (the large ones), a size at a bucket's edge, a second batch with another
 packed layout at the same bucket, decode batches whose membership changes, positions past the largest bucket,
-state left over from the previous replay. Each case is one `generate()` call: one packed prefill (in chunks
-where the case says so), then decode steps of the sequences still generating. The cases run in order, so the
-layout cases are consecutive forwards at one bucket and the last case repeats an earlier one.
+state left over from the previous replay, and what a server does that one prompt does not: many sequences at
+once, sequences joining a running decode batch, a later request starting from an earlier one's cached KV. A case
+is one `generate()` call (`run_case`): one packed prefill (in chunks where the case says so), then decode steps of
+the sequences still generating, sequences joining at the step the case gives (engine/schedule.py); a case of
+several rounds is one call per round through one prefix cache. The cases run in order, so the layout cases are
+consecutive forwards at one bucket and the last case repeats an earlier one.
 """
 
 from __future__ import annotations
