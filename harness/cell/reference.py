@@ -179,13 +179,13 @@ def _transformers_positions(model: torch.nn.Module, dtype: str, cases: list[Case
     try:
         for name, i, o, images in seqs:
             seq = o.prompt_ids + o.output_ids
-            lp32, arg32, top32 = _hf_next_token(ref32, seq, device, images)
-            lp16 = _hf_next_token(ref16, seq, device, images)[0]
             eager = [*(o.prompt_logprobs or []), *o.output_logprobs]
             skip = o.cached_tokens  # positions a prefix cache gave it: eager computed them in an earlier sequence
             if len(eager) != len(seq) - 1 - skip:  # eager's own output is malformed: wrong, not unmeasurable
                 raise MalformedEager(f"{name}[{i}]: pcg's eager gave {len(eager)} logprobs for the {len(seq) - 1 - skip} "
                                      f"positions of its prompt and output (prefix-cached: {skip})")
+            lp32, arg32, top32 = _hf_next_token(ref32, seq, device, images)
+            lp16 = _hf_next_token(ref16, seq, device, images)[0]
             pos.eager += eager
             pos.ref32 += lp32[skip:].tolist()
             pos.ref16 += lp16[skip:].tolist()

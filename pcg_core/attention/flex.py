@@ -1,11 +1,12 @@
 """`flex` attention backend: FlexAttention over the paged KV cache, with a block mask built from the pages.
 
 Flex skips every (query block, KV block) pair its block mask leaves out, so with a KV block of one page (128
-slots) and each page owned by one sequence, a query block reads exactly the pages of its own sequences: ragged,
-paged and causal at the cost of what is visible, where sdpa reads the whole cache. The block mask is rebuilt
-for every forward by `begin_forward`, on the device, into static buffers (no host sync), before any graph
-replays: a `full` graph reads the buffers it captured, refreshed. A query block visits the pages of its
-sequences' block tables (a cached prefix's pages included), and `mask_mod` refines the partial blocks slot by slot. One block mask per sliding window the model uses (learned on the first forward, the warm-up).
+slots), a query block reads exactly the pages in its sequences' block tables (KVCache.seq_pages: its own pages and
+a cached prefix's shared ones): ragged, paged and causal at the cost of what is visible, where sdpa reads the
+whole cache. The block mask is rebuilt for every forward by `begin_forward`, on the device, into static buffers
+(no host sync), before any graph replays: a `full` graph reads the buffers it captured, refreshed. `mask_mod`
+refines the partial blocks slot by slot. One block mask per sliding window the model uses (learned on the first
+forward, the warm-up).
 
 On CUDA the kernel is `torch.compile(flex_attention)` with static shapes and inductor's deterministic choices
 (`compile_options`), one compiled callable per token count and score-modifier set (a bucket, in practice; called

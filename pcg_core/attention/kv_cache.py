@@ -214,6 +214,10 @@ class KVCache:
             self.page_pos[page_t] = first
         return [pages[p // ps] * ps + p % ps for p in range(length)]
 
+    def holders(self, page: int) -> int:
+        """How many block tables and prefix caches hold `page` (0: free)."""
+        return self._readers[page]
+
     def hold(self, page: int) -> None:
         """A prefix cache keeps `page` (and the KV its writer left in it) past the sequences that read it."""
         if self._readers[page] == 0:

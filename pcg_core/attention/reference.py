@@ -22,9 +22,7 @@ def causal(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int = 0) -> torch.T
 
 def visible(q_seq: torch.Tensor, q_pos: torch.Tensor, k_seq: torch.Tensor, k_pos: torch.Tensor, window: int = 0) -> torch.Tensor:
     """[Tq, Tk] bool: key k is visible to query q (same sequence, not in its future, inside the window)."""
-    dist = q_pos[:, None] - k_pos[None, :]
-    ok = (q_seq[:, None] == k_seq[None, :]) & (dist >= 0)
-    return ok & (dist < window) if window > 0 else ok
+    return (q_seq[:, None] == k_seq[None, :]) & causal(q_pos, k_pos, window)
 
 
 def attention_math(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,

@@ -360,12 +360,13 @@ class Engine:
             targets = torch.full((len(fwd.batch),), -1, dtype=torch.int64)
             targets[fwd.prompt_rows] = torch.tensor(fwd.targets, dtype=torch.int64)
             rows = self._row_stats(hidden, targets.to(hidden.device), top_k)
+            ids, lps, chosen = rows.topk_ids.tolist(), rows.topk_lp.tolist(), rows.chosen.tolist()  # once per forward
             for r, t in zip(fwd.prompt_rows, fwd.targets):
                 o = outs[fwd.batch.seq_ids[r]]
-                o.prompt_topk_ids.append(rows.topk_ids[r].tolist())
-                o.prompt_topk_logprobs.append(rows.topk_lp[r].tolist())
+                o.prompt_topk_ids.append(ids[r])
+                o.prompt_topk_logprobs.append(lps[r])
                 if t >= 0:
-                    o.prompt_logprobs.append(float(rows.chosen[r]))
+                    o.prompt_logprobs.append(chosen[r])
             pick = torch.tensor(fwd.emit_rows, dtype=torch.int64)
             step = _RowStats(rows.chosen[pick], rows.argmax[pick], rows.topk_ids[pick], rows.topk_lp[pick])
         elif not fwd.emit_rows:  # a prefill chunk in which no prompt ends

@@ -108,7 +108,8 @@ class PrefixCache:
         self._fresh()
         freed = 0
         while freed < pages:
-            leaves = [n for n in self._nodes() if not n.children and n.page not in keep and self._only_held(n.page)]
+            # a leaf only this cache holds (a live sequence reading it holds it too)
+            leaves = [n for n in self._nodes() if not n.children and n.page not in keep and self.cache.holders(n.page) == 1]
             if not leaves:
                 break
             leaf = min(leaves, key=lambda n: n.used)
@@ -116,9 +117,6 @@ class PrefixCache:
             self.cache.unhold(leaf.page)
             freed += 1
         return freed
-
-    def _only_held(self, page: int) -> bool:
-        return not any(page in t for t in self.cache.block_tables.values())
 
     def _nodes(self) -> list[_Node]:
         out, stack = [], list(self._root.children.values())
