@@ -8,6 +8,13 @@ from harness.cards import find_card
 from pcg_core.quant.schemes import registry as quant_registry
 
 
+# The largest bucket where none is given: the GPU's ladder, and on a CPU the smoke matrix's (a tiny model there
+# spends minutes in a 4096-token ladder, and latency runs to 2048 tokens say nothing on a host). Here, not in the
+# command line, so a cell built without one (a repro command of a cell that died before reporting) is the same cell
+# whichever way it was built.
+GPU_MAX_TOKENS, CPU_MAX_TOKENS = 4096, 64
+
+
 @dataclass
 class CellSpec:
     model: str  # model-card id, hub id, local model directory or config.json
@@ -19,7 +26,7 @@ class CellSpec:
     tiny: bool = False  # CPU-sized widths
     weights: str = "auto"  # auto | real | synthetic
     peaked: bool = True  # synthetic weights with a peaked next-token distribution (pcg_core.model.loader.peak_logits)
-    max_tokens: int = 4096  # largest token bucket
+    max_tokens: int | None = None  # largest token bucket; default GPU_MAX_TOKENS on cuda, CPU_MAX_TOKENS on cpu
     compiler: str = "eager"
     quant: str = "none"  # quantization scheme; run_cell ends a scheme the runtime lacks as unsupported
     parallel: str = "tp1"  # parallel mode; likewise
@@ -35,6 +42,8 @@ class CellSpec:
         self.quant = quant_registry.canonical(self.quant)  # an alias (fp4) runs as its scheme (nvfp4)
         if self.dtype is None:
             self.dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
+        if self.max_tokens is None:
+            self.max_tokens = GPU_MAX_TOKENS if self.device.startswith("cuda") else CPU_MAX_TOKENS
 
 
 def resolve_model(spec: CellSpec) -> str | dict:

@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from harness.cell.spec import CPU_MAX_TOKENS, GPU_MAX_TOKENS
 from harness.cli.args import DefaultsShown, bounded_int, positive_float, positive_int, seed_int, share_float
 from pcg_core.known import COMPILERS, DTYPE_NAMES, KNOWN_QUANTIZATION, KV_CACHE_DTYPES, MAX_TOKENS, world_size
 from pcg_core.quant.schemes import registry as quant_registry
@@ -22,10 +23,6 @@ if TYPE_CHECKING:
 
 EXIT_PASS, EXIT_FAIL = 0, 1
 
-
-# The largest bucket where --max-tokens is not given: the GPU's ladder, and on a CPU the smoke matrix's (a tiny model
-# there spends minutes in a 4096-token ladder and latency runs to 2048 tokens that say nothing on a host).
-GPU_MAX_TOKENS, CPU_MAX_TOKENS = 4096, 64
 
 DESCRIPTION = ("Run one cell: an eager reference and a graph candidate built on the same weights, run over a prompt "
                "suite derived from the bucket ladder, the candidate judged against eager (greedy tokens, logprobs, KL, "
@@ -109,7 +106,7 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
 
     return CellSpec(model=args.model, graph=args.graph, attention=args.attention, device=args.device, dtype=args.dtype,
                     layers=args.layers, tiny=args.tiny, weights=args.weights,
-                    max_tokens=args.max_tokens or (CPU_MAX_TOKENS if args.device == "cpu" else GPU_MAX_TOKENS),
+                    max_tokens=args.max_tokens,
                     compiler=args.compiler, quant=args.quant, parallel=args.parallel, kv_cache=args.kv_cache, seed=args.seed,
                     max_new_tokens=args.max_new_tokens, top_k=args.top_k, logprob_tol=args.logprob_tol,
                     peaked=not args.flat_weights, memory_share=args.memory_share)
