@@ -6,7 +6,7 @@ forever, and enough of them (1,100 measured, at the common 1,024 file limit) sto
   response), and its body within `body_timeout` of the headers, else it is closed;
 - the process's soft open-file limit is raised to its hard limit, so slow clients cannot take every descriptor;
 - `limit_concurrency` caps connections and tasks together: past it uvicorn answers 503 at once, not never.
-Behind a proxy (nginx, Caddy), keep these and let the proxy buffer uploads; README says how.
+Behind a proxy (nginx, Caddy), keep these and let the proxy buffer uploads; web/README.md ("Deploying") says how.
 """
 
 from __future__ import annotations

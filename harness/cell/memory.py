@@ -15,9 +15,7 @@ from __future__ import annotations
 import torch
 
 from harness.outcome import CellMetrics
-
-# The share of a GPU's memory a serving engine plans with (vLLM's gpu_memory_utilization default).
-GPU_MEMORY_UTILIZATION = 0.90
+from harness.shape.graph_pool import GPU_MEMORY_UTILIZATION, context_fit
 GIB = 1 << 30
 
 
@@ -48,17 +46,14 @@ def memory_fit(m: CellMetrics, budget: int | None, share: float) -> str | None:
     pool, per_token, weights = m.graph_pool_bytes or 0, m.kv_bytes_per_token, m.weights_bytes
     if budget is None or not per_token or weights is None:
         return None
-    room = budget - weights
-    if room <= 0:
-        m.max_context_tokens = m.max_context_tokens_without_graphs = 0
+    fit = context_fit(budget, weights, pool, per_token)
+    m.max_context_tokens, m.max_context_tokens_without_graphs = fit.tokens, fit.tokens_without_graphs
+    if fit.room <= 0:
         return (f"memory: the weights ({weights / GIB:.1f} GiB) fill this rank's {budget / GIB:.0f} GiB budget "
                 f"({GPU_MEMORY_UTILIZATION:.0%} of the GPU): no room for a KV cache, graphs or not")
-    m.max_context_tokens = max(0, room - pool) // per_token
-    m.max_context_tokens_without_graphs = room // per_token
-    if pool <= share * room:
+    if not fit.over(share):
         return None
-    lost = m.max_context_tokens_without_graphs - m.max_context_tokens
-    return (f"memory: the graph pool ({pool / GIB:.2f} GiB) takes {pool / room:.0%} of what the KV cache could have had "
-            f"beside the weights ({room / GIB:.1f} GiB of a {budget / GIB:.0f} GiB budget), over the {share:.0%} allowed: "
-            f"{m.max_context_tokens:,} tokens of context instead of {m.max_context_tokens_without_graphs:,} "
-            f"({lost:,} fewer)")
+    lost = fit.tokens_without_graphs - fit.tokens
+    return (f"memory: the graph pool ({pool / GIB:.2f} GiB) takes {fit.pool_share:.0%} of what the KV cache could have "
+            f"had beside the weights ({fit.room / GIB:.1f} GiB of a {budget / GIB:.0f} GiB budget), over the {share:.0%} "
+            f"allowed: {fit.tokens:,} tokens of context instead of {fit.tokens_without_graphs:,} ({lost:,} fewer)")

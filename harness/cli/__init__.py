@@ -77,7 +77,7 @@ EXAMPLES = """examples:
   pcgh cell --model qwen3-0.6b --tiny --graph full  # one cell, judged
   pcgh models                                       # the model cards a matrix can name
   pcgh serve                                        # the dashboard over pcg.db
-`pcgh COMMAND --help` says more of each; README.md has the rest."""
+`pcgh COMMAND --help` says more of each; docs/cli.md has the rest."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -62,7 +62,8 @@ def trimmed(config: dict[str, Any], layers: int | None) -> dict[str, Any]:
     return out
 
 
-def _kv_bytes_per_token(s: Structure, tp: int, per: float) -> float:
+def kv_bytes_per_token(s: Structure, tp: int, per: float) -> float:
+    """KV-cache bytes one token takes on one of tp ranks, `per` bytes an element (MLA: its latent row, whole)."""
     total = 0.0
     kv_heads, head_dim = s.kv_heads or s.heads or 1, s.head_dim or 0
     for kind in s.attention:
@@ -90,7 +91,7 @@ def estimate(config: dict[str, Any], mode: str, dtype: str, quant_weights: str |
                + b.get("experts", 0) * linear / (pp * max(tp, ep))
                + (b.get("embedding", 0) + b.get("lm_head", 0)) * per / tp
                + (b.get("norms", 0) + b.get("router", 0) + b.get("vision", 0)) * per)
-    kv = 2 * max_tokens * _kv_bytes_per_token(s, tp, 1.0 if kv_cache == "fp8_e4m3" else per) / pp
+    kv = 2 * max_tokens * kv_bytes_per_token(s, tp, 1.0 if kv_cache == "fp8_e4m3" else per) / pp
     widest = max([s.intermediate or 0] + ([s.moe.expert_intermediate * s.moe.top_k] if s.moe else []))
     act = max_tokens * (4 * (s.hidden or 0) + 3 * widest / tp) * per + max_tokens * (s.vocab or 0) * 4 / tp
     return MemoryEstimate(int(weights), int(kv), int(2 * act + HEADROOM * weights))

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from harness.request.features import detect
+from harness.request.graph_memory import graph_memory, memory_note
 from harness.request.quantization import quant_word, quantization_of
 from harness.request.schema import RequestReport, config_hash
 from harness.request.verdicts import (
@@ -46,6 +47,19 @@ def _loader_reading(config: dict[str, Any]) -> tuple[str | None, str | None]:
     except UnsupportedModel as e:
         return None, str(e).split(". Supported quantized formats")[0].removeprefix("config.json quantization_config: ")
     return (spec.scheme.name if spec else None), None
+
+
+def _graph_memory(config: dict[str, Any], s: Any, tps: list[int] | None, tp_ok: list[int], features: list[str],
+                  caps: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """The graphs' memory at the TP size asked for, else at the smallest one that divides the heads and leaves room
+    beside the weights in the checkpoint's own width; for the capture backends that can hold the model."""
+    from pcg_core.capabilities import split_op_capture_reason
+
+    scheme, _ = _loader_reading(config)
+    width = quant_registry.info(scheme).weights if scheme else None
+    graphs = [g for g, b in caps["capture_backends"].items()
+              if g != "disabled" and split_op_capture_reason(g, features, caps) is None]
+    return graph_memory(config, s, tps[:1] if tps else tp_ok, graphs, scheme, width, where)
 
 
 @contextlib.contextmanager
@@ -166,6 +180,9 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
         "graph": graph_verdict(reason is None, caps, features),
         "kv_cache": kv_cache_verdict(quant, caps),
     }
+    graphs = _graph_memory(config, s, tps, tp_ok, features, caps, where) if reason is None and total else None
+    if graphs and (note := memory_note(graphs)):
+        notes.append(note)
     dtype = s.f.data.get("torch_dtype") or s.f.data.get("dtype")
     report = RequestReport.model_validate({
         "model": model,
@@ -186,6 +203,7 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
         "param_breakdown": count.breakdown if count else {},
         "memory_bytes": memory,
         "h200s": h200s,
+        "graph_memory": graphs,
         "tp_sizes": tp_ok,
         "ep_sizes": ep_ok,
         "requested": {"quant": quants or None, "tp": tps or None},

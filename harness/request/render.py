@@ -52,6 +52,18 @@ def print_request(r: dict[str, Any], console: Any = None) -> None:
     if r["memory_bytes"]:
         t.add_row("weights", ", ".join(f"{k} {_bytes(v)}" for k, v in r["memory_bytes"].items()))
         t.add_row("H200s (bf16)", f"{r['h200s']}  (bf16 weights + 10% headroom, 141 GB each)")
+    if g := r.get("graph_memory"):
+        pools = ", ".join(f"{k} {v['pool_bytes'] / 2**30:.2f}" for k, v in g["by_graph"].items())
+        t.add_row(f"graphs ({g['max_tokens']} tok)", f"{pools} GiB per GPU at tp{g['tp']}  (estimated: fitted to "
+                  f"{g['calibration_cells']} pools measured on the {g['gpu']}, 90% within {g['band'][0]:.1f}–"
+                  f"{g['band'][1]:.1f}×)")
+        if not g["weights_fit"]:
+            t.add_row("KV context", f"none: the weights ({g['weights_bytes'] / 2**30:.0f} GiB per GPU at tp{g['tp']}) "
+                      f"fill an {g['gpu']}'s {g['budget_bytes'] / 2**30:.0f} GiB (90% of it)")
+        elif g["context_tokens_without_graphs"] is not None:
+            ctx = ", ".join(f"{k} {v['context_tokens']:,}" for k, v in g["by_graph"].items())
+            t.add_row("KV context", f"{ctx} tokens per {g['gpu']} beside weights and graphs; "
+                      f"{g['context_tokens_without_graphs']:,} without graphs (90% of the GPU)")
     t.add_row("TP sizes", (", ".join(map(str, r["tp_sizes"])) or "none up to 8") + "  (dividing the heads; which run: parallel)")
     if r["ep_sizes"]:
         t.add_row("EP sizes", ", ".join(map(str, r["ep_sizes"])))

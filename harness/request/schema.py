@@ -44,6 +44,8 @@ class RequestReport(BaseModel):
     param_breakdown: dict[str, int] = {}
     memory_bytes: dict[str, int] = {}
     h200s: int | None = None
+    # The prefill graphs' estimated pool per GPU and the context it costs (harness/request/graph_memory.py).
+    graph_memory: dict[str, Any] | None = None
     tp_sizes: list[int]
     ep_sizes: list[int] = []
     requested: dict[str, Any] = {}

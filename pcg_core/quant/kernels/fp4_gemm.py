@@ -1,6 +1,6 @@
 """`pcg::fp4_linear`: y = x · Wᵀ (+ b) with W in Fp4Linear's layout (e2m1 codes two a byte, block scales, a global).
 
-Hopper has no FP4 MMA (../shared/research/quant-and-attention-on-h200.md §4.6), so FP4 runs weight-only, as
+Hopper has no FP4 MMA (docs/quantization.md, "FP4 weight-only"), so FP4 runs weight-only, as
 kernels/w4a16_gemm.py runs int4, with the same two paths chosen by the token count M (a Python int when the op runs):
 
 - M ≤ THRESHOLD_M: a Triton GEMM that reads the packed bytes, decodes each e2m1 code arithmetically (its three

@@ -1,6 +1,6 @@
 """`pcg::w4a16_linear`: y = x · Wᵀ (+ b) with W held as int4 codes in the canonical layout of schemes/int4.py.
 
-Why our own kernels (../shared/research/quant-and-attention-on-h200.md §3, §4.7): tinygemm collapses above
+Why our own kernels (docs/quantization.md, "Why these kernels"): tinygemm collapses above
 M ≈ 16 and Int4Linear's reference dequantizes to float32 on every call. Two paths, chosen by the token count
 M (a Python int when the op runs, so a captured graph holds one of them):
 

@@ -1,7 +1,7 @@
 """`pcg::w4a8_linear`: y = x · Wᵀ (+ b) with W int4 codes in the canonical layout of schemes/int4.py and the activation
 quantized per token to 8 bits (int8 or FP8 e4m3) on the fly: compressed-tensors' W4A8 and W4AFP8 presets.
 
-Why (../shared/research/quant-and-attention-on-h200.md §4.5): W4A16 at prefill sizes is dequantize + a bf16 GEMM;
+Why (docs/quantization.md, "Why these kernels"): W4A16 at prefill sizes is dequantize + a bf16 GEMM;
 an 8-bit activation lets the int4 weight go to the 8-bit tensor cores as it is. q − z lies in [−15, 15], exact in
 int8 and in e4m3, so one K-group's partial sum is exact (int32) or fp32-accumulated products of exact values;
 each group's partial is rescaled by the weight's group scale into an fp32 accumulator, and the per-token

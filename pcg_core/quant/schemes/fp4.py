@@ -8,7 +8,7 @@ checkpoint runs weight-only here).
 
 e2m1 (4 bits): bit 3 the sign, bits 0..2 index the magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 (code 8 is −0).
 
-Formats (../shared/research/quant-and-attention-on-h200.md §4.6):
+Formats (docs/quantization.md, "Tensor layouts on disk"):
 - ModelOpt NVFP4: weight uint8 (N, K/2), two codes a byte, LOW nibble = even k; weight_scale float8_e4m3fn
   (N, K/16); weight_scale_2 fp32 scalar, a multiplier; input_scale fp32 scalar (W4A4 only, see the unpacker).
 - compressed-tensors nvfp4-pack-quantized: weight_packed as ModelOpt's weight; weight_scale e4m3 (N, K/16);

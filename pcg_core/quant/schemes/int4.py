@@ -6,7 +6,7 @@ and for GPTQ's act-order the permutation of K that makes the groups contiguous (
 same way at run time, x[..., perm] · Wᵀ, instead of dropping act-order as vLLM does). The packers write synthetic
 checkpoints in the exact formats; `Int4Weight.dequantize` is the reference the kernels will be held to.
 
-Formats (../shared/research/quant-and-attention-on-h200.md §4.7):
+Formats (docs/quantization.md, "Tensor layouts on disk"):
 - AWQ "gemm": qweight int32 (K, N/8) packed along N in the interleaved order AWQ_ORDER (nibble i of a word holds
   column AWQ_ORDER[i] of its 8), qzeros int32 (K/G, N/8) packed the same way, scales fp16 (K/G, N).
 - GPTQ: qweight int32 (K/8, N) packed along K (nibble i of word r holds row 8r + i), qzeros int32 (K/G, N/8)

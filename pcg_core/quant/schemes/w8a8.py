@@ -5,7 +5,7 @@ checkpoint all load into `fp8_per_tensor` (formats/detect.py maps each format on
 plain torch and runs on a CPU: the quantizers write synthetic checkpoints and quantize synthetic models, the
 dequantizers are the reference every kernel path is held to.
 
-Conventions (those of the checkpoints, see ../shared/research/quant-and-attention-on-h200.md §4): a weight is
+Conventions (those of the checkpoints, docs/quantization.md): a weight is
 (N out, K in) as in nn.Linear; a scale is a *multiplier* (W ≈ q · scale), also where a format calls it
 `weight_scale_inv`; block scales are (⌈N/128⌉, ⌈K/128⌉); activation groups run along K.
 """
