@@ -3,7 +3,7 @@
 # brings back only a few per call).
 #   tests  — the W4A16 kernels and Int4Linear/Fp4Linear on CUDA vs the reference, under capture (test_quant_gpu.py)
 #   micro  — benchmarks/w4a16_gemm.py: bf16 vs awq/gptq layers, 8192×4096, M = 8/64/512/4096, then the threshold scan
-#   sweep  — benchmarks/w4a16_gemm.py --sweep: the small-M GEMM configurations (how GEMM_CONFIGS is chosen)
+#   sweep  — benchmarks/w4a16_gemm.py --sweep: the small-M GEMM configurations (how configs/w4a16_gemm.json is chosen)
 #   w4a8   — benchmarks/w4a8_gemm.py: bf16 vs w4a8/w4afp8 at M = 8/64/512/4096, the large-M sweep (configurations ×
 #            rescale variants, cuBLASLt's block-scaled FP8), the threshold scan
 #   cells  — `pcgh cell` on CUDA, synthetic weights quantized in memory: $QUANTS × $CELLS × {piecewise, breakable, full}

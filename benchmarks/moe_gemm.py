@@ -4,7 +4,7 @@ cells ran so far), and moe_gemm's kernel over the codes as held. Each a captured
 around each replay after a warm-up, the median of --repeat. Shapes: Qwen3-30B-A3B (128 experts, 1536×2048) and
 DeepSeek-V3 (256 experts, 4096×7168), top-8 routing of 8…4096 tokens. First checks that the kernel's output is
 the dequantizing path's within bf16 rounding (a wrong kernel must not be timed). --sweep times moe_gemm's
-candidate configurations per row count instead (how CONFIGS is to be chosen). Reads no clocks, sets none.
+candidate configurations per row count instead (how configs/moe_gemm.json is to be chosen). Reads no clocks, sets none.
 
     PYTHONPATH=. python benchmarks/moe_gemm.py [--shapes qwen3-30b,deepseek-v3] [--tokens 8,64,512,4096] [--out r.json]
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from pcg_core.quant.layers import experts
-from pcg_core.quant.kernels import moe_gemm
+from pcg_core.quant.kernels import moe_gemm, tuning
 from pcg_core.quant.schemes.e2m1 import e2m1_table
 from pcg_core.quant.schemes.fp4 import FP4_SCHEMES
 from pcg_core.quant.schemes.int4 import INT4_SCHEMES
@@ -118,7 +118,7 @@ def sweep(shape: str, tokens: list[int], repeat: int) -> list[dict]:
         w = experts.expert_weights(mod, "gate_up_proj")
         for t in tokens:
             rows, counts, _ = routed(t, e, k)
-            want = moe_gemm.grouped_linear(rows, counts, w, config=moe_gemm.CONFIGS[-1][1])
+            want = moe_gemm.grouped_linear(rows, counts, w, config=tuning.configs(moe_gemm.KERNEL)[-1][1])
             times = {}
             for cfg in SWEEP:
                 got = moe_gemm.grouped_linear(rows, counts, w, config=cfg)
@@ -147,7 +147,7 @@ def main() -> None:
 
     tokens = [int(t) for t in a.tokens.split(",")]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "python": platform.python_version(), "configs": moe_gemm.CONFIGS, "top_k": TOP_K, "formats": FORMATS}
+              "python": platform.python_version(), "configs": tuning.configs(moe_gemm.KERNEL), "top_k": TOP_K, "formats": FORMATS}
     for shape in a.shapes.split(","):
         key = "sweep" if a.sweep else "rows"
         result.setdefault(key, []).extend(sweep(shape, tokens, a.repeat) if a.sweep else measure(shape, tokens, a.repeat))

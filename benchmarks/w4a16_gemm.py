@@ -5,13 +5,13 @@ act-order Int4Linear, and an NVFP4 Fp4Linear (`pcg::fp4_linear`, kernels/fp4_gem
 targets (≤ 1.3× at M = 8, ≤ 1.25× at M = 4096; meets_target judges every quantized column); --out writes JSON. Reads no clocks and sets none: the GPU runs as it is configured.
 
     PYTHONPATH=. python benchmarks/w4a16_gemm.py [--n 8192 --k 4096 --tokens 8,64,512,4096 --out r.json]
-    PYTHONPATH=. python benchmarks/w4a16_gemm.py --sweep            # GEMM_CONFIGS candidates at M ≤ 64
+    PYTHONPATH=. python benchmarks/w4a16_gemm.py --sweep            # tuning-table candidates at M ≤ 64
     PYTHONPATH=. python benchmarks/w4a16_gemm.py --scan-threshold   # fused GEMM vs dequant+cuBLAS by M
 
 --sweep times each candidate GEMM configuration (and act-order gathered in the GEMM vs permuted first by our
 kernel or index_select) at each small M and
-prints the best: how GEMM_CONFIGS and PERM_IN_KERNEL_MAX_M are to be chosen; then the same for the NVFP4
-kernel (fp4_w4a16.GEMM_CONFIGS). --scan-threshold times both paths at M = 16…256 (where they cross is
+prints the best: how configs/w4a16_gemm.json and PERM_IN_KERNEL_MAX_M are to be chosen; then the same for the NVFP4
+kernel (configs/fp4_gemm.json). --scan-threshold times both paths at M = 16…256 (where they cross is
 THRESHOLD_M) and act-order's activation permute — ours spread over K, ours walking rows, index_select — up to
 M = 4096 (TRITON_PERMUTE_MAX_M, ROW_PERMUTE_MIN_M).
 """
@@ -27,6 +27,7 @@ import torch
 
 from pcg_core.quant import Fp4Linear, Int4Linear, get_scheme
 from pcg_core.quant.kernels import fp4_gemm as fp4_w4a16
+from pcg_core.quant.kernels import tuning
 from pcg_core.quant.kernels import w4a16_gemm as w4a16
 from quant_gemm import replay_ms, write_json  # benchmarks/, the script's own folder: replays timed, --out
 
@@ -206,7 +207,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--tokens", default="8,64,512,4096")
     ap.add_argument("--repeat", type=int, default=100)
-    ap.add_argument("--sweep", action="store_true", help="time GEMM_CONFIGS candidates at M ≤ 64")
+    ap.add_argument("--sweep", action="store_true", help="time tuning-table candidates at M ≤ 64")
     ap.add_argument("--scan-threshold", action="store_true", help="fused GEMM vs dequant+cuBLAS at M = 16…256")
     ap.add_argument("--scan-permute", action="store_true", help="act-order's activation permute, by gather, at large M")
     ap.add_argument("--out", type=Path, help="write the results as JSON")
@@ -219,9 +220,9 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "python": platform.python_version(), "n": a.n, "k": a.k, "repeat": a.repeat,
               "threshold_m": w4a16.THRESHOLD_M, "perm_in_kernel_max_m": w4a16.PERM_IN_KERNEL_MAX_M,
-              "gemm_configs": w4a16.GEMM_CONFIGS, "dequant_config": w4a16.DEQUANT_CONFIG,
+              "gemm_configs": tuning.configs(w4a16.KERNEL), "dequant_config": w4a16.DEQUANT_CONFIG,
               "triton_permute_max_m": w4a16.TRITON_PERMUTE_MAX_M,
-              "row_permute_min_m": w4a16.ROW_PERMUTE_MIN_M, "fp4_gemm_configs": fp4_w4a16.GEMM_CONFIGS,
+              "row_permute_min_m": w4a16.ROW_PERMUTE_MIN_M, "fp4_gemm_configs": tuning.configs(fp4_w4a16.KERNEL),
               "fp4_threshold_m": fp4_w4a16.THRESHOLD_M}
     if a.sweep:
         result["sweep"] = sweep(a.n, a.k, a.repeat)

@@ -5,12 +5,12 @@ of --repeat ≥ 50). Prints ms, the ratio to bf16 and the target (≤ 1.1× at M
 activation-quant kernel; --out writes JSON. Reads no clocks and sets none: the GPU runs as it is configured.
 
     PYTHONPATH=. python benchmarks/w4a8_gemm.py [--n 8192 --k 4096 --tokens 8,64,512,4096 --out r.json]
-    PYTHONPATH=. python benchmarks/w4a8_gemm.py --sweep            # GEMM_CONFIGS candidates at each M, both activations
+    PYTHONPATH=. python benchmarks/w4a8_gemm.py --sweep            # tuning-table candidates at each M, both activations
     PYTHONPATH=. python benchmarks/w4a8_gemm.py --sweep-large      # large-M configurations, cuBLASLt's FP8
     PYTHONPATH=. python benchmarks/w4a8_gemm.py --scan-threshold   # codes converted in registers vs 8-bit scratch
 
 --sweep times each candidate GEMM configuration on the quantized activation (the quant kernel is the same for
-every candidate) and prints the best per M: how w4a8.GEMM_CONFIGS is to be chosen. Above THRESHOLD_M the sweep
+every candidate) and prints the best per M: how configs/w4a8_gemm.json is to be chosen. Above THRESHOLD_M the sweep
 times the GEMM on the 8-bit scratch (the path those M take). --scan-threshold times both paths at M = 32…1024:
 where they cross is THRESHOLD_M.
 """
@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from pcg_core.quant.kernels import fp8_gemm
+from pcg_core.quant.kernels import tuning
 from pcg_core.quant.kernels import w4a8_gemm as w4a8
 from pcg_core.quant.layers.int4_linear import W4A8Linear
 from pcg_core.quant.schemes.int4 import INT4_SCHEMES
@@ -159,7 +160,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--tokens", default="8,64,512,4096")
     ap.add_argument("--repeat", type=int, default=100)
-    ap.add_argument("--sweep", action="store_true", help="time GEMM_CONFIGS candidates at each M")
+    ap.add_argument("--sweep", action="store_true", help="time tuning-table candidates at each M")
     ap.add_argument("--sweep-large", action="store_true",
                     help="the large-M GEMM's candidates, and cuBLASLt's block-scaled FP8")
     ap.add_argument("--scan-threshold", action="store_true", help="in-register conversion vs 8-bit scratch by M")
@@ -172,7 +173,7 @@ def main() -> None:
 
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "python": platform.python_version(), "n": a.n, "k": a.k, "repeat": a.repeat,
-              "gemm_configs": w4a8.GEMM_CONFIGS, "quant_block": w4a8.QUANT_BLOCK, "threshold_m": w4a8.THRESHOLD_M,
+              "gemm_configs": tuning.configs(w4a8.KERNEL), "quant_block": w4a8.QUANT_BLOCK, "threshold_m": w4a8.THRESHOLD_M,
               "scaled_mm_min_m": w4a8.SCALED_MM_MIN_M, "convert_config": w4a8.CONVERT_CONFIG}
     if a.sweep:
         result["sweep"] = sweep(a.n, a.k, a.repeat, SWEEP_TOKENS, SWEEP_CANDIDATES)

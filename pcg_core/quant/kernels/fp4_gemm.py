@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 import pcg_core.quant.kernels.w4a16_gemm as w4a16  # noqa: PLR0402 - the module, not the package (whose __init__ imports schemes/fp4.py)
+import pcg_core.quant.kernels.tuning as tuning
 from pcg_core.quant.schemes.e2m1 import e2m1_table, unpack_e2m1
 from pcg_core.quant.kernels.w4a16_gemm import triton
 
@@ -31,16 +32,10 @@ if triton is not None:
 # Token counts up to this run the fused GEMM; above it dequantize + cuBLAS. Not scanned yet (w4a16's crosses at
 # 96–128 tokens; the FP4 GEMM is ~1.3× the int4 one at 64, so its crossing is lower).
 THRESHOLD_M = 64
-# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) by the largest M each row covers: the best of
-# `benchmarks/w4a16_gemm.py --sweep` at 8192×4096 on the H100 (2026-12-02): 0.0254/0.0244 ms at M = 1/8, 0.0277
-# at 32, 0.0360 at 64. A 128-wide decoded tile spills in ptxas above 16 tokens (254–255 registers, 100–500 bytes
-# for sm_90a), so those rows decode 64 at a time.
-GEMM_CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int, int]], ...] = (
-    (16, (16, 64, 128, 4, 4, 3)),
-    (32, (32, 64, 64, 4, 4, 4)),
-    (64, (64, 64, 64, 2, 4, 4)),
-    (1 << 62, (64, 128, 64, 1, 8, 3)),
-)
+# The GEMM's (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) by M: configs/fp4_gemm.json (tuning.py).
+# A 128-wide decoded tile spills in ptxas above 16 tokens (254–255 registers for sm_90a), so those rows decode 64 at
+# a time.
+KERNEL = "fp4_gemm"
 DEQUANT_CONFIG = w4a16.DEQUANT_CONFIG  # (BLOCK_N, BLOCK_K, num_warps)
 
 
@@ -50,7 +45,7 @@ def available() -> bool:
 
 def gemm_config(m: int, k: int, block: int, config: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
     """The table's row for M fitted to K (BLOCK_K dividing K, ≥ the scale block; SPLIT_K dividing the K loop)."""
-    cfg = config or next(c for top, c in GEMM_CONFIGS if m <= top)
+    cfg = config or tuning.pick(KERNEL, m)
     fitted = w4a16.gemm_config(m, k, k, cfg)  # group = K: no group constraint, the scales are spread per element
     return fitted if fitted is not None and fitted[2] % block == 0 else None
 

@@ -14,24 +14,20 @@ from __future__ import annotations
 
 import torch
 
+import pcg_core.quant.kernels.tuning as tuning
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # CPU machines: QuantLinear never calls the op there
     triton = None
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) by the largest token count each row covers.
-# Chosen by `benchmarks/quant_gemm.py --sweep-int8` on the H200 (8192×4096; results under benchmarks/results/).
-CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int, int]], ...] = (
-    (16, (16, 64, 256, 1, 4, 4)),
-    (32, (32, 128, 128, 1, 4, 4)),
-    (64, (64, 64, 256, 1, 4, 4)),
-    (1 << 62, (128, 128, 128, 8, 8, 3)),
-)
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) by the token count: configs/int8_gemm.json (tuning.py).
+KERNEL = "int8_gemm"
 
 
-def config_for(m: int) -> tuple[int, int, int, int, int, int]:
-    return next(cfg for top, cfg in CONFIGS if m <= top)
+def config_for(m: int) -> tuple[int, ...]:
+    return tuning.pick(KERNEL, m)
 
 
 def available() -> bool:

@@ -36,6 +36,8 @@ from typing import Literal, NamedTuple
 
 import torch
 
+import pcg_core.quant.kernels.tuning as tuning
+
 try:
     import triton
     import triton.language as tl
@@ -43,31 +45,21 @@ except ImportError:  # CPU machines and CI: the callers' dequantizing paths run
     triton = None
 
 # The experts' grouped forwards (experts.py, layers/fp4_experts.py) run this kernel where it takes the layout (a switch for
-# the tests and benchmarks that time both ways). On the H200 (benchmarks/results/2026-12-03c-h200-moe-gemm/):
-# test_quant_gpu.py's moe_gemm tests pass, and Qwen3-30B's gate_up over 8…4096 tokens takes 0.10-0.97 ms for the
-# 8-bit schemes (0.6-2.3× bf16 `_grouped_mm`) where dequantize + `_grouped_mm` took 3.3-4.6 ms; AWQ 0.12-1.19 where
-# it took 12.3-12.6, FP4 0.22-2.33 where 5.9-7.5, GPTQ act-order (gathered inside the GEMM) 0.16-9.7 where 17.6-17.9.
+# the tests and benchmarks that time both ways; its measured gains: benchmarks/README.md, "Kernel tuning history").
 ENABLED = True
 SCALE_BLOCK = 128  # the 8-bit block schemes' 128×128 weight blocks (schemes.BLOCK)
 SCALE_KINDS = {"none": 0, "tensor": 1, "channel": 2, "block": 3}
 FORMATS = {"float": 0, "8bit": 1, "int4": 2, "fp4": 3}
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by the most rows an expert gets on average (S / E); fixed,
-# never autotuned, so a capture never benchmarks. Not swept yet (`benchmarks/moe_gemm.py --sweep`): at 4096 tokens
-# the 8-bit kernel is ~2× bf16's grouped GEMM, room a sweep may take.
-CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
-    (16, (16, 64, 128, 4, 3)),
-    (64, (32, 64, 128, 4, 3)),
-    (1 << 62, (64, 128, 64, 8, 3)),
-)
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) by the most rows an expert gets on average (S / E):
+# configs/moe_gemm.json (tuning.py; not swept yet).
+KERNEL = "moe_gemm"
 
 
 # Act-order (int4 experts with a permutation of K each): from this many sorted rows on, each row is permuted by its
 # expert's permutation first (`_permute_expert_rows_kernel`: one pass over the rows, S·K elements) and the GEMM
-# reads it as it is; below, the GEMM gathers the activation through the permutation inside its K loop. Measured on
-# the H200 (2026-12-03c, Qwen3-30B gate_up, top-8) with the gather inside: +0.04 ms over AWQ's time at 64 rows,
-# +0.15 at 512, +1.0 at 4096, +8.5 at 32768 (22.9× bf16) — a whole-row pass should cost a few µs at 512 rows. Off
-# until the kernel has been compiled and timed on the GPU (test_quant_gpu.py runs both ways; benchmarks/moe_gemm.py
-# times GPTQ both ways, `fused_ms` and `gather_ms`): then the row count where it wins.
+# reads it as it is; below, the GEMM gathers the activation through the permutation inside its K loop. Off until the
+# row pass has been compiled and timed on the GPU (benchmarks/moe_gemm.py times GPTQ both ways): then the row count
+# where it wins.
 PERMUTE_ROWS_MIN = 1 << 62
 PERMUTE_BLOCK_K = 1024
 
@@ -100,7 +92,7 @@ def available(x: torch.Tensor) -> bool:
 
 def config_for(rows: int, experts: int) -> tuple[int, int, int, int, int]:
     per_expert = -(-rows // max(1, experts))
-    return next(cfg for top, cfg in CONFIGS if per_expert <= top)
+    return tuning.pick(KERNEL, per_expert)
 
 
 def block_table(counts: torch.Tensor, rows: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -153,7 +145,7 @@ def grouped_linear(rows: torch.Tensor, counts: torch.Tensor, w: ExpertWeights,
                    permute_rows_min: int = PERMUTE_ROWS_MIN) -> torch.Tensor | None:
     """rows [S, K] sorted by expert (counts [E] rows each) through each row's expert's weight: [S, N] in the rows'
     dtype; None for a layout the kernel does not take (the caller's own path runs). `config` and
-    `permute_rows_min` override CONFIGS and PERMUTE_ROWS_MIN (tests, benchmarks)."""
+    `permute_rows_min` override the tuning table (configs/moe_gemm.json) and PERMUTE_ROWS_MIN (tests, benchmarks)."""
     if not takes(w, rows.shape[1]):
         return None
     e, n, k = w.shape

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+import pcg_core.quant.kernels.tuning as tuning
 from pcg_core.quant.schemes.nibbles import dequantize_codes, unpack_nibbles
 
 try:
@@ -35,36 +36,21 @@ try:
 except ImportError:  # CPU machines and CI: the op's CPU implementation is the reference
     triton = None
 
-# Token counts up to this run the fused GEMM; above it dequantize + cuBLAS. Measured (--scan-threshold, 8192×4096):
-# the paths cross between 96 and 128 tokens on the H200 (0.0524 vs 0.0515 ms at 128) and between 128 and 192 on
-# the H100 (0.0519 vs 0.0665 at 128).
+# The measurements behind the numbers below: benchmarks/README.md, "Kernel tuning history".
+# Token counts up to this run the fused GEMM; above it dequantize + cuBLAS (the two cross at 96–192 tokens).
 THRESHOLD_M = 128
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) by the largest M each row covers: the best of
-# `benchmarks/w4a16_gemm.py --sweep` at 8192×4096 on the H100 (2026-12-02, results/2026-12-02e-h200-quant4/):
-# 16 rows: 0.0235/0.0244/0.0232 ms at M = 1/8/16 (awq); 32: 0.0239; 64: 0.0270. BLOCK_K is lowered at launch to
-# divide the group and K; SPLIT_K to divide K. The last row serves 65…THRESHOLD_M tokens.
-GEMM_CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int, int]], ...] = (
-    (16, (16, 128, 128, 4, 4, 4)),
-    (32, (32, 64, 128, 2, 4, 4)),
-    (64, (64, 64, 128, 2, 4, 4)),
-    (1 << 62, (64, 128, 128, 1, 8, 3)),
-)
+# The GEMM's (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) by M: configs/w4a16_gemm.json, per GPU
+# (tuning.py; the sweeps behind it: benchmarks/README.md). BLOCK_K is lowered at launch to divide the group and K;
+# SPLIT_K to divide K. The last row serves 65…THRESHOLD_M tokens.
+KERNEL = "w4a16_gemm"
 # Act-order inside the GEMM (the activation gathered through `perm` as it loads) up to this M; above it the
-# activation permuted first. Measured: gathering costs more than the separate permute from M = 8 on (0.0340 vs
-# 0.0260 ms; registers: 148 vs 79 at M ≤ 16), and ties it at M = 1.
+# activation permuted first (gathering in the GEMM costs more from M = 8 on).
 PERM_IN_KERNEL_MAX_M = 1
-# Act-order outside the GEMM: the activation permuted by our gather kernel up to this M, by index_select above
-# (the sweep on the H100: ours 0.0260 vs 0.0278 ms at M = 8 with the GEMM; index_select ahead from M = 16 on).
+# Act-order outside the GEMM: the activation permuted by our gather kernel up to this M, by index_select above.
 TRITON_PERMUTE_MAX_M = 8
 # From this M on, whole rows are permuted in one program each (`_permute_rows_kernel`: a contiguous load, the
-# permutation through shared memory by tl.gather, a contiguous store). The whole act-order linear on the dequantize
-# path, 8192×4096, on the H200 (benchmarks/results/2026-12-03c-h200-moe-gemm/, `w4a16_gemm.py --scan-permute`):
-# rows 0.0583 / 0.0804 / 0.1282 / 0.2171 / 0.3947 ms vs index_select's 0.0608 / 0.0848 / 0.1404 / 0.2566 / 0.4298 at
-# M = 128 / 512 / 1024 / 2048 / 4096 (1.12× bf16 at 4096, index_select 1.22×). Below 128 not timed: index_select.
-# Dropped after measuring: walking rows with per-element global gathers (0.4697 ms at 4096); the weight dequantized
-# back into the activation's K order so the activation is read unpermuted (rows of codes gathered on chip through the
-# inverse permutation: 0.4605 ms at 4096, 1.6-4.8× bf16 below — slower than either permute at every M).
+# permutation through shared memory by tl.gather, a contiguous store): 1.12× bf16 at 4096 where index_select is 1.22×.
 ROW_PERMUTE_MIN_M = 128
 ROW_PERMUTE_ELEMENTS = 16384  # rows per program: as many as keep BLOCK_M · next_pow2(K) at most this (≥ 1 row)
 # Rows up to this K only (index_select beyond): compiled and timed at K = 4096 so far; test_quant_gpu.py's
@@ -82,7 +68,7 @@ def available() -> bool:
 def gemm_config(m: int, k: int, group: int, config: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
     """The GEMM's configuration for M tokens, BLOCK_K fitted inside one group and dividing K, SPLIT_K dividing
     the K loop; None when no BLOCK_K ≥ 16 fits (the dequantize path takes those shapes)."""
-    bm, bn, bk, split, warps, stages = config or next(cfg for top, cfg in GEMM_CONFIGS if m <= top)
+    bm, bn, bk, split, warps, stages = config or tuning.pick(KERNEL, m)
     while bk > 16 and (k % bk or group % bk):
         bk //= 2
     if k % bk or group % bk:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+import pcg_core.quant.kernels.tuning as tuning
+
 from pcg_core.quant.schemes.nibbles import dequantize_codes, unpack_nibbles
 from pcg_core.quant.kernels.fp8_gemm import block_scaled_mm
 from pcg_core.quant.kernels.w4a16_gemm import launch_splitk_reduce
@@ -44,16 +46,10 @@ QMAX = {"int8": 127.0, "fp8": float(torch.finfo(FP8).max)}  # schemes.INT8_MAX /
 QDTYPE = {"int8": torch.int8, "fp8": FP8}
 TINY = 1e-12  # schemes._TINY: an all-zero row quantizes to zeros, not NaN
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) by the largest M each row covers. Starting points
-# for 8192×4096 (K = 4096: 32 groups of 128), to be replaced by `benchmarks/w4a8_gemm.py --sweep` on the H200.
-# BLOCK_K is lowered at launch to divide the group (≥ 32: the 8-bit MMA's K); SPLIT_K to divide the groups.
-GEMM_CONFIGS: tuple[tuple[int, tuple[int, int, int, int, int, int]], ...] = (
-    (16, (16, 64, 128, 4, 4, 4)),
-    (32, (32, 64, 128, 2, 4, 4)),
-    (64, (64, 64, 128, 2, 4, 4)),
-    (256, (64, 128, 128, 1, 4, 4)),
-    (1 << 62, (128, 128, 128, 1, 8, 3)),
-)
+# The GEMM's (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) by M: configs/w4a8_gemm.json (tuning.py;
+# starting points, not swept yet). BLOCK_K is lowered at launch to divide the group (≥ 32: the 8-bit MMA's K);
+# SPLIT_K to divide the groups.
+KERNEL = "w4a8_gemm"
 MIN_BLOCK_K = 32
 # Above this M the codes are converted to 8 bits once into an (N, K) scratch that the GEMM reads: converting in
 # registers costs as much as the MMA it feeds, and it is repeated by every M tile (32 times at M = 4096 with
@@ -61,11 +57,7 @@ MIN_BLOCK_K = 32
 # scratch at M = 64 0.028 vs 0.046 ms, 256 0.067 vs 0.068, 512 0.101 vs 0.086, 1024 0.195 vs 0.140 (int8; fp8
 # crossed near 96). `benchmarks/w4a8_gemm.py --scan-threshold` times both paths by M on the H200.
 THRESHOLD_M = {"int8": 128, "fp8": 64}  # by activation type (the H200 scan: FP8's conversion in registers is slower)
-# Large-M variants timed at M = 4096 on the H200 (2026-12-03, benchmarks/results/2026-12-03-h200-quant4/) and
-# dropped, the plain loop on the scratch being 0.379 ms (int8): rescaling the previous tile's partial while this
-# tile's MMA runs (0.396), an integer-add int32 → float conversion (0.395), the activation as the left operand
-# with grouped tile order (≥ 0.466, TMA descriptors and warp specialization included); Triton 3.6 does not
-# warp-specialize this loop (the pass fails).
+# (Large-M variants tried and dropped: benchmarks/README.md, "Kernel tuning history".)
 # FP8 activations, groups of 128, above SCALED_MM_MIN_M: cuBLASLt's FP8 GEMM with 1×128 block scales on both operands
 # (`torch._scaled_mm`; the per-token scale repeated per group on the activation side, the group scales on the
 # weight's) computes exactly this op's sum — per-group partials promoted to float32 and scaled — on the 8-bit
@@ -84,7 +76,7 @@ def available() -> bool:
 def gemm_config(m: int, k: int, group: int, config: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
     """The GEMM's config for M tokens: BLOCK_K dividing the group (so a tile never straddles two scales), SPLIT_K
     dividing the K loop; None when no BLOCK_K ≥ 32 fits (the reference takes those shapes)."""
-    bm, bn, bk, split, warps, stages = config or next(cfg for top, cfg in GEMM_CONFIGS if m <= top)
+    bm, bn, bk, split, warps, stages = config or tuning.pick(KERNEL, m)
     if k % group:
         return None
     while bk > MIN_BLOCK_K and group % bk:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from pcg_core.quant.kernels import tuning
 from pcg_core.quant import SCHEMES, QuantLinear
 from pcg_core.quant.layers.linear import _kernel_ok
 from pcg_core.quant.schemes.w8a8 import get_scheme, quantize_activation, reference_linear
@@ -261,11 +262,11 @@ def test_w4a16_replay_is_bitwise_equal_to_eager(int4_layers, name, m):
 
 
 def test_w4a16_every_table_row_compiles_and_matches(int4_layers):
-    """Each GEMM_CONFIGS row at the largest M it serves (capped at 128), forced past the threshold."""
+    """Each tuning-table row at the largest M it serves (capped at 128), forced past the threshold."""
     from pcg_core.quant.kernels import w4a16_gemm as w4a16
 
     layer = int4_layers["gptq"]
-    for top, cfg in w4a16.GEMM_CONFIGS:
+    for top, cfg in tuning.configs(w4a16.KERNEL):
         m = min(top, 128)
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         got = w4a16.triton_linear(x, layer.qweight, layer.scales, layer.zeros, layer.group, layer.perm, None,
@@ -368,11 +369,11 @@ def test_fp4_replay_is_bitwise_equal_to_eager(fp4_layers, name, m):
 
 
 def test_fp4_every_table_row_compiles_and_matches(fp4_layers):
-    """Each GEMM_CONFIGS row at the largest M it serves (capped at 128), forced past the threshold, both blocks."""
+    """Each tuning-table row at the largest M it serves (capped at 128), forced past the threshold, both blocks."""
     from pcg_core.quant.kernels import fp4_gemm as fp4_w4a16
 
     for name, layer in fp4_layers.items():
-        for top, cfg in fp4_w4a16.GEMM_CONFIGS:
+        for top, cfg in tuning.configs(fp4_w4a16.KERNEL):
             m = min(top, 128)
             x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
             got = fp4_w4a16.triton_linear(x, layer.weight_packed, layer.weight_scale, layer.global_scale,
@@ -420,7 +421,7 @@ def test_moe_gemm_equals_the_dequantizing_path(moe_weights, name, rows):
     want = torch._grouped_mm(x, experts.dequantized_experts_weight(mod, "gate_up_proj", x.dtype).transpose(1, 2),
                              offs=offsets).float()
     ways = (1, 1 << 62) if w.perm is not None else (moe_gemm.PERMUTE_ROWS_MIN,)  # act-order: rows permuted first, or
-    for _, cfg in moe_gemm.CONFIGS:                                                 # gathered inside the GEMM
+    for _, cfg in tuning.configs(moe_gemm.KERNEL):                                                 # gathered inside the GEMM
         for permute_rows_min in ways:
             got = moe_gemm.grouped_linear(x, counts, w, config=cfg, permute_rows_min=permute_rows_min)
             rel = float((got.float() - want).norm() / want.norm())

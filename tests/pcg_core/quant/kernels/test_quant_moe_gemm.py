@@ -11,7 +11,7 @@ import pytest
 import torch
 from triton_interpreter import interpreted, rel, run_interpreted_tests
 
-from pcg_core.quant.kernels import moe_gemm
+from pcg_core.quant.kernels import moe_gemm, tuning
 from pcg_core.quant.schemes.e2m1 import e2m1_table, unpack_e2m1
 from pcg_core.quant.schemes.int4 import pack_nibbles
 from pcg_core.quant.kernels.moe_gemm import ExpertWeights, block_table, grouped_linear
@@ -198,8 +198,8 @@ def test_interpreted_planted_faults_fail(fault):
 
 
 def test_configs_cover_every_row_count():
-    assert moe_gemm.config_for(1, 128) == moe_gemm.CONFIGS[0][1]
-    assert moe_gemm.config_for(1 << 40, 1) == moe_gemm.CONFIGS[-1][1]
+    assert moe_gemm.config_for(1, 128) == tuning.configs(moe_gemm.KERNEL)[0][1]
+    assert moe_gemm.config_for(1 << 40, 1) == tuning.configs(moe_gemm.KERNEL)[-1][1]
 
 
 def test_the_kernel_under_the_interpreter():
