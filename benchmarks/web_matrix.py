@@ -50,7 +50,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -116,7 +116,7 @@ def build(db: Path, n_cells: int, n_runs: int, seed: int = 0) -> None:
     grid = cells(n_cells)
     keys = [cell_key(a) for a in grid]
     statuses, weights = list(STATUS_WEIGHTS), list(STATUS_WEIGHTS.values())
-    start = datetime.now(timezone.utc) - timedelta(days=n_runs)
+    start = datetime.now(UTC) - timedelta(days=n_runs)
     t0 = time.perf_counter()
     with Store(str(db)) as store:
         for r in range(n_runs):
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = {"db": str(args.db), "db_mib": round(args.db.stat().st_size / 2**20), "runs": len(runs),
                 "cells": runs[0]["cells"], "git": git.stdout.strip(), "python": platform.python_version(),
                 "cpus": os.cpu_count(), "server_env": env,
-                "when": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                "when": datetime.now(UTC).isoformat(timespec="seconds")}
         latest = runs[0]["run"]["id"]
         query = urlencode({"model": "model-000:trim:4", "graph": "piecewise"})
         key = get_json(server.conn(), f"/api/matrix?{query}")["cells"][0]["key"]

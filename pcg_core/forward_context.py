@@ -12,7 +12,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterator
 
 if TYPE_CHECKING:
     import torch

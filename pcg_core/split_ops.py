@@ -7,7 +7,8 @@ both attention (which registers ops here) and capture (which cuts at them), so n
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -115,7 +115,7 @@ def freshness(store: Store, now: datetime | None = None) -> Freshness:
     if run is None:
         return Freshness(None, None, False, "no nightly run in the store yet")
     at: datetime = run["finished_at"] or run["started_at"]
-    age = (now or datetime.now(timezone.utc)) - at
+    age = (now or datetime.now(UTC)) - at
     stale = age > STALE_AFTER
     msg = f"newest nightly run #{run['id']} ({run['name']}) is {fmt_age(age)} old"
     return Freshness(run, age, stale, msg + (": stale, older than a day" if stale else ""))

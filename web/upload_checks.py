@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 from harness.outcome import CellRecord, ModelRef, canonical_key, cell_key
@@ -134,7 +134,7 @@ def check_cell(record: CellRecord, path: str = "results[]") -> None:
 
 
 def check_not_future(path: str, when: datetime | None, now: datetime | None = None) -> None:
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     if when is not None and when > now + CLOCK_SKEW:
         raise UploadError(f"{path}: {when.isoformat()} is in the future (it is {now.isoformat(timespec='seconds')} "
                           "here); send the time the run really started and finished, with its time zone")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

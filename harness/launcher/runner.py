@@ -18,7 +18,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from queue import Queue
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from harness.launcher.environment import provenance
 from harness.launcher.gpus import GpuPool

@@ -7,7 +7,8 @@ forward context carries), runs eagerly, and starts the next segment in the same 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 

@@ -24,8 +24,8 @@ from pcg_core.attention.kv_cache import KVCache
 class _Node:
     page: int
     tokens: tuple[int, ...]  # the tokens this page holds (page_size of them, fewer in a partly filled leaf)
-    parent: "_Node | None"
-    children: dict[tuple[int, ...], "_Node"] = field(default_factory=dict)
+    parent: _Node | None
+    children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
     used: int = 0  # the cache's clock when last matched or inserted
 
 

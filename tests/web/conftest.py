@@ -22,9 +22,9 @@ from web_seed import Seeded, seed
 from web_support import CHROMIUM, CHROMIUM_ARGS, TOKEN, Tab, skip_or_fail
 
 warnings.filterwarnings("ignore", message=".*httpx.*starlette.testclient.*")  # starlette 1.x prefers httpx2
-from fastapi.testclient import TestClient
+from fastapi.testclient import TestClient  # noqa: E402 - after the warnings filter it needs
 
-from web.app import create_app
+from web.app import create_app  # noqa: E402
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 import pytest
@@ -145,14 +145,14 @@ def test_diff_page_new_failures_first_and_markdown_is_pcgh_diff(sqlite_client: T
 
 
 def test_requests_page_lists_the_queue(sqlite_client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    queue = [{"id": 2, "created_at": datetime(2026, 2, 1, tzinfo=timezone.utc), "model": "Qwen/Qwen3-0.6B",
+    queue = [{"id": 2, "created_at": datetime(2026, 2, 1, tzinfo=UTC), "model": "Qwen/Qwen3-0.6B",
               "revision": None, "architecture": "Qwen3ForCausalLM", "supported": True, "status": "in_matrix",
               "card_id": "qwen3-0.6b", "verdict": {"verdicts": {"model": {"ok": True, "reason": "in the table"},
                                                                "graph": {"ok": False, "reason": "<b>no</b>"}}}},
-             {"id": 1, "created_at": datetime(2026, 1, 1, tzinfo=timezone.utc), "model": "org/new-model",
+             {"id": 1, "created_at": datetime(2026, 1, 1, tzinfo=UTC), "model": "org/new-model",
               "revision": "v2", "architecture": "NewForCausalLM", "supported": False, "status": "requested",
               "card_id": None, "verdict": {}},
-             {"id": 3, "created_at": datetime(2026, 1, 2, tzinfo=timezone.utc), "model": "Qwen/Qwen3-Next-80B-A3B",
+             {"id": 3, "created_at": datetime(2026, 1, 2, tzinfo=UTC), "model": "Qwen/Qwen3-Next-80B-A3B",
               "revision": None, "architecture": "Qwen3NextForCausalLM", "supported": False, "status": "unsupported",
               "card_id": "qwen3-next-80b-a3b", "verdict": {},
               "outcome": {"run_id": 3, "status": "unsupported", "reason": "none of its 3 cell(s) runs: <i>hybrid</i>"}}]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 from harness.outcome import CellMetrics, CellRecord, cell_key
@@ -27,7 +27,7 @@ MODELS = ("qwen3-0.6b:tiny", "llama-3.1-8b:tiny", "mixtral-8x7b:tiny", "qwen3-8b
 GRAPHS = ("piecewise", "breakable", "full")
 ATTENTIONS = ("sdpa", "flash")
 SCRIPT_LOG = 'loading model\n<script>window.__pwned = 1; alert("pwned")</script>\n<img src=x onerror="window.__pwned=2">\ndone\n'
-T0 = datetime(2026, 1, 1, 2, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, 2, 0, tzinfo=UTC)
 
 
 def axes(model: str, graph: str, attention: str = "sdpa") -> dict[str, str]:

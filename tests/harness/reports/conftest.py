@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -33,5 +34,5 @@ def run() -> dict[str, Any]:
     return {"id": 7, "name": "nightly-0101", "matrix": "smoke", "git_sha": "0123abcd", "torch_version": "2.11.0",
             "transformers_version": "5.17.0", "cuda_version": "12.8", "driver_version": "570.86", "gpu_name": "NVIDIA H200",
             "host": "gpu-01", "trigger": "nightly", "status": "finished",
-            "started_at": datetime(2025, 1, 1, 2, 0, 0, tzinfo=timezone.utc),
-            "finished_at": datetime(2025, 1, 1, 3, 2, 3, tzinfo=timezone.utc)}
+            "started_at": datetime(2025, 1, 1, 2, 0, 0, tzinfo=UTC),
+            "finished_at": datetime(2025, 1, 1, 3, 2, 3, tzinfo=UTC)}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import timezone
+from datetime import UTC
 
 import pytest
 
@@ -19,7 +19,7 @@ def test_record_and_read_back(db_url):
         rid = store.record_request(ROW)
         got = store.request(rid)
     assert got["status"] == "requested" and got["card_id"] is None and got["supported"] is True
-    assert got["verdict"] == ROW["verdict"] and got["created_at"].tzinfo == timezone.utc
+    assert got["verdict"] == ROW["verdict"] and got["created_at"].tzinfo == UTC
 
 
 def test_requests_newest_first_and_by_status(db_url):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 import pytest
@@ -35,18 +35,18 @@ def row(axes: dict, key: str = "k1", status: str = "pass", attempt: int = 1, **e
 
 
 def test_run_round_trip_with_provenance(db_url):
-    before = datetime.now(timezone.utc)
+    before = datetime.now(UTC)
     with Store(db_url) as store:
         run_id = store.create_run("nightly-h200", "harness/configs/nightly.yaml", META, trigger="nightly")
         got = store.run(run_id)
         assert {k: got[k] for k in META} == META
         assert (got["id"], got["name"], got["matrix"]) == (run_id, "nightly-h200", "harness/configs/nightly.yaml")
         assert (got["trigger"], got["status"], got["finished_at"]) == ("nightly", "running", None)
-        assert got["started_at"].tzinfo == timezone.utc and before - timedelta(seconds=1) <= got["started_at"]
+        assert got["started_at"].tzinfo == UTC and before - timedelta(seconds=1) <= got["started_at"]
         store.finish_run(run_id)
         done = store.run(run_id)
-        assert done["status"] == "finished" and done["finished_at"].tzinfo == timezone.utc
-        assert done["started_at"] == got["started_at"] <= done["finished_at"] <= datetime.now(timezone.utc)
+        assert done["status"] == "finished" and done["finished_at"].tzinfo == UTC
+        assert done["started_at"] == got["started_at"] <= done["finished_at"] <= datetime.now(UTC)
 
 
 def test_missing_provenance_is_null_and_unknown_is_refused(db_url):
@@ -172,7 +172,7 @@ def test_record_results_writes_all_rows_in_one_transaction_or_none(db_url, axes)
 
 
 def test_import_run_keeps_its_times_in_one_transaction(db_url, axes):
-    start = datetime(2026, 2, 1, 10, tzinfo=timezone.utc)
+    start = datetime(2026, 2, 1, 10, tzinfo=UTC)
     with Store(db_url) as store:
         records = [row(axes, "a", "fail_run"), row(axes, "a", "pass_flaky", attempt=2), row(axes, "b")]
         run_id = store.import_run("up", "m.yaml", META, records, trigger="ci", status="interrupted",

@@ -9,7 +9,8 @@ import tempfile
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.multiprocessing as mp

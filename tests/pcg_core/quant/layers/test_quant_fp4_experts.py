@@ -22,7 +22,7 @@ from pcg_core.quant.layers.fp4_experts import (fp4_experts_forward, gpt_oss_mxfp
                                         read_gpt_oss_mxfp4)
 from pcg_core.quant.layers.linear import quantize_model
 
-E, H, I, T, TOP_K = 4, 64, 96, 12, 2
+E, H, I, T, TOP_K = 4, 64, 96, 12, 2  # noqa: E741 - I is the intermediate width, as in the configs
 TOL = 1e-4  # float32, relative to the output's largest magnitude: only the summation order differs
 
 
