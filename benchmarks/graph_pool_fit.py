@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from harness.cards import find_card  # noqa: E402
 from harness.matrix.fit import trimmed  # noqa: E402
-from harness.shape.graph_pool import FEATURES, TABLE, estimate_pool, features  # noqa: E402
+from harness.shape.graph_pool import FEATURES, TABLE, features  # noqa: E402
+from harness.shape.graph_pool import table as committed_table  # noqa: E402
 from harness.shape.structure import Structure, read_structure  # noqa: E402
 
 MATH_ATTENTION = ("softcap", "sinks")  # features sdpa runs in plain math over the whole cache
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
               f"T={r['max_tokens']}: {r['pool'] / 2**30:.2f} GiB measured, {est / 2**30:.2f} estimated")
     if args.write:
         TABLE.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
-        estimate_pool.__globals__["table"].cache_clear()
+        committed_table.cache_clear()  # this process reads the new coefficients from now on
         print(f"wrote {TABLE.relative_to(ROOT)}")
     return 0
 
