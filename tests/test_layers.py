@@ -1,7 +1,8 @@
 """The house's import graph (tests/import_graph.py reads it from the source): no cycle anywhere, no arrow running
 up the data path runtime (pcg_core) → cell/judge → store → reports → web, and the store, the reports and the
-dashboard never reach a module that imports the runtime's heavy libraries. The floors inside pcg_core are
-tests/pcg_core/test_imports.py's."""
+dashboard never reach a module that imports the runtime's heavy libraries. Inside the cell, the judge keeps to its
+room (harness/cell/judge/): it reads the cell's spec, prompts, coverage and crash, never the cell runner. The floors
+inside pcg_core are tests/pcg_core/test_imports.py's."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ FLOORS: dict[str, int] = {
 }
 HEAVY = ("torch", "transformers", "huggingface_hub", "safetensors")
 LEAN = ("harness.outcome", "harness.repro", "harness.store", "harness.reports", "web")
+# The judge's room, and what of the rest of the cell it may read: the cell runner (run.py) calls the judge's policy,
+# never the other way round (the policy reads the cell through a Protocol).
+JUDGE = "harness.cell.judge"
+JUDGE_READS = ("harness.cell.spec", "harness.cell.prompts", "harness.cell.coverage", "harness.cell.crash")
 
 
 def floor(name: str) -> int:
@@ -37,6 +42,16 @@ def floor(name: str) -> int:
 
 def upward(graph: dict[str, set[str]]) -> list[str]:
     return sorted(f"{a} → {b}" for a, targets in graph.items() for b in targets if floor(b) > floor(a))
+
+
+def judge_leaves_its_room(graph: dict[str, set[str]]) -> list[str]:
+    """Arrows from the judge's modules to the cell's outside what it may read (the package root included: its lazy
+    exports reach the runner)."""
+    def inside(name: str) -> bool:
+        return name == JUDGE or name.startswith(JUDGE + ".")
+
+    return sorted(f"{a} → {b}" for a, targets in graph.items() if inside(a) for b in targets
+                  if (b == "harness.cell" or b.startswith("harness.cell.")) and not inside(b) and b not in JUDGE_READS)
 
 
 def heavy_reached(graph: dict[str, set[str]]) -> dict[str, list[str]]:
@@ -64,6 +79,23 @@ def test_no_upward_imports():
     assert upward(GRAPH) == []
 
 
+def test_the_judge_keeps_to_its_room():
+    assert {"harness.cell.judge.policy", "harness.cell.judge.tokens"} <= set(GRAPH)
+    assert "harness.cell.judge.policy" in GRAPH["harness.cell.run"]  # the runner calls the policy
+    assert judge_leaves_its_room(GRAPH) == []
+
+
+@pytest.mark.parametrize("src,dst", [
+    ("harness.cell.judge.policy", "harness.cell.run"),  # the policy reaching back into the runner
+    ("harness.cell.judge.lockstep", "harness.cell.memory"),
+    ("harness.cell.judge.tokens", "harness.cell"),  # the package root, whose lazy exports are the runner's
+])
+def test_a_planted_way_out_of_the_judge_is_caught(src, dst):
+    planted = {k: set(v) for k, v in GRAPH.items()}
+    planted[src].add(dst)
+    assert judge_leaves_its_room(planted) == [f"{src} → {dst}"]
+
+
 def test_every_package_is_read():
     assert {"pcg_core.errors", "harness.outcome", "harness.store.repository", "harness.reports.frame", "web.app",
             "benchmarks.prefill"} <= set(GRAPH)
@@ -76,7 +108,7 @@ def test_store_reports_and_dashboard_stay_lean():
 
 def test_a_planted_heavy_reach_is_caught():
     planted = {k: set(v) for k, v in IMPORT_TIME_GRAPH.items()}
-    planted["harness.reports.frame"].add("harness.cell.judge")  # the judge imports the engine's types
+    planted["harness.reports.frame"].add("harness.cell.judge.tokens")  # the judge imports the engine's types
     assert "harness.reports.frame" in heavy_reached(planted) and "web.app" in heavy_reached(planted)
 
 
