@@ -2,13 +2,17 @@
 up the data path runtime (pcg_core) → cell/judge → store → reports → web, and the store, the reports and the
 dashboard never reach a module that imports the runtime's heavy libraries. Inside the cell, the judge keeps to its
 room (harness/cell/judge/): it reads the cell's spec, prompts, coverage and crash, never the cell runner. The floors
-inside pcg_core are tests/pcg_core/test_imports.py's."""
+inside pcg_core are tests/pcg_core/test_imports.py's. And the sizes a reader can hold (issue 43): in the runtime and
+the harness no function over 60 lines, no module over 500."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
-from import_graph import GRAPH, IMPORT_TIME_GRAPH, find_cycles, imports
+from import_graph import GRAPH, IMPORT_TIME_GRAPH, ROOT, find_cycles, imports
 
 # Floors, lowest first; a module may import its own floor or lower ones. The longest matching prefix decides.
 FLOORS: dict[str, int] = {
@@ -127,3 +131,58 @@ def test_a_planted_cycle_is_caught():
     planted = {k: set(v) for k, v in GRAPH.items()}
     planted["harness.outcome"].add("harness.store.repository")  # the store imports the outcome
     assert any({"harness.outcome", "harness.store.repository"} <= set(c) for c in find_cycles(planted))
+
+
+# Sizes ------------------------------------------------------------------------------------------------------------
+SIZED = ("harness", "pcg_core")
+MAX_FUNCTION_LINES = 60  # the def line to the body's last, decorators not counted
+MAX_MODULE_LINES = 500
+NO_FUNCTION_LIMIT = ("pcg_core/quant/kernels/",)  # the kernels: a Triton @triton.jit body is one function
+# Functions allowed past the limit while they are split ("path::name"); none now.
+LONG_FUNCTIONS_ALLOWED: set[str] = set()
+
+
+def sized_files() -> dict[str, Path]:
+    """Each module of the runtime and the harness by its path from the repository root."""
+    return {p.relative_to(ROOT).as_posix(): p for pkg in SIZED for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def long_functions(source: str, path: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """(`path::name`, lines) of each function in `source` (methods and nested ones too) longer than `limit`."""
+    return [(f"{path}::{f.name}", f.end_lineno - f.lineno + 1) for f in ast.walk(ast.parse(source, filename=path))
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.end_lineno - f.lineno + 1 > limit]
+
+
+def long_module(source: str, limit: int = MAX_MODULE_LINES) -> int | None:
+    """The module's line count when it is over `limit` (as `wc -l` counts a file that ends in a newline)."""
+    n = len(source.splitlines())
+    return n if n > limit else None
+
+
+def test_no_function_is_over_60_lines():
+    found = [long for path, file in sized_files().items() if not path.startswith(NO_FUNCTION_LIMIT)
+             for long in long_functions(file.read_text(encoding="utf-8"), path)]
+    over = [f"{name} ({n} lines)" for name, n in found if name not in LONG_FUNCTIONS_ALLOWED]
+    assert not over, f"functions over {MAX_FUNCTION_LINES} lines: {', '.join(over)}"
+
+
+def test_no_module_is_over_500_lines():
+    found = {path: long_module(file.read_text(encoding="utf-8")) for path, file in sized_files().items()}
+    over = [f"{path} ({n} lines)" for path, n in found.items() if n is not None]
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {', '.join(over)}"
+
+
+def _function(name: str, lines: int, indent: str = "") -> str:
+    """Source of a function `lines` long, its def line and return included."""
+    body = "".join(f"{indent}    x{i} = {i}\n" for i in range(lines - 2))
+    return f"{indent}def {name}():\n{body}{indent}    return 0\n"
+
+
+def test_a_planted_61_line_function_is_caught():
+    source = (_function("fits", 60) + "\n\n@decorated\n" + _function("fits_decorated", 60)
+              + "\n\nclass Holder:\n" + _function("too_long", 61, indent="    "))
+    assert long_functions(source, "harness/planted.py") == [("harness/planted.py::too_long", 61)]
+
+
+def test_a_planted_501_line_module_is_caught():
+    assert long_module("x = 0\n" * 501) == 501 and long_module("x = 0\n" * 500) is None
