@@ -16,7 +16,7 @@ import json
 
 import torch
 
-from harness.cell.diagnose import lockstep
+from harness.cell.judge.lockstep import lockstep
 from harness.cell.run import _Cell, _candidate, _check_runtime, _eager_reference, _load, recorded_settings
 from harness.cell.spec import CellSpec
 from pcg_core.attention.flex import FlexBackend

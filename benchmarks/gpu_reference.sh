@@ -15,7 +15,7 @@ if [[ " $phases " == *" layout "* ]]; then
 fi
 if [[ " $phases " == *" tests "* ]]; then
   timeout 240 python3 -m pytest -q -m gpu tests/pcg_core/quant/kernels/test_quant_gpu.py tests/pcg_core/quant/kernels/test_quant_shapes_gpu.py \
-    tests/harness/cell/test_reference_checkpoint.py \
+    tests/harness/cell/judge/test_reference_checkpoint.py \
     2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
 fi
 if [[ " $phases " == *" before "* ]]; then

@@ -1,6 +1,7 @@
 """The judge's reference layer over seeds, for false fails: every (model, quant) of a matrix that launches here, each
 seed's synthetic weights loaded (and quantized) as its cell would, pcg's eager run on the layer's cases, then the
-layer itself (harness/cell/reference.py) — no capture, no graph: only whether the layer calls a right eager wrong.
+layer itself (harness/cell/judge/reference.py) — no capture, no graph: only whether the layer calls a right eager
+wrong.
 
     python benchmarks/reference_seeds.py                      # the smoke matrix (CPU), 20 seeds
     python benchmarks/reference_seeds.py --seeds 5 --filter qwen3-0.6b:tiny
@@ -19,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.cell import run as cell_run
-from harness.cell.reference import reference_cases, reference_layer
+from harness.cell.judge.reference import reference_cases, reference_layer
 from harness.cell.spec import CellSpec
 from harness.matrix import expand, load_matrix, precheck
 from harness.outcome import ReferenceCheck

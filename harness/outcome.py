@@ -148,8 +148,9 @@ class EagerSelfDiff(_Model):
 
 
 class ReferenceCheck(_Model):
-    """The judge's reference layer (harness/cell/reference.py): is *eager* right? graph = eager says nothing about
-    a kernel or an attention backend both share. `status`: pass, fail, or not_measured (with why in `reason`)."""
+    """The judge's reference layer (layer 6, harness/cell/judge/reference.py): is *eager* right? graph = eager says
+    nothing about a kernel or an attention backend both share. `status`: pass, fail, or not_measured (with why in
+    `reason`)."""
 
     status: Literal["pass", "fail", "not_measured"] = "not_measured"
     reason: str = ""
@@ -159,7 +160,7 @@ class ReferenceCheck(_Model):
     # which sets the bounds.
     attention: str | None = None  # transformers' attention implementation it ran (sdpa, eager)
     # The cell's KV cache: fp8_e4m3 cells are held to transformers' forward with K and V rounded as the cache holds
-    # them, with the same scales (harness/cell/kv_reference.py). None: a row from before the axis.
+    # them, with the same scales (harness/cell/judge/kv_reference.py). None: a row from before the axis.
     kv_cache: str | None = None
     subject: str = "the model"  # or "the float twin": float32 cells whose activation quantizers make it chaotic
     positions: int | None = None
@@ -310,7 +311,7 @@ class CellMetrics(_Model):
     max_decode_kl: float | None = None  # at decode positions, eager's tokens fed to both sides
     max_same_padding_diff: float | None = None  # ‖graph − eager at the graph's padding‖ / ‖eager‖, worst forward
     padding_noise: float | None = None  # max |Δlogprob| eager padded vs unpadded (half precision; 0: not measured)
-    # Where padding noise widened the bound (harness/cell/padding.py): the same forwards in float32 (the float
+    # Where padding noise widened the bound (harness/cell/judge/padding.py): the same forwards in float32 (the float
     # twin), padded vs unpadded, worst per-row relative difference — exact padding (≤ 1e-4) or a leak; None: not
     # checked.
     padding_rel_fp32: float | None = None
@@ -321,6 +322,7 @@ class CellMetrics(_Model):
     topk_containment_ok: bool | None = None
     divergences: list[str] = Field(default_factory=list)
     worst_sequence: str | None = None  # the sequence farthest from its own eager reference: case[i] (its Δ logprob)
+    # The judge's layer 5 (harness/cell/judge/policy.py numbers the layers): the first diverging piece.
     diverging_piece: str | None = None  # layer 5: the first piece whose output differs, when the judge failed
     diagnosis_error: str | None = None  # layer 5 itself failed: why (the verdict above stands)
     tie_margin: float | None = None  # the largest eager top-2 margin a token flip is excused within (the noise)

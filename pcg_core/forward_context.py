@@ -45,7 +45,7 @@ class AttentionObserver(Protocol):
 
 class AttentionProbe(Protocol):
     """A judge's hook: called after each attention call outside a graph with the call's backend, inputs, output and
-    metadata, so that it can call the backend again (the padding probe, harness/cell/padding.py)."""
+    metadata, so that it can call the backend again (the padding probe, harness/cell/judge/padding.py)."""
 
     def __call__(self, backend: AttentionBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor, params: Any, md: AttentionMetadata) -> None: ...

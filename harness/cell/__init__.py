@@ -2,12 +2,16 @@
 suite and judged, with latency side by side.
 
 - spec.py — CellSpec, the cell's run settings (what the worker reads on stdin)
-- run.py — run_cell and its phases: load, eager reference, candidate, judge, latency → a CellOutcome
+- run.py — run_cell and its phases: load, eager reference, candidate, judge, latency → a CellOutcome; the phases
+  call the judge's policy
 - prompts.py — the prompt suite, derived from the bucket ladder, and the latency token counts
 - coverage.py — what the suite made the graph candidate run (buckets, layouts, decode steps), counted per forward
-- judge.py — tolerances, the near-tie noise bound and the token/logprob comparison (judge layers 1, 3 and 4)
-- diagnose.py — the layers that need both engines, run in lockstep on their own KV caches: KL at prompt and
-  decode positions, and the first diverging piece (layer 5)
+- judge/ — the judge, in a room of its own (judge/__init__.py maps it): policy.py composes and numbers its layers
+  (1 eager against itself, 2 the graph runs, 3 lockstep KL and same-padding, 4 tokens and logprobs against unpadded
+  eager, 5 first diverging piece, 6 reference layer, 7 parallel: parallel.py's tp1_check); tolerances, the token
+  rule, the lockstep, the padding check and the reference layer beside it
+- parallel.py — a parallel cell's process group, and layer 7: its eager against the same weights unsharded
+- crash.py, memory.py — a crash's status and reason; the graphs' memory against the KV cache
 - timing.py — medians of CUDA-event (or wall-clock) timings
 
 The package root is lazy (PEP 562): `harness.cell.timing` or `.prompts` alone (the benchmarks on the GPU image)

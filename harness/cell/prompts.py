@@ -137,28 +137,56 @@ def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_toke
     the text-token limit (pcg_core.model.vision.text_token_limit), so no random token is an image placeholder.
     concurrency: the most sequences a concurrency case packs (CONCURRENCY's levels up to it). page_size: the KV
     cache's, for the shared-prefix case (shared_prefix_case); None: no such case (a model a prefix cache cannot serve)."""
-    gen = torch.Generator().manual_seed(seed)
-    cases: list[Case] = []
-    seen: set[str] = set()
+    suite = _Suite(vocab_size, seed)
+    largest = ladder[-1]
+    steps = max(MIN_DECODE_STEPS, max_new_tokens)
+    _edge_cases(suite, ladder, min(EDGE_NEW_TOKENS, max_new_tokens))
+    firsts = _layout_cases(suite, ladder)
+    _decode_cases(suite, ladder, steps, concurrency)
+    # Positions past every bucket: a prompt one over the largest (prefill eager, decode replayed at positions
+    # above it), and a chunked prefill whose later chunks replay the graphs at positions beyond the ladder.
+    suite.add(f"above_max_{largest + 1}", [largest + 1], max_new_tokens)
+    suite.add(f"chunked_{2 * largest + 3}", [largest + largest // 2, largest // 2 + 3], max_new_tokens, chunk=largest)
+    cases = suite.cases
+    if page_size is not None:
+        cases.append(shared_prefix_case(page_size, ladder, suite.tokens, max_new_tokens))
+    if model_config is not None and is_vlm(model_config):
+        cases += vision_cases(ladder, model_config, suite.tokens, max_new_tokens)
+    # Stale state: the second layout again, after every other case has replayed its bucket with other data.
+    again = firsts[1] if len(firsts) > 1 else cases[0]
+    cases.append(Case(f"repeat_{again.name}", again.prompts, again.new_tokens, again.chunk))
+    return cases
 
-    def tokens(n: int) -> tuple[int, ...]:
-        return tuple(torch.randint(0, vocab_size, (n,), generator=gen).tolist())
 
-    def add(name: str, lengths: list[int], new: int | list[int], chunk: int | None = None,
+class _Suite:
+    """The cases as they are made: every prompt drawn from one seeded stream in the order the cases are made (so
+    the suite is the same on every machine), and a name made twice kept once (its tokens drawn all the same)."""
+
+    def __init__(self, vocab_size: int, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.vocab_size = vocab_size
+        self.cases: list[Case] = []
+        self.seen: set[str] = set()
+
+    def tokens(self, n: int) -> tuple[int, ...]:
+        return tuple(torch.randint(0, self.vocab_size, (n,), generator=self.gen).tolist())
+
+    def add(self, name: str, lengths: list[int], new: int | list[int], chunk: int | None = None,
             join_at: list[int] | None = None) -> Case:
         news = [new] * len(lengths) if isinstance(new, int) else new
-        case = Case(name, tuple(tokens(n) for n in lengths), tuple(news), chunk,
+        case = Case(name, tuple(self.tokens(n) for n in lengths), tuple(news), chunk,
                     join_at=tuple(join_at) if join_at is not None else None)
-        if name not in seen:
-            seen.add(name)
-            cases.append(case)
+        if name not in self.seen:
+            self.seen.add(name)
+            self.cases.append(case)
         return case
 
-    edge_new = min(EDGE_NEW_TOKENS, max_new_tokens)
+
+def _edge_cases(suite: _Suite, ladder: list[int], edge_new: int) -> None:
+    """Edge sizes: in every region one bucket exactly, one token short (two sequences: padding one row) and one
+    token over (the next bucket, at its widest padding); the largest bucket too, whose +1 runs eagerly."""
     largest = ladder[-1]
     sizes_done: set[int] = set()
-    # Edge sizes: in every region one bucket exactly, one token short (two sequences: padding one row) and one
-    # token over (the next bucket, at its widest padding); the largest bucket too, whose +1 runs eagerly.
     reps = [r[len(r) // 2] for r in ladder_regions(ladder)]
     for k, b in enumerate([*reps, largest] if reps[-1] != largest else reps):
         region = f"r{k}" if k < len(reps) else "largest"
@@ -168,8 +196,12 @@ def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_toke
             sizes_done.add(size)
             if size > largest:
                 continue  # above_max below
-            add(f"{region}_{label}_{size}", _split(size, parts), edge_new)
-    # Layouts: one bucket replayed in consecutive prefill-only forwards with other numbers, lengths and orders.
+            suite.add(f"{region}_{label}_{size}", _split(size, parts), edge_new)
+
+
+def _layout_cases(suite: _Suite, ladder: list[int]) -> list[Case]:
+    """Layouts: one bucket replayed in consecutive prefill-only forwards with other numbers, lengths and orders.
+    Returns them: the suite's last case repeats the second."""
     b = layout_bucket(ladder)
     below = max([x for x in ladder if x < b], default=0)
     short = max(below + 1, b - 3)
@@ -178,32 +210,26 @@ def prompt_suite(ladder: list[int], vocab_size: int, seed: int = 0, max_new_toke
     firsts = []
     for i, lengths in enumerate(layouts):
         lengths = [n for n in lengths if n > 0]
-        firsts.append(add(f"layout_{b}_{i}_" + "-".join(map(str, lengths)), lengths, 1))
+        firsts.append(suite.add(f"layout_{b}_{i}_" + "-".join(map(str, lengths)), lengths, 1))
+    return firsts
+
+
+def _decode_cases(suite: _Suite, ladder: list[int], steps: int, concurrency: int) -> None:
+    """Decode batches whose membership changes from step to step, a few sequences, then many."""
+    largest = ladder[-1]
     # Decode: sequences of different lengths that stop at different steps, so each decode step's batch has other
     # members; all in the first step, two more than the smallest bucket, so the decode batches cross its edge.
-    steps = max(MIN_DECODE_STEPS, max_new_tokens)
     n = ladder[0] + 2
-    add(f"decode_{n}_seqs", [1 + (7 * i) % max(2, min(largest, 24)) for i in range(n)], [2 + i % (steps - 1) for i in range(n)])
+    suite.add(f"decode_{n}_seqs", [1 + (7 * i) % max(2, min(largest, 24)) for i in range(n)],
+              [2 + i % (steps - 1) for i in range(n)])
     # Concurrency: many sequences of mixed lengths in one prefill (chunked at the largest bucket, so each chunk holds
     # dozens of them), then decode batches that shrink across bucket edges as sequences finish at different steps,
     # while every fourth sequence joins later: its prompt packed after the decode rows of step 1, 2 or 3.
     for n in (c for c in CONCURRENCY if c <= min(largest, concurrency)):
         lengths = [1 + (5 * i) % max(1, min(8, 4 * largest // n - 1)) for i in range(n)]  # 1–8 tokens: a serving mix
         joins = [1 + (i // 4) % (steps - 1) if i % 4 == 3 else 0 for i in range(n)]
-        add(f"concurrent_{n}_seqs", lengths, [1 + (i * 5) % steps for i in range(n)],
-            chunk=largest if sum(lengths) > largest else None, join_at=joins)
-    # Positions past every bucket: a prompt one over the largest (prefill eager, decode replayed at positions
-    # above it), and a chunked prefill whose later chunks replay the graphs at positions beyond the ladder.
-    add(f"above_max_{largest + 1}", [largest + 1], max_new_tokens)
-    add(f"chunked_{2 * largest + 3}", [largest + largest // 2, largest // 2 + 3], max_new_tokens, chunk=largest)
-    if page_size is not None:
-        cases.append(shared_prefix_case(page_size, ladder, tokens, max_new_tokens))
-    if model_config is not None and is_vlm(model_config):
-        cases += vision_cases(ladder, model_config, tokens, max_new_tokens)
-    # Stale state: the second layout again, after every other case has replayed its bucket with other data.
-    again = firsts[1] if len(firsts) > 1 else cases[0]
-    cases.append(Case(f"repeat_{again.name}", again.prompts, again.new_tokens, again.chunk))
-    return cases
+        suite.add(f"concurrent_{n}_seqs", lengths, [1 + (i * 5) % steps for i in range(n)],
+                  chunk=largest if sum(lengths) > largest else None, join_at=joins)
 
 
 def shared_prefix_case(page_size: int, ladder: list[int], tokens: Any, max_new_tokens: int) -> Case:

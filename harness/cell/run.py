@@ -2,34 +2,30 @@
 
 `pcgh cell` runs this in-process; the matrix launcher runs the same code in a child process per cell. A phase
 that cannot go on raises `Stop` with the status it ends the cell in; whatever was measured before it is kept.
+The phases run the judge's layers; its policy composes them and numbers them (harness/cell/judge/policy.py).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import asdict, dataclass, replace
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
 from harness.cards import find_card
 from harness.cell.coverage import CoverageCounter
 from harness.cell.crash import Stop, crash
-from harness.cell.diagnose import LockstepStats, first_diverging_piece, lockstep_stats, nan_max
-from harness.cell.judge import (KL_TOL, LOGPROB_TOL, SAME_PADDING_RTOL_EAGER, Judgement, compare, logprob_bound,
-                                same_padding_rtol, tie_margin)
+from harness.cell.judge.kv_reference import checkpoint_kv_scales
+from harness.cell.judge.policy import eager_self_check, judge, reference_check, with_reference
+from harness.cell.judge.tolerances import LOGPROB_TOL
 from harness.cell.memory import memory_budget, memory_fit, weights_bytes
-from harness.cell.padding import (FP32_PADDING_RTOL, PROBE_RTOL, attention_padding_rel, float32_attention,
-                                  float32_padding_rel, padding_leak, probe_note)
 from harness.cell.parallel import parallel_group, tp1_check
-from harness.cell.prompts import (CONCURRENCY, CPU_CONCURRENCY, Case, latency_token_counts, prompt_suite, repeat_of,
+from harness.cell.prompts import (CONCURRENCY, CPU_CONCURRENCY, Case, latency_token_counts, prompt_suite,
                                   prefix_cacheable, run_case)
-from harness.cell.kv_reference import checkpoint_kv_scales
-from harness.cell.reference import reference_layer, with_reference
 from harness.cell.spec import CellSpec, resolve_model
 from harness.cell.timing import median_ms
-from harness.outcome import CellMetrics, CellOutcome, EagerSelfDiff, Latency, Status
+from harness.outcome import CellMetrics, CellOutcome, Latency, Status
 from pcg_core.attention import get_attention_backend
 from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupported_reason, parallel_unsupported_reason,
                                    quant_unsupported_reason)
@@ -54,7 +50,8 @@ Outputs = dict[str, list[SequenceOutput]]
 
 @dataclass
 class _Cell:
-    """What the phases share: the spec, the engine config, the model, the prompt suite and the metrics so far."""
+    """What the phases share: the spec, the engine config, the model, the prompt suite and the metrics so far (the
+    judge reads it as a judge.policy.Cell)."""
 
     spec: CellSpec
     config: EngineConfig
@@ -222,29 +219,20 @@ def _quant_error(cell: _Cell, ref: Outputs) -> None:
 
 
 def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
-    """Layer 1: eager twice. Eager's own noise floor: if eager-vs-eager passes the judge the graph faces, the graph
-    can be judged; if not, the cell cannot tell graph bugs from eager noise (on a GPU, bf16 decode near-ties have
-    been seen to flip between runs)."""
+    """Layer 1: eager twice, judged against itself (judge.policy.eager_self_check); a crash is eager_fail."""
     try:
         eager = cell.engine("disabled")
         ref, ref2 = cell.run_suite(eager), cell.run_suite(eager)
     except Exception as e:  # noqa: BLE001
         raise crash(Status.EAGER_FAIL, e) from e
     _quant_error(cell, ref)
-    cell.metrics.eager_bitwise_deterministic = list(ref.values()) == list(ref2.values())
-    if not cell.metrics.eager_bitwise_deterministic:
-        self_check = compare(ref, ref2, cell.tol)
-        cell.metrics.eager_self_diff = EagerSelfDiff(
-            token_match=self_check.token_match, max_prompt_logprob_diff=self_check.max_prompt_logprob_diff,
-            max_output_logprob_diff=self_check.max_output_logprob_diff)
-        if self_check.status != Status.PASS:
-            raise Stop(Status.EAGER_NONDETERMINISTIC,
-                        f"two eager runs of the same prompts differ beyond the judge's bounds: {self_check.reason}")
+    eager_self_check(cell, ref, ref2)
     return eager, ref
 
 
 def _tp1(cell: _Cell, ref: Outputs) -> None:
-    """A tensor-parallel cell's eager against the same weights unsharded in this process (parallel.tp1_check)."""
+    """Layer 7: a tensor-parallel cell's eager against the same weights unsharded in this process
+    (parallel.tp1_check)."""
     s, case = cell.spec, cell.cases[0]
     try:
         diff, problem = tp1_check(s, replace(cell.config, kv_slots=cell.kv_slots), case, ref[case.name], cell.tol,
@@ -257,10 +245,9 @@ def _tp1(cell: _Cell, ref: Outputs) -> None:
 
 
 def _reference(cell: _Cell, ref: Outputs) -> None:
-    """The reference layer (reference.py): eager against transformers' forward and the kernels' reference math,
-    before capture, while the GPU holds only the model and eager's cache."""
-    config = replace(cell.config, kv_slots=cell.kv_slots)
-    cell.metrics.reference = reference_layer(cell.lm.model, config, cell.cases, ref, cell.spec.quant != "none")
+    """Layer 6, the reference layer (judge/reference.py): eager against transformers' forward and the kernels'
+    reference math, before capture, while the GPU holds only the model and eager's cache."""
+    reference_check(cell, replace(cell.config, kv_slots=cell.kv_slots), ref)
 
 
 def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Outputs]:
@@ -287,134 +274,6 @@ def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Ou
     return graph, cand
 
 
-def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Outputs) -> Judgement:
-    """Layers 3-5: the lockstep first (KL at prompt and decode positions, the same-padding difference and, in half
-    precision, the eager path's own noise), then tokens (a flip excused only within the noise) and logprobs against
-    unpadded eager; on failure, the first diverging piece in the worst case."""
-    m = cell.metrics
-    # In float32 the eager path's own noise (run twice, padded vs unpadded) is ~1e-6, three orders under every
-    # bound: measured only in half precision, where it is near them — and under quantization, which turns a 1e-7
-    # change of a GEMM's summation order into a whole FP8/INT8 rounding step of the next layer's activation.
-    noise = cell.spec.dtype != "float32" or cell.spec.quant != "none" or cell.spec.kv_cache != "auto"
-    stats = {c.name: lockstep_stats(eager, graph, c, noise=noise) for c in cell.cases}
-    m.padding_noise = nan_max(st.padding_noise for st in stats.values())
-    noisy = [c for c in cell.cases if stats[c.name].padding_noise > cell.tol]
-    exact = _padding_exact(cell, graph, noisy)
-    bound = logprob_bound(cell.tol, m.padding_noise if exact is not False else 0.0)
-    noise = m.eager_self_diff.max_output_logprob_diff if m.eager_self_diff else None
-    m.tie_margin = tie_margin(bound, noise)
-    judgement = compare(ref, cand, bound, m.tie_margin)
-    for name, value in asdict(judgement).items():
-        if name not in ("status", "reason", "failed_cases"):
-            setattr(m, name, value)
-    repeats = [c for c in cell.cases if repeat_of(c)]
-    m.coverage = cell.coverage.result(all(cand[c.name] == cand[repeat_of(c)] for c in repeats) if repeats else None)
-    pad_rtol = same_padding_rtol(cell.spec.dtype, cell.spec.compiler,
-                                 nan_max(st.eager_same_padding_rel for st in stats.values()))
-    lockstep_failed = _lockstep_layers(cell, stats, judgement, pad_rtol)
-    failed = set(judgement.failed_cases) | lockstep_failed
-    if judgement.status == Status.FAIL_ACCURACY and exact is not False and not lockstep_failed:
-        exact = _excuse_padding(cell, graph, judgement, stats, {c.name for c in noisy} if exact else set())
-    if judgement.status == Status.FAIL_ACCURACY and exact is False:
-        judgement.reason += f"; eager's padding is not exact: {padding_leak(cell.metrics)}, so its noise is not allowed for"
-    if judgement.status == Status.FAIL_ACCURACY:
-        _diagnose(cell, eager, graph, judgement, stats, failed, pad_rtol)
-    return judgement
-
-
-def _padding_exact(cell: _Cell, graph: Engine, cases: list[Case]) -> bool | None:
-    """Is eager's padding exact in float32 (padding.py) for `cases`? True, False (a leak), or None when not asked
-    (no case; an unquantized float32 cell, whose eager noise is already float32's) or when the check could not run
-    (why in padding_check_error). A quantized cell is checked in any dtype (on its float twin): its quantizers make
-    float32 noisy too. The worst difference measured is kept in padding_rel_fp32. A backend with no float32 kernel
-    ran that check on sdpa, so its own padding is probed too (padding_probe_rel, in the cell's dtype)."""
-    quantized = cell.spec.quant != "none" or cell.spec.kv_cache != "auto"
-    if not cases or (not quantized and cell.spec.dtype == "float32"):
-        return None
-    m = cell.metrics
-    try:
-        rel = float32_padding_rel(cell.lm.model, graph.config, graph.bucket_for, cases)
-        probe = None
-        if float32_attention(graph.config.attention) != graph.config.attention:
-            probe = attention_padding_rel(cell.lm.model, graph.config, graph.bucket_for, cases)
-    except Exception as e:  # noqa: BLE001 - out of memory, a backend without float32: nothing is allowed for
-        m.padding_check_error = f"{type(e).__name__}: {e}"[:1000]
-        return None
-    m.padding_rel_fp32 = rel if m.padding_rel_fp32 is None else nan_max([m.padding_rel_fp32, rel])
-    if probe is not None:
-        m.padding_probe_rel = probe if m.padding_probe_rel is None else nan_max([m.padding_probe_rel, probe])
-    return rel <= FP32_PADDING_RTOL and (probe is None or probe <= PROBE_RTOL)  # NaN: False
-
-
-def _excuse_padding(cell: _Cell, graph: Engine, judgement: Judgement, stats: dict[str, LockstepStats],
-                    proven: set[str]) -> bool | None:
-    """A failure against unpadded eager where the graph matches eager at its own padding at every forward of every
-    case within the eager-kernel bound, in cases whose padding float32 shows exact (those not in `proven` are
-    checked now): what fails is eager's own half-precision rounding at the padded shapes (a near-tie router or
-    token turned), not the graph. Such a cell passes, the reason saying so; a compiler's looser same-padding bound
-    is not enough. Returns whether the failing cases' padding is exact (as _padding_exact)."""
-    same = nan_max(st.same_padding_rel for st in stats.values())
-    if not same <= SAME_PADDING_RTOL_EAGER or not judgement.failed_cases:
-        return None
-    rest = [c for c in cell.cases if c.name in set(judgement.failed_cases) - proven]
-    exact = _padding_exact(cell, graph, rest) if rest else True
-    if not exact:
-        return exact
-    m = cell.metrics
-    quantized = cell.spec.quant != "none"
-    judgement.status = Status.PASS
-    judgement.reason = (f"padding, not the graph: {judgement.reason}; the graph equals eager at its padding at every "
-                        f"forward ({same:.3g} ≤ {SAME_PADDING_RTOL_EAGER:g}) and in float32 eager "
-                        f"{'(the float twin: weights dequantized, no activation quantizer) ' if quantized else ''}"
-                        f"padded as the graph pads matches unpadded ({m.padding_rel_fp32:.3g} per row ≤ "
-                        f"{FP32_PADDING_RTOL:g}{probe_note(m)}): "
-                        f"{'rounding steps of the quantizers' if quantized else 'half-precision rounding'}"
-                        f" at the padded shapes (padding noise {m.padding_noise:.3g})")[:2000]
-    return exact
-
-
-def _lockstep_layers(cell: _Cell, stats: dict[str, LockstepStats], judgement: Judgement, bound: float) -> set[str]:
-    """KL and the same-padding check (against `bound`) over every case; adds their failures to the judgement,
-    returns those cases."""
-    m, dtype = cell.metrics, cell.spec.dtype
-    m.max_prompt_kl = nan_max(st.prompt_kl for st in stats.values())
-    m.max_decode_kl = nan_max(st.decode_kl for st in stats.values())
-    m.max_same_padding_diff = nan_max(st.same_padding_rel for st in stats.values())
-    over_kl = [n for n, st in stats.items() if not max(st.prompt_kl, st.decode_kl) <= KL_TOL[dtype]
-               or math.isnan(st.prompt_kl) or math.isnan(st.decode_kl)]
-    over_pad = [n for n, st in stats.items() if not st.same_padding_rel <= bound]  # NaN fails too
-    problems = []
-    if over_kl:
-        problems.append(f"KL {nan_max([m.max_prompt_kl, m.max_decode_kl]):.3g} > {KL_TOL[dtype]:g} (prompt "
-                        f"{m.max_prompt_kl:.3g}, decode {m.max_decode_kl:.3g}; first in {over_kl[0]})")
-    if over_pad:
-        worst = max(over_pad, key=lambda n: (math.isnan(stats[n].same_padding_rel), stats[n].same_padding_rel))
-        problems.append(f"graph vs eager at the same padding differs by {stats[worst].same_padding_rel:.3g} > {bound:g} "
-                        f"({worst}, {stats[worst].where})")
-    if problems:
-        extra = "; ".join(problems)
-        judgement.reason = f"{judgement.reason}; {extra}" if judgement.status != Status.PASS else extra
-        judgement.status = Status.FAIL_ACCURACY
-    return {*over_kl, *over_pad}
-
-
-def _diagnose(cell: _Cell, eager: Engine, graph: Engine, judgement: Judgement, stats: dict[str, LockstepStats],
-              failed: set[str], rtol: float) -> None:
-    """Layer 5 on the failing case where graph and eager differ most at the same padding (where a fault shows,
-    rather than a flip noise allowed elsewhere); its own failure is recorded beside the verdict, never over it."""
-    m = cell.metrics
-    cases = [c for c in cell.cases if c.name in failed] or cell.cases
-    worst = max(cases, key=lambda c: (math.isnan(stats[c.name].same_padding_rel), stats[c.name].same_padding_rel,
-                                      nan_max([stats[c.name].prompt_kl, stats[c.name].decode_kl])))
-    try:
-        found = first_diverging_piece(eager, graph, worst, rtol)
-        m.diverging_piece = found.piece
-        judgement.reason += f"; {found}"
-    except Exception as e:  # noqa: BLE001 - the diagnosis only explains; its failure must not cost the verdict
-        m.diagnosis_error = f"{type(e).__name__}: {e}"[:1000]
-        judgement.reason += f"; the first-diverging-piece diagnosis failed ({m.diagnosis_error[:200]})"
-
-
 def _latency(cell: _Cell, eager: Engine, graph: Engine) -> None:
     """Prefill latency of eager and graph side by side, at each latency token count, in this one process."""
     s = cell.spec
@@ -428,6 +287,24 @@ def _latency(cell: _Cell, eager: Engine, graph: Engine) -> None:
             ms[side] = round(median_ms(lambda: e.forward(batch), e.device, warmup=2, repeat=repeat), 4)
         cell.metrics.latency_ms[n] = Latency(**ms)
         cell.metrics.speedup[n] = round(ms["eager"] / ms["graph"], 3) if ms["graph"] > 0 else None
+
+
+def _engine_config(spec: CellSpec) -> EngineConfig:
+    """The engines' config the spec asks for (each engine sets its own capture backend: _Cell.engine)."""
+    capture = CaptureConfig(backend=spec.graph, compiler=spec.compiler, max_tokens=spec.max_tokens)
+    return EngineConfig(device=spec.device, dtype=spec.dtype, attention=spec.attention, capture=capture,
+                        kv_cache=spec.kv_cache)
+
+
+def _with_notes(metrics: CellMetrics, spec: CellSpec, reason: str) -> str:
+    """The reason with the facts the verdict's reader needs beside it (checkpoint scales unused, the graphs'
+    memory); the status stands."""
+    notes = [metrics.checkpoint_kv_scales.summary()] if metrics.checkpoint_kv_scales is not None else []
+    if metrics.graph_pool_bytes is not None and (line := memory_fit(metrics, memory_budget(spec.device), spec.memory_share)):
+        notes.append(line)  # what the graphs cost the context: the verdict stands
+    if notes:
+        reason = "; ".join([reason, *notes] if reason else notes)[:2000]
+    return reason
 
 
 def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> CellOutcome:
@@ -456,10 +333,7 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
 
     metrics = recorded_settings(spec)  # as asked (`cuda`), not this rank's device
     spec = replace(spec, device=rank_device(spec.device))
-    capture = CaptureConfig(backend=spec.graph, compiler=spec.compiler, max_tokens=spec.max_tokens)
-    config = EngineConfig(device=spec.device, dtype=spec.dtype, attention=spec.attention, capture=capture,
-                          kv_cache=spec.kv_cache)
-    cell = _Cell(spec, config, metrics)
+    cell = _Cell(spec, _engine_config(spec), metrics)
     t0 = time.perf_counter()
     try:
         _check_runtime(spec)
@@ -475,7 +349,7 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
         phase("capture")
         graph, cand = _candidate(cell, phase)
         try:
-            judgement = _judge(cell, eager, graph, ref, cand)
+            judgement = judge(cell, eager, graph, ref, cand)
         except Exception as e:  # noqa: BLE001 - the lockstep re-runs the graph: a crash there is the graph's
             raise crash(Status.FAIL_RUN, e) from e
         status, reason = with_reference(cell.metrics, judgement.status, judgement.reason)
@@ -487,11 +361,7 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
             status, reason = stop.status, f"latency: {stop.reason}; judge: {status}{': ' + reason if reason else ''}"[:2000]
     except Stop as stop:
         status, reason = with_reference(metrics, stop.status, stop.reason)
-    notes = [metrics.checkpoint_kv_scales.summary()] if metrics.checkpoint_kv_scales is not None else []
-    if metrics.graph_pool_bytes is not None and (line := memory_fit(metrics, memory_budget(spec.device), spec.memory_share)):
-        notes.append(line)  # what the graphs cost the context: the verdict stands
-    if notes:  # facts the verdict's reader needs beside it (checkpoint scales unused, the graphs' memory)
-        reason = "; ".join([reason, *notes] if reason else notes)[:2000]
+    reason = _with_notes(metrics, spec, reason)
     close_phase()
     metrics.cell_s = round(time.perf_counter() - t0, 3)
     return CellOutcome(status=status, reason=reason, metrics=metrics, duration_s=metrics.cell_s)

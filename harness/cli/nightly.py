@@ -14,13 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.cli.args import add_db, axis_filter, positive_int, shard_arg, threshold, writable_dir
 from harness.cli.runs import EXIT_FAIL, EXIT_PASS, end_summary, preflight
 from pcg_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harness.launcher import Plan, RunOptions
+    from harness.matrix import Matrix
+    from harness.outcome import CellRecord
+    from harness.reports.policy import NightlyVerdict, Policy
+    from harness.request.lifecycle import Joined
 
 TRIGGER = "nightly"
 UPLOAD_ENV = "PCG_UPLOAD_URL"
@@ -52,22 +59,12 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def nightly(args: argparse.Namespace) -> int:
-    # Bad input before torch loads. Requested models may join the model axis (below), so with requests a model
-    # filter, and whether any cell is selected, are checked against the axis they join, in the plan made then.
-    from harness.matrix import check_selection, select
-
-    matrix = preflight(args.matrix, args.filter, args.tier, selection=False)
-    variant = matrix.nightly.requests if args.requests is None else (None if args.requests == "none" else args.requests)
-    if variant is None:
-        select(matrix, args.filter, args.tier, args.matrix)
-    else:
-        check_selection(matrix, args.filter, args.tier, args.matrix, skip=("model",))
-    from harness.launcher import RunOptions, plan, run_matrix
-    from harness.reports import diff_markdown, diff_runs, write_report
+    """The night: the run, its verdict against the nightlies before it, the reports and the upload; the exit
+    status says whether it passed."""
+    matrix, variant = _read_matrix(args)
+    from harness.launcher import RunOptions, plan
     from harness.reports.policy import Policy, judge_night, verdict_markdown
-    from harness.request import lifecycle
-    from harness.request.submit import RUNS_ENDPOINT, endpoint, submit, token
-    from harness.store import Store
+    from harness.request.submit import RUNS_ENDPOINT, endpoint, token
 
     if args.upload:  # before any work: an upload that could never succeed
         endpoint(args.upload, RUNS_ENDPOINT, "--upload")
@@ -82,6 +79,57 @@ def nightly(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:
         writable_dir(out, "--out")
+    night = _run_night(args, matrix, variant, opts, planned, policy)
+    from harness.reports.stats import is_failing
+
+    verdict = judge_night(night.records, night.history, policy)
+    print(end_summary(night.run, night.records, [r for r in night.records if is_failing(r.status)], args.db))
+    text = verdict_markdown(verdict, {r.key: r for r in night.records}) + _requests_markdown(night.joined, night.moved)
+    print(text)
+    if out is not None:
+        _write_outputs(out, night, verdict, text)
+    if args.upload:
+        _upload(args.upload, night, out)
+    return EXIT_FAIL if verdict.failed else EXIT_PASS
+
+
+def _read_matrix(args: argparse.Namespace) -> tuple[Matrix, str | None]:
+    """(the matrix, the variant requests join at; None: no requests). Bad input before torch loads. Requested
+    models may join the model axis, so with requests a model filter, and whether any cell is selected, are
+    checked against the axis they join, in the plan made then."""
+    from harness.matrix import check_selection, select
+
+    matrix = preflight(args.matrix, args.filter, args.tier, selection=False)
+    variant = matrix.nightly.requests if args.requests is None else (None if args.requests == "none" else args.requests)
+    if variant is None:
+        select(matrix, args.filter, args.tier, args.matrix)
+    else:
+        check_selection(matrix, args.filter, args.tier, args.matrix, skip=("model",))
+    return matrix, variant
+
+
+@dataclass
+class _Night:
+    """Tonight's run as the store holds it when the run ends: its records, the requests it joined and moved, and
+    the earlier nightlies (newest first) the policy judges it against."""
+
+    run_id: int
+    run: dict[str, Any]
+    records: list[CellRecord]
+    joined: Joined
+    moved: dict[int, tuple[str, str]]
+    earlier: list[dict[str, Any]]
+    history: list[list[CellRecord]]
+
+
+def _run_night(args: argparse.Namespace, matrix: Matrix, variant: str | None, opts: RunOptions, planned: Plan | None,
+               policy: Policy) -> _Night:
+    """The run, with the requests' models joined to the model axis (planned only now, when they are known), and
+    what the verdict reads, read before the store closes."""
+    from harness.launcher import plan, run_matrix
+    from harness.request import lifecycle
+    from harness.store import Store
+
     with Store(args.db) as store:
         present = list(matrix.axes.model)
         joined = lifecycle.join_requests(store, variant, present) if variant else lifecycle.Joined()
@@ -96,30 +144,35 @@ def nightly(args: argparse.Namespace) -> int:
         earlier = [r for r in store.runs(name=run["name"], trigger=TRIGGER) if r["id"] != run_id and r["status"] == "finished"]
         earlier = earlier[: max(policy.keep, 2 * policy.window - 1)]
         history = [store.results(r["id"]) for r in earlier]
-    from harness.reports.stats import is_failing
+    return _Night(run_id, run, records, joined, moved, earlier, history)
 
-    verdict = judge_night(records, history, policy)
-    print(end_summary(run, records, [r for r in records if is_failing(r.status)], args.db))
-    text = verdict_markdown(verdict, {r.key: r for r in records}) + _requests_markdown(joined, moved)
-    print(text)
-    requests = {"moved": {str(k): {"status": s, "reason": why} for k, (s, why) in moved.items()},
-                "left_out": {str(k): why for k, why in joined.left_out.items()}}
-    if out is not None:
-        write_report(run, records, out)
-        (out / "nightly.md").write_text(text, encoding="utf-8")
-        (out / "nightly.json").write_text(json.dumps({"run_id": run_id, "failed": verdict.failed, **asdict(verdict),
-                                                      "requests": requests}, indent=2, default=str) + "\n", encoding="utf-8")
-        if earlier:
-            d = diff_runs(history[0], records)
-            (out / "diff.md").write_text(diff_markdown(d, earlier[0], run), encoding="utf-8")
-    if args.upload:
-        try:
-            sent = submit(args.upload, _run_body(run, records), path=RUNS_ENDPOINT, flag="--upload")
-        except ConfigError as e:
-            raise ConfigError(f"{e} (the night is recorded in the local store as run {run_id}"
-                              + (f" and written to {out}" if out else "") + ")") from e
-        print(f"uploaded run {run_id} to {sent['url']}: HTTP {sent['status']}")
-    return EXIT_FAIL if verdict.failed else EXIT_PASS
+
+def _write_outputs(out: Path, night: _Night, verdict: NightlyVerdict, text: str) -> None:
+    """--out: the reports, the verdict as text and JSON (with what became of the requests), the diff against the
+    last nightly when there is one."""
+    from harness.reports import diff_markdown, diff_runs, write_report
+
+    requests = {"moved": {str(k): {"status": s, "reason": why} for k, (s, why) in night.moved.items()},
+                "left_out": {str(k): why for k, why in night.joined.left_out.items()}}
+    write_report(night.run, night.records, out)
+    (out / "nightly.md").write_text(text, encoding="utf-8")
+    (out / "nightly.json").write_text(json.dumps({"run_id": night.run_id, "failed": verdict.failed, **asdict(verdict),
+                                                  "requests": requests}, indent=2, default=str) + "\n", encoding="utf-8")
+    if night.earlier:
+        d = diff_runs(night.history[0], night.records)
+        (out / "diff.md").write_text(diff_markdown(d, night.earlier[0], night.run), encoding="utf-8")
+
+
+def _upload(url: str, night: _Night, out: Path | None) -> None:
+    """The run to the dashboard; a failed upload says the night is recorded all the same, and where."""
+    from harness.request.submit import RUNS_ENDPOINT, submit
+
+    try:
+        sent = submit(url, _run_body(night.run, night.records), path=RUNS_ENDPOINT, flag="--upload")
+    except ConfigError as e:
+        raise ConfigError(f"{e} (the night is recorded in the local store as run {night.run_id}"
+                          + (f" and written to {out}" if out else "") + ")") from e
+    print(f"uploaded run {night.run_id} to {sent['url']}: HTTP {sent['status']}")
 
 
 def _run_body(run: dict[str, Any], records: list) -> dict[str, Any]:

@@ -85,81 +85,16 @@ def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
     owes_retries = opts.retry and prev is not None
     retry_due = {k: r for k, r in recorded.items() if owes_retries and r["attempt"] == 1 and r["status"] not in NOT_RETRIED}
     done = set(recorded) - set(retry_due)
-    lock = threading.Lock()
-    counts: Counter = Counter()
-
-    def record(rec: CellRecord) -> None:
-        with lock:
-            store.record_result(run_id, rec)
-            if on_result:
-                on_result(rec)
-
-    for cell in cells:
-        if cell.unsupported is not None and cell.key not in done:
-            refused = CellRecord(key=cell.key, axes=cell.axes, status=Status.UNSUPPORTED, reason=cell.unsupported)
-            refused.metrics.gpus = cell.gpus  # what it would hold: the nightly's parallel cells carry their count
-            record(refused)
-            counts[Status.UNSUPPORTED] += 1
+    record = _Recorder(store, run_id, on_result)
+    counts = _record_unsupported(cells, done, record)
     todo = [c for c in cells if c.unsupported is None and c.key not in done]
-
-    # CUDA: each cell holds as many GPUs as it has ranks, cells of different sizes side by side (gpus.py); at most
-    # one cell per GPU at a time. CPU: `jobs` cells at a time, each of however many ranks.
-    n_gpus = p.caps["cuda_devices"]
-    on_gpus = matrix.defaults.device == "cuda" and n_gpus > 0
-    pool = GpuPool(range(n_gpus)) if on_gpus else None
-    slots: Queue = Queue()
-    for _ in range(max(1, opts.jobs)):
-        slots.put(None)
-    workers = n_gpus if on_gpus else slots.qsize()
-    threads = None if on_gpus else cpu_threads(slots.qsize())
+    seats = _Seats(p.caps["cuda_devices"], matrix.defaults.device, opts.jobs)
     logs = run_logs(opts.logs_dir, store, run_id)
     if prev:  # an earlier runner of this run may have died leaving workers: none may write into it any more
         report_reaped(run_id, reap_orphans(logs / "workers"))
-
-    def attempts(cell: Cell, gpu: list[int] | None) -> str:
-        owed = retry_due.get(cell.key)  # a first attempt recorded before the parent died
-        if owed is None:
-            first = launch_repeated(cell, logs / f"{log_name(cell.key)}.attempt1.log", gpu, opts.repeats,
-                                    groups=groups, threads=threads)
-            record(first)
-            status, reason = first.status, first.reason
-        else:
-            status, reason = owed["status"], owed["reason"]
-        if status in NOT_RETRIED or not opts.retry or opts.repeats > 1:  # repeats are the second look already
-            return status
-        second = launch_repeated(cell, logs / f"{log_name(cell.key)}.attempt2.log", gpu, 1, attempt=2, groups=groups,
-                                 threads=threads)
-        if second.status in PASSING:
-            second.status = Status.PASS_FLAKY
-            second.reason = f"passed on retry; first attempt: {status}: {reason}"[:2000]
-        record(second)
-        return second.status
-
-    def work(cell: Cell) -> str:
-        if pool is not None:
-            with pool.held(cell.gpus or 1) as gpu:
-                return attempts(cell, gpu)
-        slot = slots.get()
-        try:
-            return attempts(cell, slot)
-        finally:
-            slots.put(slot)
-
-    groups = WorkerGroups(records=logs / "workers")
+    attempts = _CellAttempts(record, opts, retry_due, logs, seats.threads, WorkerGroups(records=logs / "workers"))
     try:
-        with groups, RunProgress(len(todo), counts, enabled=opts.progress) as bar, \
-                ThreadPoolExecutor(max_workers=workers) as executor:
-            try:
-                futures = {executor.submit(work, cell): cell for cell in todo}
-                for future in as_completed(futures):
-                    status = future.result()
-                    counts[status] += 1
-                    bar.advance(futures[future].key, status)
-            finally:  # before the pool's exit waits for its threads: they wait for their workers
-                groups.close()
-                if pool is not None:
-                    pool.close()  # a cell waiting for GPUs gives up its thread
-                executor.shutdown(wait=False, cancel_futures=True)
+        _run_cells(todo, attempts, seats, counts, opts.progress)
     except (KeyboardInterrupt, Terminated) as e:
         store.finish_run(run_id, status="interrupted")
         if isinstance(e, Terminated):
@@ -167,3 +102,109 @@ def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
         raise
     store.finish_run(run_id)
     return run_id
+
+
+class _Recorder:
+    """Stores each record the moment its attempt ends, one at a time: the cells' threads call it side by side."""
+
+    def __init__(self, store: Store, run_id: int, on_result: Callable[[CellRecord], None] | None) -> None:
+        self.store, self.run_id, self.on_result = store, run_id, on_result
+        self.lock = threading.Lock()
+
+    def __call__(self, rec: CellRecord) -> None:
+        with self.lock:
+            self.store.record_result(self.run_id, rec)
+            if self.on_result:
+                self.on_result(rec)
+
+
+def _record_unsupported(cells: list[Cell], done: set[str], record: _Recorder) -> Counter:
+    """The cells the plan refuses, recorded as unsupported without a worker; the counts the progress starts from."""
+    counts: Counter = Counter()
+    for cell in cells:
+        if cell.unsupported is not None and cell.key not in done:
+            refused = CellRecord(key=cell.key, axes=cell.axes, status=Status.UNSUPPORTED, reason=cell.unsupported)
+            refused.metrics.gpus = cell.gpus  # what it would hold: the nightly's parallel cells carry their count
+            record(refused)
+            counts[Status.UNSUPPORTED] += 1
+    return counts
+
+
+class _Seats:
+    """Where a cell runs. CUDA: each cell holds as many GPUs as it has ranks, cells of different sizes side by side
+    (gpus.py); at most one cell per GPU at a time. CPU: `jobs` cells at a time, each of however many ranks, the
+    cores shared out among them (`threads`)."""
+
+    def __init__(self, n_gpus: int, device: str, jobs: int) -> None:
+        on_gpus = device == "cuda" and n_gpus > 0
+        self.pool = GpuPool(range(n_gpus)) if on_gpus else None
+        self.slots: Queue = Queue()
+        for _ in range(max(1, jobs)):
+            self.slots.put(None)
+        self.workers = n_gpus if on_gpus else self.slots.qsize()
+        self.threads = None if on_gpus else cpu_threads(self.slots.qsize())
+
+    def run(self, cell: Cell, attempts: Callable[[Cell, list[int] | None], str]) -> str:
+        """`attempts` of `cell` once it holds its GPUs, or a CPU slot (None: no GPU)."""
+        if self.pool is not None:
+            with self.pool.held(cell.gpus or 1) as gpu:
+                return attempts(cell, gpu)
+        slot = self.slots.get()
+        try:
+            return attempts(cell, slot)
+        finally:
+            self.slots.put(slot)
+
+    def close(self) -> None:
+        """Hand out no more GPUs: a cell waiting for them gives up its thread."""
+        if self.pool is not None:
+            self.pool.close()
+
+
+class _CellAttempts:
+    """A cell's attempts in this run's worker groups: a failure is retried once, and a first attempt recorded
+    before an earlier runner died gets only its retry."""
+
+    def __init__(self, record: _Recorder, opts: RunOptions, retry_due: dict[str, dict[str, Any]], logs: Path,
+                 threads: int | None, groups: WorkerGroups) -> None:
+        self.record, self.opts, self.retry_due = record, opts, retry_due
+        self.logs, self.threads, self.groups = logs, threads, groups
+
+    def __call__(self, cell: Cell, gpu: list[int] | None) -> str:
+        """The cell's final status after its attempts on `gpu`."""
+        opts, groups, threads = self.opts, self.groups, self.threads
+        owed = self.retry_due.get(cell.key)  # a first attempt recorded before the parent died
+        if owed is None:
+            first = launch_repeated(cell, self.logs / f"{log_name(cell.key)}.attempt1.log", gpu, opts.repeats,
+                                    groups=groups, threads=threads)
+            self.record(first)
+            status, reason = first.status, first.reason
+        else:
+            status, reason = owed["status"], owed["reason"]
+        if status in NOT_RETRIED or not opts.retry or opts.repeats > 1:  # repeats are the second look already
+            return status
+        second = launch_repeated(cell, self.logs / f"{log_name(cell.key)}.attempt2.log", gpu, 1, attempt=2,
+                                 groups=groups, threads=threads)
+        if second.status in PASSING:
+            second.status = Status.PASS_FLAKY
+            second.reason = f"passed on retry; first attempt: {status}: {reason}"[:2000]
+        self.record(second)
+        return second.status
+
+
+def _run_cells(todo: list[Cell], attempts: _CellAttempts, seats: _Seats, counts: Counter, progress: bool) -> None:
+    """The cells side by side, counted as each ends; on the way out, however it comes, no worker lives on and no
+    waiting cell starts."""
+    groups = attempts.groups
+    with groups, RunProgress(len(todo), counts, enabled=progress) as bar, \
+            ThreadPoolExecutor(max_workers=seats.workers) as executor:
+        try:
+            futures = {executor.submit(seats.run, cell, attempts): cell for cell in todo}
+            for future in as_completed(futures):
+                status = future.result()
+                counts[status] += 1
+                bar.advance(futures[future].key, status)
+        finally:  # before the pool's exit waits for its threads: they wait for their workers
+            groups.close()
+            seats.close()  # a cell waiting for GPUs gives up its thread
+            executor.shutdown(wait=False, cancel_futures=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from harness.request.features import detect
@@ -25,15 +26,16 @@ from harness.request.verdicts import (
     parallel_verdict,
     quant_verdict,
 )
-from harness.shape.params import count as count_params
 from harness.shape.params import (
+    ParamCount,
     divides_heads,
     ep_sizes,
     h200s_needed,
     memory_bytes,
     tp_sizes,
 )
-from harness.shape.structure import read_structure
+from harness.shape.params import count as count_params
+from harness.shape.structure import Structure, read_structure
 from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.quant import detect as detect_quantization
 from pcg_core.quant.schemes import registry as quant_registry
@@ -144,43 +146,16 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
         caps = capabilities()
     where = model
     architecture, reason, mismatch = runtime_support(config, where)
-    notes = []
-    if isinstance(config.get("auto_map"), dict):
-        notes.append(f"ships remote code (auto_map: {', '.join(sorted(config['auto_map']))}); pcg never runs it — "
-                     "analyzed from the raw JSON")
-    if mismatch:
-        notes.append(mismatch)
-    if (alias := caps.get("model_type_aliases", {}).get(config.get("model_type"))) is not None:
-        notes.append(f"model_type {config['model_type']!r} is not a transformers type; the runtime reads it as {alias!r}, "
-                     "the architecture it names, with transformers' own implementation")
+    notes = _config_notes(config, mismatch, caps)
     s = read_structure(config, where)
     features, details = detect(config, s, architecture)
     quant = quantization_of(config)
     count = count_params(config, s, where)
-    if count is None:
-        notes.append(f"no parameter count: the config lacks {', '.join(s.missing) or 'the widths'}")
-    nextn = s.f.get_int("num_nextn_predict_layers", 0)
-    if nextn:
-        notes.append(f"num_nextn_predict_layers={nextn}: the multi-token-prediction layer(s) are not counted (transformers does not load them)")
-    tp_ok = tp_sizes(s)
-    divides = sorted(set(tp_ok) | {t for t in tps or [] if divides_heads(s, t)})
-    ep_ok = ep_sizes(s)
-    total = count.total if count else None
-    h200s = h200s_needed(total) if total else None
-    memory = memory_bytes(total) if total else {}
+    notes += _count_notes(count, s)
+    size = _size(s, count, tps)
     quants = [quant_registry.canonical(q) for q in quants or []]  # fp4 is NVFP4's alias: the same verdict
-    wanted_quant = quants or [quant_word(quant)]
-    verdicts = {
-        "model": model_verdict(architecture, reason, features, caps),
-        "quant": quant_verdict(wanted_quant, quant, caps, features, *_loader_reading(config)),
-        "attention": attention_verdict(features, s.heads, s.kv_heads, caps),
-        "parallel": parallel_verdict(tps or None, tp_ok, divides, ep_ok, h200s, memory.get("bfloat16"),
-                                       s.moe.experts if s.moe else None, caps, _tp_reason(config, where) if reason is None
-                                       else lambda t: None),
-        "graph": graph_verdict(reason is None, caps, features),
-        "kv_cache": kv_cache_verdict(quant, caps),
-    }
-    graphs = _graph_memory(config, s, tps, tp_ok, features, caps, where) if reason is None and total else None
+    verdicts = _verdicts(config, where, architecture, reason, features, quant, quants, s, tps, size, caps)
+    graphs = _graph_memory(config, s, tps, size.tp_ok, features, caps, where) if reason is None and size.total else None
     if graphs and (note := memory_note(graphs)):
         notes.append(note)
     dtype = s.f.data.get("torch_dtype") or s.f.data.get("dtype")
@@ -197,17 +172,85 @@ def analyze(config: dict[str, Any], *, model: str = "config", source: str = "con
         "feature_details": details,
         "quantization": quant,
         "dtype": str(dtype) if dtype else None,
-        "params": total,
+        "params": size.total,
         "active_params": count.active if count else None,
         "non_embedding_params": count.non_embedding if count else None,
         "param_breakdown": count.breakdown if count else {},
-        "memory_bytes": memory,
-        "h200s": h200s,
+        "memory_bytes": size.memory,
+        "h200s": size.h200s,
         "graph_memory": graphs,
-        "tp_sizes": tp_ok,
-        "ep_sizes": ep_ok,
+        "tp_sizes": size.tp_ok,
+        "ep_sizes": size.ep_ok,
         "requested": {"quant": quants or None, "tp": tps or None},
         "verdicts": verdicts,
         "notes": notes,
     })
     return report.model_dump(exclude={"hub_id", "request_id", "requested_before", "duplicates", "card_id", "card", "submitted"})
+
+
+def _config_notes(config: dict[str, Any], mismatch: str | None, caps: dict[str, Any]) -> list[str]:
+    """What the report says about the config itself: remote code it never runs, a model_type naming another
+    model, a model_type the runtime reads as an alias."""
+    notes = []
+    if isinstance(config.get("auto_map"), dict):
+        notes.append(f"ships remote code (auto_map: {', '.join(sorted(config['auto_map']))}); pcg never runs it — "
+                     "analyzed from the raw JSON")
+    if mismatch:
+        notes.append(mismatch)
+    if (alias := caps.get("model_type_aliases", {}).get(config.get("model_type"))) is not None:
+        notes.append(f"model_type {config['model_type']!r} is not a transformers type; the runtime reads it as {alias!r}, "
+                     "the architecture it names, with transformers' own implementation")
+    return notes
+
+
+def _count_notes(count: ParamCount | None, s: Structure) -> list[str]:
+    """Why the parameter count is missing, or what it leaves out."""
+    notes = []
+    if count is None:
+        notes.append(f"no parameter count: the config lacks {', '.join(s.missing) or 'the widths'}")
+    nextn = s.f.get_int("num_nextn_predict_layers", 0)
+    if nextn:
+        notes.append(f"num_nextn_predict_layers={nextn}: the multi-token-prediction layer(s) are not counted (transformers does not load them)")
+    return notes
+
+
+@dataclass(frozen=True)
+class _Size:
+    """The model's size and the parallel sizes it splits into, as the report and the parallel verdict read them:
+    `divides` also holds the TP sizes asked for past 8 that divide the heads."""
+
+    total: int | None
+    tp_ok: list[int]
+    divides: list[int]
+    ep_ok: list[int]
+    h200s: int | None
+    memory: dict[str, int]
+
+
+def _size(s: Structure, count: ParamCount | None, tps: list[int] | None) -> _Size:
+    """The parallel sizes the heads and experts allow; the weights' bytes and H200s only when the parameters
+    could be counted."""
+    tp_ok = tp_sizes(s)
+    divides = sorted(set(tp_ok) | {t for t in tps or [] if divides_heads(s, t)})
+    ep_ok = ep_sizes(s)
+    total = count.total if count else None
+    h200s = h200s_needed(total) if total else None
+    return _Size(total, tp_ok, divides, ep_ok, h200s, memory_bytes(total) if total else {})
+
+
+def _verdicts(config: dict[str, Any], where: str, architecture: str, reason: str | None, features: list[str],
+              quant: dict[str, Any] | None, quants: list[str], s: Structure, tps: list[int] | None, size: _Size,
+              caps: dict[str, Any]) -> dict[str, Any]:
+    """Each axis's verdict. The runtime's sharding rule is asked only for a model it supports: only then does
+    transformers' config of it build."""
+    wanted_quant = quants or [quant_word(quant)]
+    return {
+        "model": model_verdict(architecture, reason, features, caps),
+        "quant": quant_verdict(wanted_quant, quant, caps, features, *_loader_reading(config)),
+        "attention": attention_verdict(features, s.heads, s.kv_heads, caps),
+        "parallel": parallel_verdict(tps or None, size.tp_ok, size.divides, size.ep_ok, size.h200s,
+                                     size.memory.get("bfloat16"), s.moe.experts if s.moe else None, caps,
+                                     _tp_reason(config, where) if reason is None else lambda t: None),
+        "graph": graph_verdict(reason is None, caps, features),
+        "kv_cache": kv_cache_verdict(quant, caps),
+    }

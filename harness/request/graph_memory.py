@@ -40,7 +40,9 @@ def graph_memory(config: dict[str, Any], s: Structure, tps: list[int], graphs: l
     without = context_fit(budget, est.weights, 0, per_token) if per_token else None
     by_graph = {}
     for graph in graphs:
-        pool = pools.by_graph[graph]
+        pool = pools.by_graph.get(graph)
+        if pool is None:  # a capture backend from a plugin: no measured pools, no estimate
+            continue
         fit = context_fit(budget, est.weights, pool, per_token) if per_token else None
         room = fit is not None and fit.room > 0
         by_graph[graph] = {"pool_bytes": pool, "context_tokens": fit.tokens if fit else None,

@@ -3,7 +3,7 @@ float layer it stands for (weights dequantized, activations no longer quantized)
 in float32.
 
 Why: the judge tells padding *noise* from a padding *leak* by running the model in float32, padded and unpadded
-(harness/cell/padding.py), where rounding differs by ~1e-7 and a leak keeps its size. A quantized model cannot
+(harness/cell/judge/padding.py), where rounding differs by ~1e-7 and a leak keeps its size. A quantized model cannot
 show that: its activation quantizers turn a 1e-7 change into a whole rounding step. Every activation quantizer
 here is row-local (per token, per token and 128-group, or a static scale), so padding rows cannot reach real
 rows through them; whatever else the model does with padding is the same in the twin, which has no quantizer.
@@ -119,7 +119,7 @@ def reference_twin(model: torch.nn.Module, float32: bool = False) -> torch.nn.Mo
     (`reference_math` set), unquantized experts routed_float_experts_forward. With `float32` every other module
     reads its half-precision parameters as float32 too: the reference without half-precision rounding, to measure
     how much that rounding alone moves it. Why: a kernel that is wrong in eager is wrong under graphs alike, so
-    graph = eager cannot see it; the judge's reference layer (harness/cell/reference.py) holds eager to this."""
+    graph = eager cannot see it; the judge's reference layer (harness/cell/judge/reference.py) holds eager to this."""
     return _twin(model, float32=float32, quantized=_reference_linear_forward)
 
 

@@ -255,7 +255,7 @@ def test_flex_block_mask_lists_exactly_the_visible_pages():
 
 # On the GPU, at real widths: every backend × graph mode replays bitwise equal to eager at the same padding --------
 
-JUDGE_BF16_LOGPROB_TOL = 0.1  # harness/cell/judge.py's LOGPROB_TOL["bfloat16"]; pcg_core's tests do not import the harness
+JUDGE_BF16_LOGPROB_TOL = 0.1  # harness/cell/judge/tolerances.py's LOGPROB_TOL["bfloat16"]; pcg_core's tests do not import the harness
 
 
 @pytest.fixture(scope="module")
@@ -294,8 +294,8 @@ def test_gpu_replay_bitwise_equal_to_eager_at_the_same_padding(trimmed, attentio
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("attention", ["flex", "varlen"])
 def test_gpu_eager_backends_agree_with_sdpa(trimmed, attention):
-    """Different kernels, so not bitwise: held to the judge's bf16 logprob bound (harness/cell/judge.py), the bound a
-    cell comparing them would apply. Each backend's own exactness is test_gpu_long_batches_match_plain_math's."""
+    """Different kernels, so not bitwise: held to the judge's bf16 logprob bound (harness/cell/judge/tolerances.py),
+    the bound a cell comparing them would apply. Each backend's own exactness is test_gpu_long_batches_match_plain_math's."""
     prompts = prompts_of([5, 17, 30, 120], trimmed.vocab, seed=3)
     if "sdpa" not in trimmed.eager:
         trimmed.eager["sdpa"] = _gpu_engine(trimmed.lm, "sdpa", "disabled").generate(prompts, 6, prompt_logprobs=True)

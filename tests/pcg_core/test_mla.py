@@ -15,7 +15,7 @@ from pcg_core.model.loader import PEAK_LOGIT_STD, build_config, peak_logits, shr
 from pcg_helpers import transformers_prompt_logprobs
 
 PROMPT = list(range(3, 40))
-LOGPROB_TOL_BF16 = 0.1  # the judge's (harness.cell.judge.LOGPROB_TOL), which pcg_core's tests do not import
+LOGPROB_TOL_BF16 = 0.1  # the judge's (harness.cell.judge.tolerances.LOGPROB_TOL), which pcg_core's tests do not import
 
 
 def _load(configs, name, dtype=torch.float32):

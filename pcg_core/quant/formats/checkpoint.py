@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,66 +237,175 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     layout = layout_for(model)
-    linears = {n: m for n, m in model.named_modules()
-               if type(m) is torch.nn.Linear and not ignored(layout.file_key(n), ignore)}
-    experts = {n: m for n, m in model.named_modules() if is_experts(m)}
-    fp4 = None
-    if fmt == "mxfp4":  # gpt-oss's own format: the experts' blocks/scales tensors, every linear in 16 bits
-        if not isinstance(scheme, Fp4Scheme) or scheme.name != "mxfp4" or not experts:
-            raise ValueError("the mxfp4 format holds MoE experts (gpt-oss) in the mxfp4 scheme")
-        int4, linears = None, {}
-        qc, legacy_cfg = {"quant_method": "mxfp4", "modules_to_not_convert": [
-            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", *ignore]}, None
-    elif isinstance(scheme, Int4Scheme):
-        widths = [m.in_features for m in linears.values()] + [w.shape[-1] for m in experts.values()
-                                                              for w in (m.down_proj, getattr(m, "gate_up_proj", m.down_proj))]
-        int4 = Int4Format(CT_INT if fmt == "compressed-tensors" and ct_format == "int-quantized" else fmt,
-                          common_group(scheme, widths))
-        qc, legacy_cfg = int4_declaration(int4.name, scheme, int4.group, ignore), None
-    elif isinstance(scheme, Fp4Scheme):  # ModelOpt's NVFP4 declares W4A4 (input_scale); compressed-tensors' NVFP4A16
-        int4, fp4 = None, Fp4Format(fmt, act_scale=fmt == "modelopt")
-        qc, legacy_cfg = fp4_declaration(fp4, ignore, legacy)
-    else:
-        int4 = None
-        qc, legacy_cfg = declaration(fmt, scheme, ignore, legacy)
+    job = _Job(model, fmt, scheme, layout, ignore, legacy, ct_format, input_absmax,
+               linears={n: m for n, m in model.named_modules()
+                        if type(m) is torch.nn.Linear and not ignored(layout.file_key(n), ignore)},
+               experts={n: m for n, m in model.named_modules() if is_experts(m)})
+    family = _family(fmt, scheme)
+    plan = family.declare(job)
+    qc, legacy_cfg = plan.qc, plan.legacy_cfg
     if kv_scales is not None:
         qc, legacy_cfg = declare_kv_cache(fmt, qc, legacy_cfg)
-    scale_name = "weight_scale_inv" if fmt == "fp8" else "weight_scale"
-
-    def as_stored(s: torch.Tensor) -> torch.Tensor:
-        if fmt == "modelopt" and scheme.weights == "channel":
-            return s.reshape(-1)  # ModelOpt writes per-channel scales flat
-        return s.reshape(s.shape or (1,)) if fmt == "compressed-tensors" else s.contiguous()
-
-    tensors: dict[str, torch.Tensor] = {}
-    for name, mod in experts.items():
-        if fmt == "mxfp4":
-            tensors.update(gpt_oss_mxfp4_tensors(mod, f"{layout.file_key(name)}."))
-            continue
-        tensors.update(write_experts(mod, name, scheme, scale_name, layout, input_absmax, as_stored, int4, fp4))
-    for key, t in model.state_dict().items():
-        mod = key.rpartition(".")[0]
-        if mod in experts:
-            continue
-        file_key = layout.file_key(key)
-        if mod in linears and key.endswith(".weight") and int4 is not None:
-            w = stored_weight(quantize_int4_ordered(t.detach(), int4.group, scheme.sym, scheme.act_order),
-                              int4, t.dtype)
-            tensors.update({f"{layout.file_key(mod)}.{k}": v for k, v in int4_tensors(w, int4, scheme.sym, t.dtype).items()})
-        elif mod in linears and key.endswith(".weight") and fp4 is not None:
-            tensors.update({f"{layout.file_key(mod)}.{k}": v for k, v in fp4_tensors(quantize_nvfp4(t), fp4).items()})
-        elif mod in linears and key.endswith(".weight"):
-            q, s = quantize_weight(t, scheme)
-            tensors[file_key] = q.contiguous()
-            tensors[f"{layout.file_key(mod)}.{scale_name}"] = as_stored(s)
-            if not scheme.act_dynamic:
-                tensors[f"{layout.file_key(mod)}.input_scale"] = torch.tensor(max(input_absmax[mod], 1e-6) / scheme.qmax)
-        else:
-            tensors[file_key] = t.detach().clone().contiguous()
+    tensors = _tensors(job, plan, family)
     if kv_scales is not None:
         tensors.update(kv_scale_tensors(model, fmt, kv_scales, layout.file_key))
     if getattr(model.config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)
+    _save_shards(tensors, out, shards)
+    _write_config(out, config_data, model, qc, legacy_cfg)
+    return out
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One write_checkpoint call as its writers read it: the arguments, and the modules it quantizes (the linears
+    not ignored, every experts module)."""
+
+    model: torch.nn.Module
+    fmt: str
+    scheme: Scheme | Int4Scheme | Fp4Scheme
+    layout: ExpertLayout
+    ignore: tuple[str, ...]
+    legacy: bool
+    ct_format: str
+    input_absmax: dict[str, float] | None
+    linears: dict[str, torch.nn.Module]
+    experts: dict[str, torch.nn.Module]
+
+    @property
+    def scale_name(self) -> str:
+        """HF's fp8 (DeepSeek's) names a weight's scale as the inverse it is."""
+        return "weight_scale_inv" if self.fmt == "fp8" else "weight_scale"
+
+    def as_stored(self, s: torch.Tensor) -> torch.Tensor:
+        """An 8-bit weight scale in the shape its producer writes."""
+        if self.fmt == "modelopt" and self.scheme.weights == "channel":
+            return s.reshape(-1)  # ModelOpt writes per-channel scales flat
+        return s.reshape(s.shape or (1,)) if self.fmt == "compressed-tensors" else s.contiguous()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a family declares: config.json's quantization_config, ModelOpt's legacy file, and the packed layout
+    of 4-bit weights."""
+
+    qc: dict[str, Any] | None
+    legacy_cfg: dict[str, Any] | None
+    int4: Int4Format | None = None
+    fp4: Fp4Format | None = None
+
+
+def _declare_mxfp4(job: _Job) -> _Plan:
+    """gpt-oss's own format: the experts' blocks/scales tensors, every linear in 16 bits."""
+    if not isinstance(job.scheme, Fp4Scheme) or job.scheme.name != "mxfp4" or not job.experts:
+        raise ValueError("the mxfp4 format holds MoE experts (gpt-oss) in the mxfp4 scheme")
+    qc = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", *job.ignore]}
+    return _Plan(qc, None)
+
+
+def _declare_int4(job: _Job) -> _Plan:
+    """One group size for every packed weight, the largest that divides all their widths (common_group)."""
+    widths = [m.in_features for m in job.linears.values()] + [w.shape[-1] for m in job.experts.values()
+                                                              for w in (m.down_proj, getattr(m, "gate_up_proj", m.down_proj))]
+    int4 = Int4Format(CT_INT if job.fmt == "compressed-tensors" and job.ct_format == "int-quantized" else job.fmt,
+                      common_group(job.scheme, widths))
+    return _Plan(int4_declaration(int4.name, job.scheme, int4.group, job.ignore), None, int4=int4)
+
+
+def _declare_fp4(job: _Job) -> _Plan:
+    """ModelOpt's NVFP4 declares W4A4 (input_scale); compressed-tensors' NVFP4A16."""
+    fp4 = Fp4Format(job.fmt, act_scale=job.fmt == "modelopt")
+    return _Plan(*fp4_declaration(fp4, job.ignore, job.legacy), fp4=fp4)
+
+
+def _declare_8bit(job: _Job) -> _Plan:
+    """FP8 and INT8 weights: each format's producer declares them its own way (detect.declaration)."""
+    return _Plan(*declaration(job.fmt, job.scheme, job.ignore, job.legacy))
+
+
+def _int4_weight(job: _Job, plan: _Plan, mod: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A linear's weight packed in 4 bits as `plan.int4`'s producer packs it (its groups, act-order, zeros)."""
+    w = stored_weight(quantize_int4_ordered(t.detach(), plan.int4.group, job.scheme.sym, job.scheme.act_order),
+                      plan.int4, t.dtype)
+    base = job.layout.file_key(mod)
+    return {f"{base}.{k}": v for k, v in int4_tensors(w, plan.int4, job.scheme.sym, t.dtype).items()}
+
+
+def _fp4_weight(job: _Job, plan: _Plan, mod: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A linear's weight in NVFP4: codes, block scales and the global scale, as `plan.fp4` names them."""
+    return {f"{job.layout.file_key(mod)}.{k}": v for k, v in fp4_tensors(quantize_nvfp4(t), plan.fp4).items()}
+
+
+def _8bit_weight(job: _Job, plan: _Plan, mod: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A linear's 8-bit weight, its scale, and for a static scheme its calibrated activation scale."""
+    q, s = quantize_weight(t, job.scheme)
+    base = job.layout.file_key(mod)
+    out = {job.layout.file_key(f"{mod}.weight"): q.contiguous(), f"{base}.{job.scale_name}": job.as_stored(s)}
+    if not job.scheme.act_dynamic:
+        out[f"{base}.input_scale"] = torch.tensor(max(job.input_absmax[mod], 1e-6) / job.scheme.qmax)
+    return out
+
+
+def _mxfp4_experts_tensors(job: _Job, plan: _Plan, name: str, mod: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """gpt-oss's experts as its own files hold them: MXFP4 blocks and scales, biases in 16 bits."""
+    return gpt_oss_mxfp4_tensors(mod, f"{job.layout.file_key(name)}.")
+
+
+def _experts_tensors(job: _Job, plan: _Plan, name: str, mod: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """An experts module per expert and projection, each packed as the format packs a linear (write_experts)."""
+    return write_experts(mod, name, job.scheme, job.scale_name, job.layout, job.input_absmax, job.as_stored,
+                         plan.int4, plan.fp4)
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How one family of checkpoints is written: its declaration, a quantized linear's tensors (None: every linear
+    stays in 16 bits), an experts module's tensors."""
+
+    declare: Callable[[_Job], _Plan]
+    linear: Callable[[_Job, _Plan, str, torch.Tensor], dict[str, torch.Tensor]] | None
+    experts: Callable[[_Job, _Plan, str, torch.nn.Module], dict[str, torch.Tensor]]
+
+
+_FAMILIES: dict[str, _Family] = {
+    "mxfp4": _Family(_declare_mxfp4, None, _mxfp4_experts_tensors),
+    "int4": _Family(_declare_int4, _int4_weight, _experts_tensors),
+    "fp4": _Family(_declare_fp4, _fp4_weight, _experts_tensors),
+    "8-bit": _Family(_declare_8bit, _8bit_weight, _experts_tensors),
+}
+# The scheme's kind names the family of every format but mxfp4; the first match wins, 8-bit when none does.
+_SCHEME_FAMILIES: tuple[tuple[type, str], ...] = ((Int4Scheme, "int4"), (Fp4Scheme, "fp4"))
+
+
+def _family(fmt: str, scheme: Scheme | Int4Scheme | Fp4Scheme) -> _Family:
+    """gpt-oss's mxfp4 is a format of its own, whatever the scheme (its declaration checks it); the others are
+    written by their scheme's kind."""
+    if fmt == "mxfp4":
+        return _FAMILIES["mxfp4"]
+    return _FAMILIES[next((family for kind, family in _SCHEME_FAMILIES if isinstance(scheme, kind)), "8-bit")]
+
+
+def _tensors(job: _Job, plan: _Plan, family: _Family) -> dict[str, torch.Tensor]:
+    """Every tensor of the files, named as the producer names them: the experts' and the quantized linears'
+    weights by the family's writers, every other tensor of the state dict as it is."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name, mod in job.experts.items():
+        tensors.update(family.experts(job, plan, name, mod))
+    linears = job.linears if family.linear is not None else {}
+    for key, t in job.model.state_dict().items():
+        mod = key.rpartition(".")[0]
+        if mod in job.experts:
+            continue
+        if mod in linears and key.endswith(".weight"):
+            tensors.update(family.linear(job, plan, mod, t))
+        else:
+            tensors[job.layout.file_key(key)] = t.detach().clone().contiguous()
+    return tensors
+
+
+def _save_shards(tensors: dict[str, torch.Tensor], out: Path, shards: int) -> None:
+    """The tensors in `shards` files of consecutive names, with transformers' index when there are several."""
     keys = sorted(tensors)
     per = -(-len(keys) // shards)
     index = {}
@@ -306,6 +416,11 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
         index.update({k: name for k in part})
     if shards > 1:
         (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}, indent=1))
+
+
+def _write_config(out: Path, config_data: dict[str, Any], model: torch.nn.Module, qc: dict[str, Any] | None,
+                  legacy_cfg: dict[str, Any] | None) -> None:
+    """config.json with the declaration in it (ModelOpt's legacy one beside it)."""
     cfg = dict(config_data)
     cfg.pop("quantization_config", None)
     cfg["tie_word_embeddings"] = bool(getattr(model.config, "tie_word_embeddings", False))  # as the tensors are written
@@ -314,4 +429,3 @@ def write_checkpoint(model: torch.nn.Module, config_data: dict[str, Any], out_di
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     if legacy_cfg is not None:
         (out / HF_QUANT_CONFIG).write_text(json.dumps(legacy_cfg, indent=1))
-    return out

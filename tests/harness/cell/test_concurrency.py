@@ -10,7 +10,7 @@ import pytest
 
 from harness.cell import CellSpec, run_cell
 from harness.cell.prompts import CONCURRENCY, prompt_suite, run_case
-from harness.cell.reference import reference_cases
+from harness.cell.judge.reference import reference_cases
 from harness.outcome import Status
 from pcg_core.engine import inputs as engine_inputs
 from pcg_core.engine.inputs import PackedBatch
@@ -76,7 +76,7 @@ def test_the_reference_layer_alone_catches_it(monkeypatch):
     import torch
 
     from harness.cards import find_card
-    from harness.cell.reference import reference_layer
+    from harness.cell.judge.reference import reference_layer
     from pcg_core.config import CaptureConfig, EngineConfig
     from pcg_core.engine import Engine
     from pcg_core.model import load_model

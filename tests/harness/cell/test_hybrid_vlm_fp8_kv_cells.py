@@ -10,8 +10,8 @@ import pytest
 
 import pcg_core.attention.kv_cache as kv_cache_module
 from harness.cell import CellSpec, run_cell
-from harness.cell import reference as reference_module
-from harness.cell.kv_reference import text_only
+from harness.cell.judge import reference as reference_module
+from harness.cell.judge.kv_reference import text_only
 from pcg_core.model.loader import build_config, read_config_file, shrink_config
 
 

@@ -94,7 +94,7 @@ def test_a_failing_diagnosis_never_costs_the_verdict(monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise IndexError("planted failure inside the diagnosis")
 
-    monkeypatch.setattr("harness.cell.run.first_diverging_piece", broken)
+    monkeypatch.setattr("harness.cell.judge.policy.first_diverging_piece", broken)
     from harness.cli import main
 
     rc = main(["cell", "--model", "qwen3-0.6b", "--tiny", "--graph", planted.planted_name("top_region", "piecewise"),

@@ -15,7 +15,7 @@ import pytest
 from harness.cards import find_card
 from harness.cell import CellSpec, run_cell
 from harness.cell.prompts import prefix_cacheable, prompt_suite, shared_prefix_case
-from harness.cell.reference import reference_cases
+from harness.cell.judge.reference import reference_cases
 from harness.outcome import Status
 from pcg_core.attention.kv_cache import KVCache
 from pcg_core.engine import Engine

@@ -62,3 +62,14 @@ def test_context_fit_is_the_cells_rule():
     fit = context_fit(budget=100, weights=60, pool=8, kv_bytes_per_token=2.0)
     assert (fit.room, fit.tokens, fit.tokens_without_graphs) == (40, 16, 20) and fit.over(0.1) and not fit.over(0.2)
     assert context_fit(100, 120, 8, 2.0).tokens == 0
+
+
+def test_a_plugin_capture_backend_without_measured_pools_gets_no_estimate():
+    """A capture backend loaded from PCG_PLUGINS (tests' fault backends) is in the capability table but has no
+    calibrated pool: the report leaves it out instead of failing."""
+    from pcg_core.capabilities import capabilities
+
+    caps = capabilities()
+    caps["capture_backends"] = {**caps["capture_backends"], "a_plugin": {"requires_capturable_attention": False}}
+    g = analyze(load_config("Qwen__Qwen3-8B.json"), caps=caps)["graph_memory"]
+    assert set(g["by_graph"]) == {"piecewise", "breakable", "full"}

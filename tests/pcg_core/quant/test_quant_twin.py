@@ -1,5 +1,5 @@
 """pcg_core/quant/twin.py: the float twin of a quantized model — every quantized layer the float layer it stands
-for — which the judge's float32 padding check runs for quantized cells (harness/cell/padding.py)."""
+for — which the judge's float32 padding check runs for quantized cells (harness/cell/judge/padding.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 
 from harness.cards import load_cards
 from harness.cell.prompts import prompt_suite, run_case
-from harness.cell.reference import reference_layer
+from harness.cell.judge.reference import reference_layer
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine
 from pcg_core.engine.vision import VisionInputs

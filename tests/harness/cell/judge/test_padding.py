@@ -1,4 +1,4 @@
-"""The float32 padding check (harness/cell/padding.py): padding noise is allowed only where float32 shows padding
+"""The float32 padding check (harness/cell/judge/padding.py): padding noise is allowed only where float32 shows padding
 exact, and a failure against unpadded eager is excused only then and only when the graph matches eager at its own
 padding. Planted into the model (so eager and graph share it): a padding leak, and a half-precision-only one."""
 
@@ -11,10 +11,11 @@ import torch
 
 from harness.cards import find_card
 from harness.cell import CellSpec, run_cell
-from harness.cell.judge import Judgement
-from harness.cell.padding import FP32_PADDING_RTOL, PROBE_RTOL, attention_padding_rel, float32_padding_rel
-from harness.cell.diagnose import LockstepStats
-from harness.cell.run import _Cell, _excuse_padding
+from harness.cell.judge.lockstep import LockstepStats
+from harness.cell.judge.padding import FP32_PADDING_RTOL, PROBE_RTOL, attention_padding_rel, float32_padding_rel
+from harness.cell.judge.policy import _excuse_padding
+from harness.cell.judge.tokens import Judgement
+from harness.cell.run import _Cell
 from harness.cell.prompts import Case, prompt_suite
 from harness.outcome import CellMetrics, Status
 from pcg_core.config import CaptureConfig, EngineConfig
@@ -121,10 +122,10 @@ def _judged(failed: list[str], same: float) -> tuple[_Cell, Judgement, dict[str,
 ])
 def test_the_excuse_needs_every_failing_case_proven_and_the_graph_equal_at_its_padding(
         monkeypatch, failed, same, proven, unproven_exact, passes):
-    import harness.cell.run as run
+    import harness.cell.judge.policy as policy
 
     asked = []
-    monkeypatch.setattr(run, "_padding_exact", lambda cell, graph, cases: asked.extend(c.name for c in cases) or unproven_exact)
+    monkeypatch.setattr(policy, "_padding_exact", lambda cell, graph, cases: asked.extend(c.name for c in cases) or unproven_exact)
     cell, j, stats = _judged(failed, same)
     _excuse_padding(cell, None, j, stats, proven)
     assert (j.status == Status.PASS) == passes, j.reason
@@ -133,10 +134,10 @@ def test_the_excuse_needs_every_failing_case_proven_and_the_graph_equal_at_its_p
 
 
 def test_unquantized_float32_cells_skip_the_check_and_quantized_cells_run_it_in_any_dtype(monkeypatch):
-    import harness.cell.run as run
+    import harness.cell.judge.policy as policy
 
     calls = []
-    monkeypatch.setattr(run, "float32_padding_rel", lambda *a, **k: calls.append(a) or 0.0)
+    monkeypatch.setattr(policy, "float32_padding_rel", lambda *a, **k: calls.append(a) or 0.0)
     r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, max_tokens=64, max_new_tokens=3))
     assert r.status == Status.PASS and r.metrics.padding_rel_fp32 is None and not calls
     cell, _, _ = _judged(["a"], 0.0)
@@ -145,7 +146,7 @@ def test_unquantized_float32_cells_skip_the_check_and_quantized_cells_run_it_in_
         calls.clear()
         cell.spec = CellSpec(model="qwen3-0.6b", dtype=dtype, quant=quant)
         cell.metrics.padding_rel_fp32, cell.lm = None, type("LM", (), {"model": None})()
-        got = run._padding_exact(cell, type("G", (), {"config": EngineConfig(), "bucket_for": None})(), cell.cases)
+        got = policy._padding_exact(cell, type("G", (), {"config": EngineConfig(), "bucket_for": None})(), cell.cases)
         assert (got is not None) == asked and bool(calls) == asked, (dtype, quant)
 
 
@@ -230,11 +231,10 @@ def test_a_backend_without_float32_is_probed_and_its_leak_fails_the_cell(monkeyp
     """As varlen on the H200 (no float32 kernel): the float32 check runs on another backend (sdpa here), which
     proves the model's padding but not the cell's backend's; the probe proves that one. Half-precision-only padding
     noise makes the excuse path run; with the backend exact the cell passes saying so, with it leaking it fails."""
-    import harness.cell.run as run
+    import harness.cell.judge.padding as padding
+    import harness.cell.judge.policy as policy
 
-    import harness.cell.padding as padding
-
-    for module in (run, padding):
+    for module in (policy, padding):
         monkeypatch.setattr(module, "float32_attention", lambda a: "sdpa")
     _plant(monkeypatch, 0.5, half_only=True)
     if leak:  # through the rows of the call: graph and eager at one padding still agree, only the probe can tell

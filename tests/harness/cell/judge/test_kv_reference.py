@@ -1,10 +1,11 @@
-"""The FP8 KV-cache reference's rounding (harness/cell/kv_reference.py): the cache's own math, written apart from it."""
+"""The FP8 KV-cache reference's rounding (harness/cell/judge/kv_reference.py): the cache's own math, written apart
+from it."""
 
 from __future__ import annotations
 
 import torch
 
-from harness.cell.kv_reference import fake_quant
+from harness.cell.judge.kv_reference import fake_quant
 from pcg_core.attention.kv_cache import dequantize_kv, quantize_kv
 
 

@@ -1,4 +1,4 @@
-"""The judge's reference layer (harness/cell/reference.py) against faults that break eager and graph alike.
+"""The judge's reference layer (harness/cell/judge/reference.py) against faults that break eager and graph alike.
 
 Each fault is planted in what pcg's eager and graph paths share (a quantized layer's forward, the attention
 backend), never in the references (transformers' forward, the kernels' reference math: the twins bind their own
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from harness.cell import CellSpec, run_cell
-from harness.cell.reference import reference_cases
+from harness.cell.judge.reference import reference_cases
 from harness.cell.prompts import prompt_suite
 from pcg_core.attention.sdpa import SdpaBackend
 from pcg_core.quant import QuantLinear
@@ -100,7 +100,7 @@ def test_the_kernel_check_names_the_layer_a_kernel_error_enters(monkeypatch):
 
 
 def test_a_reference_that_cannot_run_says_not_measured_and_keeps_the_verdict(monkeypatch):
-    import harness.cell.reference as reference
+    import harness.cell.judge.reference as reference
 
     def refuse(*a, **k):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (planted)")
@@ -140,7 +140,7 @@ def test_the_cases_cover_several_sequences_decode_and_chunked_prefill():
 
 
 def test_the_float32_runs_use_the_cells_attention_where_it_computes_float32_else_sdpa():
-    from harness.cell.padding import float32_attention
+    from harness.cell.judge.padding import float32_attention
 
     assert float32_attention("flex") == "flex" and float32_attention("sdpa") == "sdpa"
     assert float32_attention("varlen") == "sdpa"  # FlashAttention has no float32 kernel (seen on the H200)

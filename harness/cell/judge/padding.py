@@ -27,7 +27,7 @@ from dataclasses import replace
 
 import torch
 
-from harness.cell.diagnose import lockstep, lockstep_stats, nan_max
+from harness.cell.judge.lockstep import lockstep, lockstep_stats, nan_max
 from harness.cell.prompts import Case
 from harness.outcome import CellMetrics
 from pcg_core.attention import get_attention_backend

@@ -1,8 +1,8 @@
-"""The judge's reference layer: is *eager* right?
+"""The judge's reference layer (layer 6; policy.py numbers the layers): is *eager* right?
 
-Every other layer compares the graph candidate with pcg's own eager run, so a kernel or an attention backend that
-is wrong in eager is wrong under graphs alike and passes (the FP8 block GEMM did, for every K/128 not a multiple
-of 4). This layer holds eager to references that share none of pcg's fast paths:
+The graph's layers (2 to 5) compare the graph candidate with pcg's own eager run, so a kernel or an attention
+backend that is wrong in eager is wrong under graphs alike and passes (the FP8 block GEMM did, for every K/128 not
+a multiple of 4). This layer holds eager to references that share none of pcg's fast paths:
 
 - **transformers**: pcg's eager prompt and output logprobs against transformers' own forward of the same weights
   (its attention implementation, MLA unabsorbed, one sequence at a time, unpadded, teacher-forced on eager's greedy
@@ -34,12 +34,12 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from harness.cell.diagnose import rel_diff
-from harness.cell.judge import LOGPROB_TOL
-from harness.cell.kv_reference import round_kv, text_only
-from harness.cell.padding import float32_attention
+from harness.cell.judge.kv_reference import round_kv, text_only
+from harness.cell.judge.lockstep import rel_diff
+from harness.cell.judge.padding import float32_attention
+from harness.cell.judge.tolerances import LOGPROB_TOL
 from harness.cell.prompts import Case, run_case
-from harness.outcome import CellMetrics, ReferenceCheck, Status
+from harness.outcome import ReferenceCheck
 from pcg_core.attention.kv_cache import KVScales
 from pcg_core.config import EngineConfig
 from pcg_core.engine import Engine, SequenceOutput
@@ -348,15 +348,3 @@ def _free() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
-
-def with_reference(m: CellMetrics, status: Status, reason: str) -> tuple[Status, str]:
-    """The graph judge's verdict with the reference layer's beside it: a cell whose eager is wrong fails, whatever
-    graph = eager says; one the layer could not measure keeps its verdict, saying so."""
-    check = m.reference
-    if check is None or check.status == "pass":
-        return status, reason
-    line = f"reference layer: {check.summary()}"
-    joined = (f"{reason}; {line}" if reason else line)[:2000]
-    if check.status == "fail" and status in (Status.PASS, Status.PASS_FLAKY):
-        return Status.FAIL_ACCURACY, joined
-    return status, joined

@@ -1,4 +1,5 @@
-"""Judge layers that need both engines at once: KL of the next-token distributions, and the first diverging piece.
+"""The judge's layers that need both engines at once (policy.py numbers them): layer 3, KL of the next-token
+distributions and the same-padding difference (lockstep_stats), and layer 5, the first diverging piece.
 
 Both run a case in lockstep: the eager engine and the graph engine each on its own KV cache (a graph that skips
 or misplaces a KV write then reads its own wrong cache, as it does in the suite), the eager side padded to the

@@ -2,7 +2,8 @@
 
 import pytest
 
-from harness.cell.judge import LOGPROB_TOL, compare, logprob_bound, same_padding_rtol, tie_margin
+from harness.cell.judge.tokens import compare
+from harness.cell.judge.tolerances import LOGPROB_TOL, logprob_bound, same_padding_rtol, tie_margin
 from pcg_core.engine import SequenceOutput
 
 

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from harness.cell.prompts import prompt_suite, run_case
-from harness.cell.reference import reference_cases, reference_layer
+from harness.cell.judge.reference import reference_cases, reference_layer
 from pcg_core import load_model
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine
@@ -27,7 +27,7 @@ from pcg_core.model.loader import build_config, read_config_file, shrink_config,
 from pcg_core.quant.layers import linear as quant_linear
 from pcg_core.quant.synthetic_weights import make_realistic_
 
-CONFIG = Path(__file__).resolve().parents[3] / "harness" / "models" / "configs" / "Qwen__Qwen2.5-0.5B.json"
+CONFIG = Path(__file__).resolve().parents[4] / "harness" / "models" / "configs" / "Qwen__Qwen2.5-0.5B.json"
 FP8_MAX = 448.0
 
 
