@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.cell.spec import GPU_MAX_TOKENS, CellSpec
 from harness.matrix.fit import DTYPE_BYTES, estimate, kv_bytes_per_token
 from harness.shape.graph_pool import GPU_MEMORY_UTILIZATION, context_fit, estimate_pool
 from harness.shape.params import H200_BYTES
 from harness.shape.structure import Structure
 
-MAX_TOKENS = 4096  # the GPU ladder's largest bucket (pcgh cell's default on cuda)
-MEMORY_SHARE = 0.10  # the matrix's default memory_share
+MAX_TOKENS = GPU_MAX_TOKENS  # the GPU ladder's largest bucket: a cell's own default on cuda
+MEMORY_SHARE: float = CellSpec.__dataclass_fields__["memory_share"].default  # the cell's own default share
 _GIB = 1 << 30
 
 
