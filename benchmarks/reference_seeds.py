@@ -5,6 +5,7 @@ wrong.
 
     python benchmarks/reference_seeds.py                      # the smoke matrix (CPU), 20 seeds
     python benchmarks/reference_seeds.py --seeds 5 --filter qwen3-0.6b:tiny
+    python benchmarks/reference_seeds.py --kv-cache fp8_e4m3      # the same with an FP8 KV cache
 
 Prints one line per (model, quant) — passes, the worst |Δlogprob| mean and max against their bounds, the worst kernel
 error — and every false fail; exits 1 if there is one. tests/harness/cell/test_reference_seeds.py runs a slice.
@@ -44,11 +45,13 @@ def combinations(matrix: str, pattern: str = "*") -> list[CellSpec]:
     return out
 
 
-def probe(spec: CellSpec, seed: int) -> ReferenceCheck:
-    """The reference layer's verdict on `spec`'s eager run under `seed` (as run_cell loads and quantizes it)."""
-    spec = replace(spec, seed=seed)
+def probe(spec: CellSpec, seed: int, kv_cache: str = "auto") -> ReferenceCheck:
+    """The reference layer's verdict on `spec`'s eager run under `seed` (as run_cell loads and quantizes it, an FP8
+    KV cache's scales calibrated as it calibrates them)."""
+    spec = replace(spec, seed=seed, kv_cache=kv_cache)
     capture = CaptureConfig(backend="disabled", max_tokens=spec.max_tokens)
-    config = EngineConfig(device=spec.device, dtype=spec.dtype, attention=spec.attention, capture=capture)
+    config = EngineConfig(device=spec.device, dtype=spec.dtype, attention=spec.attention, capture=capture,
+                          kv_cache=kv_cache)
     cell = cell_run._Cell(spec, config, cell_run.recorded_settings(spec))
     cell_run._load(cell)
     chosen, _ = reference_cases(cell.cases)
@@ -61,12 +64,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--matrix", default=str(ROOT / "harness" / "configs" / "smoke.yaml"))
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--filter", default="*", help="model glob (with ':tiny' for tiny cells)")
+    ap.add_argument("--kv-cache", default="auto", help="the KV cache's dtype (fp8_e4m3: the FP8 reference)")
     args = ap.parse_args(argv)
     false_fails = []
     for spec in combinations(args.matrix, args.filter):
         t0, checks = time.perf_counter(), []
         for seed in range(args.seeds):
-            check = probe(spec, seed)
+            check = probe(spec, seed, args.kv_cache)
             checks.append(check)
             if check.status != "pass":
                 false_fails.append(f"{spec.model} {spec.quant} {spec.attention} seed {seed}: {check.status}: {check.reason}")

@@ -51,6 +51,18 @@ def test_the_support_table_is_the_capability_tables():
     assert replace(README, render()) == README, "run: python -m harness.matrix.support_table --write README.md"
 
 
+def test_the_support_table_lists_what_ships_not_a_plugin_registered_here(monkeypatch):
+    """The suite registers fault backends (test_perturb, planted_*) in its own process; the README is not theirs
+    (CI's whole run rendered them into the table once)."""
+    from pcg_core.registry import ATTENTION_BACKENDS, CAPTURE_BACKENDS
+
+    before = render()
+    for registry, like in ((CAPTURE_BACKENDS, "piecewise"), (ATTENTION_BACKENDS, "sdpa")):
+        monkeypatch.setitem(registry._classes, "plugin_x", type("PluginX", (registry.get(like),), {"name": "plugin_x"}))
+    assert "plugin_x" in CAPTURE_BACKENDS.names() and "plugin_x" in ATTENTION_BACKENDS.names()
+    assert render() == before
+
+
 @pytest.mark.parametrize("page", [ROOT / "README.md", *DOCS, ROOT / "web" / "README.md"], ids=lambda p: p.name)
 def test_every_link_is_a_file_that_exists(page):
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):

@@ -1,7 +1,9 @@
 """The README's "What runs" table, rendered from the runtime's capability table (pcg_core.capabilities), so the front
 door says what the pre-check says and cannot fall behind it: `python -m harness.matrix.support_table` prints it,
 `--write README.md` puts it between the file's support-table markers, and tests/harness/matrix/test_support_table.py
-fails when the committed README differs from what this renders."""
+fails when the committed README differs from what this renders. It lists what ships: the built-in attention and
+capture backends, never a plugin registered in the process that renders it (the test suite registers fault
+backends; a user's plugin is theirs, not the README's)."""
 
 from __future__ import annotations
 
@@ -24,9 +26,11 @@ def render(caps: dict[str, Any] | None = None) -> str:
     """Markdown: one row per architecture (its features, the attention backends that serve them, the capture
     backends that can hold them), then one line per other axis."""
     from pcg_core.capabilities import attention_unsupported_reason, capabilities, split_op_capture_reason
+    from pcg_core.registry import ATTENTION_BACKENDS, CAPTURE_BACKENDS
 
     caps = caps if caps is not None else capabilities()
-    attn, capture = caps["attention_backends"], list(caps["capture_backends"])
+    attn = {a: b for a, b in caps["attention_backends"].items() if a in ATTENTION_BACKENDS.built_in}
+    capture = [g for g in caps["capture_backends"] if g in CAPTURE_BACKENDS.built_in]
     cuda_only = [a for a, b in attn.items() if b["devices"].get("cpu")]
     rows = ["| architecture | features | attention | capture |", "|---|---|---|---|"]
     for arch, features in caps["architectures"].items():

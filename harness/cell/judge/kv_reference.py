@@ -11,10 +11,12 @@ The noise that sets the bounds is measured the same way as for any cell: this tw
 transformers' other attention) against itself in float32, rounding K and V with the same scales. In half precision
 that noise holds the FP8 roundings that land elsewhere (a bf16 K is 2^-9 from float32's: ~3% of values round to the
 other neighbour). In float32, implementations 1e-7 apart land a value on the other side of an FP8 step only by
-chance: on the CPU (4 architectures × seeds 1–7) pcg's eager never moved a logprob past the float32 floor (worst
-2.8e-4), while 2 of 36 noise runs did (up to 0.019, widening their bounds). Turning FP8 roundings in the noise run
-on purpose to cover such a chance was tried and dropped: one turned value per K or V tensor already widened the max
-bound to whole nats (0.7–4.4 on the tiny models), a bound that would hold nothing.
+chance, and the other attention need not land one: pcg's eager once sat 1.02e-3 from the reference with a noise of
+7.6e-6 (Qwen2.5-VL tiny × fp8_block, CI). Turning FP8 roundings at random was tried and dropped: one turned value per
+K or V tensor widened the max bound to whole nats (0.7–4.4 on the tiny models), a bound that would hold nothing. What
+the float32 noise twin does instead (`turn`): it rounds the other way exactly the values chance could turn — those
+within `AMBIGUOUS` (relative) of the midpoint between their two FP8 neighbours — and no other. That set is what a
+summation-order difference reaches, so the bound covers any chance subset of it and stays a rounding's width.
 
 Registered with transformers as attention implementations `pcg_fp8kv_sdpa` and `pcg_fp8kv_eager` (masks as sdpa's
 and eager's): the twin's modules call them as they call their own, and each reads its layer's scales from the
@@ -37,14 +39,28 @@ from pcg_core.model.mla import is_mla_attention
 PREFIX = "pcg_fp8kv_"
 FP8_E4M3_MAX = 448.0
 SCALE_ATTRIBUTE = "pcg_ref_kv_scale"
+TURN_ATTRIBUTE = "pcg_ref_kv_turn"
+# How near the midpoint between two FP8 neighbours (relative to the value) a K or V value must sit for a float32
+# summation-order difference to land it on either side. Calibrated on the CPU (Qwen3 tiny, sdpa and flex, seeds 0-1,
+# 16-bit and fp8_block): pcg's eager showed a turned rounding (max |Δlogprob| 1.6e-4 to 5.9e-4 over a 4e-6 floor) in
+# 3 of 6 runs; a noise twin turning within 1e-7 landed one in 1 of 6, within 1e-6 in 3 of 6 (its max bound then
+# 0.010-0.047, the mean bound ≤ 5.2e-4); within 1e-5 every run, with max bounds of whole tenths. 1e-6 (~8 float32
+# ulps) turns a superset of what pcg's own order turns, and ~3 values in 10^5.
+AMBIGUOUS = 1e-6
 # The eager attention function each model's module calls under "eager" (transformers' modeling modules; Grok's own).
 _EAGER_FUNCTIONS = ("eager_attention_forward", "grok_eager_attention")
 
 
-def fake_quant(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """x as an FP8 e4m3 cache with this per-tensor scale gives it back, in x's dtype."""
+def fake_quant(x: torch.Tensor, scale: float, turn: bool = False) -> torch.Tensor:
+    """x as an FP8 e4m3 cache with this per-tensor scale gives it back, in x's dtype. `turn`: values within
+    AMBIGUOUS of a rounding midpoint go to their other neighbour (the float32 noise twin's rounding)."""
     s = torch.tensor(scale, dtype=torch.float32, device=x.device)
-    return ((x.float() / s).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float() * s).to(x.dtype)
+    y = (x.float() / s).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    q = y.to(torch.float8_e4m3fn).float()
+    if turn:  # y near the midpoint of q and its other neighbour n: 2y - q is near n, and rounds to it
+        n = (2 * y - q).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
+        q = torch.where((n != q) & ((y - (q + n) / 2).abs() <= AMBIGUOUS * y.abs()), n, q)
+    return (q * s).to(x.dtype)
 
 
 def _base_function(base: str, module: torch.nn.Module):
@@ -61,13 +77,14 @@ def _base_function(base: str, module: torch.nn.Module):
 def _fp8_kv_attention(base: str):
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         k_scale, v_scale = getattr(module, SCALE_ATTRIBUTE)
+        turn = getattr(module, TURN_ATTRIBUTE, False)
         if is_mla_attention(module):
             # The latent's compressed part was rounded at kv_a_layernorm (the hook below), so keys' expanded
             # no-rope part and the values follow from it; the rotated shared key part is rounded here.
             nope = module.qk_nope_head_dim
-            key = torch.cat([key[..., :nope], fake_quant(key[..., nope:], k_scale)], dim=-1)
+            key = torch.cat([key[..., :nope], fake_quant(key[..., nope:], k_scale, turn)], dim=-1)
         else:
-            key, value = fake_quant(key, k_scale), fake_quant(value, v_scale)
+            key, value = fake_quant(key, k_scale, turn), fake_quant(value, v_scale, turn)
         return _base_function(base, module)(module, query, key, value, attention_mask, *args, **kwargs)
 
     return attention
@@ -78,24 +95,25 @@ for _base in ("sdpa", "eager"):
     AttentionMaskInterface.register(PREFIX + _base, ALL_MASK_ATTENTION_FUNCTIONS[_base])
 
 
-def _round_latent(scale: float):
+def _round_latent(scale: float, turn: bool):
     def hook(module: torch.nn.Module, args, out: torch.Tensor) -> torch.Tensor:
-        return fake_quant(out, scale)
+        return fake_quant(out, scale, turn)
 
     return hook
 
 
-def round_kv(twin: torch.nn.Module, attention: str, scales: Mapping[int, tuple[float, float]]) -> str:
-    """Make transformers' twin round K and V as an FP8 cache with `scales` does; returns the attention
-    implementation to set on its config (`attention`'s FP8 twin)."""
+def round_kv(twin: torch.nn.Module, attention: str, scales: Mapping[int, tuple[float, float]], turn: bool = False) -> str:
+    """Make transformers' twin round K and V as an FP8 cache with `scales` does (`turn`: the ambiguous values the
+    other way, fake_quant); returns the attention implementation to set on its config (`attention`'s FP8 twin)."""
     for module in twin.modules():
         layer = getattr(module, "layer_idx", None)
         if layer is None or not hasattr(module, "o_proj"):
             continue
         k_scale, v_scale = (float(x) for x in scales[layer])
         setattr(module, SCALE_ATTRIBUTE, (k_scale, v_scale))
+        setattr(module, TURN_ATTRIBUTE, turn)
         if is_mla_attention(module):
-            module.kv_a_layernorm.register_forward_hook(_round_latent(k_scale))
+            module.kv_a_layernorm.register_forward_hook(_round_latent(k_scale, turn))
     return PREFIX + attention
 
 

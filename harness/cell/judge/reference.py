@@ -107,19 +107,20 @@ def _attention_implementation(model: torch.nn.Module) -> str:
 
 def _hf_twin(model: torch.nn.Module, float32: bool, attention: str, nudge: bool = False,
              make_twin: Callable[[torch.nn.Module, bool], torch.nn.Module] = reference_twin,
-             kv_scales: KVScales | None = None) -> torch.nn.Module:
+             kv_scales: KVScales | None = None, kv_turn: bool = False) -> torch.nn.Module:
     """The reference twin run as transformers' own model. `nudge`: its input embeddings moved by one float32 rounding
     step (2^-23 relative, random sign per value): what any other float32 implementation's summation order does to
     them. Where nothing amplifies it the output moves by ~1e-7; an activation quantizer turns it into whole rounding
     steps, and this twin measures by how much (the float32 cells' noise). `kv_scales`: K and V rounded as an FP8
-    KV cache with those scales holds them (kv_reference.py)."""
+    KV cache with those scales holds them (kv_reference.py); `kv_turn`: the values a float32 summation order could
+    round either way rounded the other way (the float32 noise twin's)."""
     twin = make_twin(model, float32)
     uninstall_mla(twin)
     uninstall_gated_deltanet(twin)  # transformers' own Gated DeltaNet (its conv and delta rule, no state pool)
     if kv_scales is None:
         twin.config._attn_implementation = attention
     else:  # K and V rounded in the text model's attention only: a VLM's vision tower has no KV cache
-        twin.config._attn_implementation = text_only(twin.config, round_kv(twin, attention, kv_scales), attention)
+        twin.config._attn_implementation = text_only(twin.config, round_kv(twin, attention, kv_scales, kv_turn), attention)
     if nudge:
         twin.get_input_embeddings().register_forward_hook(_nudge)
     return twin
@@ -168,13 +169,14 @@ def _transformers_positions(model: torch.nn.Module, dtype: str, cases: list[Case
     ref32 = make_twin(model, True, attention)
     # The reference's own noise: in half precision the same forward in the cell's dtype; in float32 transformers'
     # other attention implementation (another summation order at every layer, as pcg's own), or where the model has
-    # only one, the forward nudged by a rounding step (_hf_twin).
+    # only one, the forward nudged by a rounding step (_hf_twin); with an FP8 KV cache, its roundings a float32
+    # summation order could land either way landed the other way (kv_reference.py).
     if dtype != "float32":
         ref16 = make_twin(model, False, attention)
     elif attention == "sdpa":
-        ref16 = make_twin(model, True, "eager")
+        ref16 = make_twin(model, True, "eager", kv_turn=True)
     else:
-        ref16 = make_twin(model, True, attention, nudge=True)
+        ref16 = make_twin(model, True, attention, nudge=True, kv_turn=True)
     pos = _Positions([], [], [], [])
     try:
         for name, i, o, images in seqs:

@@ -56,12 +56,22 @@ def _shards(mod: torch.nn.Module, rowwise: bool) -> list[torch.nn.Module]:
 SCHEMES = ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "w4a8"]
 
 
+def _assert_same_sum(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, lin: torch.nn.Linear) -> None:
+    """Equal up to float32 summation order: two K halves summed apart differ from one whole-K sum by a few ulps of
+    the sum of |x·w| (not of the output, which cancels to near 0 at some columns; how much depends on the CPU's
+    GEMM blocking: 0.6–1 ulp here, an AMD host failed a fixed atol of 1e-4). A wrong slice or scale is ~1e-1 of it."""
+    magnitude = x.abs() @ lin.weight.abs().T
+    excess = (got - want).abs() - 16 * torch.finfo(torch.float32).eps * magnitude
+    assert excess.max() <= 0, f"{(excess > 0).sum()} outputs differ beyond float32 summation order"
+
+
 @pytest.mark.parametrize("name", SCHEMES)
 @pytest.mark.parametrize("bias", [False, True])
 @torch.no_grad()
 def test_row_parallel_shards_sum_to_the_unsharded_layer(name, bias):
     x = torch.randn(7, K, generator=torch.Generator().manual_seed(1)) * torch.logspace(-1, 1, K)
-    full = _quantized(name, _float_linear(0, bias), x)
+    lin = _float_linear(0, bias)
+    full = _quantized(name, lin, x)
     a, b = _shards(full, rowwise=True)
     assert type(a).__name__.startswith("RowParallel") and a.in_features == K // 2
     got = a.local_forward(x[:, : K // 2]) + b.local_forward(x[:, K // 2 :])
@@ -72,7 +82,7 @@ def test_row_parallel_shards_sum_to_the_unsharded_layer(name, bias):
         assert not torch.allclose(full(x), want, atol=1e-4)  # the rounding does differ from one whole-K rounding
     else:
         want = full(x)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    _assert_same_sum(got, want, x, lin)
 
 
 @pytest.mark.parametrize("name", SCHEMES)
@@ -83,6 +93,22 @@ def test_column_parallel_shards_are_the_unsharded_layers_rows(name):
     a, b = _shards(full, rowwise=False)
     assert a.out_features == N // 2 and type(a) is type(full)
     torch.testing.assert_close(torch.cat([a(x), b(x)], -1), full(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["fp8_block", "awq"])
+@torch.no_grad()
+def test_a_row_shard_with_the_other_ranks_scales_fails_the_sum_check(name):
+    """The row-parallel check's planted fault: rank 1 keeps rank 0's weight scales (block or group scales that vary
+    by column block, as trained ones do)."""
+    x = torch.randn(7, K, generator=torch.Generator().manual_seed(1)) * torch.logspace(-1, 1, K)
+    lin = _float_linear(0, False)
+    full = _quantized(name, lin, x)
+    a, b = _shards(full, rowwise=True)
+    scale = next(n for n in ("weight_scale", "weight_scale_inv", "scales") if isinstance(getattr(b, n, None), torch.Tensor))
+    setattr(b, scale, getattr(a, scale).clone())
+    got = a.local_forward(x[:, : K // 2]) + b.local_forward(x[:, K // 2 :])
+    with pytest.raises(AssertionError, match="beyond float32 summation order"):
+        _assert_same_sum(got, full(x), x, lin)
 
 
 @torch.no_grad()
