@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
 from pcg_core.quant.layers.experts import intermediate_absmax, is_experts, quantizable
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @contextmanager
@@ -54,7 +58,7 @@ def _attention_settings(config) -> tuple[str | dict, str | dict]:
     return previous, {**previous, "": _KV_CALIBRATION, "text_config": _KV_CALIBRATION}
 
 
-def producer_kv_scales(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[int, tuple[float, float]]:
+def producer_kv_scales(model: PreTrainedModel, input_ids: torch.Tensor) -> dict[int, tuple[float, float]]:
     """{decoder layer index: (k_scale, v_scale)}, each the absmax of what that layer's KV cache holds over a forward
     of `input_ids` [1, T], divided by FP8 e4m3's 448: a producer's FP8 KV-cache calibration (ModelOpt's, without
     its clamp to ≥ 1, so the scales vary by layer as a mix-up needs them to). The keys are taken after the norm and
@@ -97,7 +101,8 @@ def producer_kv_scales(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[
             half = r.shape[-1] // 2
             pairs = torch.cat([torch.hypot(r[..., :half], r[..., half:]), torch.hypot(r[..., 0::2], r[..., 1::2])], -1)
             keep(idx, float(pairs.max()), 0.0)
-        handles += [mod.kv_a_layernorm.register_forward_hook(latent), mod.kv_a_proj_with_mqa.register_forward_hook(rope_part)]
+        handles += [mod.get_submodule("kv_a_layernorm").register_forward_hook(latent),
+                    mod.get_submodule("kv_a_proj_with_mqa").register_forward_hook(rope_part)]
     previous, recording_one = _attention_settings(model.config)
     try:
         model.set_attn_implementation(recording_one)

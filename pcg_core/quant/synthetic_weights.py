@@ -119,7 +119,7 @@ def make_realistic_(model: torch.nn.Module, seed: int, skip: tuple[str, ...] = (
             if name.endswith(skip):
                 continue
             if isinstance(mod, torch.nn.Linear):
-                views = [("weight", mod.weight, False)]
+                views: list[tuple[str, torch.Tensor | None, bool]] = [("weight", mod.weight, False)]
             elif is_experts(mod):
                 views = [(p, getattr(mod, p, None), getattr(mod, "is_transposed", False)) for p in PROJECTIONS]
             else:

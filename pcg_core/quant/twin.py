@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import copy
 import types
+from typing import cast
 
 import torch
 
 from pcg_core.quant.layers import experts as quant_experts
-from pcg_core.quant.layers.expert_layout import add_bias, canonical_weight, first_projection
-from pcg_core.quant.layers.linear import reference_forward, scheme_of
+from pcg_core.quant.layers.expert_layout import add_bias, canonical_weight, expert_count, first_projection, gate
+from pcg_core.quant.layers.fp4_linear import Fp4Linear
+from pcg_core.quant.layers.int4_linear import Int4Linear
+from pcg_core.quant.layers.linear import QuantLinear, reference_forward, scheme_of
 
 
 def _quantized_linear(module: torch.nn.Module) -> bool:
@@ -41,7 +44,7 @@ def _quantized_experts(module: torch.nn.Module) -> bool:
     return scheme_of(module) is not None and hasattr(module, "num_experts")
 
 
-def _dequantized_linear_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _dequantized_linear_forward(self: QuantLinear | Int4Linear | Fp4Linear, x: torch.Tensor) -> torch.Tensor:
     """A quantized linear's float layer: x times its weight dequantized in float32, plus its bias; no activation
     quantizer."""
     bias = getattr(self, "bias", None)
@@ -52,7 +55,8 @@ def _dequantized_linear_forward(self: torch.nn.Module, x: torch.Tensor) -> torch
 def _embedding_forward(self: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
     """The rows looked up in the shared half-precision table, then made float32: the same values bitwise as a
     lookup in a float32 table, without a float32 copy of the whole table (3.7 GB for DeepSeek-V3's) per forward."""
-    return torch.nn.functional.embedding(ids, self._parameters["weight"], self.padding_idx).float()
+    weight = cast(torch.Tensor, self._parameters["weight"])  # torch types a registered parameter Optional
+    return torch.nn.functional.embedding(ids, weight, self.padding_idx).float()
 
 
 def _refuse_apply(self: torch.nn.Module, fn, recurse: bool = True):
@@ -69,9 +73,13 @@ def _float32_class(cls: type, names: tuple[str, ...]) -> type:
     pickle (it is never saved: it lives as long as one padding check)."""
     key = (cls, names)
     if key not in _FLOAT32_CLASSES:
-        props = {n: property(lambda self, n=n: self._parameters[n].float()) for n in names}
+        props = {n: _float32_read(n) for n in names}
         _FLOAT32_CLASSES[key] = type(cls.__name__, (cls,), {**props, "__module__": cls.__module__})
     return _FLOAT32_CLASSES[key]
+
+
+def _float32_read(name: str) -> property:
+    return property(lambda self: self._parameters[name].float())
 
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -89,14 +97,14 @@ def _read_in_float32(name: str, module: torch.nn.Module) -> None:
     names = tuple(n for n, p in module._parameters.items() if p is not None and p.dtype in _HALF)
     if names:
         if type(module) is torch.nn.Embedding and module.max_norm is None:
-            module.forward = types.MethodType(_embedding_forward, module)
+            setattr(module, "forward", types.MethodType(_embedding_forward, module))  # this instance's own forward
         module.__class__ = _float32_class(type(module), names)
     for n, b in module._buffers.items():
         if b is not None and b.dtype in _HALF:
             module._buffers[n] = b.float()
 
 
-def _reference_linear_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _reference_linear_forward(self: QuantLinear | Int4Linear | Fp4Linear, x: torch.Tensor) -> torch.Tensor:
     """A quantized linear's reference math (its op's plain implementation: the activation quantized as the
     kernel quantizes it, the weight dequantized, float32 accumulation), whatever device it is on: what its kernel
     is held to."""
@@ -161,11 +169,11 @@ def routed_float_experts_forward(module: torch.nn.Module, hidden_states: torch.T
     x = hidden_states.float()
     out = torch.zeros_like(x)
     for e in torch.unique(top_k_index).tolist():
-        if not 0 <= e < module.num_experts:  # a slot routed nowhere (as the dense reference ignores it)
+        if not 0 <= e < expert_count(module):  # a slot routed nowhere (as the dense reference ignores it)
             continue
         tokens, slots = torch.nonzero(top_k_index == e, as_tuple=True)
         h = add_bias(x[tokens] @ _expert_weight(module, first, e).t(), module, first, e)
-        h = module._apply_gate(h) if gated else module.act_fn(h)
+        h = gate(module, h, gated)
         y = add_bias(h @ _expert_weight(module, "down_proj", e).t(), module, "down_proj", e)
         out.index_add_(0, tokens, y * top_k_weights[tokens, slots, None].float())
     return out.to(hidden_states.dtype)

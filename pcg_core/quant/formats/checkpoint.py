@@ -91,7 +91,7 @@ def load_quantized(model: torch.nn.Module, path: str | Path, spec: QuantSpec, la
     _load_rest(model, tensors, layout, report)
     if spec.kv_cache is not None:
         report.kv_scales = read_kv_scales(model, tensors, spec.kv_cache, layout.file_key)
-        model.pcg_kv_scales = dict(report.kv_scales)
+        setattr(model, "pcg_kv_scales", dict(report.kv_scales))
     _check_all_used(tensors, layers, report, spec, unexpected_ok(model))
     if not report.quantized:
         four = spec.int4 or spec.fp4
@@ -122,6 +122,7 @@ def _swap(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
 
 def _int4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors, spec: QuantSpec) -> Int4Linear:
     """The int4 linear `name` (as the files spell it); a linear the declaration leaves alone must not be packed."""
+    assert spec.int4 is not None and isinstance(spec.scheme, Int4Scheme)  # load_quantized's dispatch: spec.int4 declares int4
     if spec.ignored(name):
         raise UnsupportedModel(f"{tensors.path}: {spec.int4.packed_key(name)} is packed in 4 bits but {spec.where} lists "
                                f"{name} as not quantized")
@@ -130,6 +131,7 @@ def _int4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors, sp
 
 def _fp4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors, spec: QuantSpec) -> Fp4Linear:
     """The FP4 linear `name` (as the files spell it); a linear the declaration leaves alone must not be packed."""
+    assert spec.fp4 is not None and isinstance(spec.scheme, Fp4Scheme)  # load_quantized's dispatch: spec.fp4 declares FP4
     if spec.ignored(name):
         raise UnsupportedModel(f"{tensors.path}: {spec.fp4.packed_key(name)} is packed in FP4 but {spec.where} lists "
                                f"{name} as not quantized")
@@ -138,7 +140,8 @@ def _fp4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors, spe
 
 def _quant_linear(mod: torch.nn.Linear, w: torch.Tensor, tensors: CheckpointTensors, name: str, spec: QuantSpec) -> QuantLinear:
     """The linear `name` (as the files spell it) quantized from its stored tensors."""
-    s: Scheme = spec.scheme
+    s = spec.scheme
+    assert isinstance(s, Scheme)  # an 8-bit weight: load_quantized refused it under a 4-bit declaration
     path = tensors.path
     dev = mod.weight.device
     q = QuantLinear(mod.in_features, mod.out_features, s, mod.bias is not None, dev, mod.weight.dtype)
@@ -158,6 +161,7 @@ def _quant_linear(mod: torch.nn.Linear, w: torch.Tensor, tensors: CheckpointTens
     elif key in tensors:
         raise UnsupportedModel(f"{path}: {key} is a static activation scale, but {spec.where} declares dynamic activations")
     if mod.bias is not None:
+        assert q.bias is not None  # built with a bias
         q.bias.copy_(tensors.get(f"{name}.bias"))
     return q
 
@@ -279,7 +283,7 @@ class _Job:
 
     def as_stored(self, s: torch.Tensor) -> torch.Tensor:
         """An 8-bit weight scale in the shape its producer writes."""
-        if self.fmt == "modelopt" and self.scheme.weights == "channel":
+        if self.fmt == "modelopt" and isinstance(self.scheme, Scheme) and self.scheme.weights == "channel":
             return s.reshape(-1)  # ModelOpt writes per-channel scales flat
         return s.reshape(s.shape or (1,)) if self.fmt == "compressed-tensors" else s.contiguous()
 
@@ -306,8 +310,9 @@ def _declare_mxfp4(job: _Job) -> _Plan:
 
 def _declare_int4(job: _Job) -> _Plan:
     """One group size for every packed weight, the largest that divides all their widths (common_group)."""
+    assert isinstance(job.scheme, Int4Scheme)  # the int4 family (_family)
     widths = [m.in_features for m in job.linears.values()] + [w.shape[-1] for m in job.experts.values()
-                                                              for w in (m.down_proj, getattr(m, "gate_up_proj", m.down_proj))]
+                                                              for w in (getattr(m, "down_proj"), getattr(m, "gate_up_proj", getattr(m, "down_proj")))]
     int4 = Int4Format(CT_INT if job.fmt == "compressed-tensors" and job.ct_format == "int-quantized" else job.fmt,
                       common_group(job.scheme, widths))
     return _Plan(int4_declaration(int4.name, job.scheme, int4.group, job.ignore), None, int4=int4)
@@ -321,11 +326,13 @@ def _declare_fp4(job: _Job) -> _Plan:
 
 def _declare_8bit(job: _Job) -> _Plan:
     """FP8 and INT8 weights: each format's producer declares them its own way (detect.declaration)."""
+    assert isinstance(job.scheme, Scheme)  # the 8-bit family (_family)
     return _Plan(*declaration(job.fmt, job.scheme, job.ignore, job.legacy))
 
 
 def _int4_weight(job: _Job, plan: _Plan, mod: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
     """A linear's weight packed in 4 bits as `plan.int4`'s producer packs it (its groups, act-order, zeros)."""
+    assert plan.int4 is not None and isinstance(job.scheme, Int4Scheme)  # the int4 family (_declare_int4)
     w = stored_weight(quantize_int4_ordered(t.detach(), plan.int4.group, job.scheme.sym, job.scheme.act_order),
                       plan.int4, t.dtype)
     base = job.layout.file_key(mod)
@@ -334,16 +341,20 @@ def _int4_weight(job: _Job, plan: _Plan, mod: str, t: torch.Tensor) -> dict[str,
 
 def _fp4_weight(job: _Job, plan: _Plan, mod: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
     """A linear's weight in NVFP4: codes, block scales and the global scale, as `plan.fp4` names them."""
+    assert plan.fp4 is not None  # the fp4 family (_declare_fp4)
     return {f"{job.layout.file_key(mod)}.{k}": v for k, v in fp4_tensors(quantize_nvfp4(t), plan.fp4).items()}
 
 
 def _8bit_weight(job: _Job, plan: _Plan, mod: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
     """A linear's 8-bit weight, its scale, and for a static scheme its calibrated activation scale."""
-    q, s = quantize_weight(t, job.scheme)
+    scheme = job.scheme
+    assert isinstance(scheme, Scheme)  # the 8-bit family (_family)
+    q, s = quantize_weight(t, scheme)
     base = job.layout.file_key(mod)
     out = {job.layout.file_key(f"{mod}.weight"): q.contiguous(), f"{base}.{job.scale_name}": job.as_stored(s)}
-    if not job.scheme.act_dynamic:
-        out[f"{base}.input_scale"] = torch.tensor(max(job.input_absmax[mod], 1e-6) / job.scheme.qmax)
+    if not scheme.act_dynamic:
+        assert job.input_absmax is not None  # write_checkpoint refuses a static scheme without it
+        out[f"{base}.input_scale"] = torch.tensor(max(job.input_absmax[mod], 1e-6) / scheme.qmax)
     return out
 
 
@@ -392,13 +403,14 @@ def _tensors(job: _Job, plan: _Plan, family: _Family) -> dict[str, torch.Tensor]
     tensors: dict[str, torch.Tensor] = {}
     for name, mod in job.experts.items():
         tensors.update(family.experts(job, plan, name, mod))
-    linears = job.linears if family.linear is not None else {}
+    linear = family.linear
+    linears = job.linears if linear is not None else {}
     for key, t in job.model.state_dict().items():
-        mod = key.rpartition(".")[0]
-        if mod in job.experts:
+        owner = key.rpartition(".")[0]
+        if owner in job.experts:
             continue
-        if mod in linears and key.endswith(".weight"):
-            tensors.update(family.linear(job, plan, mod, t))
+        if linear is not None and owner in linears and key.endswith(".weight"):
+            tensors.update(linear(job, plan, owner, t))
         else:
             tensors[job.layout.file_key(key)] = t.detach().clone().contiguous()
     return tensors

@@ -339,7 +339,7 @@ def _ct_format(qc: dict[str, Any], where: str) -> Any:
     """The checkpoint's compressed-tensors format: the top-level one, or the one its config groups name (recent
     compressed-tensors writes it in each group too; "mixed-precision" at the top when they differ)."""
     top = qc.get("format")
-    named = {g.get("format") for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict) and g.get("format")}
+    named = {f for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict) and (f := g.get("format"))}
     if len(named) > 1:
         raise _refuse(where, f"config_groups in formats {sorted(named)}; one format per checkpoint is read")
     if named:
@@ -429,7 +429,7 @@ def declaration(fmt: str, scheme: Scheme, ignore: tuple[str, ...] = ("lm_head",)
     if fmt == "w8a8_int8":
         return {"quant_method": "w8a8_int8"}, None
     if fmt == "compressed-tensors":
-        weights = {"num_bits": 8, "type": "float" if scheme.kind == "fp8" else "int", "strategy": scheme.weights,
+        weights: dict[str, Any] = {"num_bits": 8, "type": "float" if scheme.kind == "fp8" else "int", "strategy": scheme.weights,
                    "symmetric": True, "dynamic": False}
         acts = {"num_bits": 8, "type": weights["type"], "strategy": scheme.acts, "symmetric": True,
                 "dynamic": scheme.act_dynamic}

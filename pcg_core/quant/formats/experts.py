@@ -14,14 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from pcg_core.errors import UnsupportedModel
+from pcg_core.quant.layers.expert_layout import expert_count
 from pcg_core.quant.layers.experts import install, install_int4, quantizable
 from pcg_core.quant.formats.files import EIGHT_BIT, CheckpointTensors, shaped
 from pcg_core.quant.formats.detect import QuantSpec
-from pcg_core.quant.schemes.fp4 import quantize_nvfp4
+from pcg_core.quant.schemes.fp4 import Fp4Scheme, quantize_nvfp4
 from pcg_core.quant.formats.fp4 import Fp4Format, fp4_tensors, read_fp4_weight
 from pcg_core.quant.layers.fp4_experts import install_fp4_experts
 from pcg_core.quant.schemes.int4 import Int4Scheme, Int4Weight, quantize_int4_ordered
@@ -67,6 +69,7 @@ def read_experts(module: torch.nn.Module, name: str, tensors: CheckpointTensors,
         return _read_int4_experts(module, name, tensors, spec, base, parts, shapes)
     if spec.fp4 is not None:
         return _read_fp4_experts(module, name, tensors, spec, base, parts, shapes)
+    assert isinstance(s, Scheme)  # 8-bit: the 4-bit declarations carry spec.int4 or spec.fp4
     weights = {p: [f"{base}.{e}.{proj}.weight" for e in range(e_n)] for p, proj in parts.items()}
     missing = [k for keys in weights.values() for k in keys if k not in tensors]
     if missing:
@@ -124,7 +127,8 @@ def _read_int4_experts(module: torch.nn.Module, name: str, tensors: CheckpointTe
     buffers of experts.install_int4; gate and up fused along N, each keeping its own act-order permutation. A
     compressed-tensors W4A8 / W4AFP8 declaration (8-bit token activations, none on disk) gives W4A8 experts: the
     declared scheme, installed with them, carries the activation type their forwards quantize to."""
-    path, fmt, e_n = tensors.path, spec.int4, module.num_experts
+    path, fmt, scheme, e_n = tensors.path, spec.int4, spec.scheme, expert_count(module)
+    assert fmt is not None and isinstance(scheme, Int4Scheme)  # read_experts' dispatch: spec.int4 declares int4
     keys = {p: [f"{base}.{e}.{proj}" for e in range(e_n)] for p, proj in parts.items()}
     packed = {fmt.is_packed(tensors, k) for ks in keys.values() for k in ks}
     if packed == {False}:
@@ -143,13 +147,13 @@ def _read_int4_experts(module: torch.nn.Module, name: str, tensors: CheckpointTe
                                "and partly not; one experts module is one scheme")
     if spec.ignored(keys["down"][0]):
         raise UnsupportedModel(f"{path}: {name}'s experts are packed in 4 bits but {spec.where} lists them as not quantized")
-    read = {p: [read_int4_weight(k, tensors, fmt, spec.scheme, shapes[p]) for k in ks] for p, ks in keys.items()}
+    read = {p: [read_int4_weight(k, tensors, fmt, scheme, shapes[p]) for k in ks] for p, ks in keys.items()}
     if "gate" in parts:
         fused = [_fuse_int4(g, u) for g, u in zip(read["gate"], read["up"])]
-        install_int4(module, spec.scheme, "gate_up_proj", _same_perm_form(fused))
+        install_int4(module, scheme, "gate_up_proj", _same_perm_form(fused))
     else:
-        install_int4(module, spec.scheme, "up_proj", _same_perm_form(read["up"]))
-    install_int4(module, spec.scheme, "down_proj", _same_perm_form(read["down"]))
+        install_int4(module, scheme, "up_proj", _same_perm_form(read["up"]))
+    install_int4(module, scheme, "down_proj", _same_perm_form(read["down"]))
     return True
 
 
@@ -157,7 +161,8 @@ def _read_fp4_experts(module: torch.nn.Module, name: str, tensors: CheckpointTen
                       parts: dict[str, str], shapes: dict[str, tuple[int, int]]) -> bool:
     """NVFP4 experts (ModelOpt, compressed-tensors: one packed linear per expert and projection, each with its own
     global scale) into fp4_experts.install_fp4_experts' buffers; the same presence rule as int4's."""
-    path, fmt, e_n = tensors.path, spec.fp4, module.num_experts
+    path, fmt, scheme, e_n = tensors.path, spec.fp4, spec.scheme, expert_count(module)
+    assert fmt is not None and isinstance(scheme, Fp4Scheme)  # read_experts' dispatch: spec.fp4 declares FP4
     keys = {p: [f"{base}.{e}.{proj}" for e in range(e_n)] for p, proj in parts.items()}
     packed = {fmt.is_packed(tensors, k) for ks in keys.values() for k in ks}
     if packed == {False}:
@@ -170,7 +175,7 @@ def _read_fp4_experts(module: torch.nn.Module, name: str, tensors: CheckpointTen
     if spec.ignored(keys["down"][0]):
         raise UnsupportedModel(f"{path}: {name}'s experts are packed in FP4 but {spec.where} lists them as not quantized")
     read = {p: [read_fp4_weight(k, tensors, fmt, shapes[p]) for k in ks] for p, ks in keys.items()}
-    install_fp4_experts(module, spec.scheme, read["down"], read["up"], read.get("gate"))
+    install_fp4_experts(module, scheme, read["down"], read["up"], read.get("gate"))
     return True
 
 
@@ -243,20 +248,21 @@ def _requantize(q: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
 
 
 def _largest(scales: list[torch.Tensor | None]) -> torch.Tensor | None:
-    return None if scales[0] is None else torch.stack(scales).max()
+    return None if scales[0] is None else torch.stack(cast(list[torch.Tensor], scales)).max()  # every expert's or none
 
 
 def _copy_float(module: torch.nn.Module, loaded: dict[str, list[torch.Tensor]], gated: bool) -> None:
+    first, down = getattr(module, "gate_up_proj" if gated else "up_proj"), getattr(module, "down_proj")
     with torch.no_grad():
         if gated:
             fused = torch.stack([torch.cat([g, u]) for g, u in zip(loaded["gate"], loaded["up"])])
-            module.gate_up_proj.copy_(fused.to(module.gate_up_proj.dtype))
+            first.copy_(fused.to(first.dtype))
         else:
-            module.up_proj.copy_(torch.stack(loaded["up"]).to(module.up_proj.dtype))
-        module.down_proj.copy_(torch.stack(loaded["down"]).to(module.down_proj.dtype))
+            first.copy_(torch.stack(loaded["up"]).to(first.dtype))
+        down.copy_(torch.stack(loaded["down"]).to(down.dtype))
 
 
-def write_experts(module: torch.nn.Module, name: str, scheme: Scheme | Int4Scheme, scale_name: str, layout: ExpertLayout,
+def write_experts(module: torch.nn.Module, name: str, scheme: Scheme | Int4Scheme | Fp4Scheme, scale_name: str, layout: ExpertLayout,
                   input_absmax: dict[str, float] | None, as_stored: Callable[[torch.Tensor], torch.Tensor],
                   int4: Int4Format | None = None, fp4: Fp4Format | None = None) -> dict[str, torch.Tensor]:
     """The float experts module `name` as a producer writes it quantized: per expert and projection, each with its
@@ -267,12 +273,12 @@ def write_experts(module: torch.nn.Module, name: str, scheme: Scheme | Int4Schem
     if why := per_expert_layout_refusal(module, f"a per-expert {scheme.name} checkpoint"):
         raise NotImplementedError(f"{name}: {why}")
     gated = hasattr(module, "gate_up_proj")
-    first = module.gate_up_proj if gated else module.up_proj
+    first, down = getattr(module, "gate_up_proj" if gated else "up_proj"), getattr(module, "down_proj")
     i = first.shape[1] // 2 if gated else first.shape[1]
     base = layout.file_key(name)
     out: dict[str, torch.Tensor] = {}
     for e in range(first.shape[0]):
-        parts = {layout.down: (module.down_proj[e], "down")}
+        parts = {layout.down: (down[e], "down")}
         if gated:
             parts |= {layout.gate: (first[e, :i], "gate_up"), layout.up: (first[e, i:], "gate_up")}
         else:
@@ -280,6 +286,7 @@ def write_experts(module: torch.nn.Module, name: str, scheme: Scheme | Int4Schem
         for proj, (w, calib) in parts.items():
             key = f"{base}.{e}.{proj}"
             if int4 is not None:
+                assert isinstance(scheme, Int4Scheme)  # int4 files come with their scheme
                 q4 = quantize_int4_ordered(w.detach(), int4.group, scheme.sym, scheme.act_order)
                 packed = int4_tensors(stored_weight(q4, int4, w.dtype), int4, scheme.sym, w.dtype)
                 out.update({f"{key}.{suffix}": t for suffix, t in packed.items()})
@@ -287,9 +294,11 @@ def write_experts(module: torch.nn.Module, name: str, scheme: Scheme | Int4Schem
             if fp4 is not None:
                 out.update({f"{key}.{suffix}": t for suffix, t in fp4_tensors(quantize_nvfp4(w.detach()), fp4).items()})
                 continue
+            assert isinstance(scheme, Scheme)  # 8-bit: the 4-bit schemes wrote their format above
             q, s = quantize_weight(w, scheme)
             out[f"{key}.weight"] = q.contiguous()
             out[f"{key}.{scale_name}"] = as_stored(s)
             if not scheme.act_dynamic:
+                assert input_absmax is not None, f"{scheme.name} has static activation scales: pass input_absmax"
                 out[f"{key}.input_scale"] = torch.tensor(max(input_absmax[f"{name}.{calib}"], 1e-6) / scheme.qmax)
     return out

@@ -161,7 +161,7 @@ def read_int4_linear(mod: torch.nn.Linear, name: str, tensors: CheckpointTensors
     w = read_int4_weight(name, tensors, fmt, scheme, (mod.out_features, mod.in_features))
     bias = tensors.get(f"{name}.bias") if mod.bias is not None else None
     out = (W4A8Linear if scheme.w4a8 else Int4Linear).from_weight(w, bias, mod.weight.dtype).to(mod.weight.device)
-    if scheme.w4a8:
+    if isinstance(out, W4A8Linear) and scheme.activations is not None:  # scheme.w4a8
         out.act = scheme.activations
     out.quant_scheme = scheme  # what the cell reads back: the family name the matrix's quant axis uses
     return out

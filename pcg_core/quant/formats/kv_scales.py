@@ -163,8 +163,10 @@ def declare_kv_cache(fmt: str, qc: dict | None, legacy_cfg: dict | None) -> tupl
     if fmt == "modelopt" and legacy_cfg is not None:
         legacy_cfg = {**legacy_cfg, "quantization": {**legacy_cfg["quantization"], "kv_cache_quant_algo": "FP8"}}
     elif fmt == "modelopt":
+        assert qc is not None  # modelopt declares in config.json when it has no hf_quant_config.json
         qc = {**qc, "kv_cache_scheme": dict(MODELOPT_FP8_KV_SCHEME)}
     elif fmt == "compressed-tensors":
+        assert qc is not None  # compressed-tensors always declares in config.json
         qc = {**qc, "kv_cache_scheme": dict(CT_FP8_KV_SCHEME)}
     else:
         raise ValueError(f"no FP8 KV-cache declaration for format {fmt!r} here (modelopt and compressed-tensors have one)")

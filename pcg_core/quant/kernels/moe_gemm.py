@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 import torch
 
@@ -64,15 +64,19 @@ PERMUTE_ROWS_MIN = 1 << 62
 PERMUTE_BLOCK_K = 1024
 
 
+Format = Literal["float", "8bit", "int4", "fp4"]
+ScaleKind = Literal["none", "tensor", "channel", "block"]
+
+
 class ExpertWeights(NamedTuple):
     """One projection of quantized experts as held: `codes` [E, N, K] (int4's [E, N, K/8], FP4's [E, N, K/2]), the
     scale (int4's zeros and act-order `perm`; FP4's row globals) the module holds beside them;
     `group`: int4's group, FP4's scale block. A NamedTuple: built inside traced forwards, which dynamo follows."""
 
-    format: Literal["float", "8bit", "int4", "fp4"]
+    format: Format
     codes: torch.Tensor
     scale: torch.Tensor | None = None
-    scale_kind: Literal["none", "tensor", "channel", "block"] = "none"
+    scale_kind: ScaleKind = "none"
     zeros: torch.Tensor | None = None
     group: int = 0
     perm: torch.Tensor | None = None
@@ -90,7 +94,7 @@ def available(x: torch.Tensor) -> bool:
     return triton is not None and (x.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def config_for(rows: int, experts: int) -> tuple[int, int, int, int, int]:
+def config_for(rows: int, experts: int) -> tuple[int, ...]:
     per_expert = -(-rows // max(1, experts))
     return tuning.pick(KERNEL, per_expert)
 
@@ -183,7 +187,9 @@ def moe_grouped_linear(rows: torch.Tensor, counts: torch.Tensor, codes: torch.Te
                        perm: torch.Tensor | None, fmt: str, scale_kind: str, group: int) -> torch.Tensor:
     """grouped_linear as an op (`ExpertWeights`' fields spread): where Triton launches (CUDA, or CPU tensors under
     TRITON_INTERPRET=1) and the layout is taken — callers check `available` and `takes` first."""
-    out = grouped_linear(rows, counts, ExpertWeights(fmt, codes, scale, scale_kind, zeros, group, perm, global_rows))
+    # the op's schema carries the Literal fields as str: ExpertWeights' own values, spread by the caller
+    out = grouped_linear(rows, counts, ExpertWeights(cast(Format, fmt), codes, scale, cast(ScaleKind, scale_kind), zeros, group, perm,
+                                                     global_rows))
     if out is None:
         raise NotImplementedError(f"pcg::moe_grouped_linear: {fmt} experts of this layout are not taken (check "
                                   "moe_gemm.takes first)")

@@ -15,11 +15,29 @@ from collections.abc import Callable
 
 import torch
 
+from pcg_core.quant.schemes.w8a8 import Fp4Scheme, Int4Scheme, Scheme
+
 
 def first_projection(module: torch.nn.Module) -> tuple[str, bool]:
     """(name of the first projection, whether it is gated): gate_up_proj, or up_proj for ungated experts."""
     gated = getattr(module, "has_gate", True) and hasattr(module, "gate_up_proj")
     return ("gate_up_proj" if gated else "up_proj"), gated
+
+
+# The experts' own attributes, typed (torch's Module types every attribute it does not hold as Tensor | Module).
+def expert_count(module: torch.nn.Module) -> int:
+    """transformers' `num_experts`."""
+    return getattr(module, "num_experts")
+
+
+def held_scheme(module: torch.nn.Module) -> Scheme | Int4Scheme | Fp4Scheme:
+    """The scheme quantized experts are held in: their `quant_scheme`, set where their buffers are installed."""
+    return getattr(module, "quant_scheme")
+
+
+def gate(module: torch.nn.Module, h: torch.Tensor, gated: bool) -> torch.Tensor:
+    """h through the experts' own gate (`_apply_gate`: gpt-oss's clamped, interleaved swiglu) or activation."""
+    return getattr(module, "_apply_gate" if gated else "act_fn")(h)
 
 
 def in_out(module: torch.nn.Module, name: str) -> tuple[int, int]:

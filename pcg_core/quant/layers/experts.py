@@ -27,10 +27,13 @@ them over, so every caller of these forwards runs them right.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 import pcg_core.quant.kernels.moe_gemm as moe_gemm
-from pcg_core.quant.layers.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection, in_out
+from pcg_core.quant.layers.expert_layout import (add_bias, canonical_weight, dequantize_by_chunks, expert_count, first_projection,
+                                                 gate, held_scheme, in_out)
 from pcg_core.quant.schemes.fp4 import Fp4Scheme
 from pcg_core.quant.layers.fp4_experts import (fp4_dequantized, fp4_expert_weights, fp4_experts_forward,
                                         grouped_fp4_experts_forward)
@@ -97,8 +100,9 @@ def install(module: torch.nn.Module, scheme: Scheme, name: str, q: torch.Tensor,
     module.register_buffer(name, q.to(dev))
     module.register_buffer(f"{name}_scale", scale.float().to(dev))
     if not scheme.act_dynamic:
+        assert input_scale is not None, f"{scheme.name} has static activation scales: pass input_scale"
         module.register_buffer(f"{name}_input_scale", input_scale.float().reshape(()).to(dev))
-    module.quant_scheme = scheme
+    setattr(module, "quant_scheme", scheme)
 
 
 # int4 experts: weight-only (awq, gptq) and W4A8 (w4a8, w4afp8) -----------------------------------------------
@@ -123,6 +127,7 @@ def quantize_experts_int4(module: torch.nn.Module, scheme: Int4Scheme) -> None:
             q = quantize_int4_ordered(canonical_weight(module, name, e), group, scheme.sym, scheme.act_order)
             packed[e], scales[e], zeros[e] = pack_nibbles(q.q, 1), q.scales, q.zeros
             if perm is not None:
+                assert q.perm is not None  # quantized with act_order
                 perm[e] = q.perm
         _register_int4(module, scheme, name, packed, scales, zeros, perm, group)
 
@@ -133,10 +138,10 @@ def install_int4(module: torch.nn.Module, scheme: Int4Scheme, name: str, weights
     when the N rows are S shards with a permutation each (a checkpoint's gate and up fused). The scheme, set as
     `quant_scheme`, tells the forwards the activations: its `activations` (None, "int8" or "fp8"); a per-token
     scale does not depend on K's order, so act-order stays undone in the weight for W4A8 too."""
-    perms = [w.perm for w in weights]
+    perms = [w.perm for w in weights]  # one group for all: every expert's perm, or none
     _register_int4(module, scheme, name, torch.stack([pack_nibbles(w.q, 1) for w in weights]),
                    torch.stack([w.scales for w in weights]), torch.stack([w.zeros for w in weights]),
-                   None if perms[0] is None else torch.stack(perms), weights[0].group)
+                   None if perms[0] is None else torch.stack(cast(list[torch.Tensor], perms)), weights[0].group)
 
 
 def _register_int4(module: torch.nn.Module, scheme: Int4Scheme, name: str, packed: torch.Tensor, scales: torch.Tensor,
@@ -148,7 +153,7 @@ def _register_int4(module: torch.nn.Module, scheme: Int4Scheme, name: str, packe
     module.register_buffer(f"{name}_zeros", zeros.to(dev))
     module.register_buffer(f"{name}_perm", None if perm is None else perm.to(dev))
     setattr(module, f"{name}_group", group)
-    module.quant_scheme = scheme
+    setattr(module, "quant_scheme", scheme)
 
 
 def _int4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, e: int | slice | None = None) -> torch.Tensor:
@@ -171,14 +176,16 @@ def _int4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, e:
 
 def _is_int4(module: torch.nn.Module) -> bool:
     """int4 experts (install_int4's canonical buffers), weight-only or W4A8 alike."""
-    return isinstance(module.quant_scheme, Int4Scheme)
+    return isinstance(held_scheme(module), Int4Scheme)
 
 
 def _int4_activation(x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
     """x [T, K] as int4 experts' projections take it, in float32: a W4A8 scheme's per-token 8-bit quantization
     (`activations`: "int8" or "fp8") multiplied back by its scale, as pcg::w4a8_linear's reference does; a
     weight-only scheme's x as it is."""
-    act = module.quant_scheme.activations
+    scheme = held_scheme(module)
+    assert isinstance(scheme, Int4Scheme)  # int4 experts only (_is_int4)
+    act = scheme.activations
     if act is None:
         return x.float()
     xq, sx = quantize_act(x, act)
@@ -191,7 +198,9 @@ def _project(x: torch.Tensor, module: torch.nn.Module, name: str, e: int) -> tor
     w = expert_weight(module, name, e)
     if _is_int4(module):
         return _int4_activation(x, module) @ w.t()
-    xq, sx = quantize_activation(x, module.quant_scheme, getattr(module, f"{name}_input_scale", None))
+    scheme = held_scheme(module)
+    assert isinstance(scheme, Scheme)  # 8-bit: FP4 experts never get here (quantized_experts_forward hands them over)
+    xq, sx = quantize_activation(x, scheme, getattr(module, f"{name}_input_scale", None))
     return (xq.float() * expand_activation_scale(sx, x.shape[-1])) @ w.t()
 
 
@@ -199,23 +208,25 @@ def quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tens
                               top_k_weights: torch.Tensor) -> torch.Tensor:
     """The reference: every expert on every token weighted by its routing weight (0 where not routed), each
     projection in float32 (_project) plus its bias, the module's own gate or activation in the input dtype."""
-    if isinstance(module.quant_scheme, Fp4Scheme):  # FP4 experts hold their own layout (fp4_experts.py)
+    if isinstance(held_scheme(module), Fp4Scheme):  # FP4 experts hold their own layout (fp4_experts.py)
         return fp4_experts_forward(module, hidden_states, top_k_index, top_k_weights)
     first, gated = first_projection(module)
     out = torch.zeros_like(hidden_states, dtype=torch.float32)
-    for e in range(module.num_experts):
+    for e in range(expert_count(module)):
         weight = (top_k_weights * (top_k_index == e)).sum(dim=-1, keepdim=True)  # [T, 1], 0 if not routed
         h = add_bias(_project(hidden_states, module, first, e), module, first, e).to(hidden_states.dtype)
-        proj = module._apply_gate(h) if gated else module.act_fn(h)
+        proj = gate(module, h, gated)
         out += add_bias(_project(proj, module, "down_proj", e), module, "down_proj", e) * weight.float()
     return out.to(hidden_states.dtype)
 
 
 def _fake_quant(x: torch.Tensor, module: torch.nn.Module, name: str) -> torch.Tensor:
     """x [S, K] quantized as the scheme does before projection `name` and dequantized again, in x's dtype."""
-    if _is_int4(module):
-        return x if module.quant_scheme.activations is None else _int4_activation(x, module).to(x.dtype)
-    xq, sx = quantize_activation(x, module.quant_scheme, getattr(module, f"{name}_input_scale", None))
+    scheme = held_scheme(module)
+    if isinstance(scheme, Int4Scheme):  # _is_int4
+        return x if scheme.activations is None else _int4_activation(x, module).to(x.dtype)
+    assert isinstance(scheme, Scheme)  # 8-bit: FP4 experts never get here (grouped_quantized_experts_forward hands them over)
+    xq, sx = quantize_activation(x, scheme, getattr(module, f"{name}_input_scale", None))
     return (xq.float() * expand_activation_scale(sx, x.shape[-1])).to(x.dtype)
 
 
@@ -234,7 +245,8 @@ def _all_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype) -> 
 def _8bit_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, sel: slice) -> torch.Tensor:
     """The experts `sel`'s weights of projection `name` (8-bit schemes) dequantized: [C, N, K] in `dtype`, the
     float32 product of code and scale rounded once."""
-    s: Scheme = module.quant_scheme
+    s = held_scheme(module)
+    assert isinstance(s, Scheme)  # 8-bit experts only (_all_dequantized, expert_weight)
     q, scale = getattr(module, name)[sel], getattr(module, f"{name}_scale")[sel].float()
     if s.weights == "block":
         e, n, k = q.shape
@@ -247,7 +259,7 @@ def _8bit_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, se
 def dequantized_experts_weight(module: torch.nn.Module, name: str, dtype: torch.dtype) -> torch.Tensor:
     """Every expert's weight of projection `name` as the float module held it (its own layout: transposed experts
     turned back), dequantized (the dequantize-then-`_grouped_mm` path's operand, in the tests and benchmarks)."""
-    if isinstance(module.quant_scheme, Fp4Scheme):
+    if isinstance(held_scheme(module), Fp4Scheme):
         w = fp4_dequantized(module, name, dtype)
     else:
         w = _all_dequantized(module, name, dtype)
@@ -256,7 +268,7 @@ def dequantized_experts_weight(module: torch.nn.Module, name: str, dtype: torch.
 
 def expert_weight(module: torch.nn.Module, name: str, e: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Expert e's canonical weight [N, K] of projection `name` dequantized (8-bit, int4 or FP4), in `dtype`."""
-    if isinstance(module.quant_scheme, Fp4Scheme):
+    if isinstance(held_scheme(module), Fp4Scheme):
         return fp4_dequantized(module, name, dtype, e)
     if _is_int4(module):
         return _int4_dequantized(module, name, dtype, e)
@@ -265,7 +277,7 @@ def expert_weight(module: torch.nn.Module, name: str, e: int, dtype: torch.dtype
 
 def expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights:
     """Projection `name` of 8-bit, int4 or FP4 experts as moe_gemm reads them."""
-    scheme = module.quant_scheme
+    scheme = held_scheme(module)
     if isinstance(scheme, Int4Scheme):
         return moe_gemm.ExpertWeights("int4", getattr(module, name), getattr(module, f"{name}_scales"), "none",
                                       getattr(module, f"{name}_zeros"), getattr(module, f"{name}_group"),
@@ -277,19 +289,19 @@ def expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights
 
 def grouped_quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                                       top_k_weights: torch.Tensor) -> torch.Tensor:
-    if isinstance(module.quant_scheme, Fp4Scheme):
+    if isinstance(held_scheme(module), Fp4Scheme):
         return grouped_fp4_experts_forward(module, hidden_states, top_k_index, top_k_weights)
     top_k = top_k_index.shape[-1]
     expert_ids, order = torch.sort(top_k_index.reshape(-1), stable=True)  # stable: one row order on every run
     rows = hidden_states[order // top_k]  # [S, H], S = tokens × top_k, grouped by expert
-    counts = torch.histc(expert_ids.float() if rows.device.type == "cpu" else expert_ids.int(), bins=module.num_experts,
-                         min=0, max=module.num_experts - 1)
+    counts = torch.histc(expert_ids.float() if rows.device.type == "cpu" else expert_ids.int(), bins=expert_count(module),
+                         min=0, max=expert_count(module) - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
     first, gated = first_projection(module)
     proj = moe_gemm.project(_fake_quant(rows, module, first), counts, offsets, lambda: expert_weights(module, first),
                             lambda: _all_dequantized(module, first, rows.dtype))
     proj = add_bias(proj, module, first, expert_ids)  # each row's expert's bias: a gather, static shapes
-    proj = module._apply_gate(proj) if gated else module.act_fn(proj)
+    proj = gate(module, proj, gated)
     out = moe_gemm.project(_fake_quant(proj, module, "down_proj"), counts, offsets,
                            lambda: expert_weights(module, "down_proj"),
                            lambda: _all_dequantized(module, "down_proj", rows.dtype))
@@ -304,11 +316,11 @@ def intermediate_absmax(module: torch.nn.Module, hidden_states: torch.Tensor, to
     added): its calibration."""
     first, gated = first_projection(module)
     worst = 0.0
-    for e in range(module.num_experts):
+    for e in range(expert_count(module)):
         rows = (top_k_index == e).any(dim=-1)
         if not bool(rows.any()):
             continue
         h = add_bias(torch.nn.functional.linear(hidden_states[rows], canonical_weight(module, first, e)), module, first, e)
-        proj = module._apply_gate(h) if gated else module.act_fn(h)
+        proj = gate(module, h, gated)
         worst = max(worst, float(proj.abs().max()))
     return worst

@@ -28,7 +28,8 @@ import torch
 import pcg_core.quant.kernels.moe_gemm as moe_gemm
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.schemes.e2m1 import e2m1_table, pack_e2m1, unpack_e2m1
-from pcg_core.quant.layers.expert_layout import add_bias, canonical_weight, dequantize_by_chunks, first_projection, in_out
+from pcg_core.quant.layers.expert_layout import (add_bias, canonical_weight, dequantize_by_chunks, expert_count, first_projection,
+                                                 gate, held_scheme, in_out)
 from pcg_core.quant.schemes.fp4 import (FP4_SCHEMES, MXFP4_BLOCK, NVFP4_BLOCK, Fp4Scheme, Fp4Weight, interleave_gate_up,
                                 mxfp4_experts_pack, mxfp4_experts_weight,
                                 quantize_mxfp4, quantize_nvfp4)
@@ -115,8 +116,8 @@ def _register(module: torch.nn.Module, name: str, packed: torch.Tensor, scales: 
     module.register_buffer(f"{name}_scale", scales.float().to(dev))
     module.register_buffer(f"{name}_global", None if global_rows is None else global_rows.float().to(dev))
     module.register_buffer("fp4_e2m1", e2m1_table(dev), persistent=False)
-    module.fp4_block = scheme.block
-    module.quant_scheme = scheme
+    setattr(module, "fp4_block", scheme.block)
+    setattr(module, "quant_scheme", scheme)
 
 
 def _check(module: torch.nn.Module, scheme: Fp4Scheme) -> None:
@@ -152,7 +153,7 @@ def install_fp4_experts(module: torch.nn.Module, scheme: Fp4Scheme, down: Sequen
     gate and up rows become the module's gate_up_proj (concatenated, or interleaved for gpt-oss's layout), each
     row keeping its linear's own global."""
     _check(module, scheme)
-    e = module.num_experts
+    e = expert_count(module)
     if any(len(ws) != e for ws in (down, up, *([gate] if gate is not None else []))):
         raise ValueError(f"{type(module).__name__}: expected {e} per-expert weights for every projection")
     parts: dict[str, tuple[Fp4Weight, torch.Tensor | None]] = {"down_proj": _stack(down)}
@@ -200,7 +201,7 @@ def load_gpt_oss_mxfp4(module: torch.nn.Module, gate_up_blocks: torch.Tensor, ga
     for name, blocks, scales, bias in (("gate_up_proj", gate_up_blocks, gate_up_scales, gate_up_bias),
                                        ("down_proj", down_blocks, down_scales, down_bias)):
         w = mxfp4_experts_weight(blocks, scales, name)
-        want = (module.num_experts, *in_out(module, name))
+        want = (expert_count(module), *in_out(module, name))
         if tuple(w.codes.shape) != want:
             raise UnsupportedModel(f"gpt-oss MXFP4: {name}_blocks hold (E, R, C) = {tuple(w.codes.shape)}; the model "
                                    f"wants {want}")
@@ -233,8 +234,8 @@ def gpt_oss_mxfp4_tensors(module: torch.nn.Module, prefix: str = "") -> dict[str
     out = {}
     for name in ("gate_up_proj", "down_proj"):
         if _is_fp4(module):
-            if module.fp4_block != MXFP4_BLOCK:
-                raise ValueError(f"gpt-oss's format is MXFP4; these experts are held in {module.quant_scheme.name}")
+            if getattr(module, "fp4_block") != MXFP4_BLOCK:
+                raise ValueError(f"gpt-oss's format is MXFP4; these experts are held in {held_scheme(module).name}")
             w = Fp4Weight(unpack_e2m1(getattr(module, name)).cpu(), getattr(module, f"{name}_scale").cpu(), MXFP4_BLOCK)
         else:
             w = quantize_mxfp4(getattr(module, name).detach().float().cpu().transpose(1, 2))
@@ -260,7 +261,7 @@ def fp4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, e: i
 
 def _fp4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, sel: int | slice) -> torch.Tensor:
     packed, scale = getattr(module, name)[sel], getattr(module, f"{name}_scale")[sel]
-    v = module.fp4_e2m1[unpack_e2m1(packed).long()].unflatten(-1, (-1, module.fp4_block)) * scale[..., None]
+    v = getattr(module, "fp4_e2m1")[unpack_e2m1(packed).long()].unflatten(-1, (-1, getattr(module, "fp4_block"))) * scale[..., None]
     glob = getattr(module, f"{name}_global")
     if glob is not None:
         v = v * glob[sel][..., None, None]
@@ -274,10 +275,10 @@ def fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, to
     first, gated = first_projection(module)
     x = hidden_states.float()
     out = torch.zeros_like(hidden_states, dtype=torch.float32)
-    for e in range(module.num_experts):
+    for e in range(expert_count(module)):
         weight = (top_k_weights * (top_k_index == e)).sum(dim=-1, keepdim=True)  # [T, 1], 0 if not routed
         h = add_bias(x @ fp4_dequantized(module, first, torch.float32, e).t(), module, first, e).to(hidden_states.dtype)
-        proj = module._apply_gate(h) if gated else module.act_fn(h)
+        proj = gate(module, h, gated)
         y = add_bias(proj.float() @ fp4_dequantized(module, "down_proj", torch.float32, e).t(), module, "down_proj", e)
         out += y * weight.float()
     return out.to(hidden_states.dtype)
@@ -285,7 +286,7 @@ def fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, to
 
 def fp4_expert_weights(module: torch.nn.Module, name: str) -> moe_gemm.ExpertWeights:
     """Projection `name` as moe_gemm reads it: the packed codes, block scales and row globals held."""
-    return moe_gemm.ExpertWeights("fp4", getattr(module, name), getattr(module, f"{name}_scale"), group=module.fp4_block,
+    return moe_gemm.ExpertWeights("fp4", getattr(module, name), getattr(module, f"{name}_scale"), group=getattr(module, "fp4_block"),
                                   global_rows=getattr(module, f"{name}_global"))
 
 
@@ -297,13 +298,13 @@ def grouped_fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Te
     top_k = top_k_index.shape[-1]
     expert_ids, order = torch.sort(top_k_index.reshape(-1), stable=True)
     rows = hidden_states[order // top_k]  # [S, H], S = tokens × top_k
-    counts = torch.histc(expert_ids.float() if rows.device.type == "cpu" else expert_ids.int(), bins=module.num_experts,
-                         min=0, max=module.num_experts - 1)
+    counts = torch.histc(expert_ids.float() if rows.device.type == "cpu" else expert_ids.int(), bins=expert_count(module),
+                         min=0, max=expert_count(module) - 1)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
     proj = moe_gemm.project(rows, counts, offsets, lambda: fp4_expert_weights(module, first),
                             lambda: fp4_dequantized(module, first, rows.dtype))
     proj = add_bias(proj, module, first, expert_ids)
-    proj = module._apply_gate(proj) if gated else module.act_fn(proj)
+    proj = gate(module, proj, gated)
     out = moe_gemm.project(proj, counts, offsets, lambda: fp4_expert_weights(module, "down_proj"),
                            lambda: fp4_dequantized(module, "down_proj", rows.dtype))
     out = add_bias(out, module, "down_proj", expert_ids)

@@ -18,6 +18,13 @@ class Fp4Linear(torch.nn.Module):
     W4A16 Triton kernels read these buffers as they are, elsewhere the reference math (dequantize, then the float
     GEMM); static shapes and no host syncs, so a CUDA graph can capture it."""
 
+    weight_packed: torch.Tensor
+    weight_scale: torch.Tensor
+    global_scale: torch.Tensor
+    e2m1: torch.Tensor
+    bias: torch.Tensor | None
+    quant_scheme: Fp4Scheme  # set by from_scheme
+
     def __init__(self, in_features: int, out_features: int, block: int = NVFP4_BLOCK, bias: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
@@ -40,6 +47,7 @@ class Fp4Linear(torch.nn.Module):
         mod.weight_scale.copy_(w.scales)
         mod.global_scale.fill_(1.0 if w.global_scale is None else w.global_scale)
         if bias is not None:
+            assert mod.bias is not None  # built with a bias
             mod.bias.copy_(bias)
         return mod
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 import torch
 
 from pcg_core.quant.kernels.w4a8_gemm import ACTS as W4A8_ACTS
@@ -21,6 +23,13 @@ class Int4Linear(torch.nn.Module):
     activation read through `perm`), elsewhere the reference math (dequantize, then the float GEMM); static-shape
     and sync-free like every op a graph captures, opaque to dynamo."""
 
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    perm: torch.Tensor | None
+    bias: torch.Tensor | None
+    quant_scheme: Int4Scheme  # set by from_scheme
+
     def __init__(self, in_features: int, out_features: int, group: int, bias: bool = False, act_order: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
@@ -36,27 +45,29 @@ class Int4Linear(torch.nn.Module):
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
 
     @classmethod
-    def from_weight(cls, w: Int4Weight, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16) -> Int4Linear:
+    def from_weight(cls, w: Int4Weight, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16) -> Self:
         n, k = w.q.shape
         mod = cls(k, n, w.group, bias is not None, w.perm is not None, w.q.device, dtype)
         mod.qweight.copy_(pack_nibbles(w.q, 1))
         mod.scales.copy_(w.scales)
         mod.zeros.copy_(w.zeros)
         if w.perm is not None:
+            assert mod.perm is not None  # built with act_order
             mod.perm.copy_(w.perm)
         if bias is not None:
+            assert mod.bias is not None  # built with a bias
             mod.bias.copy_(bias)
         return mod
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, group: int, sym: bool, act_order: bool = False) -> Int4Linear:
+    def from_linear(cls, linear: torch.nn.Linear, group: int, sym: bool, act_order: bool = False) -> Self:
         """A float linear layer (a synthetic model's) quantized round-to-nearest; act_order: its input channels
         taken by falling column norm, as GPTQ's desc_act takes them by falling Hessian diagonal."""
         q = quantize_int4_ordered(linear.weight.detach(), group, sym, act_order)
         return cls.from_weight(q, None if linear.bias is None else linear.bias.detach(), linear.weight.dtype)
 
     @classmethod
-    def from_scheme(cls, linear: torch.nn.Linear, scheme: Int4Scheme) -> Int4Linear:
+    def from_scheme(cls, linear: torch.nn.Linear, scheme: Int4Scheme) -> Self:
         mod = cls.from_linear(linear, scheme.group_for(linear.in_features), scheme.sym, scheme.act_order)
         mod.quant_scheme = scheme  # what the cell reads back of a quantized model (as of an experts module)
         return mod
@@ -90,6 +101,8 @@ class W4A8Linear(Int4Linear):
     Act-order permutes the activation first (an index_select): a per-token scale does not depend on K's order,
     so quantizing the permuted row is quantizing the row."""
 
+    act: str
+
     def __init__(self, in_features: int, out_features: int, group: int, bias: bool = False, act_order: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16, act: str = "int8"):
         super().__init__(in_features, out_features, group, bias, act_order, device, dtype)
@@ -99,7 +112,7 @@ class W4A8Linear(Int4Linear):
 
     @classmethod
     def from_scheme(cls, linear: torch.nn.Linear, scheme: Int4Scheme) -> W4A8Linear:
-        if not scheme.w4a8:
+        if scheme.activations is None:  # not scheme.w4a8
             raise ValueError(f"{scheme.name} keeps 16-bit activations: an Int4Linear runs it")
         mod = super().from_scheme(linear, scheme)
         mod.act = scheme.activations

@@ -27,6 +27,11 @@ class QuantLinear(torch.nn.Module):
     """y = x Wᵀ + b with W = dequantize(weight, weight_scale). Buffers keep the checkpoint's names (weight,
     weight_scale, input_scale) so a state dict reads like the file it came from."""
 
+    weight: torch.Tensor
+    weight_scale: torch.Tensor
+    input_scale: torch.Tensor | None  # None: dynamic activations
+    bias: torch.Tensor | None
+
     def __init__(self, in_features: int, out_features: int, scheme: Scheme, bias: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
@@ -175,7 +180,7 @@ def quantize_model(model: torch.nn.Module, scheme: Scheme | Int4Scheme | Fp4Sche
         if type(mod) is not torch.nn.Linear or name.endswith(skip) or name.startswith(tower):
             continue
         parent, _, attr = name.rpartition(".")
-        static = None if scheme.act_dynamic else _static_scale(input_absmax, name, scheme)
+        static = None if scheme.act_dynamic or input_absmax is None else _static_scale(input_absmax, name, scheme)  # None: refused above
         setattr(model.get_submodule(parent) if parent else model, attr, QuantLinear.from_linear(mod, scheme, static))
         swapped.append(name)
     return swapped
@@ -196,7 +201,7 @@ def kept_16bit(model: torch.nn.Module) -> tuple[str, ...]:
     """Name suffixes of the linears `model`'s quantized checkpoints keep in 16 bits (KEPT_16BIT; () if none)."""
     config = getattr(model, "config", None)
     text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
-    return KEPT_16BIT.get(getattr(text, "model_type", None), ())
+    return KEPT_16BIT.get(getattr(text, "model_type", None) or "", ())
 
 
 def vision_tower_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
