@@ -8,12 +8,12 @@ grows (an architecture, a quantization scheme, an attention backend, a parallel 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from pcg_core.attention import attention_backend_names, get_attention_backend
-from pcg_core.capture import capture_backend_names, get_capture_backend
+from pcg_core.capture import CaptureBackend, capture_backend_names, get_capture_backend
 from pcg_core.config import COMPILERS, DTYPES, KV_CACHE_DTYPES
 from pcg_core.distributed.plan import TP_DEGREES
 from pcg_core.known import parse_parallel, world_size
@@ -139,8 +139,8 @@ def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALL
     have = list(supported)
     if parallel in have:
         for kind in parse_parallel(parallel):
-            if graph is not None and (why := PARALLEL_GRAPH_LIMITS.get((kind, graph))):
-                return f"parallel mode {parallel!r} under {graph}: {why}"
+            if graph is not None and (limit := PARALLEL_GRAPH_LIMITS.get((kind, graph))):
+                return f"parallel mode {parallel!r} under {graph}: {limit}"
         info = quant_registry.SCHEME_INFO.get(quant)
         if info is not None and info.weights == "fp4" and parse_parallel(parallel).get("tp", 1) > 1:
             return f"parallel mode {parallel!r} with quantization {quant}: FP4 layers are not sharded yet"
@@ -227,8 +227,8 @@ def capabilities() -> dict[str, Any]:
         }
     capture = {}
     for name in capture_backend_names():
-        cls = get_capture_backend(name)
-        capture[name] = {"requires_capturable_attention": cls.requires_capturable_attention}
+        backend = cast(type[CaptureBackend], get_capture_backend(name))  # the registry returns a `type`
+        capture[name] = {"requires_capturable_attention": backend.requires_capturable_attention}
     return {
         "architectures": {k: list(v) for k, v in architectures.SUPPORTED_ARCHITECTURES.items()},
         "model_type_aliases": dict(architectures.MODEL_TYPE_ALIASES),

@@ -23,19 +23,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask
-
-try:
-    from torch.nn.attention.flex_attention import AuxRequest
-except ImportError:  # older torch: return_lse
-    AuxRequest = None
 
 from pcg_core.attention.backend import AttentionBackend, register_attention_backend, write_kv, zero_padding
 from pcg_core.attention.flex_kernel import CompileOnce, FlexKernel  # noqa: F401 - CompileOnce: the tests' name
 from pcg_core.attention.reference import apply_sinks, attention_math, causal, length_temperature
 from pcg_core.errors import ConfigError
+
+AuxRequest: type | None  # None: an older torch
+try:
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:  # older torch: return_lse
+    AuxRequest = None
 
 Q_BLOCK = 128  # flex's query block: the block mask has one row per 128 query tokens
 KV_TILE = 128  # the widest key tile (BLOCK_N) of inductor's flex kernel configurations (bf16, head dim 64, sm90)
@@ -220,7 +222,7 @@ class FlexBackend(AttentionBackend):
             q = torch.nn.functional.pad(q, (0, 0, 0, 0, 0, rows - n))  # padded along tokens: the same layout as
         query = q.transpose(0, 1).unsqueeze(0)  # an unpadded contiguous q, so one kernel serves both
         lse = None
-        kw = {}
+        kw: dict[str, Any] = {}
         if params.sinks is not None:
             kw = {"return_aux": AuxRequest(lse=True)} if AuxRequest is not None else {"return_lse": True}
         gqa = q.shape[1] != k.shape[1]
@@ -251,7 +253,9 @@ class FlexBackend(AttentionBackend):
         if mask is None:  # once per forward and window, not per layer
             nqb = bm.kv_num_blocks.shape[-1]
             dense = b.blocks_for(window).dense[:nqb]
-            _to_dense(bm.kv_num_blocks[0, 0], bm.kv_indices[0, 0], bm.full_kv_num_blocks[0, 0], bm.full_kv_indices[0, 0], dense)
+            full_num, full_idx = bm.full_kv_num_blocks, bm.full_kv_indices
+            assert full_num is not None and full_idx is not None  # _block_mask lists full blocks
+            _to_dense(bm.kv_num_blocks[0, 0], bm.kv_indices[0, 0], full_num[0, 0], full_idx[0, 0], dense)
             listed = dense.repeat_interleave(Q_BLOCK, 0)[:n].repeat_interleave(c.page_size, 1)  # [n, slots]
             rule = causal(b.q_pos[:n], c.slot_pos[: c.num_slots], window) & c.readable(b.q_seq[:n])
             mask = self._cpu_masks[window] = rule & listed

@@ -69,15 +69,15 @@ class FlexKernel:
     def __call__(self, q, k, v, *, direct: bool = False, **kw) -> Any:
         if self.plan is not None and direct:
             self.direct_calls += 1
-            return self._direct(q, k, v, kw["block_mask"])
+            return self._direct(self.plan, q, k, v, kw["block_mask"])
         out = self.dynamo(q, k, v, **kw)
         if self.plan is None and direct and not self.direct_off:
             self._make_plan(q, k, v, kw, out)
         return out
 
-    def _direct(self, q, k, v, block_mask) -> torch.Tensor:
+    def _direct(self, plan: list[tuple[str, Any]], q, k, v, block_mask) -> torch.Tensor:
         call = (q, k, v)
-        args = [call[x] if how == "arg" else getattr(block_mask, x) if how == "bm" else x for how, x in self.plan]
+        args = [call[x] if how == "arg" else getattr(block_mask, x) if how == "bm" else x for how, x in plan]
         return self.compile_once.artifact(*args)[0]
 
     def _make_plan(self, q, k, v, kw: dict, out: Any) -> None:
@@ -103,7 +103,7 @@ class FlexKernel:
             plan.append(named)
         self.plan = plan
         try:
-            same = torch.equal(self._direct(q, k, v, bm), out)
+            same = torch.equal(self._direct(plan, q, k, v, bm), out)
         except Exception as e:  # noqa: BLE001 - the dynamo path stays, and says why
             same, self.direct_off = False, f"the artifact refused the named inputs: {type(e).__name__}: {e}"[:200]
         if not same:

@@ -151,11 +151,11 @@ class KVCache:
         return keys, dequantize_kv(pick(v), self.v_scale[layer], self.dtype)
 
     def _layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k = self.k[layer]
-        if k is None:
+        k, v = self.k[layer], self.v[layer]
+        if k is None or v is None:  # v is None exactly where k is
             raise ValueError(f"layer {layer} is a linear-attention layer: it keeps a recurrent state, not a KV cache "
                              f"(the cache's attention layers: {list(self.attention_layers)})")
-        return k, self.v[layer]
+        return k, v
 
     def reset(self, page_order: list[int] | None = None) -> None:
         """Forget all sequences and prefix caches' pages (the tensors keep their addresses, so captured graphs stay
@@ -257,7 +257,7 @@ class KVCache:
         dev = self.slot_pos.device
         s, d = torch.tensor(src, dtype=torch.int64, device=dev), torch.tensor(dst, dtype=torch.int64, device=dev)
         for k, v in zip(self.k, self.v):
-            if k is None:
+            if k is None or v is None:  # v is None exactly where k is
                 continue
             for t in (k,) if self.latent else (k, v):
                 raw = t.view(torch.uint8) if self.quantized else t  # index_copy_ has no FP8 kernel on the CPU

@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 
 import torch
 
 from pcg_core.attention.backend import AttentionBackend, register_attention_backend, write_kv, zero_padding
 from pcg_core.attention.reference import apply_sinks
 
+_varlen: types.ModuleType | None  # None: a torch without it
 try:
     from torch.nn.attention import varlen as _varlen
 
-    _PARAMS = set(inspect.signature(_varlen.varlen_attn).parameters)
+    from torch.nn.attention.varlen import varlen_attn
+
+    _PARAMS = set(inspect.signature(varlen_attn).parameters)
 except ImportError:  # a torch without it: the backend stays registered and says why it cannot run
     _varlen, _PARAMS = None, set()
 
@@ -110,6 +114,7 @@ class VarlenBackend(AttentionBackend):
             else:
                 rep = q.shape[1] // keys.shape[1]
                 keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
+        assert _varlen is not None  # devices is () without it: the backend is refused before a forward
         if params.sinks is not None:
             kw["return_aux"] = _varlen.AuxRequest(lse=True)
         res = _varlen.varlen_attn(q, keys, values, self.cu_q[: n + 1], self.cu_k[: n + 1], n, c.num_slots, **kw)
@@ -131,5 +136,6 @@ def lse_heads_first(device: torch.device) -> bool:
     row's sink correction with another row's LSE)."""
     q = torch.zeros(3, 2, 64, device=device, dtype=torch.bfloat16)
     cu = torch.tensor([0, 3], dtype=torch.int32, device=device)
+    assert _varlen is not None  # asked by the backend only, which runs where this torch has varlen
     _, lse = _varlen.varlen_attn(q, q, q, cu, cu, 3, 3, return_aux=_varlen.AuxRequest(lse=True))
     return tuple(lse.shape) == (2, 3)

@@ -125,7 +125,7 @@ class GraphBackend(CaptureBackend):
 
     # Shared bucket loop and lookup --------------------------------------------------------------------
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        entry = self.entries.get(ctx.bucket)
+        entry = self.entries.get(ctx.bucket) if ctx.bucket is not None else None
         if entry is None:
             return self.run_padded(input_ids, positions)
         return self.replay(entry)

@@ -26,7 +26,7 @@ class SegmentRecorder:
         self.pool = pool
         self.graphs: list[torch.cuda.CUDAGraph] = []
         self.holes: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
-        self._current = None
+        self._current: torch.cuda.CUDAGraph | None = None
 
     def start(self) -> None:
         if self.pool.enabled:
@@ -34,6 +34,7 @@ class SegmentRecorder:
 
     def hole(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
         if self.pool.enabled:
+            assert self._current is not None  # start() began it
             self.graphs.append(self.pool.end(self._current))
         fn(*args)
         self.holes.append((fn, weak_ref(args)))
@@ -41,6 +42,7 @@ class SegmentRecorder:
 
     def finish(self) -> None:
         if self.pool.enabled:
+            assert self._current is not None  # start() began it
             self.graphs.append(self.pool.end(self._current))
 
     @property

@@ -44,7 +44,7 @@ def split_at_split_ops(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, 
             part += 1
         else:
             partition[node] = part
-    split_gm = split_module(gm, None, lambda n: partition[n], keep_original_order=True)
+    split_gm = split_module(gm, None, lambda n: partition[n], keep_original_order=True)  # type: ignore[arg-type]  # torch types root_m a Module; its docstring: not used
     names = [name for name, _ in split_gm.named_children()]
     pieces = [n for n in names if int(n.rsplit("_", 1)[1]) not in split_parts]
     splits = [n for n in names if int(n.rsplit("_", 1)[1]) in split_parts]
@@ -92,11 +92,12 @@ class PieceRunner(torch.nn.Module):
         if self.split and ctx.observer is not None:
             return self.fn(*args)
         if ctx.mode is CaptureMode.REPLAY:
-            entry = self.graphs.get(ctx.bucket)
+            entry = self.graphs.get(ctx.bucket) if ctx.bucket is not None else None
             if entry is not None:
                 entry[0].replay()
                 return entry[1]
         elif ctx.mode is CaptureMode.CAPTURE:
+            assert ctx.bucket is not None  # a capture is of one bucket
             graph, out = self.pool.capture(self.fn, *args)
             self.graphs[ctx.bucket] = (graph, weak_ref(out))
             return out
@@ -180,6 +181,7 @@ class PiecewiseBackend(GraphBackend):
     # The graphs live in the PieceRunners, one per piece per bucket, so no whole-forward entry is kept: every
     # forward runs the split module, and each runner captures, replays or runs its piece as ctx.mode says.
     def run_padded(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        assert self.split_gm is not None  # compiled before any forward
         return self.split_gm(*self._args(input_ids, positions))[0]
 
     def capture(self, bucket, input_ids, positions, ctx) -> ReplayPlan | None:
@@ -198,6 +200,7 @@ class PiecewiseBackend(GraphBackend):
     def _graphs_in_call_order(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, ...] | None:
         """Every submodule's graph for `bucket` in the order the split module calls them, or None where one of
         them runs eagerly (an uncapturable split op) or the split module does more than call them."""
+        assert self.split_gm is not None  # compiled before any capture
         graphs = []
         for node in self.split_gm.graph.nodes:
             if node.op == "call_module":

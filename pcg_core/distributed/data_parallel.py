@@ -13,6 +13,7 @@ states (and so picks the same next tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,9 @@ import torch.distributed as dist
 from pcg_core.distributed.group import ParallelGroup, get_group
 from pcg_core.errors import UnsupportedModel
 from pcg_core.split_ops import register_split_op, run_split_op
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ATTRIBUTE = "pcg_data_parallel"  # on the model: its DataParallel record
 _GROUP = "pcg_dp_group"
@@ -81,7 +85,7 @@ class DataParallel:
 _GATHER_CLASSES: dict[type, type] = {}
 
 
-def _gathering_class(cls: type) -> type:
+def _gathering_class(cls: type[torch.nn.Module]) -> type:
     """A subclass of MoE-block class `cls` that runs on every rank's rows and returns this rank's."""
     if cls not in _GATHER_CLASSES:
         def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
@@ -111,7 +115,7 @@ def _moe_blocks(decoder: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
-def data_parallel_model(model: torch.nn.Module, group: ParallelGroup) -> DataParallel:
+def data_parallel_model(model: PreTrainedModel, group: ParallelGroup) -> DataParallel:
     """Set `model` up for data-parallel attention over `group` in place (the same weights on every rank); returns the
     record, also set on the model as `pcg_data_parallel`. Models whose per-sequence state lives outside the KV cache
     (linear attention) or whose inputs carry images are refused for now."""
@@ -125,7 +129,8 @@ def data_parallel_model(model: torch.nn.Module, group: ParallelGroup) -> DataPar
         raise UnsupportedModel(f"dp{group.size}: linear-attention layers' per-sequence state is not split by rank yet")
     blocks = _moe_blocks(model.get_decoder())
     for b in blocks:
-        b.pcg_dp_size, b.pcg_dp_rank = group.size, group.rank
+        setattr(b, "pcg_dp_size", group.size)
+        setattr(b, "pcg_dp_rank", group.rank)
         setattr(b, _GROUP, group.name)
         b.__class__ = _gathering_class(type(b))
     record = DataParallel(group=group, gathers=len(blocks))

@@ -68,7 +68,9 @@ def init_from_env(device: str) -> ParallelGroup | None:
         if backend == "nccl":
             torch.cuda.set_device(torch.device(rank_device(device)))
         dist.init_process_group(backend=backend, init_method="env://", timeout=TIMEOUT)
-    return register_group(dist.group.WORLD)
+    world_group = dist.group.WORLD
+    assert world_group is not None  # initialized above
+    return register_group(world_group)
 
 
 def register_group(group: dist.ProcessGroup) -> ParallelGroup:

@@ -25,7 +25,7 @@ class RowParallelLinear(torch.nn.Linear):
 _EXPERT_CLASSES: dict[type, type] = {}
 
 
-def tp_experts_class(cls: type) -> type:
+def tp_experts_class(cls: type[torch.nn.Module]) -> type:
     """A subclass of transformers' experts class `cls` whose output (this rank's slice of every expert's
     intermediate dimension, so a partial sum) is summed over ranks. One subclass per class, reused."""
     if cls not in _EXPERT_CLASSES:
@@ -42,7 +42,7 @@ def tp_experts_class(cls: type) -> type:
 _ROW_CLASSES: dict[type, type] = {}
 
 
-def tp_row_class(cls: type) -> type:
+def tp_row_class(cls: type[torch.nn.Module]) -> type:
     """A subclass of a quantized linear class `cls` holding this rank's input columns: `local_forward` (the class's
     own forward, on the local shard, without bias) then the sum over ranks, then `tp_bias` once. The float and
     reference twins (pcg_core/quant/twin.py) replace `local_forward` only, so their shards are summed alike."""
@@ -63,7 +63,7 @@ def tp_row_class(cls: type) -> type:
 _EP_CLASSES: dict[type, type] = {}
 
 
-def ep_experts_class(cls: type) -> type:
+def ep_experts_class(cls: type[torch.nn.Module]) -> type:
     """A subclass of transformers' experts class `cls` holding a contiguous range of whole experts (`ep_start`, then
     `num_experts` of them; expert parallelism where ep = tp, all-reduce style). Every rank sees every token and the
     same routing: the routes to its own experts keep their index (made local) and weight, the others run nowhere

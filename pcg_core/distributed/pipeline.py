@@ -14,6 +14,7 @@ operations on the same rows in the same order, only on other ranks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,9 @@ import torch.distributed as dist
 from pcg_core.distributed.group import ParallelGroup, get_group
 from pcg_core.errors import UnsupportedModel
 from pcg_core.split_ops import register_split_op, run_split_op
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ATTRIBUTE = "pcg_pipeline_parallel"  # on the staged model: its PipelineParallel record
 BROADCAST = -1  # pipeline_pass_'s dst for "every rank"
@@ -83,7 +87,7 @@ def stage_bounds(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
 _STAGED_CLASSES: dict[type, type] = {}
 
 
-def _staged_class(cls: type) -> type:
+def _staged_class(cls: type[torch.nn.Module]) -> type:
     """A subclass of decoder-layer class `cls` that skips the layer where this rank does not own it and hands its
     output on where it ends a stage (attributes set per module). One subclass per class, reused."""
     if cls not in _STAGED_CLASSES:
@@ -97,14 +101,14 @@ def _staged_class(cls: type) -> type:
     return _STAGED_CLASSES[cls]
 
 
-def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+def _decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
     layers = getattr(model.get_decoder(), "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         raise UnsupportedModel(f"pp: {type(model).__name__}'s decoder has no `layers` list to split into stages")
     return layers
 
 
-def pipeline_model(model: torch.nn.Module, group: ParallelGroup) -> PipelineParallel:
+def pipeline_model(model: PreTrainedModel, group: ParallelGroup) -> PipelineParallel:
     """Stage `model` (built whole, the same weights on every rank) for `group` in place, one stage per rank; returns
     the record, also set on the model as `pcg_pipeline_parallel`."""
     if getattr(model, ATTRIBUTE, None) is not None:

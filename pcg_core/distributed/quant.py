@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
@@ -25,14 +25,17 @@ from pcg_core.distributed.layers import TP_GROUP, tp_row_class
 from pcg_core.distributed.plan import ROWWISE, decoder_plan, style_for
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.layers.fp4_linear import Fp4Linear
-from pcg_core.quant.layers.int4_linear import Int4Linear
+from pcg_core.quant.layers.int4_linear import Int4Linear, W4A8Linear
 from pcg_core.quant.layers.linear import QuantLinear, scheme_of
 from pcg_core.quant.schemes.int4 import Int4Scheme
 from pcg_core.quant.kernels.w4a8_gemm import quantize_act
 from pcg_core.quant.schemes.w8a8 import BLOCK, expand_activation_scale, quantize_activation
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def is_quantized_linear(m: torch.nn.Module) -> bool:
+
+def is_quantized_linear(m: torch.nn.Module) -> TypeGuard[QuantLinear | Int4Linear | Fp4Linear]:
     return isinstance(m, (QuantLinear, Int4Linear, Fp4Linear))
 
 
@@ -51,7 +54,7 @@ def _refuse(g: ParallelGroup, where: str, why: str) -> UnsupportedModel:
     return UnsupportedModel(f"tp{g.size}: {where}: {why}")
 
 
-def shard_quantized(m: torch.nn.Module, rowwise: bool, g: ParallelGroup, where: str) -> None:
+def shard_quantized(m: QuantLinear | Int4Linear | Fp4Linear, rowwise: bool, g: ParallelGroup, where: str) -> None:
     """Slice quantized linear `m` in place for this rank: output rows (colwise) or input columns (rowwise, then
     its class becomes the row-parallel one: the partial output summed over ranks, the bias added once)."""
     if isinstance(m, Fp4Linear):
@@ -84,7 +87,7 @@ def _quant_linear(m: QuantLinear, rowwise: bool, g: ParallelGroup, where: str, p
                                 f"{'columns' if rowwise else 'rows'} would cut one (it must be a multiple of {BLOCK})")
     dim = 1 if rowwise else 0
     _set(m, "weight", _slice(m.weight, dim, g.rank, g.size))
-    scale = m.weight_scale
+    scale: torch.Tensor | None = m.weight_scale
     if block:
         scale = _slice(scale, dim, g.rank, g.size)
     elif m.scheme.weights == "channel" and not rowwise:
@@ -124,7 +127,7 @@ def activation_rounding_differs(scheme: Any) -> bool:
     return getattr(scheme, "acts", None) == "token" or getattr(scheme, "activations", None) in ("int8", "fp8")
 
 
-def emulate_row_shards(model: torch.nn.Module, parts: int) -> int:
+def emulate_row_shards(model: PreTrainedModel, parts: int) -> int:
     """Make an unsharded quantized model round its activations as `parts` row-parallel shards do, in place: each
     row-parallel linear of a scheme whose activation scales span K (activation_rounding_differs) quantizes each K
     slice of its input on its own and sums the slices' outputs in the model's dtype, as the ranks' all-reduce does.
@@ -137,12 +140,12 @@ def emulate_row_shards(model: torch.nn.Module, parts: int) -> int:
                 and activation_rounding_differs(scheme):
             if m.in_features % parts:
                 raise UnsupportedModel(f"tp{parts}: {name}: {m.in_features} input features, which {parts} ranks do not divide")
-            m.forward = types.MethodType(functools.partial(_split_k_forward, parts=parts), m)
+            setattr(m, "forward", types.MethodType(functools.partial(_split_k_forward, parts=parts), m))
             count += 1
     return count
 
 
-def _act_dequantized(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _act_dequantized(m: QuantLinear | W4A8Linear, x: torch.Tensor) -> torch.Tensor:
     """x as layer m's activation quantizer leaves it (quantized and dequantized, float32)."""
     if isinstance(m, QuantLinear):
         xq, sx = quantize_activation(x, m.scheme, m.input_scale)
@@ -151,14 +154,15 @@ def _act_dequantized(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return xq.float() * sx
 
 
-def _split_k_forward(self: torch.nn.Module, x: torch.Tensor, parts: int) -> torch.Tensor:
+def _split_k_forward(self: QuantLinear | W4A8Linear, x: torch.Tensor, parts: int) -> torch.Tensor:
     lead, k = x.shape[:-1], self.in_features
     x2, w, step = x.reshape(-1, k), self.dequantized_weight().float(), k // parts
-    out = None
+    out: torch.Tensor | None = None
     for r in range(parts):
         xs = x2[:, r * step:(r + 1) * step]
         part = (_act_dequantized(self, xs) @ w[:, r * step:(r + 1) * step].t()).to(x.dtype)
         out = part if out is None else out + part
+    assert out is not None  # parts ≥ 1
     bias = self._buffers.get("bias")
     if bias is not None:
         out = out + bias.to(out.dtype)

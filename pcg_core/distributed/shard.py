@@ -12,6 +12,7 @@ loading; sharded reads are later work).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,7 +21,11 @@ from pcg_core.distributed.layers import TP_GROUP, RowParallelLinear, ep_experts_
 from pcg_core.distributed.quant import is_quantized_linear, shard_quantized
 from pcg_core.distributed.plan import COLWISE, EXPERT_STYLES, ROWWISE, decoder_plan, style_for, tp_unsupported_reason, unknown_styles
 from pcg_core.errors import UnsupportedModel
+from pcg_core.quant.layers.expert_layout import expert_count
 from pcg_core.quant.layers.linear import scheme_of
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ATTRIBUTE = "pcg_tensor_parallel"  # on the sharded model: its TensorParallel record
 
@@ -68,15 +73,15 @@ def _experts(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
     if getattr(m, "is_transposed", False) or getattr(m, "has_bias", False) or not getattr(m, "has_gate", True):
         raise UnsupportedModel(f"tp{g.size}: {where} ({type(m).__name__}) is transposed, biased or gateless; only "
                                "[E, 2I, H] / [E, H, I] experts are sharded so far")
-    gate_up, down = m.gate_up_proj.data, m.down_proj.data
+    gate_up, down = getattr(m, "gate_up_proj").data, getattr(m, "down_proj").data
     inter = down.shape[2]
     if gate_up.shape[1] != 2 * inter:
         raise UnsupportedModel(f"tp{g.size}: {where}: gate_up_proj {tuple(gate_up.shape)} is not [E, 2·{inter}, H]")
     gate, up = gate_up[:, :inter], gate_up[:, inter:]
-    m.gate_up_proj = _param(torch.cat([_shard(gate, 1, g.rank, g.size, where), _shard(up, 1, g.rank, g.size, where)], 1))
-    m.down_proj = _param(_shard(down, 2, g.rank, g.size, where))
+    setattr(m, "gate_up_proj", _param(torch.cat([_shard(gate, 1, g.rank, g.size, where), _shard(up, 1, g.rank, g.size, where)], 1)))
+    setattr(m, "down_proj", _param(_shard(down, 2, g.rank, g.size, where)))
     if hasattr(m, "intermediate_dim"):
-        m.intermediate_dim = inter // g.size
+        setattr(m, "intermediate_dim", inter // g.size)
     m.__class__ = tp_experts_class(type(m))
     setattr(m, TP_GROUP, g.name)
 
@@ -85,14 +90,15 @@ def _experts_by_index(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
     """Expert parallelism (ep = tp): this rank keeps experts [rank·E/size, (rank+1)·E/size) whole."""
     if getattr(m, "has_bias", False):
         raise UnsupportedModel(f"tp{g.size}-ep{g.size}: {where} ({type(m).__name__}) has biased experts; not sharded yet")
-    experts = m.num_experts
+    experts = expert_count(m)
     if experts % g.size:
         raise UnsupportedModel(f"ep{g.size}: {where} has {experts} experts, which {g.size} ranks do not divide")
     for name in ("gate_up_proj", "up_proj", "down_proj"):
         if isinstance(getattr(m, name, None), torch.Tensor):
             setattr(m, name, _param(_shard(getattr(m, name).data, 0, g.rank, g.size, where)))
-    m.num_experts = experts // g.size
-    m.ep_start = g.rank * m.num_experts
+    local = experts // g.size
+    setattr(m, "num_experts", local)
+    setattr(m, "ep_start", g.rank * local)
     m.__class__ = ep_experts_class(type(m))
     setattr(m, TP_GROUP, g.name)
 
@@ -102,7 +108,7 @@ def _is_experts(m: torch.nn.Module) -> bool:
     return isinstance(w, torch.Tensor) and w.dim() == 3 and hasattr(m, "num_experts")
 
 
-def shard_model(model: torch.nn.Module, group: ParallelGroup, expert_parallel: bool = False) -> TensorParallel:
+def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: bool = False) -> TensorParallel:
     """Shard `model` (built whole, the same weights on every rank) for `group` in place; returns the record, also
     set on the model as `pcg_tensor_parallel`. A model the plan does not cover raises UnsupportedModel with why.
     `expert_parallel` (tpN-epN): fused experts split by expert index, whole experts per rank, instead of every
@@ -121,8 +127,8 @@ def shard_model(model: torch.nn.Module, group: ParallelGroup, expert_parallel: b
                                "parallelism is for MoE models)")
     reduces = 0
     for name, m in list(decoder.named_modules()):
-        if hasattr(m, "num_experts") and scheme_of(m) is not None:
-            raise UnsupportedModel(f"tp{group.size}: {name}: quantized experts ({scheme_of(m).name}) are not sharded "
+        if hasattr(m, "num_experts") and (scheme := scheme_of(m)) is not None:
+            raise UnsupportedModel(f"tp{group.size}: {name}: quantized experts ({scheme.name}) are not sharded "
                                    "yet (quantized dense layers are)")
         if _is_experts(m):
             (_experts_by_index if expert_parallel else _experts)(m, group, name)
@@ -155,7 +161,7 @@ def shard_model(model: torch.nn.Module, group: ParallelGroup, expert_parallel: b
     return record
 
 
-def shard_experts_by_index(model: torch.nn.Module, group: ParallelGroup) -> int:
+def shard_experts_by_index(model: PreTrainedModel, group: ParallelGroup) -> int:
     """Expert parallelism over `group` beside data-parallel attention (epN alone): every fused experts block keeps
     this rank's range of whole experts and sums its partial output over the ranks (the block sees every rank's rows:
     pcg_core.distributed.data_parallel); attention and dense layers stay whole. Returns how many blocks were split;
@@ -165,8 +171,8 @@ def shard_experts_by_index(model: torch.nn.Module, group: ParallelGroup) -> int:
         raise UnsupportedModel(f"ep{group.size}: {type(model).__name__} has no routed experts to spread (expert "
                                "parallelism is for MoE models)")
     for name, m in blocks:
-        if scheme_of(m) is not None:
-            raise UnsupportedModel(f"ep{group.size}: {name}: quantized experts ({scheme_of(m).name}) are not sharded yet")
+        if (scheme := scheme_of(m)) is not None:
+            raise UnsupportedModel(f"ep{group.size}: {name}: quantized experts ({scheme.name}) are not sharded yet")
         _experts_by_index(m, group, name)
     return len(blocks)
 

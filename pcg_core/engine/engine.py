@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 from collections.abc import Callable
 
 import torch
@@ -33,6 +33,9 @@ from pcg_core.model.vision import Image
 from pcg_core.forward_context import (AttentionObserver, AttentionProbe, CaptureMode, ForwardContext,
                                       set_forward_context)
 from pcg_core.linear_attention.setup import make_linear_state
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 LOGITS_CHUNK = 1024  # rows of lm_head at a time, so prompt logprobs over long prompts stay small
 HEAD_SLICE_BYTES = 256 << 20  # float32 head weight upcast at a time: DeepSeek-V3's whole head would be 3.7 GB
@@ -93,7 +96,7 @@ def head_logits(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, config: EngineConfig):
+    def __init__(self, model: PreTrainedModel, config: EngineConfig):
         self.model = model
         self.config = config
         self.device = config.torch_device
@@ -141,6 +144,7 @@ class Engine:
             self.vision.fill(PackedBatch([], [], [], []), num_tokens, input_ids)
         self.attn_backend.begin_forward(md)
         if self.linear_state is not None:
+            assert md.host_seq_ids is not None and md.host_positions is not None  # InputBuffers.fill sets them
             self.linear_state.begin_forward(md.host_seq_ids, md.host_positions)
         return input_ids, positions, ForwardContext(md, self.attn_backend, bucket=num_tokens, linear_state=self.linear_state)
 
@@ -218,6 +222,7 @@ class Engine:
         if self.vision is not None:
             self.vision.fill(batch, num_tokens, staged.input_ids)
         if self.linear_state is not None:  # the recurrent layers' state slots for this batch (host side)
+            assert staged.md.host_seq_ids is not None and staged.md.host_positions is not None  # InputBuffers.stage sets them
             self.linear_state.begin_forward(staged.md.host_seq_ids, staged.md.host_positions)
         return staged.input_ids, staged.md.positions, staged.md
 
@@ -250,6 +255,7 @@ class Engine:
             slots = self._allocate(i, len(p) + extra_slots, match, prefix_cache)
             start = len(match.shared) * ps
             if match.copied:  # the page the prefix ends inside: its first positions copied into this sequence's own
+                assert match.copy_page is not None  # PrefixMatch: a page to copy from whenever copied > 0
                 self.cache.copy_slots([match.copy_page * ps + j for j in range(match.copied)],
                                       slots[start : start + match.copied])
             if self.linear_state is not None:
@@ -271,7 +277,7 @@ class Engine:
             if prefix_cache is None:
                 raise
             need = -(-length // self.cache.page_size) - len(match.shared) - self.cache.free_pages
-            prefix_cache.evict(need, keep={*match.shared, match.copy_page})
+            prefix_cache.evict(need, keep={*match.shared} if match.copy_page is None else {*match.shared, match.copy_page})
             return self.cache.allocate(seq, length, match.shared)
 
     def _check_prefix_cache(self, prefix_cache: PrefixCache, images: Sequence[Sequence[Image]] | None) -> None:
@@ -364,6 +370,7 @@ class Engine:
             ids, lps, chosen = rows.topk_ids.tolist(), rows.topk_lp.tolist(), rows.chosen.tolist()  # once per forward
             for r, t in zip(fwd.prompt_rows, fwd.targets):
                 o = outs[fwd.batch.seq_ids[r]]
+                assert o.prompt_topk_ids is not None and o.prompt_topk_logprobs is not None and o.prompt_logprobs is not None
                 o.prompt_topk_ids.append(ids[r])
                 o.prompt_topk_logprobs.append(lps[r])
                 if t >= 0:

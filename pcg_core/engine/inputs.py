@@ -90,6 +90,7 @@ class InputBuffers:
                 self.uploaded.synchronize()  # the last upload has read the staging rows overwritten here
             src = self._host[:, :num_tokens]
             src.copy_(host)
+            assert self._dev is not None  # allocated when capacity > 0; num_tokens ≥ 1
             bufs = self._dev
         else:  # above the largest bucket: fresh buffers, an eager forward
             src, bufs = host, self._alloc(num_tokens)

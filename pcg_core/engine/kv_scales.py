@@ -11,12 +11,15 @@ KV calibration amax / 448). The engine refuses an FP8 cache with no scales rathe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from pcg_core.attention.kv_cache import FP8_MAX, KVCache, KVScales, attention_layers, check_kv_scales
 from pcg_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ATTRIBUTE = "pcg_kv_scales"
 
@@ -29,7 +32,7 @@ class _Engine(Protocol):
     def generate(self, prompts: list[list[int]], max_new_tokens: Any = ..., top_k: int = ...) -> list: ...
 
 
-def kv_scales_of(model: torch.nn.Module, cache: KVCache | None = None) -> dict[int, tuple[float, float]]:
+def kv_scales_of(model: PreTrainedModel, cache: KVCache | None = None) -> dict[int, tuple[float, float]]:
     """The model's KV scales, checked against `cache` (or the model's text config): every attention layer (a hybrid's
     linear-attention layers have no KV cache), positive finite, one per layer for MLA."""
     text = model.config.get_text_config()  # a VLM's text model: only it has a KV cache
@@ -51,13 +54,13 @@ def scales_from_cache(cache: KVCache) -> dict[int, tuple[float, float]]:
     out). A layer with nothing in it gets 1."""
     if cache.quantized:
         raise ValueError("calibration reads a 16-bit KV cache; this one is FP8")
-    out = {}
+    out: dict[int, tuple[float, float]] = {}
     for i in cache.attention_layers:
         keys, values = cache.read(i)
         k, v = (float(t.abs().amax().float()) if t.numel() else 0.0 for t in (keys, values))
         if cache.latent:
             k = v = max(k, v)
-        out[i] = tuple(a / FP8_MAX if a > 0 else 1.0 for a in (k, v))
+        out[i] = (k / FP8_MAX if k > 0 else 1.0, v / FP8_MAX if v > 0 else 1.0)
     return out
 
 
@@ -73,7 +76,7 @@ def calibrate_kv_scales(engine: _Engine, prompts: list[list[int]],
     return scales_from_cache(engine.cache)
 
 
-def set_kv_scales(model: torch.nn.Module, scales: KVScales) -> None:
+def set_kv_scales(model: PreTrainedModel, scales: KVScales) -> None:
     """Put checked scales on the model, where every engine built on it reads them (one per attention layer of its
     text model)."""
     text = model.config.get_text_config()

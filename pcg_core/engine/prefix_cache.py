@@ -15,6 +15,7 @@ then finds itself empty (it compares the KVCache's epoch).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from pcg_core.attention.kv_cache import KVCache
@@ -57,7 +58,7 @@ class PrefixCache:
         if self._epoch != self.cache.epoch:  # the KVCache was reset: every page it held is gone
             self._root, self._epoch = _Node(-1, (), None), self.cache.epoch
 
-    def _tick(self, node: _Node) -> None:
+    def _tick(self, node: _Node | None) -> None:
         self._clock += 1
         while node is not None and node is not self._root:
             node.used = self._clock
@@ -67,7 +68,8 @@ class PrefixCache:
         """The longest cached prefix of `prompt`, at most len(prompt) − 1 tokens."""
         self._fresh()
         ps, limit = self.cache.page_size, len(prompt) - 1
-        node, shared = self._root, []
+        shared: list[int] = []
+        node = self._root
         while (len(shared) + 1) * ps <= limit:
             child = node.children.get(tuple(prompt[len(shared) * ps : (len(shared) + 1) * ps]))
             if child is None or len(child.tokens) < ps:
@@ -102,7 +104,7 @@ class PrefixCache:
                 return
             node = child
 
-    def evict(self, pages: int, keep: set[int] = frozenset()) -> int:
+    def evict(self, pages: int, keep: Collection[int] = frozenset()) -> int:
         """Let go of up to `pages` leaf pages, least recently used first (not those in `keep`, nor a page a live
         sequence reads); returns how many were freed."""
         self._fresh()
@@ -113,6 +115,7 @@ class PrefixCache:
             if not leaves:
                 break
             leaf = min(leaves, key=lambda n: n.used)
+            assert leaf.parent is not None  # _nodes() walks below the root
             del leaf.parent.children[leaf.tokens]
             self.cache.unhold(leaf.page)
             freed += 1

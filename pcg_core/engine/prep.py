@@ -40,26 +40,27 @@ class PrepGraphs:
         the warm-up, and the backend's per-bucket state, e.g. flex's block-mask objects). A capture that fails
         leaves no prep graph at all, and says why (`disabled_reason`): every forward then takes the eager path,
         as correct as before and no faster."""
-        if not self.enabled:
+        pool = self.pool
+        if not self.enabled or pool is None:  # the pool is made exactly when enabled
             return
         with no_gc_during_capture():
-            torch.cuda.synchronize(self.pool.device)
+            torch.cuda.synchronize(pool.device)
             try:
-                with torch.cuda.stream(self.pool.stream):
+                with torch.cuda.stream(pool.stream):
                     for bucket in sorted(buckets, reverse=True):
                         staged = self.inputs.stage(empty, bucket)
                         self.inputs.upload(staged)
                         self.attn_backend.begin_forward(staged.md)
-                        graph = self.pool.begin()
+                        graph = pool.begin()
                         self.inputs.upload(staged)
                         self.attn_backend.begin_forward(staged.md)
-                        self.graphs[bucket] = self.pool.end(graph)
+                        self.graphs[bucket] = pool.end(graph)
             except Exception as e:  # noqa: BLE001 - the eager path is the fallback, named in disabled_reason
-                self.pool.abort()
+                pool.abort()
                 self.graphs.clear()
                 self.enabled = False
                 self.disabled_reason = f"prep graph capture failed: {type(e).__name__}: {e}"[:300]
-            torch.cuda.synchronize(self.pool.device)
+            torch.cuda.synchronize(pool.device)
 
     def replay(self, staged) -> bool:
         """The bucket's prep graph for a staged batch, if there is one (then the backend rebinds its per-forward

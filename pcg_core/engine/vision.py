@@ -21,11 +21,15 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pcg_core.engine.inputs import PackedBatch
 from pcg_core.model.vision import Image, is_vlm
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 IMAGE_TYPE = 1  # transformers' mm_token_type_ids: text 0, image 1, video 2
 
@@ -42,8 +46,9 @@ class SequenceVision:
     rope_delta: int
 
 
-def vlm_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The VLM's inner model (transformers' Qwen2_5_VLModel / Qwen3VLMoeModel): visual, get_rope_index, language_model."""
+def vlm_model(model: torch.nn.Module) -> Any:
+    """The VLM's inner model (transformers' Qwen2_5_VLModel / Qwen3VLMoeModel): visual, get_rope_index, language_model
+    (read by name: those classes share no typed base that has them)."""
     inner = getattr(model, "model", model)
     if not hasattr(inner, "visual") or not hasattr(inner, "get_rope_index"):
         raise TypeError(f"{type(model).__name__}: not a Qwen-VL model (no .model.visual / get_rope_index)")
@@ -64,7 +69,7 @@ def feature_rows(features: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tenso
 class VisionInputs:
     """The pre-process stage of a VLM and its static buffers (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, capacity: int, device: torch.device):
+    def __init__(self, model: PreTrainedModel, capacity: int, device: torch.device):
         self.vlm = vlm_model(model)
         self.config = model.config
         self.lm = self.vlm.language_model
@@ -82,7 +87,7 @@ class VisionInputs:
         self._rope_kwargs = set(inspect.signature(self.vlm.get_rope_index).parameters)
 
     @staticmethod
-    def wanted(model: torch.nn.Module) -> bool:
+    def wanted(model: PreTrainedModel) -> bool:
         return is_vlm(model.config)
 
     def _alloc(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

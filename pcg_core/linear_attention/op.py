@@ -66,10 +66,10 @@ def _linear_attention(mixed_qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tens
     for run in pool.runs:
         if run.length == 1:
             continue
-        rows = slice(run.start, run.start + run.length)
-        x, conv_state = causal_conv(mixed_qkv[rows], conv[run.slot, run.read], conv_weight, conv_bias, activation)
-        o, state = gated_delta_rule(*heads(x), g[rows], beta[rows], rec[run.slot, run.read])
-        out[rows] = o.to(out.dtype)
+        span = slice(run.start, run.start + run.length)
+        x, conv_state = causal_conv(mixed_qkv[span], conv[run.slot, run.read], conv_weight, conv_bias, activation)
+        o, state = gated_delta_rule(*heads(x), g[span], beta[span], rec[run.slot, run.read])
+        out[span] = o.to(out.dtype)
         conv[run.slot, 1 - run.read].copy_(conv_state)
         rec[run.slot, 1 - run.read].copy_(state)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pcg_core.capture import get_capture_backend
+from typing import cast
+
+from pcg_core.capture import CaptureBackend, get_capture_backend
 from pcg_core.errors import ConfigError
 from pcg_core.linear_attention.op import WHY_NOT_CAPTURABLE
 from pcg_core.linear_attention.state import LinearStatePool, linear_layer_shape, linear_layers
@@ -14,7 +16,8 @@ def make_linear_state(model_config, config) -> LinearStatePool | None:
     layers = linear_layers(model_config.get_text_config())
     if not layers:
         return None
-    if get_capture_backend(config.capture.backend).requires_capturable_attention:
+    backend = cast(type[CaptureBackend], get_capture_backend(config.capture.backend))  # the registry returns a `type`
+    if backend.requires_capturable_attention:
         raise ConfigError(f"capture backend {config.capture.backend!r} records every op in one graph, and this model's "
                           f"linear-attention layers cannot be: {WHY_NOT_CAPTURABLE}", field="backend")
     return LinearStatePool(layers, linear_layer_shape(model_config.get_text_config()), config.linear_state_slots,

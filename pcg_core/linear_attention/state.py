@@ -108,7 +108,8 @@ class LinearStatePool:
         """Plan this forward from the real rows (host tensors): one Run per stretch of a sequence's rows, reading the
         version whose length is the stretch's first position, and record the written version's new length."""
         seqs, pos = host_seq_ids.tolist(), host_positions.tolist()
-        runs, r = [], 0
+        runs: list[Run] = []
+        r = 0
         while r < len(seqs):
             end = r
             while end + 1 < len(seqs) and seqs[end + 1] == seqs[r] and pos[end + 1] == pos[end] + 1:

@@ -15,10 +15,10 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from pcg_core.attention import ATTN_IMPLEMENTATION
@@ -33,6 +33,9 @@ from pcg_core.model.qwen3_next import install_gated_deltanet
 from pcg_core.quant import detect as detect_quantization
 from pcg_core.quant import load_quantized
 from pcg_core.quant.formats.files import INDEX, SINGLE, CheckpointTensors, index_of, read_index
+
+if TYPE_CHECKING:
+    from transformers import AutoModelForImageTextToText
 
 # Widths of the `tiny` variant: small enough for a CPU test, shaped like the real thing (GQA kept, MoE kept).
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16, "moe_intermediate_size": 48}
@@ -60,7 +63,7 @@ PEAK_LOGIT_STD = {"float32": 3.0, "float16": 1.0, "bfloat16": 1.0}
 
 @dataclass
 class LoadedModel:
-    model: torch.nn.Module
+    model: PreTrainedModel
     config: PretrainedConfig
     source: str  # where it came from, in words
     synthetic: bool
@@ -264,7 +267,7 @@ def _implementation_kwargs(config: PretrainedConfig) -> dict[str, Any]:
     return kw
 
 
-def _auto_class(config: PretrainedConfig) -> type:
+def _auto_class(config: PretrainedConfig) -> type[AutoModelForCausalLM] | type[AutoModelForImageTextToText]:
     """transformers' Auto class for the model: image-text-to-text for a VLM (its causal-LM mapping has none)."""
     if is_vlm(config):
         from transformers import AutoModelForImageTextToText
@@ -273,7 +276,7 @@ def _auto_class(config: PretrainedConfig) -> type:
     return AutoModelForCausalLM
 
 
-def peak_logits(model: torch.nn.Module, hidden_size: int, target_std: float) -> None:
+def peak_logits(model: PreTrainedModel, hidden_size: int, target_std: float) -> None:
     """Scale the output head so the logits' std over the vocabulary is ~target_std (the final norm leaves the
     hidden state at RMS ~1, so that std is the head rows' std times sqrt(hidden)). A head tied to the input
     embedding gets its own scaled copy: scaling the embedding too would make the residual stream carry mostly
@@ -289,7 +292,7 @@ def peak_logits(model: torch.nn.Module, hidden_size: int, target_std: float) -> 
 
 
 def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str | torch.device, seed: int,
-                    peaked: bool = True) -> torch.nn.Module:
+                    peaked: bool = True) -> PreTrainedModel:
     """transformers' model class for this config, weights drawn from its own initializer under `seed`; with
     `peaked`, an output head scaled for a peaked next-token distribution (peak_logits)."""
     check_supported(config)
@@ -309,7 +312,7 @@ def synthetic_model(config: PretrainedConfig, *, dtype: torch.dtype, device: str
     return model.eval().requires_grad_(False)
 
 
-def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.device, layers: int | None) -> torch.nn.Module:
+def pretrained_model(path: str, *, dtype: torch.dtype, device: str | torch.device, layers: int | None) -> PreTrainedModel:
     full = read_config_file(path)
     config_data = shrink_config(full, layers=layers)
     _check_real_trim(full, config_data, path)

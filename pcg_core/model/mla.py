@@ -17,6 +17,7 @@ module's own, so the forward matches transformers' eager one up to summation ord
 from __future__ import annotations
 
 import types
+from typing import cast
 
 import torch
 
@@ -49,8 +50,9 @@ def uninstall_mla(model: torch.nn.Module) -> int:
     for module in model.modules():
         if is_mla_attention(module) and "forward" in module.__dict__:
             del module.forward
-            if getattr(module.kv_b_proj, "dequantized_weight", None) is not None:
-                module.kv_b_proj.forward = types.MethodType(_dequantized_forward, module.kv_b_proj)
+            proj = getattr(module, "kv_b_proj")
+            if getattr(proj, "dequantized_weight", None) is not None:
+                proj.forward = types.MethodType(_dequantized_forward, proj)
             n += 1
     return n
 
@@ -65,7 +67,7 @@ def _dense_weight(linear: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
     int4, FP4) dequantized, in the piece, each forward — the serving engines absorb the dequantized weight too, its
     activation never quantized."""
     dequantized = getattr(linear, "dequantized_weight", None)
-    return linear.weight if dequantized is None else dequantized().to(dtype)
+    return cast(torch.Tensor, linear.weight) if dequantized is None else dequantized().to(dtype)  # torch: Tensor | Module
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:

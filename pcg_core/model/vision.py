@@ -81,6 +81,7 @@ def shrink_vlm(d: dict[str, Any], shrink_text: Any, *, layers: int | None, tiny:
         vision["deepstack_visual_indexes"] = list(range(min(depth, len(vision["deepstack_visual_indexes"]))))
     d["vision_config"] = vision
     vocab = text.get("vocab_size") or d.get("vocab_size")
+    assert vocab is not None, "a VLM config without vocab_size"
     # Set whether the config names them or not: the config class's defaults are the real vocabulary's ids.
     for k, key in enumerate(_TINY_SPECIAL):
         d[key] = vocab - 1 - len(_TINY_SPECIAL) + k
@@ -167,4 +168,4 @@ def install_dense_deepstack(model: torch.nn.Module) -> None:
     for module in model.modules():
         if hasattr(module, "_deepstack_process") and not getattr(module, "_pcg_dense_deepstack", False):
             module._deepstack_process = _dense_deepstack(module._deepstack_process)
-            module._pcg_dense_deepstack = True
+            setattr(module, "_pcg_dense_deepstack", True)
