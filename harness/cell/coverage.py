@@ -38,6 +38,7 @@ class CoverageCounter:
         if not replay:
             self.eager += 1
             return
+        assert bucket is not None  # a replayed forward has its bucket
         self.layouts[bucket].add(_layout(batch))
         if decode:
             self.decode_steps += 1

@@ -5,8 +5,7 @@ and the check of its eager against the same weights in one process."""
 from __future__ import annotations
 
 from dataclasses import replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from harness.cell.prompts import Case, run_case
 from harness.cell.spec import CellSpec, resolve_model
@@ -19,6 +18,9 @@ from pcg_core.known import parse_parallel, world_size
 from pcg_core.model import load_model
 from pcg_core.quant import get_scheme, quantize_model
 from pcg_core.quant.synthetic_weights import make_realistic_
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def parallel_group(spec: CellSpec) -> ParallelGroup | None:
@@ -34,7 +36,7 @@ def parallel_group(spec: CellSpec) -> ParallelGroup | None:
     return init_from_env(spec.device)
 
 
-def tp1_prompt_logprob_diff(full_model: torch.nn.Module, config: EngineConfig, case: Case,
+def tp1_prompt_logprob_diff(full_model: PreTrainedModel, config: EngineConfig, case: Case,
                             sharded: list[SequenceOutput]) -> float:
     """Max |Δ prompt logprob| between the sharded model's eager outputs of `case` and the same full weights run
     eagerly in this one process (TP=1). Graph vs eager at the same TP cannot see a wrong shard or a missing

@@ -53,9 +53,9 @@ class Case:
         cuts = self.rounds or (len(self.prompts),)
         if sum(cuts) != len(self.prompts):
             raise ValueError(f"case {self.name}: rounds {cuts} do not add up to its {len(self.prompts)} prompts")
-        parts, start = [], 0
+        parts, start, lists = [], 0, self.image_lists
         for n in cuts:
-            imgs = self.image_lists[start : start + n] if self.images is not None else None
+            imgs = lists[start : start + n] if lists is not None else None
             joins = list(self.join_at[start : start + n]) if self.join_at is not None else None
             parts.append(([list(p) for p in self.prompts[start : start + n]], list(self.new_tokens[start : start + n]), imgs,
                           joins))

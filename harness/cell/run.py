@@ -67,19 +67,31 @@ class _Cell:
     def engine(self, backend: str, kv_cache: str | None = None) -> Engine:
         """An engine on the cell's model (kv_cache: another KV-cache dtype than the cell's, for calibration)."""
         capture = replace(self.config.capture, backend=backend)
-        return Engine(self.lm.model, replace(self.config, capture=capture, kv_slots=self.kv_slots,
+        return Engine(self.loaded.model, replace(self.config, capture=capture, kv_slots=self.kv_slots,
                                              kv_cache=kv_cache or self.config.kv_cache))
 
     def run_suite(self, e: Engine, listener: CoverageCounter | None = None, cases: list[Case] | None = None) -> Outputs:
         e.on_forward = listener
         try:
-            return {c.name: run_case(e, c, self.spec.top_k) for c in (self.cases if cases is None else cases)}
+            return {c.name: run_case(e, c, self.spec.top_k) for c in (self.suite if cases is None else cases)}
         finally:
             e.on_forward = None
 
     @property
+    def loaded(self) -> LoadedModel:
+        """The model, once _load has set `lm` (every later phase reads it)."""
+        assert self.lm is not None, "the cell's model is read before it is loaded"
+        return self.lm
+
+    @property
+    def suite(self) -> list[Case]:
+        """The prompt suite, once _load has set `cases`."""
+        assert self.cases is not None, "the cell's prompt suite is read before it is built"
+        return self.cases
+
+    @property
     def tol(self) -> float:
-        return self.spec.logprob_tol if self.spec.logprob_tol is not None else LOGPROB_TOL[self.spec.dtype]
+        return self.spec.logprob_tol if self.spec.logprob_tol is not None else LOGPROB_TOL[self.spec.resolved_dtype]
 
 
 def recorded_settings(spec: CellSpec) -> CellMetrics:
@@ -129,13 +141,13 @@ def _load(cell: _Cell) -> None:
                               concurrency=CONCURRENCY[-1] if s.device.startswith("cuda") else CPU_CONCURRENCY,
                               page_size=page if prefix_cacheable(text, s.parallel) else None)
     need = max(c.kv_slots(page) for c in cell.cases)
-    cell.kv_slots = max(need, -(-max(latency_token_counts(s.max_tokens), default=0) // page) * page) + page
+    cell.kv_slots = max(need, -(-max(latency_token_counts(s.resolved_max_tokens), default=0) // page) * page) + page
     # a linear-attention model's state slots: one per live sequence of the most concurrent case
     live = max(len(c.prompts) for c in cell.cases)
     cell.config = replace(cell.config, linear_state_slots=max(cell.config.linear_state_slots, live))
     if s.quant != "none":
         _quantize(cell)
-    elif not cell.lm.synthetic and (got := sorted(set(quantized_modules(cell.lm.model).values()))):
+    elif not cell.loaded.synthetic and (got := sorted(set(quantized_modules(cell.loaded.model).values()))):
         raise Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got)}; the cell asks for none (a 16-bit "
                                         "model): run it as quant " + got[0])
     if s.kv_cache != "auto":
@@ -144,13 +156,13 @@ def _load(cell: _Cell) -> None:
         mode = parse_parallel(s.parallel)
         try:
             if mode.get("pp", 1) > 1:
-                pipeline_model(cell.lm.model, cell.group)
+                pipeline_model(cell.loaded.model, cell.group)
             elif mode.get("dp", 1) > 1 or mode.get("tp", 1) < mode.get("ep", 1):  # epN alone: DP attention + EP
-                data_parallel_model(cell.lm.model, cell.group)
+                data_parallel_model(cell.loaded.model, cell.group)
                 if mode.get("ep", 1) > 1:
-                    shard_experts_by_index(cell.lm.model, cell.group)
+                    shard_experts_by_index(cell.loaded.model, cell.group)
             else:
-                shard_model(cell.lm.model, cell.group, expert_parallel=mode.get("ep", 1) > 1)
+                shard_model(cell.loaded.model, cell.group, expert_parallel=mode.get("ep", 1) > 1)
         except UnsupportedModel as e:
             raise Stop(Status.UNSUPPORTED, str(e)) from e
 
@@ -159,13 +171,13 @@ def _kv_scales(cell: _Cell) -> None:
     """An FP8 KV cache's per-layer scales: the checkpoint's where it declares them (the loader set
     `pcg_kv_scales`), else calibrated on the first case's prompts with a 16-bit KV cache (absmax / 448), after
     quantization (K and V are the quantized model's), as a producer or a serving engine computes them."""
-    model = cell.lm.model
+    model = cell.loaded.model
     if getattr(model, ATTRIBUTE, None) is not None:
         cell.metrics.kv_scales = "checkpoint"
         if (read := cell.metrics.checkpoint_kv_scales) is not None:  # the checkpoint's scales, now in use
             cell.metrics.checkpoint_kv_scales = read.model_copy(update={"applied": True})
         return
-    case = cell.cases[0]
+    case = cell.suite[0]
     try:
         scales = calibrate_kv_scales(cell.engine("disabled", kv_cache="auto"), [list(p) for p in case.prompts],
                                      list(case.new_tokens))
@@ -181,8 +193,8 @@ def _quantize(cell: _Cell) -> None:
     the first case's prompts, as a producer would. The float model's prompt logprobs on that case are kept, to
     record the quantization error."""
     s, m = cell.spec, cell.metrics
-    model = cell.lm.model
-    if not cell.lm.synthetic:
+    model = cell.loaded.model
+    if not cell.loaded.synthetic:
         quantized = quantized_modules(model)
         got = sorted(set(quantized.values()))
         if got != [s.quant]:
@@ -190,7 +202,7 @@ def _quantize(cell: _Cell) -> None:
                                             f"for {s.quant}")
         m.quant_layers = len(quantized)  # linears and experts modules, as quantize_model counts them
         return
-    case = cell.cases[0]
+    case = cell.suite[0]
     # Scales that vary by row, column and block as a trained checkpoint's do (10–100×, outliers): near-uniform
     # random weights quantize to near-uniform scales, under which a mis-indexed scale barely moves the output.
     make_realistic_(model, s.seed)
@@ -213,7 +225,7 @@ def _quant_error(cell: _Cell, ref: Outputs) -> None:
     if cell.float_ref is None:
         return
     worst = 0.0
-    for a, b in zip(cell.float_ref, ref[cell.cases[0].name]):
+    for a, b in zip(cell.float_ref, ref[cell.suite[0].name]):
         worst = max([worst, *(abs(x - y) for x, y in zip(a.prompt_logprobs or [], b.prompt_logprobs or []))])
     cell.metrics.quant_logprob_diff = round(worst, 6)
 
@@ -233,7 +245,7 @@ def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
 def _tp1(cell: _Cell, ref: Outputs) -> None:
     """Layer 7: a tensor-parallel cell's eager against the same weights unsharded in this process
     (parallel.tp1_check)."""
-    s, case = cell.spec, cell.cases[0]
+    s, case = cell.spec, cell.suite[0]
     try:
         diff, problem = tp1_check(s, replace(cell.config, kv_slots=cell.kv_slots), case, ref[case.name], cell.tol,
                                   cell.input_absmax)
@@ -263,7 +275,7 @@ def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Ou
     m.pieces, m.graphs_captured, m.trace_s, m.capture_s = st.pieces, st.graphs_captured, st.trace_s, st.capture_s
     m.compile_s, m.graph_pool_bytes = st.compile_s, st.graph_pool_bytes
     m.kv_bytes_per_token = graph.cache.bytes_per_token
-    m.weights_bytes = weights_bytes(cell.lm.model)
+    m.weights_bytes = weights_bytes(cell.loaded.model)
     on_phase("run")
     cell.coverage = CoverageCounter(cell.config.capture.ladder)
     try:
@@ -279,8 +291,8 @@ def _latency(cell: _Cell, eager: Engine, graph: Engine) -> None:
     s = cell.spec
     repeat = s.latency_repeat or (20 if s.device.startswith("cuda") else 5)
     gen = torch.Generator().manual_seed(s.seed + 1)
-    for n in latency_token_counts(s.max_tokens):
-        prompt = torch.randint(0, cell.lm.config.get_text_config().vocab_size, (n,), generator=gen).tolist()
+    for n in latency_token_counts(s.resolved_max_tokens):
+        prompt = torch.randint(0, cell.loaded.config.get_text_config().vocab_size, (n,), generator=gen).tolist()
         ms = {}
         for side, e in (("eager", eager), ("graph", graph)):
             batch = e.prefill_batch([prompt])
@@ -291,8 +303,8 @@ def _latency(cell: _Cell, eager: Engine, graph: Engine) -> None:
 
 def _engine_config(spec: CellSpec) -> EngineConfig:
     """The engines' config the spec asks for (each engine sets its own capture backend: _Cell.engine)."""
-    capture = CaptureConfig(backend=spec.graph, compiler=spec.compiler, max_tokens=spec.max_tokens)
-    return EngineConfig(device=spec.device, dtype=spec.dtype, attention=spec.attention, capture=capture,
+    capture = CaptureConfig(backend=spec.graph, compiler=spec.compiler, max_tokens=spec.resolved_max_tokens)
+    return EngineConfig(device=spec.device, dtype=spec.resolved_dtype, attention=spec.attention, capture=capture,
                         kv_cache=spec.kv_cache)
 
 
@@ -342,7 +354,7 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
         _load(cell)
         phase("eager")
         eager, ref = _eager_reference(cell)
-        if cell.group is not None and cell.lm.synthetic:
+        if cell.group is not None and cell.loaded.synthetic:
             _tp1(cell, ref)
         phase("reference")
         _reference(cell, ref)

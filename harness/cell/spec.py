@@ -45,6 +45,17 @@ class CellSpec:
         if self.max_tokens is None:
             self.max_tokens = GPU_MAX_TOKENS if self.device.startswith("cuda") else CPU_MAX_TOKENS
 
+    # The two defaults as __post_init__ resolved them (the fields stay Optional: None asks for the default).
+    @property
+    def resolved_dtype(self) -> str:
+        assert self.dtype is not None
+        return self.dtype
+
+    @property
+    def resolved_max_tokens(self) -> int:
+        assert self.max_tokens is not None
+        return self.max_tokens
+
 
 def resolve_model(spec: CellSpec) -> str | dict:
     """A card id becomes its real config (synthetic weights), or with weights="real" the hub id of its checkpoint

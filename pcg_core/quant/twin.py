@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import types
-from typing import cast
+from typing import TypeVar, cast
 
 import torch
 
@@ -63,6 +63,8 @@ def _refuse_apply(self: torch.nn.Module, fn, recurse: bool = True):
     raise RuntimeError("a float twin shares its model's tensors: .to()/.float()/.cuda() on it would convert the "
                        "model's own parameters; convert the model, then build its twin")
 
+
+M = TypeVar("M", bound=torch.nn.Module)  # a twin is a copy of its model's own class
 
 _FLOAT32_CLASSES: dict[tuple[type, tuple[str, ...]], type] = {}
 
@@ -113,7 +115,7 @@ def _reference_linear_forward(self: QuantLinear | Int4Linear | Fp4Linear, x: tor
     return out.reshape(*lead, self.out_features)
 
 
-def float_twin(model: torch.nn.Module) -> torch.nn.Module:
+def float_twin(model: M) -> M:
     """The float32 model `model` stands for, sharing every tensor with it (none copied): quantized linears run
     dequantized, experts run routed_float_experts_forward (`float_twin` set), every other module reads its
     half-precision parameters as float32. The caller's model is not touched; the twin refuses to be converted
@@ -121,7 +123,7 @@ def float_twin(model: torch.nn.Module) -> torch.nn.Module:
     return _twin(model, float32=True, quantized=_dequantized_linear_forward)
 
 
-def reference_twin(model: torch.nn.Module, float32: bool = False) -> torch.nn.Module:
+def reference_twin(model: M, float32: bool = False) -> M:
     """The model with every kernel replaced by the math it is held to, sharing every tensor (none copied):
     quantized linears run their reference (`reference_forward`), quantized experts their dense reference
     (`reference_math` set), unquantized experts routed_float_experts_forward. With `float32` every other module
@@ -131,7 +133,7 @@ def reference_twin(model: torch.nn.Module, float32: bool = False) -> torch.nn.Mo
     return _twin(model, float32=float32, quantized=_reference_linear_forward)
 
 
-def _twin(model: torch.nn.Module, float32: bool, quantized) -> torch.nn.Module:
+def _twin(model: M, float32: bool, quantized) -> M:
     twin = copy.deepcopy(model, {id(t): t for t in [*model.parameters(), *model.buffers()]})
     reference = quantized is _reference_linear_forward
     for name, module in twin.named_modules():

@@ -113,7 +113,7 @@ def round_kv(twin: torch.nn.Module, attention: str, scales: Mapping[int, tuple[f
         setattr(module, SCALE_ATTRIBUTE, (k_scale, v_scale))
         setattr(module, TURN_ATTRIBUTE, turn)
         if is_mla_attention(module):
-            module.kv_a_layernorm.register_forward_hook(_round_latent(k_scale, turn))
+            module.get_submodule("kv_a_layernorm").register_forward_hook(_round_latent(k_scale, turn))
     return PREFIX + attention
 
 

@@ -12,13 +12,31 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
 from harness.cell.prompts import Case
-from pcg_core.engine import Engine, PrefixCache
+from pcg_core.attention.kv_cache import KVCache
+from pcg_core.engine import Engine, PackedBatch, PrefixCache
 from pcg_core.engine.engine import LOGITS_CHUNK
 from pcg_core.engine.schedule import Schedule
+
+
+class GraphSide(Protocol):
+    """What the lockstep runs on its graph side: an Engine, or padding.py's eager engine padding as a graph would."""
+
+    @property
+    def cache(self) -> KVCache: ...
+
+    def bucket_for(self, num_tokens: int) -> int | None: ...
+
+    def pack_prompts(self, prompts: list[list[int]], extra_slots: int, images: Any = None,
+                     prefix_cache: PrefixCache | None = None, /) -> object: ...
+
+    def forward(self, batch: PackedBatch, *, observer: Any = None, decode: bool = False) -> torch.Tensor: ...
+
+    def remember(self, prefix_cache: PrefixCache, sequences: list[list[int]], /) -> None: ...
 
 
 @dataclass
@@ -37,7 +55,7 @@ class Step:
 
 
 @torch.no_grad()
-def lockstep(eager: Engine, graph: Engine, case: Case, observe: bool = False, noise: bool = False) -> Iterator[Step]:
+def lockstep(eager: Engine, graph: GraphSide, case: Case, observe: bool = False, noise: bool = False) -> Iterator[Step]:
     """The case's forwards on both engines, one Step each (observe: record every attention input too; noise: run
     eager unpadded before and at the same padding again after, for the noise the eager path itself shows). The
     forwards are the suite's own (engine/schedule.py), fed eager's tokens on both sides. A case of several rounds
@@ -50,7 +68,7 @@ def lockstep(eager: Engine, graph: Engine, case: Case, observe: bool = False, no
                                    noise)
 
 
-def _lockstep_round(eager: Engine, graph: Engine, prompts: list[list[int]], new: list[int], images,
+def _lockstep_round(eager: Engine, graph: GraphSide, prompts: list[list[int]], new: list[int], images,
                     join_at: list[int] | None, chunk: int | None,
                     caches: tuple[PrefixCache | None, PrefixCache | None], round_label: str, observe: bool,
                     noise: bool) -> Iterator[Step]:
@@ -131,7 +149,7 @@ def _worse(a: float, b: float) -> float:
 
 
 @torch.no_grad()
-def lockstep_stats(eager: Engine, graph: Engine, case: Case, noise: bool = False) -> LockstepStats:
+def lockstep_stats(eager: Engine, graph: GraphSide, case: Case, noise: bool = False) -> LockstepStats:
     """KL (eager's tokens fed to both) and the same-padding difference of every forward of one case; with noise,
     what eager itself shows: run twice at one padding, and padded against unpadded."""
     st = LockstepStats()
@@ -139,6 +157,7 @@ def lockstep_stats(eager: Engine, graph: Engine, case: Case, noise: bool = False
         if step.again is not None:
             st.eager_same_padding_rel = _worse(st.eager_same_padding_rel, rel_diff(step.ref, step.again))
         if step.unpadded is not None:
+            assert step.probes is not None  # _lockstep_round sets them on every step
             st.padding_noise = _worse(st.padding_noise, _probe_diff(eager, step.ref, step.unpadded, step.probes))
             st.padding_rel = _worse(st.padding_rel, _row_rel(step.unpadded, step.ref))
         k = _kl_rows(eager, step.ref, step.cand)

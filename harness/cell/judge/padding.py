@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +35,9 @@ from pcg_core.attention import get_attention_backend
 from pcg_core.config import EngineConfig
 from pcg_core.engine import Engine, PackedBatch
 from pcg_core.quant.twin import float_twin
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Max per-row relative difference of hidden states, float32 eager padded vs unpadded, for padding to count as
 # exact: GEMM summation orders differ by ~1e-7 relative per op; a leak of a padding row at 1e-4 of a real row's
@@ -109,13 +113,16 @@ def _other_values(t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def float32_padding_rel(model: torch.nn.Module, config: EngineConfig, bucket_for: Callable[[int], int | None],
+def float32_padding_rel(model: PreTrainedModel, config: EngineConfig, bucket_for: Callable[[int], int | None],
                         cases: list[Case]) -> float:
     """Worst per-row relative difference of any forward's hidden states in `cases`, eager padded to `bucket_for`'s
     buckets vs unpadded, on `model`'s float twin (float32, sharing its weights) with `config`'s attention backend
     (float32_attention's) and KV capacity (NaN if a row is NaN). The twin is freed before returning; the caller's
     model is not touched."""
+    model32: PreTrainedModel | None
     model32 = float_twin(model)
+    ref: Engine | None
+    other: Engine | None
     try:
         # A 16-bit KV cache: an FP8 one's static per-tensor scales are row-local (padding cannot leak through them),
         # and its rounding steps would turn float32's 1e-7 into whole steps, as activation quantizers do.
@@ -131,13 +138,15 @@ def float32_padding_rel(model: torch.nn.Module, config: EngineConfig, bucket_for
 
 
 @torch.no_grad()
-def attention_padding_rel(model: torch.nn.Module, config: EngineConfig, bucket_for: Callable[[int], int | None],
+def attention_padding_rel(model: PreTrainedModel, config: EngineConfig, bucket_for: Callable[[int], int | None],
                           cases: list[Case]) -> float:
     """The backend's own padding probe (PaddingProbe) over every forward of `cases`, eager padded to `bucket_for`'s
     buckets, on `model` itself with `config` (the cell's dtype, backend and KV cache): the worst real-row difference
     (0.0 when exact; NaN if one is NaN). Raises if no call had padding rows to change (nothing was probed)."""
     probe = PaddingProbe()
     cfg = replace(config, capture=replace(config.capture, backend="disabled"))
+    ref: Engine | None
+    padded: Engine | None
     try:
         ref, padded = Engine(model, cfg), Engine(model, cfg)
         for case in cases:

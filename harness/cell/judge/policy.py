@@ -61,6 +61,14 @@ class Cell(Protocol):
     coverage: CoverageCounter | None  # what the graph's run of the suite covered (recorded beside the verdict)
 
     @property
+    def loaded(self) -> LoadedModel:
+        """`lm`, once the cell has loaded it."""
+
+    @property
+    def suite(self) -> list[Case]:
+        """`cases`, once the cell has built them."""
+
+    @property
     def tol(self) -> float:
         """The logprob tolerance: the spec's, or the dtype's (tolerances.LOGPROB_TOL)."""
 
@@ -83,7 +91,7 @@ def eager_self_check(cell: Cell, ref: Outputs, ref2: Outputs) -> None:
 def reference_check(cell: Cell, config: EngineConfig, ref: Outputs) -> None:
     """Layer 6 (reference.py): eager's outputs `ref` (run with `config`, KV capacity included) against
     transformers' forward and the kernels' reference math, into metrics.reference."""
-    cell.metrics.reference = reference_layer(cell.lm.model, config, cell.cases, ref, cell.spec.quant != "none")
+    cell.metrics.reference = reference_layer(cell.loaded.model, config, cell.suite, ref, cell.spec.quant != "none")
 
 
 def with_reference(m: CellMetrics, status: Status, reason: str) -> tuple[Status, str]:
@@ -108,20 +116,21 @@ def judge(cell: Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Outputs)
     # bound: measured only in half precision, where it is near them — and under quantization, which turns a 1e-7
     # change of a GEMM's summation order into a whole FP8/INT8 rounding step of the next layer's activation.
     noise = cell.spec.dtype != "float32" or cell.spec.quant != "none" or cell.spec.kv_cache != "auto"
-    stats = {c.name: lockstep_stats(eager, graph, c, noise=noise) for c in cell.cases}
+    stats = {c.name: lockstep_stats(eager, graph, c, noise=noise) for c in cell.suite}
     m.padding_noise = nan_max(st.padding_noise for st in stats.values())
-    noisy = [c for c in cell.cases if stats[c.name].padding_noise > cell.tol]
+    noisy = [c for c in cell.suite if stats[c.name].padding_noise > cell.tol]
     exact = _padding_exact(cell, graph, noisy)
     bound = logprob_bound(cell.tol, m.padding_noise if exact is not False else 0.0)
-    noise = m.eager_self_diff.max_output_logprob_diff if m.eager_self_diff else None
-    m.tie_margin = tie_margin(bound, noise)
+    eager_noise = m.eager_self_diff.max_output_logprob_diff if m.eager_self_diff else None
+    m.tie_margin = tie_margin(bound, eager_noise)
     judgement = compare(ref, cand, bound, m.tie_margin)
     for name, value in asdict(judgement).items():
         if name not in ("status", "reason", "failed_cases"):
             setattr(m, name, value)
-    repeats = [c for c in cell.cases if repeat_of(c)]
-    m.coverage = cell.coverage.result(all(cand[c.name] == cand[repeat_of(c)] for c in repeats) if repeats else None)
-    pad_rtol = same_padding_rtol(cell.spec.dtype, cell.spec.compiler,
+    repeats = [(c.name, r) for c in cell.suite if (r := repeat_of(c))]
+    assert cell.coverage is not None  # counted over the graph's run of the suite (run.py's _candidate)
+    m.coverage = cell.coverage.result(all(cand[n] == cand[r] for n, r in repeats) if repeats else None)
+    pad_rtol = same_padding_rtol(cell.spec.resolved_dtype, cell.spec.compiler,
                                  nan_max(st.eager_same_padding_rel for st in stats.values()))
     lockstep_failed = _lockstep_layers(cell, stats, judgement, pad_rtol)
     failed = set(judgement.failed_cases) | lockstep_failed
@@ -145,10 +154,10 @@ def _padding_exact(cell: Cell, graph: Engine, cases: list[Case]) -> bool | None:
         return None
     m = cell.metrics
     try:
-        rel = float32_padding_rel(cell.lm.model, graph.config, graph.bucket_for, cases)
+        rel = float32_padding_rel(cell.loaded.model, graph.config, graph.bucket_for, cases)
         probe = None
         if float32_attention(graph.config.attention) != graph.config.attention:
-            probe = attention_padding_rel(cell.lm.model, graph.config, graph.bucket_for, cases)
+            probe = attention_padding_rel(cell.loaded.model, graph.config, graph.bucket_for, cases)
     except Exception as e:  # noqa: BLE001 - out of memory, a backend without float32: nothing is allowed for
         m.padding_check_error = f"{type(e).__name__}: {e}"[:1000]
         return None
@@ -168,7 +177,7 @@ def _excuse_padding(cell: Cell, graph: Engine, judgement: Judgement, stats: dict
     same = nan_max(st.same_padding_rel for st in stats.values())
     if not same <= SAME_PADDING_RTOL_EAGER or not judgement.failed_cases:
         return None
-    rest = [c for c in cell.cases if c.name in set(judgement.failed_cases) - proven]
+    rest = [c for c in cell.suite if c.name in set(judgement.failed_cases) - proven]
     exact = _padding_exact(cell, graph, rest) if rest else True
     if not exact:
         return exact
@@ -188,7 +197,7 @@ def _excuse_padding(cell: Cell, graph: Engine, judgement: Judgement, stats: dict
 def _lockstep_layers(cell: Cell, stats: dict[str, LockstepStats], judgement: Judgement, bound: float) -> set[str]:
     """Layer 3's verdict: KL and the same-padding check (against `bound`) over every case; adds their failures to
     the judgement, returns those cases."""
-    m, dtype = cell.metrics, cell.spec.dtype
+    m, dtype = cell.metrics, cell.spec.resolved_dtype
     m.max_prompt_kl = nan_max(st.prompt_kl for st in stats.values())
     m.max_decode_kl = nan_max(st.decode_kl for st in stats.values())
     m.max_same_padding_diff = nan_max(st.same_padding_rel for st in stats.values())
@@ -215,7 +224,7 @@ def _diagnose(cell: Cell, eager: Engine, graph: Engine, judgement: Judgement, st
     """Layer 5 on the failing case where graph and eager differ most at the same padding (where a fault shows,
     rather than a flip noise allowed elsewhere); its own failure is recorded beside the verdict, never over it."""
     m = cell.metrics
-    cases = [c for c in cell.cases if c.name in failed] or cell.cases
+    cases = [c for c in cell.suite if c.name in failed] or cell.suite
     worst = max(cases, key=lambda c: (math.isnan(stats[c.name].same_padding_rel), stats[c.name].same_padding_rel,
                                       nan_max([stats[c.name].prompt_kl, stats[c.name].decode_kl])))
     try:

@@ -31,6 +31,7 @@ import gc
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -52,6 +53,9 @@ from pcg_core.quant.layers.linear import scheme_of
 from pcg_core.quant.schemes.int4 import Int4Scheme
 from pcg_core.quant.schemes.w8a8 import Scheme
 from pcg_core.quant.twin import float_twin, reference_twin
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # How far beyond the reference's own half-precision noise (the same forward in the cell's dtype against float32)
 # pcg's eager may sit: pcg and transformers round at different places, so each lands about that far from float32;
@@ -96,7 +100,7 @@ class _Positions:
     where: list[str] = field(default_factory=list)  # "case[sequence] position p", per position
 
 
-def _attention_implementation(model: torch.nn.Module) -> str:
+def _attention_implementation(model: PreTrainedModel) -> str:
     """transformers' SDPA where it computes what the model needs; its eager attention (plain math: sinks, soft-cap,
     our own modules' functions) elsewhere."""
     cfg = model.config
@@ -105,9 +109,9 @@ def _attention_implementation(model: torch.nn.Module) -> str:
     return "eager" if special else "sdpa"
 
 
-def _hf_twin(model: torch.nn.Module, float32: bool, attention: str, nudge: bool = False,
-             make_twin: Callable[[torch.nn.Module, bool], torch.nn.Module] = reference_twin,
-             kv_scales: KVScales | None = None, kv_turn: bool = False) -> torch.nn.Module:
+def _hf_twin(model: PreTrainedModel, float32: bool, attention: str, nudge: bool = False,
+             make_twin: Callable[[PreTrainedModel, bool], PreTrainedModel] = reference_twin,
+             kv_scales: KVScales | None = None, kv_turn: bool = False) -> PreTrainedModel:
     """The reference twin run as transformers' own model. `nudge`: its input embeddings moved by one float32 rounding
     step (2^-23 relative, random sign per value): what any other float32 implementation's summation order does to
     them. Where nothing amplifies it the output moves by ~1e-7; an activation quantizer turns it into whole rounding
@@ -133,14 +137,14 @@ def _nudge(module: torch.nn.Module, args, out: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _hf_next_token(twin: torch.nn.Module, seq: list[int], device: torch.device,
+def _hf_next_token(twin: PreTrainedModel, seq: list[int], device: torch.device,
                    images: Sequence[Image] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """transformers' forward of seq[:-1] (one sequence, unpadded, no cache): for every position the logprob of the
     next token of seq, the argmax and its logprob (float32, CPU). With images (a VLM), the whole multimodal model:
     its own vision tower, placeholder merge, get_rope_index and deepstack, none of pcg's pre-process."""
     ids = torch.tensor(seq[:-1], device=device)[None]
     if images:
-        inner = twin.model
+        inner = getattr(twin, "model")  # the VLM's multimodal model (vision tower, merge, rope index)
         hidden = inner(input_ids=ids, use_cache=False,
                        pixel_values=torch.cat([im.pixel_values for im in images]).to(device),
                        image_grid_thw=torch.tensor([im.grid_thw for im in images], device=device),
@@ -159,13 +163,15 @@ def _hf_next_token(twin: torch.nn.Module, seq: list[int], device: torch.device,
     return torch.cat(chosen).cpu(), torch.cat(argmax).cpu(), torch.cat(top).cpu()
 
 
-def _transformers_positions(model: torch.nn.Module, dtype: str, cases: list[Case],
+def _transformers_positions(model: PreTrainedModel, dtype: str, cases: list[Case],
                             outputs: dict[str, list[SequenceOutput]], attention: str,
-                            make_twin: Callable[[torch.nn.Module, bool], torch.nn.Module] = reference_twin,
+                            make_twin: Callable[[PreTrainedModel, bool], PreTrainedModel] = reference_twin,
                             kv_scales: KVScales | None = None) -> _Positions:
     device = next(model.parameters()).device
     seqs = [(c.name, i, o, c.images[i] if c.images else None) for c in cases for i, o in enumerate(outputs[c.name])]
     make_twin = functools.partial(_hf_twin, make_twin=make_twin, kv_scales=kv_scales)
+    ref32: PreTrainedModel | None
+    ref16: PreTrainedModel | None
     ref32 = make_twin(model, True, attention)
     # The reference's own noise: in half precision the same forward in the cell's dtype; in float32 transformers'
     # other attention implementation (another summation order at every layer, as pcg's own), or where the model has
@@ -212,7 +218,7 @@ def _mean_max(values: Iterable[float]) -> tuple[float, float]:
     return float(v.mean()), float(v.max())
 
 
-def quantizes_activations(model: torch.nn.Module) -> bool:
+def quantizes_activations(model: PreTrainedModel) -> bool:
     """Whether any layer quantizes its input (8-bit schemes, W4A8): a rounding step there turns a summation-order
     difference into a jump at that token's row."""
     for module in model.modules():
@@ -261,7 +267,8 @@ def _stages(engine: Engine, case: Case) -> list[torch.Tensor]:
     return [seen[i] for i in sorted(seen)] + [hidden.float()]
 
 
-def _engine_stages(model: torch.nn.Module, config: EngineConfig, case: Case) -> list[torch.Tensor]:
+def _engine_stages(model: PreTrainedModel, config: EngineConfig, case: Case) -> list[torch.Tensor]:
+    engine: Engine | None
     engine = Engine(model, config)
     try:
         return _stages(engine, case)
@@ -270,7 +277,7 @@ def _engine_stages(model: torch.nn.Module, config: EngineConfig, case: Case) -> 
         _free()
 
 
-def _judge_kernels(check: ReferenceCheck, model: torch.nn.Module, config: EngineConfig, case: Case) -> list[str]:
+def _judge_kernels(check: ReferenceCheck, model: PreTrainedModel, config: EngineConfig, case: Case) -> list[str]:
     """Kernels vs reference math per layer (quantized cells), and the scheme's own cost."""
     eager = replace(config, capture=replace(config.capture, backend="disabled"))
     f32 = replace(eager, dtype="float32", attention=float32_attention(config.attention))
@@ -280,7 +287,8 @@ def _judge_kernels(check: ReferenceCheck, model: torch.nn.Module, config: Engine
     ref32 = _engine_stages(reference_twin(model, float32=True), f32, case) if half else ref
     check.scheme_rel = round(rel_diff(ref32[-1], _engine_stages(float_twin(model), f32, case)[-1]), 6)
     floor = HIDDEN_FLOOR[config.dtype]
-    worst, worst_ratio = None, -1.0  # the first layer over its bound (where a fault enters), else the closest
+    worst: tuple[float, float, str, float] | None = None
+    worst_ratio = -1.0  # the first layer over its bound (where a fault enters), else the closest
     for i, (a, b, c) in enumerate(zip(ref, got, ref32)):
         rel, noise = rel_diff(a, b), (rel_diff(c, a) if half else 0.0)
         bound = max(floor, NOISE_MULT * noise)
@@ -290,6 +298,7 @@ def _judge_kernels(check: ReferenceCheck, model: torch.nn.Module, config: Engine
             worst, worst_ratio = (rel, bound, label, noise), ratio
         if worst_ratio > 1:
             break
+    assert worst is not None  # one stage at least: the last hidden state
     check.kernel_rel, check.kernel_bound, check.kernel_layer, check.kernel_noise = worst
     if worst_ratio <= 1:
         return []
@@ -298,11 +307,12 @@ def _judge_kernels(check: ReferenceCheck, model: torch.nn.Module, config: Engine
             f"{check.kernel_noise:.3g} × {NOISE_MULT:g}, floor {floor:g})"]
 
 
-def reference_layer(model: torch.nn.Module, config: EngineConfig, cases: list[Case],
+def reference_layer(model: PreTrainedModel, config: EngineConfig, cases: list[Case],
                     outputs: dict[str, list[SequenceOutput]], quantized: bool) -> ReferenceCheck:
     """The layer's verdict on pcg's eager `outputs` of `cases` (run with `config`, KV capacity included)."""
     chosen, prefill = reference_cases(cases)
-    check = ReferenceCheck(attention=_attention_implementation(model), kv_cache=config.kv_cache)
+    attention = _attention_implementation(model)
+    check = ReferenceCheck(attention=attention, kv_cache=config.kv_cache)
     try:
         # An FP8 KV cache: transformers' twin rounds K and V as the cache does, with the scales the engine read.
         kv = None if config.kv_cache == "auto" else kv_scales_of(model)
@@ -314,10 +324,10 @@ def reference_layer(model: torch.nn.Module, config: EngineConfig, cases: list[Ca
             # quantized layers by the kernel check.
             check.subject = "the float twin"
             outputs = _float_twin_outputs(model, config, chosen)
-            positions = _transformers_positions(model, "float32", chosen, outputs, check.attention,
+            positions = _transformers_positions(model, "float32", chosen, outputs, attention,
                                                 make_twin=lambda m, _: float_twin(m), kv_scales=kv)
         else:
-            positions = _transformers_positions(model, config.dtype, chosen, outputs, check.attention, kv_scales=kv)
+            positions = _transformers_positions(model, config.dtype, chosen, outputs, attention, kv_scales=kv)
         problems = _judge_transformers(check, positions, config.dtype)
         if quantized:
             problems += _judge_kernels(check, model, config, prefill)
@@ -333,8 +343,9 @@ def reference_layer(model: torch.nn.Module, config: EngineConfig, cases: list[Ca
     return check
 
 
-def _float_twin_outputs(model: torch.nn.Module, config: EngineConfig, cases: list[Case]) -> dict[str, list[SequenceOutput]]:
+def _float_twin_outputs(model: PreTrainedModel, config: EngineConfig, cases: list[Case]) -> dict[str, list[SequenceOutput]]:
     """pcg's eager engine on the model's float twin (float32, no quantizer), the cases run as the suite runs them."""
+    engine: Engine | None
     engine = Engine(float_twin(model), replace(config, dtype="float32", capture=replace(config.capture, backend="disabled")))
     try:
         return {c.name: run_case(engine, c, 2) for c in cases}

@@ -56,9 +56,9 @@ def _flip(r: SequenceOutput, c: SequenceOutput, t: int, margin: float) -> tuple[
     a, b = r.output_ids[t], c.output_ids[t]
     e_a, e_b = _lp(r.output_topk_ids[t], r.output_topk_logprobs[t], a), _lp(r.output_topk_ids[t], r.output_topk_logprobs[t], b)
     g_a, g_b = _lp(c.output_topk_ids[t], c.output_topk_logprobs[t], a), _lp(c.output_topk_ids[t], c.output_topk_logprobs[t], b)
-    contained = e_b is not None and g_a is not None
-    if not contained:
+    if e_b is None or g_a is None:  # not contained
         return False, False, f"eager {a} vs graph {b}, not in each other's top-k"
+    assert e_a is not None and g_b is not None  # each side's own greedy token is in its own top-k
     e_gap, g_gap = _diff(e_a, e_b), _diff(g_b, g_a)
     excused = e_gap + g_gap <= 2 * margin
     words = "a near-tie" if excused else "beyond the noise"
