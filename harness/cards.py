@@ -139,7 +139,7 @@ def _quantized(path: Path, value: Any) -> dict[str, str]:
 
 
 def load_cards(directory: Path = CARDS_DIR) -> dict[str, ModelCard]:
-    cards = {}
+    cards: dict[str, ModelCard] = {}
     for path in sorted(directory.glob("*.yaml")):
         card = _load(path)
         if card.id in cards:

@@ -9,8 +9,9 @@ refuses before anything is constructed. Everything here is linear in the file's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from yaml.composer import Composer
@@ -50,6 +51,8 @@ class _Refused(Exception):
 class _BoundedComposer(Composer):
     """PyYAML's composer, counting as it composes: depth, alias uses, expanded size; refusing duplicate keys."""
 
+    peek_event: Callable[[], Any]  # the parser's, mixed in beside this class (_PyLoader, _CLoader)
+
     def __init__(self) -> None:
         super().__init__()
         self._depth = 0
@@ -63,14 +66,14 @@ class _BoundedComposer(Composer):
             self._aliases += 1
             if self._aliases > MAX_YAML_ALIASES:
                 raise _Refused(line, f"more than {MAX_YAML_ALIASES} aliases (*name); write the values out")
-            node = super().compose_node(parent, index)  # the anchored node, or ComposerError for an unknown one
+            node = cast(Node, super().compose_node(parent, index))  # the anchored node, or ComposerError for an unknown one
             if id(node) not in self._sizes:
                 raise _Refused(line, f"alias *{event.anchor} refers to a value that contains it (a recursive document)")
             return node
         self._depth += 1
         if self._depth > MAX_YAML_DEPTH:
             raise _Refused(line, f"nested deeper than {MAX_YAML_DEPTH} levels")
-        node = super().compose_node(parent, index)
+        node = cast(Node, super().compose_node(parent, index))  # never None (the stubs say Optional)
         self._depth -= 1
         if isinstance(node, SequenceNode):
             size = 1 + sum(self._sizes[id(c)] for c in node.value)
@@ -84,8 +87,9 @@ class _BoundedComposer(Composer):
         self._sizes[id(node)] = size
         return node
 
-    def compose_mapping_node(self, anchor: str | None) -> MappingNode:
-        node = super().compose_mapping_node(anchor)
+    # types-PyYAML types `anchor` as a dict; PyYAML passes the anchor's name (compose_node: `anchor = event.anchor`)
+    def compose_mapping_node(self, anchor: str | None) -> MappingNode:  # type: ignore[override]
+        node = super().compose_mapping_node(anchor)  # type: ignore[arg-type]
         seen: dict[tuple[str, str], int] = {}
         for key, _ in node.value:
             if not isinstance(key, ScalarNode) or key.tag == _MERGE_TAG:
@@ -112,7 +116,7 @@ class _PyLoader(_BoundedComposer, Reader, Scanner, Parser, SafeConstructor, Reso
 
 _Loader: type = _PyLoader
 try:  # libyaml scans and parses (~20x faster); composing stays in Python, above
-    from yaml.cyaml import CParser
+    from yaml.cyaml import CParser  # type: ignore[attr-defined]  # there at run time; types-PyYAML's cyaml.pyi does not re-export it
 
     class _CLoader(_BoundedComposer, CParser, SafeConstructor, Resolver):
         def __init__(self, text: str) -> None:

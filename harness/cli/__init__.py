@@ -106,6 +106,7 @@ def interrupted_text(args: argparse.Namespace | None) -> str:
     command = getattr(args, "command", None)
     if command not in ("run", "nightly") or getattr(args, "dry_run", False):
         return f"pcgh{' ' + command if command else ''}: interrupted"
+    assert args is not None  # the command came from it
     again = [f"pcgh {command} {args.matrix} --resume"]
     if args.db:
         again.append(f"--db {args.db}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from harness.cli.args import add_db, positive_int
 from pcg_core.errors import ConfigError
@@ -52,7 +53,7 @@ def models(args: argparse.Namespace) -> int:
 
     from harness.cards import load_cards
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for card in load_cards().values():
         reason = card.architecture_reason  # torch-free: listing cards must not load the runtime (10 s)
         rows.append({"id": card.id, "hub_id": card.hub_id, "architecture": card.architecture,

@@ -130,7 +130,7 @@ def end_summary(run: dict[str, Any], records: list[CellRecord], failed: list[Cel
     from harness.reports.markdown import one_line
     from harness.reports.stats import fmt_rate, fmt_speedup, is_counted, is_passing, ordered_statuses, totals
 
-    counts = Counter(r.status for r in records)
+    counts: Counter[str] = Counter(r.status for r in records)
     passing = sum(is_passing(r.status) for r in records)
     counted = sum(is_counted(r.status) for r in records)
     took = ""

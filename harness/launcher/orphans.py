@@ -141,7 +141,8 @@ def reap_orphans(folder: Path, wait_s: float = 5.0) -> list[int]:
     me = os.getpid()
     killed = []
     for pid in _candidates(list(stale.values())):
-        rec = stale.get(_token_of(pid)) if pid != me else None
+        token = _token_of(pid) if pid != me else None
+        rec = stale.get(token) if token is not None else None
         if rec is None or not alive(pid):
             continue
         try:

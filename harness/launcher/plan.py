@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.matrix import Cell, Matrix, load_matrix, precheck, select, shard
 from pcg_core.capabilities import capabilities
+
+if TYPE_CHECKING:
+    from harness.cards import ModelCard
 
 
 @dataclass
@@ -43,7 +46,8 @@ def plan(matrix_path: str | Path, opts: RunOptions) -> Plan:
     cells = select(matrix, opts.filters, opts.tier, str(matrix_path))
     if opts.shard:
         cells = shard(cells, *opts.shard)
-    caps, cards = capabilities(), {}
+    caps = capabilities()
+    cards: dict[str, ModelCard | None] = {}
     if matrix.defaults.device.startswith("cuda") and caps.get("cuda_devices"):
         caps.setdefault("cuda_memory_bytes", gpu_memory_bytes())  # what a cell's memory fit is checked against
     for cell in cells:

@@ -67,10 +67,10 @@ def launch(cell: Cell, log_path: Path, gpu: int | Sequence[int] | None, attempt:
     if gpus is not None and len(gpus) != cell.ranks:
         raise ValueError(f"cell {cell.key} runs as {cell.ranks} rank(s), one per GPU; it was handed GPUs {gpus}")
     if cell.ranks > 1:
-        outcome, log_text, duration = launch_ranks(cell, log_path, cell.ranks, gpus, groups)
-        outcome.duration_s = duration
-        outcome.metrics.gpus = len(gpus) if gpus is not None else None
-        return CellRecord.of(cell.key, cell.axes, outcome, attempt=attempt, log=log_text)
+        ranked, log_text, duration = launch_ranks(cell, log_path, cell.ranks, gpus, groups)
+        ranked.duration_s = duration
+        ranked.metrics.gpus = len(gpus) if gpus is not None else None
+        return CellRecord.of(cell.key, cell.axes, ranked, attempt=attempt, log=log_text)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     result_path = log_path.with_suffix(".json")
     result_path.unlink(missing_ok=True)
@@ -82,6 +82,7 @@ def launch(cell: Cell, log_path: Path, gpu: int | Sequence[int] | None, attempt:
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         proc = groups.spawn([sys.executable, *ranks.WORKER, str(result_path)], env, log)
+        assert proc.stdin is not None  # spawned with stdin=PIPE
         try:
             proc.stdin.write(json.dumps(asdict(cell.spec)))
             proc.stdin.close()
@@ -100,7 +101,7 @@ def launch(cell: Cell, log_path: Path, gpu: int | Sequence[int] | None, attempt:
     return CellRecord.of(cell.key, cell.axes, outcome, attempt=attempt, log=log_text)  # keeps the last LOG_KEEP
 
 
-def merge_repeats(outcomes: list[CellOutcome]) -> CellOutcome:
+def merge_repeats(outcomes: Sequence[CellOutcome]) -> CellOutcome:
     """One outcome for a cell run in several fresh processes: the first non-pass if any (a fault that fires in one
     process out of three is a fault), else the first; the metrics say how many ran and how each ended."""
     bad = [o for o in outcomes if not o.passed]

@@ -169,6 +169,7 @@ def launch_ranks(cell: Cell, log_path: Path, world: int, gpus: Sequence[int] | N
                     proc = groups.spawn([sys.executable, *WORKER, str(results[r])], env, log,
                                         cell=cell.key, rank=r)
                 procs.append(proc)
+                assert proc.stdin is not None  # spawned with stdin=PIPE
                 try:
                     proc.stdin.write(spec)
                     proc.stdin.close()

@@ -23,10 +23,10 @@ TOKEN_ENV = "PCG_WORKER_TOKEN"  # the worker's identity, inherited by what it st
 
 def watch_parent() -> threading.Thread | None:
     """Start the watchdog when a runner handed this process its pipe; None when run on its own."""
-    fd = os.environ.pop(PARENT_FD_ENV, None)  # popped: what the worker starts must not think it holds it
-    if fd is None:
+    fd_text = os.environ.pop(PARENT_FD_ENV, None)  # popped: what the worker starts must not think it holds it
+    if fd_text is None:
         return None
-    fd = int(fd)
+    fd = int(fd_text)
     os.set_inheritable(fd, False)
 
     def watch() -> None:

@@ -71,12 +71,13 @@ def memory_fit_reason(cell: Cell, card: ModelCard, gpu_bytes: int) -> str | None
 
     spec = cell.spec
     quant = quant_registry.canonical(spec.quant)
+    width: str | None
     try:
         width = None if quant == "none" else quant_registry.info(quant).weights
     except (KeyError, ValueError, ConfigError):
         width = quant  # an umbrella word (fp8, int8, int4) is its own width
     return fit_reason(trimmed(card.config, spec.layers), spec.parallel, spec.dtype or "bfloat16", width,
-                      spec.max_tokens, spec.kv_cache, gpu_bytes, where=f"card {card.id}")
+                      spec.resolved_max_tokens, spec.kv_cache, gpu_bytes, where=f"card {card.id}")
 
 
 def needs_gpus(n: int) -> str:

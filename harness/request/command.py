@@ -64,6 +64,7 @@ def request_model(model: str, *, revision: str | None = None, quants: list[str] 
         dups = store.duplicate_requests(source.model if source.kind == "hub" else None, source.revision, report["config_hash"])
         report["card"] = None
         if write:
+            assert hub_id is not None  # refused above without one
             report["card"] = write_card(report, source.config, hub_id, models_dir=models_dir, force=force)
             card_id = report["card"]["id"]
         report["card_id"] = card_id

@@ -9,7 +9,7 @@ cell's (harness/cell/memory.py): the GPU at 90% and a `memory` note past the mat
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from harness.cell.spec import GPU_MAX_TOKENS, CellSpec
 from harness.matrix.fit import DTYPE_BYTES, estimate, kv_bytes_per_token
@@ -18,7 +18,7 @@ from harness.shape.params import H200_BYTES
 from harness.shape.structure import Structure
 
 MAX_TOKENS = GPU_MAX_TOKENS  # the GPU ladder's largest bucket: a cell's own default on cuda
-MEMORY_SHARE: float = CellSpec.__dataclass_fields__["memory_share"].default  # the cell's own default share
+MEMORY_SHARE = cast(float, CellSpec.__dataclass_fields__["memory_share"].default)  # the cell's own default share
 _GIB = 1 << 30
 
 
@@ -36,6 +36,7 @@ def graph_memory(config: dict[str, Any], s: Structure, tps: list[int], graphs: l
             return None
         if est.weights < budget:
             break
+    assert est is not None  # tps is not empty, and each pass returned on None
     pools = estimate_pool(s, MAX_TOKENS, tp, scheme or "none")
     per_token = kv_bytes_per_token(s, tp, DTYPE_BYTES["bfloat16"])
     without = context_fit(budget, est.weights, 0, per_token) if per_token else None
@@ -45,9 +46,8 @@ def graph_memory(config: dict[str, Any], s: Structure, tps: list[int], graphs: l
         if pool is None:  # a capture backend from a plugin: no measured pools, no estimate
             continue
         fit = context_fit(budget, est.weights, pool, per_token) if per_token else None
-        room = fit is not None and fit.room > 0
         by_graph[graph] = {"pool_bytes": pool, "context_tokens": fit.tokens if fit else None,
-                           "pool_share": round(fit.pool_share, 4) if room else None}
+                           "pool_share": round(fit.pool_share, 4) if fit is not None and fit.room > 0 else None}
     return {"gpu": pools.gpu, "tp": tp, "max_tokens": MAX_TOKENS, "budget_bytes": budget, "weights_bytes": est.weights,
             "weights_fit": est.weights < budget, "kv_bytes_per_token": per_token,
             "context_tokens_without_graphs": without.tokens if without else None,

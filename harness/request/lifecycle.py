@@ -13,6 +13,7 @@ shard to finish having the last word.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +38,7 @@ class Joined:
         return list(dict.fromkeys(m for ms in self.requests.values() for m in ms))
 
 
-def join_requests(store: Store, variant: str, present: list[str] = (), cards_dir: Path = CARDS_DIR) -> Joined:
+def join_requests(store: Store, variant: str, present: Sequence[str] = (), cards_dir: Path = CARDS_DIR) -> Joined:
     """Every request with a card: judged by the card's cells already in the matrix (`present`, its model axis),
     else by the card at `variant` added to it. A card that is gone, does not load or does not offer the variant
     leaves its requests out (with why: the nightly prints it), never the night."""
@@ -107,7 +108,7 @@ def judge(records: list[CellRecord]) -> tuple[str, str, dict[str, int]] | None:
     filter left them to another run)."""
     if not records:
         return None
-    counts = Counter(r.status for r in records)
+    counts: Counter[str] = Counter(r.status for r in records)
     # eager_fail is not the graph's fault (not counted in a pass rate) but the model does not run: failing here
     failing = [r for r in records if is_failing(r.status) or r.status == "eager_fail"]
     passing = sum(counts[s] for s in PASSING)

@@ -22,7 +22,7 @@ same table the matrix pre-check reads; no list of what the runtime can do is kep
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from harness.request.features import ATTENTION_FEATURES
@@ -48,7 +48,7 @@ def model_verdict(architecture: str, reason: str | None, features: list[str], ca
     return _v(True, f"{architecture} is in the runtime's architecture table" + (f" (exercises {', '.join(feats)})" if feats else ""))
 
 
-def quant_verdict(wanted: list[str], checkpoint: dict[str, Any] | None, caps: dict[str, Any], features: list[str] = (),
+def quant_verdict(wanted: list[str], checkpoint: dict[str, Any] | None, caps: dict[str, Any], features: Sequence[str] = (),
                   detected: str | None = None, refused: str | None = None) -> dict[str, Any]:
     """Whether the runtime runs each wanted quantization on this model. A word is a scheme of the runtime's
     table, or the checkpoint's own format (then what the loader makes of its declaration decides: `detected`,

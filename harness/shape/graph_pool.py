@@ -53,7 +53,7 @@ def features(s: Structure, max_tokens: int, tp: int = 1, dtype_bytes: float = 2.
         "const": _MIB,
         "hidden": t * (s.hidden or 0),
         "dense": t * width / tp if dense else 0.0,
-        "moe": t * s.moe.top_k * s.moe.expert_intermediate / tp if moe_layers & set(range(n)) else 0.0,
+        "moe": t * s.moe.top_k * s.moe.expert_intermediate / tp if s.moe and moe_layers & set(range(n)) else 0.0,
         "heads": 0.0 if mla else t * heads * head_dim,
         "mla": t * heads * latent if mla else 0.0,
     }
