@@ -75,6 +75,7 @@ def create_app(db_url: str | None = None, upload_token: str | None = None) -> Fa
             schemas = spec.setdefault("components", {}).setdefault("schemas", {})
             for name, schema in upload.OPENAPI_COMPONENTS.items():
                 schemas.setdefault(name, schema)
+        assert app.openapi_schema is not None  # FastAPI's openapi() keeps what it made
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -8,7 +8,7 @@ columns: RunOut is built from its provenance list, so a new provenance column sh
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
@@ -25,8 +25,11 @@ class _Run(BaseModel):
     trigger: str
 
 
-RunOut = create_model("RunOut", __base__=_Run, **{f: (str | None, None) for f in PROVENANCE},  # type: ignore[call-overload]
-                      started_at=(datetime | None, None), finished_at=(datetime | None, None))
+if TYPE_CHECKING:  # what a type checker sees of it: a _Run (its provenance fields are made at run time)
+    RunOut = _Run
+else:
+    RunOut = create_model("RunOut", __base__=_Run, **{f: (str | None, None) for f in PROVENANCE},
+                          started_at=(datetime | None, None), finished_at=(datetime | None, None))
 
 
 class RunSummaryOut(BaseModel):

@@ -117,7 +117,7 @@ def _groups(rows: Iterable[CellRecord], run_id: int, varying: set[str]) -> list[
     for first, members in found.values():
         shared = {a: str(first.axes.get(a)) for a in AXES if a in varying
                   and all(str(m.axes.get(a)) == str(first.axes.get(a)) for m in members)}
-        statuses = sorted({m.status for m in members})
+        statuses: list[str] = sorted({m.status for m in members})
         out.append(ReasonGroup(one_line(first.reason or first.status, 300), len(members), statuses, shared,
                                matrix_href(run_id, status=statuses, **shared)))
     out.sort(key=lambda g: (-g.cells, g.reason))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.outcome import CellRecord, canonical_key
 from harness.reports.frame import graph_latencies, timings
@@ -82,13 +82,16 @@ def _common_geomeans(base: Mapping[str, float], head: Mapping[str, float]) -> tu
     return geomean(base[n] for n in common), geomean(head[n] for n in common)
 
 
-def _beyond(kind: type[ValueChange], key: str, axes: Mapping[str, Any], values: tuple[float | None, float | None],
-            threshold: float) -> ValueChange | None:
+def _beyond(kind: type[V], key: str, axes: Mapping[str, Any], values: tuple[float | None, float | None],
+            threshold: float) -> V | None:
     """A change of `kind` when both values exist and moved by more than the threshold, relatively."""
     base, head = values
     if base is None or head is None or abs(head / base - 1) <= threshold:
         return None
     return kind(key, axes, base, head)
+
+
+V = TypeVar("V", bound=ValueChange)
 
 
 def diff_runs(base_records: Sequence[CellRecord], head_records: Sequence[CellRecord], speedup_threshold: float = 0.10) -> RunDiff:
@@ -122,8 +125,8 @@ def diff_runs(base_records: Sequence[CellRecord], head_records: Sequence[CellRec
             if (c := _beyond(SpeedupChange, key, axes, speedups, speedup_threshold)) is not None:
                 d.speedup_changes.append(c)
             latencies = _common_geomeans(graph_latencies(mb), graph_latencies(mh))
-            if (c := _beyond(LatencyChange, key, axes, latencies, speedup_threshold)) is not None:
-                d.latency_changes.append(c)
+            if (lc := _beyond(LatencyChange, key, axes, latencies, speedup_threshold)) is not None:
+                d.latency_changes.append(lc)
     d.speedup_changes.sort(key=lambda c: c.rel_change)
     d.latency_changes.sort(key=lambda c: -c.rel_change)
     return d

@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from harness.outcome import CellRecord, canonical_key
 from harness.reports.frame import graph_latencies
@@ -79,11 +80,11 @@ def _slowdown(key: str, nights: list[CellRecord | None], policy: Policy) -> Slow
     recent = nights[: 2 * w]
     if len(recent) < 2 * w or any(r is None or not is_passing(str(r.status)) for r in recent):
         return None
-    latencies = [graph_latencies(r.metrics) for r in recent]
+    latencies = [graph_latencies(r.metrics) for r in recent if r is not None]  # none is: checked above
     counts = set.intersection(*(set(lat) for lat in latencies))  # the token counts every night timed
     if not counts:
         return None
-    values = [geomean(lat[n] for n in counts) for lat in latencies]
+    values = cast(list[float], [geomean(lat[n] for n in counts) for lat in latencies])  # positive timings: never None
     now, before = statistics.median(values[:w]), statistics.median(values[w:])
     return Slowdown(key, before, now) if now > before * (1 + policy.latency_threshold) else None
 

@@ -71,7 +71,7 @@ def geomean(values: Iterable[Any]) -> float | None:
 def is_positive_finite(v: Any) -> bool:
     if type(v) is float:  # nearly every value: skip the abstract-base-class checks, 3× the cost of the rest
         return 0 < v < math.inf
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0  # type: ignore[operator]  # typeshed's numbers.Real types no comparison with an int
 
 
 def natural_key(value: Any) -> tuple:
@@ -127,7 +127,7 @@ def totals(frame: pd.DataFrame | Sequence[Mapping[str, Any]]) -> Totals:
         pass_rate=passing / counted if counted else None,
         geomean_speedup=g,
         speedup_cells=sum(1 for v in passing_speedups if is_positive_finite(v)),
-        graphs_captured=int(sum(captured)) if captured else None,
+        graphs_captured=int(sum(captured)) if captured else None,  # type: ignore[arg-type]  # typeshed's numbers.Real: no __int__
     )
 
 

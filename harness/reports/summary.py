@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from harness.outcome import NOT_COUNTED, PASSING, CellRecord
 from harness.reports.frame import result_rows, token_columns
@@ -105,7 +105,7 @@ def _worst(frame: Rows) -> str:
     else:
         parts.append("None.")
     timed = [r for r in frame if r["status"] in PASSING and _number(r.get("speedup")) is not None]
-    slow = sorted(timed, key=lambda r: _number(r["speedup"]))[:MAX_SLOWEST]  # stable: ties in run order
+    slow = sorted(timed, key=lambda r: cast(float, _number(r["speedup"])))[:MAX_SLOWEST]  # never None: filtered above  # stable: ties in run order
     parts.append(f"### Slowest speedups (passing cells, lowest {MAX_SLOWEST})")
     if slow:
         token_cols = token_columns(frame)

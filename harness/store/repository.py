@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -385,6 +385,7 @@ class Store:
     def _insert(self) -> Any:
         # The dialect's own insert (for ON CONFLICT), imported for the backend in use: PostgreSQL's package pulls in
         # asyncio and its async drivers' modules, a tenth of a second a SQLite reader never needs.
+        insert: Callable[..., Any]
         if self._engine.dialect.name == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:
@@ -427,7 +428,9 @@ def _insert_run(conn: Connection, name: str, matrix: str, meta: Mapping[str, Any
     provenance = {k: None if meta.get(k) is None else str(meta[k]) for k in PROVENANCE}
     result = conn.execute(insert(Run).values(name=name, matrix=str(matrix), trigger=trigger, status=status,
                                              started_at=started_at, finished_at=finished_at, **provenance))
-    return int(result.inserted_primary_key[0])
+    key = result.inserted_primary_key
+    assert key is not None  # an INSERT of one row
+    return int(key[0])
 
 
 def _cell_values(records: Sequence[CellRecord]) -> list[dict[str, Any]]:

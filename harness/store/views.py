@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import ColumnElement, Connection, Engine, Text, and_, cast, func, literal_column, select
+from sqlalchemy import ColumnElement, Connection, Engine, SQLColumnExpression, Text, and_, cast, func, literal_column, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from harness.outcome import CellRecord, key_spellings
@@ -38,7 +38,7 @@ RECORD_COLUMNS = (CellResult.key, CellResult.axes, CellResult.status, CellResult
                   CellResult.duration_s, CellResult.attempt)
 
 
-def record_of(row: Mapping[str, Any]) -> CellRecord:
+def record_of(row: Mapping[Any, Any]) -> CellRecord:
     """A stored row as a CellRecord. Metrics written before CellMetrics existed carry keys it no longer has
     (the axes) and token counts as strings: the first are ignored, the second read as ints; a value of the wrong
     shape is dropped (CellRecord.read), never the row."""
@@ -85,6 +85,8 @@ def _record_json(dialect: str, latency: bool) -> ColumnElement[str]:
     The database assembles it in C and pydantic parses it in Rust: no per-value json.loads in Python, which cost
     more than the rest of the matrix page. The Store's "NaN" strings stay strings; CellMetrics reads them as floats.
     """
+    axes: SQLColumnExpression[Any]
+    empty: SQLColumnExpression[Any]
     if dialect == "postgresql":
         build, axes, empty = func.json_build_object, CellResult.axes, literal_column("'{}'::json")
         field: Callable[[str], Any] = lambda name: CellResult.metrics[name]  # noqa: E731
@@ -96,7 +98,10 @@ def _record_json(dialect: str, latency: bool) -> ColumnElement[str]:
     metrics += [(name, func.coalesce(field(name), empty)) for name in ("speedup", "latency_ms")[:2 if latency else 1]]
 
     def obj(pairs: list[tuple[str, Any]]) -> ColumnElement[str]:
-        return build(*(x for name, value in pairs for x in (literal_column(f"'{name}'"), value)))
+        args: list[Any] = []
+        for name, value in pairs:
+            args += [literal_column(f"'{name}'"), value]
+        return build(*args)
 
     return obj([("key", CellResult.key), ("axes", axes), ("status", CellResult.status),
                 ("reason", func.coalesce(func.substr(CellResult.reason, 1, REASON_CHARS), "")),
@@ -179,6 +184,7 @@ class Views:
             self._pending.append(self._writer.submit(self._write_aggregate, run_id, name, revision, payload))
 
     def _write_aggregate(self, run_id: int, name: str, revision: int, payload: str) -> None:
+        insert: Callable[..., Any]  # the dialect's own, for ON CONFLICT
         if self._engine.dialect.name == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:
@@ -239,12 +245,12 @@ class Views:
 
         return self.stored("statuses", run_id, _STATUSES, build)
 
-    def model_counts(self, run_id: int) -> dict[str, Counter[str]]:
-        """Final-attempt cells by status per model-axis value ("card:variant") of one run, in one GROUP BY."""
+    def model_counts(self, run_id: int) -> dict[str, dict[str, int]]:
+        """Final-attempt cells by status (a Counter) per model-axis value ("card:variant") of one run, in one GROUP BY."""
         model = CellResult.axes["model"].as_string()
         q = (select(model, CellResult.status, func.count()).where(CellResult.run_id == run_id, final_attempt())
              .group_by(model, CellResult.status))
-        out: dict[str, Counter[str]] = {}
+        out: dict[str, dict[str, int]] = {}
         with self._engine.connect() as conn:
             for m, status, n in conn.execute(q):
                 out.setdefault(str(m), Counter())[status] = n

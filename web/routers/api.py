@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from harness.reports import cell_speedup
 from harness.reports.json_report import jsonable
@@ -79,7 +79,7 @@ def _filters(request: Request) -> dict[str, list[str]]:
 def get_matrix(request: Request, store: StoreDep, run: str = "latest", group: Group = DEFAULT_GROUP,
                unsupported: Annotated[Literal["show", "hide"], Query(
                    description="hide leaves out the cells the runtime cannot run yet (unsupported, skipped)")] = "show",
-               ) -> MatrixOut:
+               ) -> Response:
     if group not in CONFIG_AXES:
         raise HTTPException(422, f"group {group!r}: choose one of {', '.join(CONFIG_AXES)}")
     filters = _filters(request)
@@ -140,7 +140,7 @@ def get_cell(store: StoreDep, key: str, run: int | None = None) -> CellOut:
 @router.get("/diff", response_model=DiffOut,
             summary="What changed between two runs, new failures first (head defaults to latest, base to the run before)")
 def get_diff(request: Request, store: StoreDep, base: str | None = None, head: str | None = None,
-             threshold: Annotated[float, Query(ge=0, le=MAX_THRESHOLD, allow_inf_nan=False)] = 0.10) -> DiffOut:
+             threshold: Annotated[float, Query(ge=0, le=MAX_THRESHOLD, allow_inf_nan=False)] = 0.10) -> Response:
     with gc_paused():
         v = services.diff(store, base, head, threshold)
     d = v.diff
