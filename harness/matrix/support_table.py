@@ -1,6 +1,6 @@
 """The README's "What runs" table, rendered from the runtime's capability table (pcg_core.capabilities), so the front
 door says what the pre-check says and cannot fall behind it: `python -m harness.matrix.support_table` prints it,
-`--write README.md` puts it between the file's support-table markers, and tests/harness/matrix/test_support_table.py
+`--write README.md` puts it between the file's support-table markers, and tests/test_readme.py
 fails when the committed README differs from what this renders. It lists what ships: the built-in attention and
 capture backends, never a plugin registered in the process that renders it (the test suite registers fault
 backends; a user's plugin is theirs, not the README's)."""

@@ -95,16 +95,16 @@ def test_column_parallel_shards_are_the_unsharded_layers_rows(name):
     torch.testing.assert_close(torch.cat([a(x), b(x)], -1), full(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["fp8_block", "awq"])
+@pytest.mark.parametrize("name, scale", [("fp8_block", "weight_scale"), ("awq", "scales")])
 @torch.no_grad()
-def test_a_row_shard_with_the_other_ranks_scales_fails_the_sum_check(name):
+def test_a_row_shard_with_the_other_ranks_scales_fails_the_sum_check(name, scale):
     """The row-parallel check's planted fault: rank 1 keeps rank 0's weight scales (block or group scales that vary
     by column block, as trained ones do)."""
     x = torch.randn(7, K, generator=torch.Generator().manual_seed(1)) * torch.logspace(-1, 1, K)
     lin = _float_linear(0, False)
     full = _quantized(name, lin, x)
     a, b = _shards(full, rowwise=True)
-    scale = next(n for n in ("weight_scale", "weight_scale_inv", "scales") if isinstance(getattr(b, n, None), torch.Tensor))
+    assert not torch.equal(getattr(a, scale), getattr(b, scale))  # the ranks' column blocks are scaled apart
     setattr(b, scale, getattr(a, scale).clone())
     got = a.local_forward(x[:, : K // 2]) + b.local_forward(x[:, K // 2 :])
     with pytest.raises(AssertionError, match="beyond float32 summation order"):

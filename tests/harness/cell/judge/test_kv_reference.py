@@ -20,7 +20,6 @@ def test_fake_quant_agrees_with_the_cache_bitwise_and_saturates():
     assert float(ours[0, 0, 0]) == (torch.tensor(448.0) * torch.tensor(scale)).item()
 
 
-
 def test_the_noise_twin_turns_exactly_the_values_a_summation_order_could_turn():
     """`turn` rounds to the other FP8 neighbour the values within AMBIGUOUS of a midpoint, and no other."""
     from harness.cell.judge.kv_reference import AMBIGUOUS
