@@ -1,4 +1,5 @@
-"""Shared test fixtures. Markers `gpu` and `slow` are declared in pyproject.toml; nothing global is set here.
+"""Shared test fixtures. Markers `gpu` and `slow` are declared in pyproject.toml. One global setting: under
+pytest-xdist each worker's torch takes its share of the cores (`pytest_configure`).
 
 `db_url` gives each test an empty database on each backend: a SQLite file, and PostgreSQL from
 PCG_TEST_POSTGRES_URL in a schema of its own (via search_path), so tests never see each other's rows. PostgreSQL
@@ -8,6 +9,7 @@ skips when that variable is unset, except under CI (CI set), where a skip would 
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,24 @@ def configs() -> Path:
     """The folder of real model configs the tests load from."""
     assert CONFIGS.is_dir(), f"{CONFIGS} is missing"
     return CONFIGS
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under `pytest -n N`, each worker's intra-op threads are the cores shared out (harness.launcher's rule for
+    cells side by side), set before a test imports torch and passed on to the processes a test starts. Left to
+    itself each worker's torch takes every core, and small ops on oversubscribed cores spin: on 2 cores, two tiny
+    cells side by side took 30 s each with 2 threads apiece and 2.3-3.4 s with one (a whole suite ran ~2× over
+    CI's limit). A thread count the caller set (OMP_NUM_THREADS) stands."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers:
+        return
+    if "OMP_NUM_THREADS" in os.environ:
+        os.environ["PCG_TEST_WORKER_THREADS"] = "caller"  # what the hook did, for tests/test_threads.py
+        return
+    threads = max(1, (os.cpu_count() or 1) // int(workers))  # harness.launcher.process.cpu_threads, torch unimported
+    os.environ["OMP_NUM_THREADS"] = os.environ["PCG_TEST_WORKER_THREADS"] = str(threads)
+    if "torch" in sys.modules:  # a plugin imported it first: the variable is read at import only
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def in_ci() -> bool:
