@@ -9,7 +9,6 @@ skips when that variable is unset, except under CI (CI set), where a skip would 
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ def configs() -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under `pytest -n N`, each worker's intra-op threads are the cores shared out (harness.launcher's rule for
-    cells side by side), set before a test imports torch and passed on to the processes a test starts. Left to
+    cells side by side), set in the worker's torch and passed on to the processes a test starts. Left to
     itself each worker's torch takes every core, and small ops on oversubscribed cores spin: on 2 cores, two tiny
     cells side by side took 30 s each with 2 threads apiece and 2.3-3.4 s with one (a whole suite ran ~2× over
     CI's limit). A thread count the caller set (OMP_NUM_THREADS) stands."""
@@ -40,10 +39,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if "OMP_NUM_THREADS" in os.environ:
         os.environ["PCG_TEST_WORKER_THREADS"] = "caller"  # what the hook did, for tests/test_threads.py
         return
-    threads = max(1, (os.cpu_count() or 1) // int(workers))  # harness.launcher.process.cpu_threads, torch unimported
-    os.environ["OMP_NUM_THREADS"] = os.environ["PCG_TEST_WORKER_THREADS"] = str(threads)
-    if "torch" in sys.modules:  # a plugin imported it first: the variable is read at import only
-        sys.modules["torch"].set_num_threads(threads)
+    from harness.launcher.process import cpu_threads  # imports torch: its thread count is set below, not read
+
+    threads = cpu_threads(int(workers))
+    os.environ["OMP_NUM_THREADS"] = os.environ["PCG_TEST_WORKER_THREADS"] = str(threads)  # for the cells tests start
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def in_ci() -> bool:
