@@ -8,6 +8,7 @@ skips when that variable is unset, except under CI (CI set), where a skip would 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,17 @@ import pytest
 # Real config.json files of the model cards (the model cards' configs, shipped with the package).
 # Load them with `load_model(CONFIGS / name, tiny=True)`.
 CONFIGS = Path(__file__).resolve().parents[1] / "harness" / "models" / "configs"
+
+
+# The dashboard's tests need its extra (fastapi): the GPU image has no web stack, and `pytest -m gpu tests` there
+# failed at collection (2026-12-06). Left out where it is missing, and said so in the header; never under CI,
+# where a missing extra is a broken set-up, not a machine without the dashboard.
+WEB_MISSING = importlib.util.find_spec("fastapi") is None and not os.environ.get("CI")
+collect_ignore = ["web"] if WEB_MISSING else []
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return "tests/web not collected: no fastapi here (pip install -e '.[web]')" if WEB_MISSING else None
 
 
 @pytest.fixture(scope="session")
