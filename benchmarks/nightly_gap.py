@@ -35,7 +35,7 @@ def passed_on_cuda(paths: list[str], reference: bool = False) -> set[tuple]:
     for path in (p for p in paths if p.endswith(".db")):
         with Store(path, read_only=True) as store:
             for run in store.runs():
-                for r in store.results(run["id"]):
+                for r in store.results(run.id):
                     a, m = r.axes, r.metrics
                     ref_ok = m.reference is not None and m.reference.status == "pass"
                     if r.passed and m.device == "cuda" and (ref_ok or not reference):

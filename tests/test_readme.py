@@ -97,7 +97,7 @@ def test_the_main_job_passes_and_says_how_long_it_took(first_run, capsys):
     assert _pcgh(SETUP_MAIN.split(" && ")[-1]) == 0
     out = capsys.readouterr().out
     with Store(str(first_run / "pcg.db")) as store:
-        rows = store.results(store.run("latest")["id"])
+        rows = store.results(store.run("latest").id)
     assert len(rows) == 13 and all(r.passed for r in rows), [(r.key, r.status, r.reason) for r in rows if not r.passed]
     assert {r.axes["graph"] for r in rows} == {"piecewise", "breakable", "full"}
     assert {r.axes["model"] for r in rows} == {"qwen3-0.6b:tiny", "qwen3-30b-a3b:tiny", "deepseek-v3:tiny"}

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
+from pydantic import BaseModel
+
 from harness.reports.markdown import one_line
 from harness.reports.stats import is_passing, status_class
 
@@ -32,6 +34,8 @@ def scrub(v: Any) -> Any:
         return {scrub(k): scrub(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
         return [scrub(x) for x in v]
+    if isinstance(v, BaseModel):  # a store row: its fields scrubbed, its type kept
+        return v.model_copy(update={k: scrub(getattr(v, k)) for k in type(v).model_fields})
     return v
 
 

@@ -22,6 +22,7 @@ from harness.reports import RunDiff, diff_markdown, diff_runs, results_frame, to
 from harness.reports.run_info import wall_time
 from harness.reports.stats import is_counted, is_failing, is_passing, ordered_statuses
 from harness.store import HistoryPoint, RunNotFound, Store
+from harness.store.rows import RequestRow, RunRow
 from web import present
 from web.grid import DEFAULT_GROUP, Grid, build_grid, row_matches
 from web.support import STORED_SUPPORT, Support, support
@@ -41,7 +42,7 @@ class CellNotFound(LookupError):
 class RunSummary:
     """A run's provenance with its final-attempt counts and the reports' pass rate."""
 
-    run: dict[str, Any]
+    run: RunRow | None  # None: a card's cells, not one run's
     counts: dict[str, int]
     cells: int
     passing: int
@@ -50,19 +51,19 @@ class RunSummary:
     wall_s: float | None
 
 
-def summarize(run: Mapping[str, Any], counts: Mapping[str, int]) -> RunSummary:
+def summarize(run: RunRow | None, counts: Mapping[str, int]) -> RunSummary:
     """From counts by status alone (the runs list has no rows to build a results frame from)."""
     passing = sum(n for s, n in counts.items() if is_passing(s))
     counted = sum(n for s, n in counts.items() if is_counted(s))
     wt = wall_time(run)
-    return RunSummary(dict(run), {s: counts[s] for s in ordered_statuses(counts)}, sum(counts.values()), passing,
+    return RunSummary(run, {s: counts[s] for s in ordered_statuses(counts)}, sum(counts.values()), passing,
                       counted, passing / counted if counted else None, wt.total_seconds() if wt else None)
 
 
 def run_summaries(store: Store, limit: int | None = None) -> list[RunSummary]:
     runs = store.runs(limit)
-    counts = store.views.status_counts([r["id"] for r in runs])
-    return [summarize(r, counts[r["id"]]) for r in runs]
+    counts = store.views.status_counts([r.id for r in runs])
+    return [summarize(r, counts[r.id]) for r in runs]
 
 
 @dataclass
@@ -80,21 +81,21 @@ def run_detail(store: Store, run_ref: int | str) -> RunDetail:
     run = store.run(run_ref)
 
     def build() -> RunDetail:
-        cells = store.views.cells(run["id"])
+        cells = store.views.cells(run.id)
         t = totals(results_frame(cells))
         s = summarize(run, t.counts)
         failing = [r for r in cells if is_failing(r.status)]
         return RunDetail(**vars(s), geomean_speedup=t.geomean_speedup, speedup_cells=t.speedup_cells,
                          speedup_measured=t.speedup_measured,
                          failing=failing[:MAX_FAILING], failing_total=len(failing),
-                         previous_id=store.views.previous_run_id(run["id"]))
+                         previous_id=store.views.previous_run_id(run.id))
 
-    return store.views.derived("run_detail", [run["id"]], build, repr(run))  # kept per revision
+    return store.views.derived("run_detail", [run.id], build, repr(run))  # kept per revision
 
 
 @dataclass
 class Freshness:
-    run: dict[str, Any] | None  # the newest nightly run
+    run: RunRow | None  # the newest nightly run
     age: timedelta | None
     stale: bool  # that run is older than STALE_AFTER
     message: str
@@ -114,16 +115,16 @@ def freshness(store: Store, now: datetime | None = None) -> Freshness:
     run = store.latest_run(trigger="nightly")
     if run is None:
         return Freshness(None, None, False, "no nightly run in the store yet")
-    at: datetime = run["finished_at"] or run["started_at"]
+    at: datetime = run.finished_at or run.started_at
     age = (now or datetime.now(UTC)) - at
     stale = age > STALE_AFTER
-    msg = f"newest nightly run #{run['id']} ({run['name']}) is {fmt_age(age)} old"
+    msg = f"newest nightly run #{run.id} ({run.name}) is {fmt_age(age)} old"
     return Freshness(run, age, stale, msg + (": stale, older than a day" if stale else ""))
 
 
 @dataclass
 class MatrixView:
-    run: dict[str, Any]
+    run: RunRow
     grid: Grid
     support: Support | None  # the whole run's (filters aside); None when not asked for
     strip_runs: list[int]  # the runs before this one in each history strip, oldest first
@@ -135,25 +136,25 @@ def matrix(store: Store, run_ref: int | str = "latest", group: str = DEFAULT_GRO
     """The run and its grid (one page of it, when `page` is given); its support summary and its cells' history
     strips (the statuses of the runs before it of the same name) when asked for."""
     run = store.run(run_ref)
-    rows = store.views.cells(run["id"])
-    before = store.views.runs_before(run["id"], HISTORY_RUNS - 1) if with_history else []
+    rows = store.views.cells(run.id)
+    before = store.views.runs_before(run.id, HISTORY_RUNS - 1) if with_history else []
     wanted = tuple(sorted((k, tuple(v)) for k, v in (filters or {}).items() if v))
     # Kept per the runs' revisions and the question: a query string that asks nothing new costs nothing new
-    grid = store.views.derived("grid", [run["id"], *before], lambda: build_grid(
-        rows, run["id"], group, filters, hide_unsupported=hide_unsupported, page=page,
+    grid = store.views.derived("grid", [run.id, *before], lambda: build_grid(
+        rows, run.id, group, filters, hide_unsupported=hide_unsupported, page=page,
         history=[store.views.statuses(r) for r in before]), group, wanted, hide_unsupported, page)
     summary = None
     if with_support and grid.filters:  # the summary answers the same question as the grid
-        summary = support([r for r in rows if row_matches(r, grid.filters)], run["id"])
+        summary = support([r for r in rows if row_matches(r, grid.filters)], run.id)
     elif with_support:  # the whole run's: computed once per revision, whatever the query string
-        summary = store.views.derived("support", [run["id"]], lambda: support(rows, run["id"]), stored=STORED_SUPPORT)
+        summary = store.views.derived("support", [run.id], lambda: support(rows, run.id), stored=STORED_SUPPORT)
     return MatrixView(run, grid, summary, before)
 
 
-def run_support(store: Store, run_ref: int | str = "latest") -> tuple[dict[str, Any], Support]:
+def run_support(store: Store, run_ref: int | str = "latest") -> tuple[RunRow, Support]:
     """A run and its whole support summary (no grid), kept per revision."""
     run = store.run(run_ref)
-    return run, store.views.derived("support", [run["id"]], lambda: support(store.views.cells(run["id"]), run["id"]),
+    return run, store.views.derived("support", [run.id], lambda: support(store.views.cells(run.id), run.id),
                                     stored=STORED_SUPPORT)
 
 
@@ -205,8 +206,8 @@ def _repro(record: CellRecord, others: list[CellMetrics]) -> str:
 
 @dataclass
 class DiffView:
-    base: dict[str, Any]
-    head: dict[str, Any]
+    base: RunRow
+    head: RunRow
     diff: RunDiff
     markdown: str
 
@@ -216,24 +217,24 @@ def diff(store: Store, base_ref: int | str | None = None, head_ref: int | str | 
     """harness/reports' diff of two runs; head defaults to the latest run, base to the run before head."""
     head = store.run(head_ref if head_ref is not None else "latest")
     if base_ref is None:
-        prev = store.views.previous_run_id(head["id"])
+        prev = store.views.previous_run_id(head.id)
         if prev is None:
-            raise RunNotFound(f"run {head['id']} is the first run: there is nothing before it to diff against")
+            raise RunNotFound(f"run {head.id} is the first run: there is nothing before it to diff against")
         base_ref = prev
     base = store.run(base_ref)
 
     def build() -> tuple[RunDiff, str]:
-        d = diff_runs(store.views.cells(base["id"], latency=True), store.views.cells(head["id"], latency=True), threshold)
+        d = diff_runs(store.views.cells(base.id, latency=True), store.views.cells(head.id, latency=True), threshold)
         return d, diff_markdown(d, base, head)
 
     # Kept per run pair at their revisions (the runs' rows, which the markdown prints, among the params)
-    d, markdown = store.views.derived("diff", [base["id"], head["id"]], build, threshold, repr(base), repr(head))
+    d, markdown = store.views.derived("diff", [base.id, head.id], build, threshold, repr(base), repr(head))
     return DiffView(base, head, d, markdown)
 
 
 @dataclass
-class RequestRow:
-    request: dict[str, Any]
+class QueuedRequest:
+    request: RequestRow
     cells: int  # cells of this card in the latest run
     passing: int
     counted: int
@@ -249,19 +250,19 @@ def axis_verdicts(verdict: Any) -> list[tuple[str, bool, str]]:
             if isinstance(v, Mapping)]
 
 
-def requests(store: Store) -> list[RequestRow]:
+def requests(store: Store) -> list[QueuedRequest]:
     """The request queue, each with its card's cells in the latest run."""
     latest = store.latest_run()
     per_card: dict[str, Counter[str]] = {}
     if latest is not None:
-        counts_by_model = store.views.derived("model_counts", [latest["id"]], lambda: store.views.model_counts(latest["id"]),
+        counts_by_model = store.views.derived("model_counts", [latest.id], lambda: store.views.model_counts(latest.id),
                                               stored=STORED_MODEL_COUNTS)
         for model, counts in counts_by_model.items():
             per_card.setdefault(model.partition(":")[0], Counter()).update(counts)
     out = []
     for r in map(present.scrub, store.requests()):  # a verdict stored before uploads were checked stays readable
-        s = summarize({}, per_card.get(r["card_id"] or "", Counter()))
-        out.append(RequestRow(r, s.cells, s.passing, s.counted, axis_verdicts(r["verdict"])))
+        s = summarize(None, per_card.get(r.card_id or "", Counter()))
+        out.append(QueuedRequest(r, s.cells, s.passing, s.counted, axis_verdicts(r.verdict)))
     return out
 
 
@@ -271,7 +272,7 @@ def model_summary(store: Store, card_id: str) -> RunSummary | None:
     if latest is None:
         return None
     c: Counter[str] = Counter()
-    for model, counts in store.views.model_counts(latest["id"]).items():
+    for model, counts in store.views.model_counts(latest.id).items():
         if model.partition(":")[0] == card_id:
             c.update(counts)
     return summarize(latest, c) if c else None
@@ -280,4 +281,4 @@ def model_summary(store: Store, card_id: str) -> RunSummary | None:
 def matrix_summary(store: Store, name: str) -> RunSummary | None:
     """The newest run of this matrix name; None when there is none."""
     run = store.latest_run(name=name)
-    return summarize(run, store.views.status_counts([run["id"]])[run["id"]]) if run is not None else None
+    return summarize(run, store.views.status_counts([run.id])[run.id]) if run is not None else None

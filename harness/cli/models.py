@@ -97,7 +97,7 @@ def requests(args: argparse.Namespace) -> int:
     with Store(args.db, read_only=True) as store:  # a missing database is an error, as for report (a typo'd --db)
         rows = store.requests(limit=args.limit, status=args.status)
     if args.json:
-        print(json.dumps(rows, default=lambda v: v.isoformat()))  # the datetimes (created_at, outcome.recorded_at)
+        print(json.dumps([r.model_dump(mode="json", exclude={"match"}) for r in rows]))  # `match`: duplicates' only
     else:
         print_requests(rows)
     return EXIT_PASS

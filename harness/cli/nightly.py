@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from harness.outcome import CellRecord
     from harness.reports.policy import NightlyVerdict, Policy
     from harness.request.lifecycle import Joined
+    from harness.store.rows import RunRow
 
 TRIGGER = "nightly"
 UPLOAD_ENV = "PCG_UPLOAD_URL"
@@ -114,11 +115,11 @@ class _Night:
     the earlier nightlies (newest first) the policy judges it against."""
 
     run_id: int
-    run: dict[str, Any]
+    run: RunRow
     records: list[CellRecord]
     joined: Joined
     moved: dict[int, tuple[str, str]]
-    earlier: list[dict[str, Any]]
+    earlier: list[RunRow]
     history: list[list[CellRecord]]
 
 
@@ -141,9 +142,9 @@ def _run_night(args: argparse.Namespace, matrix: Matrix, variant: str | None, op
         run, records = store.run(run_id), store.results(run_id)
         moved = lifecycle.record_outcomes(store, run_id, joined, records)
         # the earlier nightlies of this matrix name, wherever its file was checked out (CI runners, the GPU machine)
-        earlier = [r for r in store.runs(name=run["name"], trigger=TRIGGER) if r["id"] != run_id and r["status"] == "finished"]
+        earlier = [r for r in store.runs(name=run.name, trigger=TRIGGER) if r.id != run_id and r.status == "finished"]
         earlier = earlier[: max(policy.keep, 2 * policy.window - 1)]
-        history = [store.results(r["id"]) for r in earlier]
+        history = [store.results(r.id) for r in earlier]
     return _Night(run_id, run, records, joined, moved, earlier, history)
 
 
@@ -175,13 +176,11 @@ def _upload(url: str, night: _Night, out: Path | None) -> None:
     print(f"uploaded run {night.run_id} to {sent['url']}: HTTP {sent['status']}")
 
 
-def _run_body(run: dict[str, Any], records: list) -> dict[str, Any]:
+def _run_body(run: RunRow, records: list) -> dict[str, Any]:
     """The dashboard's RunIn: the run's own times, provenance and final cell records."""
-    from harness.store.models import PROVENANCE
-
-    return {"name": run["name"], "matrix": run["matrix"], "trigger": run["trigger"], "status": run["status"],
-            "provenance": {k: run.get(k) for k in PROVENANCE}, "started_at": run["started_at"],
-            "finished_at": run["finished_at"], "results": [r.model_dump(mode="json") for r in records]}
+    return {"name": run.name, "matrix": run.matrix, "trigger": run.trigger, "status": run.status,
+            "provenance": run.provenance, "started_at": run.started_at,
+            "finished_at": run.finished_at, "results": [r.model_dump(mode="json") for r in records]}
 
 
 def _requests_markdown(joined: Any, moved: dict[int, tuple[str, str]]) -> str:

@@ -18,6 +18,8 @@ from pcg_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from harness.matrix import Matrix
+    from harness.store import Store
+    from harness.store.rows import RunRow
 
 EXIT_PASS, EXIT_FAIL = 0, 1
 SHOWN_FAILURES = 10  # failing cells listed after a run; `pcgh report` has them all
@@ -119,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FAIL if failed and not args.allow_failures else EXIT_PASS
 
 
-def end_summary(run: dict[str, Any], records: list[CellRecord], failed: list[CellRecord], db: str | None) -> str:
+def end_summary(run: RunRow, records: list[CellRecord], failed: list[CellRecord], db: str | None) -> str:
     """A few lines: the counts, the pass rate, the speedup (not on CPU, where nothing is captured), the first
     failing cells, the cells not run grouped by reason, and where the full report and the dashboard are."""
     import shlex
@@ -134,10 +136,9 @@ def end_summary(run: dict[str, Any], records: list[CellRecord], failed: list[Cel
     passing = sum(is_passing(r.status) for r in records)
     counted = sum(is_counted(r.status) for r in records)
     took = ""
-    if run.get("started_at") and run.get("finished_at"):
-        secs = int((run["finished_at"] - run["started_at"]).total_seconds())
+    if (secs := run.seconds) is not None:
         took = f" in {secs // 60} min {secs % 60:02d} s"
-    lines = [f"run {run['id']} ({run['name']}, {run['status']}{took}): {len(records)} cells, "
+    lines = [f"run {run.id} ({run.name}, {run.status}{took}): {len(records)} cells, "
              + ", ".join(f"{counts[s]} {s}" for s in ordered_statuses(counts))
              + f"; pass rate {fmt_rate(passing / counted if counted else None)} ({passing}/{counted} counted)"]
     t = totals(result_rows(records))
@@ -151,7 +152,7 @@ def end_summary(run: dict[str, Any], records: list[CellRecord], failed: list[Cel
         lines.append(f"  … and {len(failed) - SHOWN_FAILURES} more failing")
     lines += _not_run_lines([r for r in records if r.status in NOT_COUNTED], one_line)
     db_flag = f" --db {shlex.quote(db)}" if db else ""
-    lines.append(f"full report: pcgh report {run['id']}{db_flag}")
+    lines.append(f"full report: pcgh report {run.id}{db_flag}")
     lines.append(f"dashboard: pcgh serve{db_flag}")
     return "\n".join(lines)
 
@@ -169,13 +170,13 @@ def _not_run_lines(records: list[CellRecord], one_line: Any) -> list[str]:
     return lines
 
 
-def _read_store(db: str | None) -> Any:
+def _read_store(db: str | None) -> Store:
     from harness.store import Store
 
     return Store(db, read_only=True)
 
 
-def _lookup_run(store: Any, ref: str) -> dict[str, Any]:
+def _lookup_run(store: Store, ref: str) -> RunRow:
     try:
         return store.run(int(ref) if ref.isdigit() else ref)
     except KeyError as e:
@@ -190,7 +191,7 @@ def report(args: argparse.Namespace) -> int:
         writable_dir(out, "--out")
     with _read_store(args.db) as store:
         run = _lookup_run(store, args.run)
-        rows = store.results(run["id"])
+        rows = store.results(run.id)
     print(summary_markdown(run, rows))
     if out is not None:
         try:
@@ -212,15 +213,15 @@ def list_runs(args: argparse.Namespace) -> int:
     with _read_store(args.db) as store:
         runs = store.runs(name=args.name)
         shown = runs[: args.limit]
-        counts = store.views.status_counts([r["id"] for r in shown])
+        counts = store.views.status_counts([r.id for r in shown])
         where = mask(store.url)
     rows = []
     for r in shown:
-        c = counts[r["id"]]
+        c = counts[r.id]
         passing = sum(n for s, n in c.items() if s in PASSING)
         not_counted = sum(n for s, n in c.items() if s in NOT_COUNTED)
-        rows.append({"id": r["id"], "name": r["name"], "matrix": r["matrix"], "status": r["status"],
-                     "trigger": r["trigger"], "started_at": r["started_at"], "finished_at": r["finished_at"],
+        rows.append({"id": r.id, "name": r.name, "matrix": r.matrix, "status": r.status,
+                     "trigger": r.trigger, "started_at": r.started_at, "finished_at": r.finished_at,
                      "cells": sum(c.values()), "passing": passing, "failing": sum(c.values()) - passing - not_counted,
                      "not_counted": not_counted, "counts": dict(c)})
     if args.json:
@@ -255,6 +256,6 @@ def diff(args: argparse.Namespace) -> int:
 
     with _read_store(args.db) as store:
         base, head = _lookup_run(store, args.base), _lookup_run(store, args.head)
-        d = diff_runs(store.results(base["id"]), store.results(head["id"]), speedup_threshold=args.threshold)
+        d = diff_runs(store.results(base.id), store.results(head.id), speedup_threshold=args.threshold)
     print(diff_markdown(d, base, head))
     return EXIT_FAIL if args.fail_on_regression and d.has_regression else EXIT_PASS

@@ -31,6 +31,7 @@ from harness.launcher.progress import RunProgress
 from harness.matrix import Cell
 from harness.outcome import NOT_RETRIED, PASSING, CellRecord, Status
 from harness.store import Store
+from harness.store.rows import RunRow
 
 
 def matrix_identity(matrix_path: str | Path) -> tuple[str, str, list[str]]:
@@ -48,7 +49,7 @@ def run_logs(logs_dir: str | Path, store: Store, run_id: int) -> Path:
     return Path(logs_dir) / store.identity / f"run-{run_id}"
 
 
-def _resumable(store: Store, name: str, resolved: str, sha: str, spellings: list[str]) -> dict[str, Any] | None:
+def _resumable(store: Store, name: str, resolved: str, sha: str, spellings: list[str]) -> RunRow | None:
     """The newest run of this matrix (by identity) when it did not finish; None when there is none. Says on
     stderr what it found: a finished run (never changed), or a matrix whose content changed since."""
     runs = store.runs_of_matrix(name, spellings)
@@ -56,11 +57,11 @@ def _resumable(store: Store, name: str, resolved: str, sha: str, spellings: list
         print(f"pcgh: no run of {resolved} to resume; starting a new one", file=sys.stderr)
         return None
     newest = runs[0]
-    if newest["status"] == "finished":
-        print(f"pcgh: run {newest['id']} of {resolved} finished; nothing to resume (it is left as it is)", file=sys.stderr)
+    if newest.status == "finished":
+        print(f"pcgh: run {newest.id} of {resolved} finished; nothing to resume (it is left as it is)", file=sys.stderr)
         return newest
-    if newest["matrix_sha256"] not in (None, sha):
-        print(f"pcgh: warning: {resolved} changed since run {newest['id']} started (content {newest['matrix_sha256'][:12]} → "
+    if newest.matrix_sha256 not in (None, sha):
+        print(f"pcgh: warning: {resolved} changed since run {newest.id} started (content {newest.matrix_sha256[:12]} → "
               f"{sha[:12]}); resuming it with the matrix as it is now", file=sys.stderr)
     return newest
 
@@ -73,12 +74,12 @@ def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
     matrix, cells = p.matrix, p.cells
     resolved, sha, spellings = matrix_identity(matrix_path)
     prev = _resumable(store, matrix.name, resolved, sha, spellings) if opts.resume else None
-    if prev is not None and prev["status"] == "finished":
-        return prev["id"]  # a finished run is never changed, not even its finish time
+    if prev is not None and prev.status == "finished":
+        return prev.id  # a finished run is never changed, not even its finish time
     if prev is None:
         run_id = store.create_run(matrix.name, resolved, provenance(), trigger=opts.trigger, matrix_sha256=sha)
     else:
-        run_id = prev["id"]
+        run_id = prev.id
     recorded = store.final_states(run_id) if prev else {}
     # In a run that did not finish, a failed first attempt without its retry (the parent died in between) is
     # not done: it gets its second attempt now, judged against the recorded first one.

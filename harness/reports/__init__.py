@@ -1,6 +1,7 @@
 """Reports of a harness run: a flat results frame, summary.md, report.json, support-matrix CSVs, run diffs.
 
-Inputs are plain dicts (a run and its rows, as the store hands them over); nothing here touches a database.
+Inputs are what the store hands over (a run as harness.store.rows.RunRow, its cells as CellRecord); nothing here
+touches a database.
 """
 
 from harness.reports.diff import LatencyChange, RunDiff, SpeedupChange, StatusChange, diff_markdown, diff_runs

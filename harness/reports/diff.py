@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 from harness.outcome import CellRecord, canonical_key
 from harness.reports.frame import graph_latencies, timings
 from harness.reports.markdown import one_line, table
-from harness.reports.run_info import FIELDS, run_label
+from harness.reports.run_info import FIELDS, run_field, run_label
+from harness.store.rows import RunRow
 from harness.reports.stats import fmt_speedup, geomean, is_failing, is_passing, natural_key
 
 
@@ -137,15 +138,14 @@ def _changes(changes: list[StatusChange]) -> str:
                  [(c.key, f"{c.base_status} → {c.head_status}", one_line(c.reason) or "—") for c in changes])
 
 
-def _provenance_changes(base_run: Mapping[str, Any], head_run: Mapping[str, Any]) -> str:
+def _provenance_changes(base_run: RunRow | None, head_run: RunRow | None) -> str:
     fields = [f for f in FIELDS if f not in ("id", "name", "status", "trigger", "started_at", "finished_at")]
-    changed = [(f, base_run.get(f), head_run.get(f)) for f in fields if base_run.get(f) != head_run.get(f)]
+    changed = [(f, b, h) for f in fields if (b := run_field(base_run, f)) != (h := run_field(head_run, f))]
     return table(["", "base", "head"], changed) if changed else ""
 
 
-def diff_markdown(diff: RunDiff, base_run: Mapping[str, Any] | None, head_run: Mapping[str, Any] | None) -> str:
+def diff_markdown(diff: RunDiff, base_run: RunRow | None, head_run: RunRow | None) -> str:
     """The diff as Markdown: verdict, what changed in the setup, new failures first, then the rest."""
-    base_run, head_run = base_run or {}, head_run or {}
     parts = [f"# Run diff: {run_label(base_run)} → {run_label(head_run)}"]
     n = len(diff.new_failures)
     parts.append(f"**Regression: {n} new failure(s).**" if diff.has_regression else "**No new failures.**")

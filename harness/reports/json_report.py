@@ -14,7 +14,8 @@ from typing import Any
 
 from harness.outcome import CellRecord
 from harness.reports.frame import cell_speedup, result_rows
-from harness.reports.run_info import FIELDS, wall_time
+from harness.reports.run_info import FIELDS, run_field, wall_time
+from harness.store.rows import RunRow
 from harness.reports.stats import totals
 
 SCHEMA_VERSION = 2  # 2: cells' metrics are CellMetrics (typed; only what was measured)
@@ -39,10 +40,9 @@ def jsonable(v: Any) -> Any:
     return str(v)
 
 
-def run_dict(run: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The run's provenance fields (all of FIELDS, None where missing) and its wall time in seconds."""
-    run = run or {}
-    d = {f: jsonable(run.get(f)) for f in FIELDS}
+def run_dict(run: RunRow | None) -> dict[str, Any]:
+    """The run's provenance fields (all of FIELDS, None where there is no run) and its wall time in seconds."""
+    d = {f: jsonable(run_field(run, f)) for f in FIELDS}
     wt = wall_time(run)
     d["wall_s"] = wt.total_seconds() if wt is not None else None
     return d
@@ -56,7 +56,7 @@ def cell_dict(record: CellRecord) -> dict[str, Any]:
     })
 
 
-def report_dict(run: Mapping[str, Any] | None, rows: Sequence[CellRecord]) -> dict[str, Any]:
+def report_dict(run: RunRow | None, rows: Sequence[CellRecord]) -> dict[str, Any]:
     """Provenance, counts by status, pass rate (null when nothing is counted), geomean speedup, cells."""
     t = totals(result_rows(rows))
     return jsonable({

@@ -2,36 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from harness.store.models import PROVENANCE
+from harness.store.rows import RunRow
 
 # Run fields, in the order reports show them.
 FIELDS = ("id", "name", "matrix", "status", "trigger", *PROVENANCE, "started_at", "finished_at")
 
 
-def _as_datetime(v: Any) -> datetime | None:
-    if isinstance(v, datetime):
-        return v
-    if isinstance(v, str):
-        try:
-            return datetime.fromisoformat(v)
-        except ValueError:
-            return None
-    return None
-
-
-def wall_time(run: Mapping[str, Any]) -> timedelta | None:
-    """finished_at - started_at; None while the run is unfinished or the times cannot be compared."""
-    start, end = _as_datetime(run.get("started_at")), _as_datetime(run.get("finished_at"))
-    if start is None or end is None:
+def wall_time(run: RunRow | None) -> timedelta | None:
+    """finished_at - started_at; None while the run is unfinished (or there is no run)."""
+    if run is None or run.finished_at is None:
         return None
-    try:
-        return end - start
-    except TypeError:  # one naive, one aware
-        return None
+    return run.finished_at - run.started_at
 
 
 def fmt_duration(d: timedelta | float | None) -> str:
@@ -46,9 +31,11 @@ def fmt_duration(d: timedelta | float | None) -> str:
     return f"{h}h {m:02d}m {sec:02d}s" if h else f"{m}m {sec:02d}s"
 
 
-def run_label(run: Mapping[str, Any] | None) -> str:
+def run_label(run: RunRow | None) -> str:
     """'nightly-2025-01-01 (#12)'."""
-    if not run:
-        return "unnamed run"
-    name, rid = run.get("name") or "unnamed run", run.get("id")
-    return f"{name} (#{rid})" if rid is not None else str(name)
+    return f"{run.name or 'unnamed run'} (#{run.id})" if run is not None else "unnamed run"
+
+
+def run_field(run: RunRow | None, name: str) -> Any:
+    """One of FIELDS of the run; None where there is no run."""
+    return getattr(run, name) if run is not None else None

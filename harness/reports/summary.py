@@ -16,7 +16,8 @@ from harness.outcome import NOT_COUNTED, PASSING, CellRecord
 from harness.reports.frame import result_rows, token_columns
 from harness.reports.markdown import one_line, table
 from harness.reports.matrices import LEGEND, PAIRS, SYMBOLS, support_grid
-from harness.reports.run_info import fmt_duration, run_label, wall_time
+from harness.reports.run_info import fmt_duration, run_field, run_label, wall_time
+from harness.store.rows import RunRow
 from harness.reports.stats import fmt_rate, fmt_speedup, is_failing, totals
 
 MAX_FAILING = 20  # failing cells listed in full; the rest are counted
@@ -40,16 +41,16 @@ def _number(v: Any) -> float | None:
     return None if math.isnan(x) else x
 
 
-def _provenance(run: Mapping[str, Any], frame: Rows) -> str:
+def _provenance(run: RunRow | None, frame: Rows) -> str:
     def g(k: str) -> str:
-        v = run.get(k)
+        v = run_field(run, k)
         return "?" if v is None or v == "" else str(v)
 
     wt = wall_time(run)
     if wt is not None:
         duration = fmt_duration(wt)
     else:
-        duration = "unfinished" if run.get("started_at") and run.get("finished_at") is None else "n/a"
+        duration = "unfinished" if run is not None and run.finished_at is None else "n/a"
     times = [x for x in (_number(r["duration_s"]) for r in frame) if x is not None]
     if times:
         duration += f" (cells: {fmt_duration(math.fsum(times))} summed)"
@@ -144,9 +145,8 @@ def _matrices(frame: Rows) -> str:
     return "\n\n".join(parts)
 
 
-def summary_markdown(run: Mapping[str, Any] | None, rows: Sequence[CellRecord]) -> str:
+def summary_markdown(run: RunRow | None, rows: Sequence[CellRecord]) -> str:
     """The whole summary page as Markdown."""
-    run = run or {}
     frame = result_rows(rows)
     sections = [f"# pcg compatibility run: {run_label(run)}", _provenance(run, frame), "## Result", _result(frame),
                 "## Worst cells", _worst(frame), _not_counted(frame), _matrices(frame)]

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from harness.outcome import CellRecord
 from harness.reports.frame import results_frame
 from harness.reports.json_report import report_dict
 from harness.reports.matrices import support_matrices
 from harness.reports.summary import summary_markdown
+from harness.store.rows import RunRow
 
 
 def csv_name(pair: str) -> str:
@@ -19,7 +19,7 @@ def csv_name(pair: str) -> str:
     return f"support_{pair}.csv"
 
 
-def write_report(run: Mapping[str, Any] | None, rows: Sequence[CellRecord], out_dir: str | Path) -> list[Path]:
+def write_report(run: RunRow | None, rows: Sequence[CellRecord], out_dir: str | Path) -> list[Path]:
     """Creates out_dir if needed, overwrites the files, returns their paths (summary, JSON, CSVs). UTF-8: the
     matrices are emoji."""
     out = Path(out_dir)

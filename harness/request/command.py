@@ -19,15 +19,16 @@ from harness.request.card_writer import (
     write_card,
 )
 from harness.request.quantization import check_quant_words
+from harness.store.rows import RequestRow
 from harness.request.source import looks_like_hub_id, resolve
 from harness.request.submit import endpoint, submit, token
 from pcg_core.errors import ConfigError
 
 
-def _summary(row: dict[str, Any]) -> dict[str, Any]:
+def _summary(row: RequestRow) -> dict[str, Any]:
     keys = ("id", "model", "revision", "architecture", "supported", "status", "card_id", "match")
-    out = {k: row.get(k) for k in keys}
-    out["created_at"] = row["created_at"].isoformat() if row.get("created_at") else None
+    out = {k: getattr(row, k) for k in keys}
+    out["created_at"] = row.created_at.isoformat()
     return out
 
 
@@ -74,7 +75,7 @@ def request_model(model: str, *, revision: str | None = None, quants: list[str] 
             "status": "requested", "card_id": card_id,
         }, config=source.config, same_config=source.kind != "hub")
         report["request_id"], report["requested_before"] = request_id, not new
-        report["duplicates"] = [_summary(r) for r in dups if r["id"] != request_id]  # other rows: hints, not this one
+        report["duplicates"] = [_summary(r) for r in dups if r.id != request_id]  # other rows: hints, not this one
     report["submitted"] = None
     if submit_url is not None:
         try:

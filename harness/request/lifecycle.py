@@ -21,6 +21,7 @@ from harness.cards import CARDS_DIR, find_card
 from harness.outcome import PASSING, VARIANT_GRAMMAR, CellRecord, ModelRef
 from harness.reports.stats import is_failing
 from harness.request.card_writer import existing_cards, write_card
+from harness.store.rows import RequestRow
 from harness.store import Store
 from pcg_core.errors import ConfigError
 
@@ -52,49 +53,49 @@ def join_requests(store: Store, variant: str, present: Sequence[str] = (), cards
         in_matrix.setdefault(ModelRef.parse(value).card, []).append(value)
     joined = Joined()
     for req in reversed(store.requests()):  # oldest first: the order they asked in
-        card_id = req["card_id"]
-        if not card_id and req["status"] == "accepted":
+        card_id = req.card_id
+        if not card_id and req.status == "accepted":
             try:
                 card_id = _card_for_accepted(store, req, cards_dir)
             except ConfigError as e:
-                joined.left_out[req["id"]] = f"accepted, but its card cannot be written: {e}"
+                joined.left_out[req.id] = f"accepted, but its card cannot be written: {e}"
                 continue
         if not card_id:
             continue
         if card_id in in_matrix:
-            joined.requests[req["id"]] = in_matrix[card_id]
+            joined.requests[req.id] = in_matrix[card_id]
             continue
         try:
             card = find_card(card_id, cards_dir)
         except ConfigError as e:
-            joined.left_out[req["id"]] = f"card {card_id} does not load: {e}"
+            joined.left_out[req.id] = f"card {card_id} does not load: {e}"
             continue
         if card is None:
-            joined.left_out[req["id"]] = f"card {card_id} is not in {cards_dir}"
+            joined.left_out[req.id] = f"card {card_id} is not in {cards_dir}"
         elif variant.partition(":")[0] not in card.variants:
-            joined.left_out[req["id"]] = f"card {card.id} offers {', '.join(card.variants)}, not {variant}"
+            joined.left_out[req.id] = f"card {card.id} offers {', '.join(card.variants)}, not {variant}"
         else:
-            joined.requests[req["id"]] = [f"{card.id}:{variant}"]
+            joined.requests[req.id] = [f"{card.id}:{variant}"]
     return joined
 
 
-def _card_for_accepted(store: Store, req: dict, cards_dir: Path) -> str:
+def _card_for_accepted(store: Store, req: RequestRow, cards_dir: Path) -> str:
     """An accepted request's card: the one that covers its hub id already, else one written from the config the
     request kept (card_writer, as `pcgh request --write-card` writes it); linked to the request either way."""
-    verdict = req["verdict"] or {}
-    hub_id = verdict.get("hub_id") or (req["model"] if verdict.get("source") == "hub" else None)
+    verdict = req.verdict or {}
+    hub_id = verdict.get("hub_id") or (req.model if verdict.get("source") == "hub" else None)
     if not hub_id:
-        raise ConfigError(f"request #{req['id']} ({req['model']}) does not tell its hub id; request it by its hub id")
+        raise ConfigError(f"request #{req.id} ({req.model}) does not tell its hub id; request it by its hub id")
     existing = existing_cards(cards_dir).get(hub_id)
     if existing is not None:
         card_id = existing[0]
     else:
-        config = store.request_config(req["id"])
+        config = store.request_config(req.id)
         if config is None:
-            raise ConfigError(f"request #{req['id']} kept no config.json to write a card from; ask again with "
+            raise ConfigError(f"request #{req.id} kept no config.json to write a card from; ask again with "
                               "`pcgh request MODEL --submit URL` (or --write-card)")
         card_id = write_card(verdict, config, hub_id, models_dir=cards_dir)["id"]
-    store.set_request_status(req["id"], "accepted", card_id=card_id)
+    store.set_request_status(req.id, "accepted", card_id=card_id)
     return card_id
 
 

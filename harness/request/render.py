@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from harness.request.quantization import describe
+from harness.store.rows import RequestRow
 
 
 def _size(n: int | None) -> str:
@@ -82,7 +83,7 @@ def print_request(r: dict[str, Any], console: Any = None) -> None:
         console.print(f"submitted to {r['submitted']['url']}: HTTP {r['submitted']['status']}")
 
 
-def print_requests(rows: list[dict[str, Any]], console: Any = None) -> None:
+def print_requests(rows: list[RequestRow], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -92,8 +93,8 @@ def print_requests(rows: list[dict[str, Any]], console: Any = None) -> None:
         return
     t = Table("id", "created", "model", "revision", "architecture", "supported", "status", "card", "last nightly")
     for r in rows:
-        o = r.get("outcome")
-        t.add_row(str(r["id"]), r["created_at"].strftime("%Y-%m-%d %H:%M"), r["model"], r["revision"] or "",
-                  r["architecture"], "yes" if r["supported"] else "no", r["status"], r["card_id"] or "",
-                  f"run {o['run_id']}: {o['reason']}" if o else "")
+        o = r.outcome
+        t.add_row(str(r.id), r.created_at.strftime("%Y-%m-%d %H:%M"), r.model, r.revision or "",
+                  r.architecture, "yes" if r.supported else "no", r.status, r.card_id or "",
+                  f"run {o.run_id}: {o.reason}" if o else "")
     console.print(t)

@@ -198,5 +198,5 @@ def first_recorded() -> ColumnElement[int]:
 
 
 def as_dict(obj: Base) -> dict[str, Any]:
-    """A plain dict keyed by column name: what the Store hands out, so callers never hold ORM objects."""
+    """A row's columns by name, read inside the session (rows.py's types are built from them or from the object)."""
     return {c.name: getattr(obj, c.name) for c in obj.__table__.columns}

@@ -3,8 +3,7 @@ dashboard alike.
 
 Every write commits before returning, so a cell's result survives the parent dying right after it; reads open
 a fresh connection each time, so two Stores (or processes) on one database see each other's commits at once.
-Cell results go in and come out as harness.outcome.CellRecord; runs and requests as plain dicts keyed by
-column name. The dashboard's wide reads are `Store.views` (views.py), on the same engine.
+Cell results go in and come out as harness.outcome.CellRecord; runs and requests as typed rows (rows.py). The dashboard's wide reads are `Store.views` (views.py), on the same engine.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from harness.outcome import CellRecord, Status
 from harness.store.db import check_access, connect_error, default_db_url, dumps, make_engine, mask, normalize
+from harness.store.rows import RequestOutcomeRow, RequestRow, RunRow
 from harness.store.models import (
     PROVENANCE,
     REQUEST_STATUSES,
@@ -131,13 +131,13 @@ class Store:
             self._recount(conn, run_id)
         return run_id
 
-    def runs_of_matrix(self, name: str, matrices: Sequence[str]) -> list[dict[str, Any]]:
+    def runs_of_matrix(self, name: str, matrices: Sequence[str]) -> list[RunRow]:
         """Runs of this matrix name recorded under any of these matrix spellings (a resolved path and the
         spellings older runs used), newest first, each with its matrix file's `matrix_sha256` (None if unknown)."""
         q = (select(Run, MatrixFile.sha256).outerjoin(MatrixFile, MatrixFile.run_id == Run.id)
              .where(Run.name == name, Run.matrix.in_([str(m) for m in matrices])).order_by(Run.id.desc()))
         with self._session() as s:
-            return [{**as_dict(run), "matrix_sha256": sha} for run, sha in s.execute(q)]
+            return [RunRow(**as_dict(run), matrix_sha256=sha) for run, sha in s.execute(q)]
 
     def import_run(self, name: str, matrix: str, meta: Mapping[str, Any], records: Sequence[CellRecord], *,
                    trigger: str = "manual", status: str = "finished", started_at: datetime | None = None,
@@ -168,7 +168,7 @@ class Store:
             raise RunNotFound(self._missing(run_id))
 
     def latest_run(self, name: str | None = None, matrix: str | None = None,
-                   trigger: str | None = None) -> dict[str, Any] | None:
+                   trigger: str | None = None) -> RunRow | None:
         """The newest run matching every filter given; None when there is none."""
         q = select(Run).order_by(Run.id.desc()).limit(1)
         if name is not None:
@@ -179,9 +179,9 @@ class Store:
             q = q.where(Run.trigger == trigger)
         with self._session() as s:
             run = s.scalars(q).first()
-            return as_dict(run) if run is not None else None
+            return RunRow.model_validate(run) if run is not None else None
 
-    def run(self, run_ref: int | str) -> dict[str, Any]:
+    def run(self, run_ref: int | str) -> RunRow:
         """A run by id (int or digits) or "latest"; RunNotFound (a KeyError) says what exists instead."""
         if isinstance(run_ref, str) and run_ref.strip().lower() == "latest":
             found = self.latest_run()
@@ -198,9 +198,9 @@ class Store:
             run = s.get(Run, run_id)
             if run is None:
                 raise RunNotFound(self._missing(run_id))
-            return as_dict(run)
+            return RunRow.model_validate(run)
 
-    def runs(self, limit: int | None = None, name: str | None = None, trigger: str | None = None) -> list[dict[str, Any]]:
+    def runs(self, limit: int | None = None, name: str | None = None, trigger: str | None = None) -> list[RunRow]:
         """Runs, newest first (by id: creation order, immune to clock differences between hosts); optionally only
         those of a matrix name and a trigger."""
         q = select(Run).order_by(Run.id.desc()).limit(limit)
@@ -209,7 +209,7 @@ class Store:
         if trigger is not None:
             q = q.where(Run.trigger == trigger)
         with self._session() as s:
-            return [as_dict(r) for r in s.scalars(q)]
+            return [RunRow.model_validate(r) for r in s.scalars(q)]
 
     # --- cell results ---------------------------------------------------------------------------------------
 
@@ -289,28 +289,28 @@ class Store:
             row = s.get(RequestConfig, int(request_id))
             return row.config if row is not None else None
 
-    def request(self, request_id: int) -> dict[str, Any]:
+    def request(self, request_id: int) -> RequestRow:
         with self._session() as s:
             req = self._request_row(s, request_id)
-            return as_dict(req)
+            return RequestRow.model_validate(req)
 
-    def requests(self, limit: int | None = None, status: str | None = None) -> list[dict[str, Any]]:
+    def requests(self, limit: int | None = None, status: str | None = None) -> list[RequestRow]:
         """Model requests, newest first; optionally only those in `status`. Each has `outcome`: what the last run
-        that judged it found (request_outcome's dict), or None."""
+        that judged it found, or None."""
         q = select(ModelRequest).order_by(ModelRequest.id.desc()).limit(limit)
         if status is not None:
             _check_request_status(status)
             q = q.where(ModelRequest.status == status)
         with self._session() as s:
             rows = [as_dict(r) for r in s.scalars(q)]
-            latest: dict[int, dict[str, Any]] = {}
+            latest: dict[int, RequestOutcomeRow] = {}
             if rows and self._request_tables:
                 newest = (select(func.max(RequestOutcome.id))
                           .where(RequestOutcome.request_id.in_([r["id"] for r in rows]))
                           .group_by(RequestOutcome.request_id))
                 for o in s.scalars(select(RequestOutcome).where(RequestOutcome.id.in_(newest))):
-                    latest[o.request_id] = as_dict(o)
-        return [{**r, "outcome": latest.get(r["id"])} for r in rows]
+                    latest[o.request_id] = RequestOutcomeRow.model_validate(o)
+        return [RequestRow(**r, outcome=latest.get(r["id"])) for r in rows]
 
     def record_request_outcome(self, request_id: int, run_id: int, status: str, reason: str = "",
                                counts: dict[str, int] | None = None) -> None:
@@ -323,15 +323,15 @@ class Store:
             s.add(RequestOutcome(request_id=req.id, run_id=int(run_id), recorded_at=utcnow(), status=status,
                                  reason=reason, counts=dict(counts or {})))
 
-    def request_outcomes(self, request_id: int) -> list[dict[str, Any]]:
+    def request_outcomes(self, request_id: int) -> list[RequestOutcomeRow]:
         """Every run's finding for one request, oldest first."""
         if not self._request_tables:
             return []
         q = select(RequestOutcome).where(RequestOutcome.request_id == int(request_id)).order_by(RequestOutcome.id)
         with self._session() as s:
-            return [as_dict(o) for o in s.scalars(q)]
+            return [RequestOutcomeRow.model_validate(o) for o in s.scalars(q)]
 
-    def duplicate_requests(self, model: str | None, revision: str | None, config_hash: str | None) -> list[dict[str, Any]]:
+    def duplicate_requests(self, model: str | None, revision: str | None, config_hash: str | None) -> list[RequestRow]:
         """Earlier requests of the same model at the same revision (None and "main" are the same revision), or of
         the same config (equal config_hash), oldest first; each row gets `match`: the list of what matched.
         Pass model=None to match on the config alone (a local path says nothing about the model)."""
@@ -352,7 +352,7 @@ class Store:
             if config_hash is not None and r["config_hash"] == config_hash:
                 match.append("config_hash")
             if match:
-                out.append({**r, "match": match})
+                out.append(RequestRow(**r, match=match))
         return out
 
     def set_request_status(self, request_id: int, status: str, card_id: str | None = _UNCHANGED) -> None:
@@ -417,7 +417,7 @@ class Store:
     def _missing(self, run_id: object) -> str:
         newest = self.latest_run()
         where = f"no run {run_id} in {mask(self.url)}"
-        return f"{where}; the newest is run {newest['id']}" if newest else f"{where}; it has no runs yet"
+        return f"{where}; the newest is run {newest.id}" if newest else f"{where}; it has no runs yet"
 
 
 def _insert_run(conn: Connection, name: str, matrix: str, meta: Mapping[str, Any], trigger: str, status: str,

@@ -1,5 +1,5 @@
 """The main job end to end (`pcgh run smoke.yaml` into SQLite, the report, `--resume`, `pcgh diff`), and the whole CPU
-smoke matrix passing, run in shards so that pytest -n spreads its ~170 cells over the workers."""
+smoke matrix passing, run in shards so that pytest -n spreads its ~125 cells over the workers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from harness.outcome import STATUSES
 from harness.store import Store
 
 SMOKE = Path(__file__).parents[2] / "harness" / "configs" / "smoke.yaml"
-SHARDS = 4  # by a stable hash of the cell key (`pcgh run --shard`): ~43 launched cells a shard
+SHARDS = 4  # by a stable hash of the cell key (`pcgh run --shard`): ~31 launched cells a shard
 # 7 linears per dense layer; 4 + the fused experts per MoE layer (every scheme, 8- and 4-bit); 2 layers
 QUANT_LAYERS = {"llama-3.1-8b:tiny": 14, "qwen3-0.6b:tiny": 14, "qwen3-30b-a3b:tiny": 10}
 
@@ -21,17 +21,18 @@ QUANT_LAYERS = {"llama-3.1-8b:tiny": 14, "qwen3-0.6b:tiny": 14, "qwen3-30b-a3b:t
 def test_the_smoke_matrix_is_the_cells_we_expect():
     """The plan alone (no cell runs): which cells the matrix holds and which the pre-check refuses, and why."""
     cells = plan(SMOKE, RunOptions()).cells
-    # unquantized: 14 models × 3 attention backends × 3 graph backends; 8-bit: 4 schemes × 3 models × sdpa × 3 graphs;
-    # 4-bit weight-only (awq, gptq, nvfp4): 3 schemes × 3 models × sdpa × 3 graphs; the FP8 KV cache: 4 cells;
+    # unquantized: 14 models × 3 attention backends × 3 graph backends; 8-bit: 4 schemes × 3 models × sdpa, one
+    # graph each (rotated); 4-bit weight-only (awq, gptq, nvfp4): 3 schemes × 3 models × sdpa, one graph each; the
+    # FP8 KV cache: 4 cells;
     # TP=2: 4 models × {piecewise, breakable}, and Llama quantized (int8_w8a8 piecewise, awq breakable); tp2-ep2: 1;
     # pp2: Llama piecewise and DeepSeek-V3 breakable; dp2: Qwen3-MoE piecewise and DeepSeek-V3 breakable; ep2: 1
-    assert len(cells) == 126 + 36 + 27 + 4 + 8 + 2 + 1 + 2 + 2 + 1
+    assert len(cells) == 126 + 12 + 9 + 4 + 8 + 2 + 1 + 2 + 2 + 1
     launched = [c for c in cells if c.unsupported is None]
     # all 14 models (DeepSeek-V3 and Kimi-K2 with MLA, Qwen3-Next with linear attention, two VLMs) × {sdpa, flex} ×
     # 3 graphs, less Qwen3-Next under full (its linear-attention op cannot be captured: refused with the reason);
-    # varlen is marked unsupported on the CPU, with the reason; each 8-bit scheme on Llama, Qwen3 and Qwen3-MoE ×
-    # 3 graphs; each 4-bit weight-only scheme (awq, gptq, nvfp4) on Llama, Qwen3 and Qwen3-MoE × 3 graphs
-    assert len(launched) == 82 + 36 + 27 + 4 + 8 + 2 + 1 + 2 + 2 + 1, [(c.key, c.unsupported) for c in cells]
+    # varlen is marked unsupported on the CPU, with the reason; each 8-bit scheme and each 4-bit weight-only one
+    # (awq, gptq, nvfp4) on Llama, Qwen3 and Qwen3-MoE under one graph backend
+    assert len(launched) == 82 + 12 + 9 + 4 + 8 + 2 + 1 + 2 + 2 + 1, [(c.key, c.unsupported) for c in cells]
     assert {c.axes["attention"] for c in launched} == {"sdpa", "flex"}
     runnable = {c.axes["model"] for c in launched}
     varlen = [c for c in cells if c.axes["attention"] == "varlen" and c.axes["model"] in runnable]
@@ -55,8 +56,14 @@ def test_the_smoke_matrix_is_the_cells_we_expect():
     assert sum(c.axes["model"] == "grok-2:tiny" and c.axes["attention"] == "flex" for c in launched) == 3
     assert sum(c.axes["kv_cache"] == "fp8_e4m3" for c in launched) == 4
     quant = [c.axes["quant"] for c in launched if c.axes["parallel"] == "tp1"]
-    assert sum(q not in ("none", "awq", "gptq", "nvfp4") for q in quant) == 36
-    assert sum(q in ("awq", "gptq") for q in quant) == 18 and sum(q == "nvfp4" for q in quant) == 9
+    assert sum(q not in ("none", "awq", "gptq", "nvfp4") for q in quant) == 12
+    assert sum(q in ("awq", "gptq") for q in quant) == 6 and sum(q == "nvfp4" for q in quant) == 3
+    # the rotation: one graph per (scheme, model); every scheme meets every graph, every model every graph
+    quantized = [c.axes for c in launched if c.axes["parallel"] == "tp1" and c.axes["quant"] != "none"]
+    assert len({(a["quant"], a["model"]) for a in quantized}) == len(quantized) == 21
+    for axis in ("quant", "model"):
+        assert all({a["graph"] for a in quantized if a[axis] == v} == {"piecewise", "breakable", "full"}
+                   for v in {a[axis] for a in quantized}), axis
     assert sum(c.axes["model"] in ("qwen2.5-vl-7b:tiny", "qwen3-vl-30b-a3b:tiny") for c in launched) == 12
     # the shards below split the matrix whole: every cell in exactly one
     shards = [{c.key for c in plan(SMOKE, RunOptions(shard=(i, SHARDS))).cells} for i in range(SHARDS)]
@@ -107,7 +114,7 @@ def test_the_main_job_runs_reports_resumes_and_diffs(tmp_path, capsys):
     # --resume on the finished run redoes nothing
     assert main(["run", str(SMOKE), "--db", db, "--resume", "--no-report", "--logs", logs, *one]) == 0
     with Store(db) as store:
-        assert store.run("latest")["id"] == first["id"]
+        assert store.run("latest").id == first["id"]
         assert store.results(first["id"], all_attempts=True) == attempts_before  # nothing re-recorded
 
     # a second run of a smaller slice (the full-graph cells), then a diff of the two runs: the rest are gone

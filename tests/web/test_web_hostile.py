@@ -125,7 +125,7 @@ def test_uploads_are_parsed_and_written_in_another_process(app_db):
     workers = {p.pid for p in uploads._worker_pool()._processes.values()}
     assert workers and os.getpid() not in workers
     with Store(f"sqlite:///{path}") as store:
-        assert store.run(r.json()["id"])["name"] == "up"
+        assert store.run(r.json()["id"]).name == "up"
     bad = client.post("/api/runs", json=_run(name=""), headers=AUTH)  # refused there, answered here
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][0] == "name", bad.text
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from web_seed import SCRIPT_CELL, key, seed
 
 from harness.reports import diff_markdown, diff_runs
-from harness.store import Store
+from harness.store import RequestRow, Store
 from web.app import create_app
 from web.deps import CSP
 
@@ -155,8 +155,10 @@ def test_requests_page_lists_the_queue(sqlite_client: TestClient, monkeypatch: p
              {"id": 3, "created_at": datetime(2026, 1, 2, tzinfo=UTC), "model": "Qwen/Qwen3-Next-80B-A3B",
               "revision": None, "architecture": "Qwen3NextForCausalLM", "supported": False, "status": "unsupported",
               "card_id": "qwen3-next-80b-a3b", "verdict": {},
-              "outcome": {"run_id": 3, "status": "unsupported", "reason": "none of its 3 cell(s) runs: <i>hybrid</i>"}}]
-    monkeypatch.setattr(Store, "requests", lambda self, limit=None, status=None: queue, raising=False)
+              "outcome": {"id": 9, "request_id": 3, "run_id": 3, "recorded_at": datetime(2026, 1, 3, tzinfo=UTC),
+                          "status": "unsupported", "reason": "none of its 3 cell(s) runs: <i>hybrid</i>"}}]
+    rows = [RequestRow.model_validate({"config_hash": "c" * 64, **r}) for r in queue]
+    monkeypatch.setattr(Store, "requests", lambda self, limit=None, status=None: rows, raising=False)
     html = sqlite_client.get("/requests").text
     assert html.index("Qwen/Qwen3-0.6B") < html.index("org/new-model")
     assert '<span class="chip req-in_matrix">in_matrix</span>' in html

@@ -12,6 +12,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from harness.reports import cell_speedup
 from harness.reports.json_report import jsonable
+from harness.store.rows import RunRow
 from web import services
 from web.deps import MAX_LIMIT, MAX_THRESHOLD, StoreDep, gc_paused, kept_json
 from web.grid import CONFIG_AXES, DEFAULT_GROUP, Grid, parse_filters
@@ -41,17 +42,17 @@ router = APIRouter(prefix="/api", tags=["read"])
 Group = Annotated[str, Query(description=f"axis the columns are grouped by: {', '.join(CONFIG_AXES)}")]
 
 
-def run_out(run: dict[str, Any]) -> RunOut:
-    return RunOut.model_validate(run)
+def run_out(run: RunRow) -> RunOut:
+    return RunOut.model_validate(run, from_attributes=True)
 
 
 def summary_out(s: services.RunSummary) -> dict[str, Any]:
-    return {"run": run_out(s.run), "cells": s.cells, "counts": s.counts, "passing": s.passing, "counted": s.counted,
+    return {"run": run_out(s.run) if s.run is not None else None, "cells": s.cells, "counts": s.counts, "passing": s.passing, "counted": s.counted,
             "pass_rate": s.pass_rate, "wall_s": s.wall_s}
 
 
 def freshness_out(f: services.Freshness) -> FreshnessOut:
-    return FreshnessOut(newest_nightly_id=f.run["id"] if f.run else None,
+    return FreshnessOut(newest_nightly_id=f.run.id if f.run else None,
                         age_s=f.age.total_seconds() if f.age is not None else None, stale=f.stale, message=f.message)
 
 
@@ -86,7 +87,7 @@ def get_matrix(request: Request, store: StoreDep, run: str = "latest", group: Gr
     with gc_paused():
         v = services.matrix(store, run, group, filters, hide_unsupported=unsupported == "hide")
         wanted = tuple(sorted((k, tuple(x)) for k, x in filters.items() if x))
-        return kept_json(request, "api_matrix", [v.run["id"]], lambda: _matrix_out(v.run, v.grid), group, wanted,
+        return kept_json(request, "api_matrix", [v.run.id], lambda: _matrix_out(v.run, v.grid), group, wanted,
                          unsupported, repr(v.run))
 
 
@@ -111,7 +112,7 @@ def get_support(store: StoreDep, run: str = "latest") -> SupportOut:
                       not_supported=_groups(s.not_supported), not_supported_groups=s.not_supported_groups)
 
 
-def _matrix_out(r: dict[str, Any], grid: Grid) -> MatrixOut:
+def _matrix_out(r: RunRow, grid: Grid) -> MatrixOut:
     cells = [MatrixCellOut(key=c.row.key, axes=c.row.axes, status=c.row.status, label=c.label, speedup=c.speedup,
                            reason=c.row.reason, capture_s=c.row.metrics.capture_s,
                            graph_pool_bytes=c.row.metrics.graph_pool_bytes, token_match=c.row.metrics.token_match)
@@ -159,11 +160,11 @@ def get_diff(request: Request, store: StoreDep, base: str | None = None, head: s
                        added=d.added, removed=d.removed, speedup_threshold=d.speedup_threshold, markdown=v.markdown)
 
     with gc_paused():  # kept as the diff itself is: per run pair at their revisions
-        return kept_json(request, "api_diff", [v.base["id"], v.head["id"]], build, threshold, repr(v.base), repr(v.head))
+        return kept_json(request, "api_diff", [v.base.id, v.head.id], build, threshold, repr(v.base), repr(v.head))
 
 
 @router.get("/requests", response_model=RequestsOut, summary="The queue of requested models, with verdicts and status")
 def get_requests(store: StoreDep) -> RequestsOut:
     return RequestsOut(requests=[
-        RequestOut(**jsonable(r.request), matrix_cells=r.cells, matrix_passing=r.passing, matrix_counted=r.counted)
+        RequestOut(**jsonable(r.request.model_dump(exclude={"match"})), matrix_cells=r.cells, matrix_passing=r.passing, matrix_counted=r.counted)
         for r in services.requests(store)])

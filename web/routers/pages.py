@@ -48,12 +48,12 @@ def matrix_page(request: Request, store: StoreDep, run: str = "latest", group: s
                     raise
                 return render(request, "empty.html", {"message": str(e), "freshness": fresh})
             runs = store.runs(50)  # for the run picker; an older run asked for by id is added to it
-            if all(x["id"] != v.run["id"] for x in runs):
+            if all(x.id != v.run.id for x in runs):
                 runs.append(v.run)
             href = _href(request)
             # The grid's HTML (the page's bulk): rendered once per grid and the parameters its links carry, kept
             # per the runs' revisions as the grid is
-            fragment = store.views.derived("grid_html", [v.run["id"], *v.strip_runs], lambda: Markup(
+            fragment = store.views.derived("grid_html", [v.run.id, *v.strip_runs], lambda: Markup(
                 templates.get_template("_grid.html").render(grid=v.grid, strip_runs=v.strip_runs, href=href)),
                 group, tuple(sorted(_known_params(request))), unsupported, page)
             return render(request, "matrix.html", {
@@ -138,7 +138,7 @@ def diff_page(request: Request, store: StoreDep, base: str | None = None, head: 
             if format == "md":
                 return PlainTextResponse(v.markdown, media_type="text/markdown; charset=utf-8")
             # the tables (the page's bulk): rendered once per run pair and threshold, kept per their revisions
-            body = store.views.derived("diff_html", [v.base["id"], v.head["id"]], lambda: Markup(
+            body = store.views.derived("diff_html", [v.base.id, v.head.id], lambda: Markup(
                 templates.get_template("_diff_body.html").render(
                     v=v, max_rows=DIFF_ROWS, slower=sum(c.rel_change > 0 for c in v.diff.latency_changes),
                     worse=sum(c.rel_change < 0 for c in v.diff.speedup_changes))),

@@ -60,7 +60,7 @@ def upload_request(body: RequestIn, store: StoreDep, response: Response) -> Requ
                                            "card_id": report.card_id}, config=config, same_config=report.source != "hub")
     if not new:  # submitted again: the same row, its analysis refreshed, its status kept
         response.status_code = status.HTTP_200_OK
-    return RequestCreatedOut(id=request_id, status=store.request(request_id)["status"], url="/requests")
+    return RequestCreatedOut(id=request_id, status=store.request(request_id).status, url="/requests")
 
 
 @router.post("/requests/{request_id}/accept", response_model=RequestCreatedOut,
@@ -71,7 +71,8 @@ def accept_request(request_id: int, store: StoreDep) -> RequestCreatedOut:
         req = store.request(request_id)
     except RequestNotFound as e:
         raise HTTPException(404, str(e)) from e
-    if req["status"] == "requested":  # later statuses are the nightly's to set; accepting again changes nothing
+    now = req.status
+    if now == "requested":  # later statuses are the nightly's to set; accepting again changes nothing
         store.set_request_status(request_id, "accepted")
-        req["status"] = "accepted"
-    return RequestCreatedOut(id=request_id, status=req["status"], url="/requests")
+        now = "accepted"
+    return RequestCreatedOut(id=request_id, status=now, url="/requests")

@@ -88,7 +88,7 @@ def test_ctrl_c_during_a_run_is_one_line_saying_how_to_resume(tmp_path):
     assert err == f"pcgh run: interrupted; `pcgh run {matrix} --resume --db {db} --logs {logs}` finishes the run\n"
     assert not [p for p in pids if alive(p)]
     with Store(str(db)) as store:
-        assert store.run(1)["status"] == "interrupted"
+        assert store.run(1).status == "interrupted"
 
 
 @pytest.fixture

@@ -115,7 +115,7 @@ def test_a_database_this_process_cannot_write_is_refused_before_a_run_starts(tre
                  *ONE_CELL]) == 2
     assert "read-only" in capsys.readouterr().err
     with Store(str(tree / "n.db"), read_only=True) as store:
-        assert [r["id"] for r in store.runs()] == [2, 1]
+        assert [r.id for r in store.runs()] == [2, 1]
 
 
 def test_read_only_commands_read_an_old_database_without_changing_it(tree: Path) -> None:

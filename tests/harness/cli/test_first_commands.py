@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from harness.cli import build_parser
 from harness.cli.runs import end_summary
 from harness.outcome import CellRecord, cell_key
-from harness.store import Store
+from harness.store import RunRow, Store
 from pcg_core.known import MAX_TOKENS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -39,7 +40,7 @@ def db(tmp_path: Path) -> Path:
 
 def _runs(db: Path) -> list[int]:
     with Store(str(db), read_only=True) as store:
-        return [r["id"] for r in store.runs()]
+        return [r.id for r in store.runs()]
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -131,7 +132,7 @@ def test_the_end_of_run_summary_says_why_cells_did_not_run_and_where_the_dashboa
     records = [_record("piecewise"), _record("full"), _record("breakable", "unsupported", reason=varlen),
                _record("piecewise", "unsupported", reason=varlen, attention="varlen"),
                _record("full", "unsupported", reason="quantization 'fp9' is not supported\n(detail)", quant="fp9")]
-    run = {"id": 7, "name": "smoke", "status": "finished"}
+    run = RunRow(id=7, name="smoke", matrix="smoke.yaml", started_at=datetime.now(UTC), status="finished")  # no finish time
     out = end_summary(run, records, [], "my runs.db").splitlines()
     assert out[0] == "run 7 (smoke, finished): 5 cells, 2 pass, 3 unsupported; pass rate 100.0% (2/2 counted)"
     assert out[1] == "speedup: not measured on CPU (no CUDA graphs are captured there)"  # nothing was captured
@@ -145,9 +146,9 @@ def test_the_end_of_run_summary_says_why_cells_did_not_run_and_where_the_dashboa
 def test_a_cpu_run_report_does_not_headline_a_graph_speedup() -> None:
     from harness.reports import summary_markdown
 
-    cpu = summary_markdown({"id": 1, "name": "smoke"}, [_record("piecewise"), _record("full")])
+    cpu = summary_markdown(RunRow(id=1, name="smoke", matrix="smoke.yaml", started_at=datetime.now(UTC)), [_record("piecewise"), _record("full")])
     assert "**Speedup: not measured on CPU** (no CUDA graphs are captured there" in cpu and "Geomean speedup" not in cpu
-    cuda = summary_markdown({"id": 2, "name": "nightly"}, [_record("piecewise", graphs=40), _record("full", graphs=None)])
+    cuda = summary_markdown(RunRow(id=2, name="nightly", matrix="n.yaml", started_at=datetime.now(UTC)), [_record("piecewise", graphs=40), _record("full", graphs=None)])
     assert "**Geomean speedup: 0.95×** over 2 passing cell(s) with timings" in cuda  # unrecorded: as before
 
 

@@ -79,17 +79,17 @@ def test_requests_move_to_their_nightly_outcome_and_the_run_is_uploaded(db_url, 
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
 
     with Store(db_url) as store:
-        rows = {r["id"]: r for r in store.requests()}
-        run_id = store.latest_run()["id"]
+        rows = {r.id: r for r in store.requests()}
+        run_id = store.latest_run().id
         cells = {str(r.axes["model"]): r.status for r in store.results(run_id)}
     assert cells == {"qwen2.5-0.5b:tiny": "pass", "qwen3-0.6b:tiny": "pass", "qwen3-next-80b-a3b:tiny": "pass"}
     q, nxt, anon = rows[ids["qwen3"]], rows[ids["next"]], rows[ids["anonymous"]]
-    assert q["card_id"] == "qwen3-0.6b" and q["status"] == "passing"
-    assert q["outcome"]["run_id"] == run_id and q["outcome"]["counts"] == {"pass": 1} and "1 of 1" in q["outcome"]["reason"]
-    assert nxt["status"] == "passing" and nxt["outcome"]["counts"] == {"pass": 1}  # linear attention runs since issue 39
-    assert anon["card_id"] is None and anon["status"] == "requested" and anon["outcome"] is None
+    assert q.card_id == "qwen3-0.6b" and q.status == "passing"
+    assert q.outcome.run_id == run_id and q.outcome.counts == {"pass": 1} and "1 of 1" in q.outcome.reason
+    assert nxt.status == "passing" and nxt.outcome.counts == {"pass": 1}  # linear attention runs since issue 39
+    assert anon.card_id is None and anon.status == "requested" and anon.outcome is None
     # a card the matrix runs already: judged by the matrix's own cell, no second size of it added
-    assert rows[ids["in_matrix"]]["status"] == "passing" and rows[ids["in_matrix"]]["outcome"]["counts"] == {"pass": 1}
+    assert rows[ids["in_matrix"]].status == "passing" and rows[ids["in_matrix"]].outcome.counts == {"pass": 1}
     night = json.loads((out / "nightly.json").read_text())
     assert set(night["requests"]["moved"]) == {str(ids["qwen3"]), str(ids["next"]), str(ids["in_matrix"])}
     assert "## Model requests" in (out / "nightly.md").read_text()
@@ -103,8 +103,8 @@ def test_requests_move_to_their_nightly_outcome_and_the_run_is_uploaded(db_url, 
     assert f"uploaded run {run_id} to {base}/api/runs: HTTP 201" in p.stdout
     with Store(dashboard_db, read_only=True) as remote:
         up = remote.latest_run()
-        assert up["name"] == "nightly-requests" and up["trigger"] == "nightly" and up["status"] == "finished"
-        assert {str(r.axes["model"]): r.status for r in remote.results(up["id"])} == cells
+        assert up.name == "nightly-requests" and up.trigger == "nightly" and up.status == "finished"
+        assert {str(r.axes["model"]): r.status for r in remote.results(up.id)} == cells
 
 
 def test_an_upload_that_cannot_succeed_stops_the_night_before_any_cell(tmp_path, monkeypatch):

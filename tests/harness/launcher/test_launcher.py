@@ -119,4 +119,4 @@ def test_resume_gives_a_failed_first_attempt_its_retry(tmp_path):
         seen.clear()
         run_matrix(matrix, store, RunOptions(resume=True, logs_dir=tmp_path / "l", progress=False),
                    on_result=lambda row: seen.append((row.key, row.attempt)))
-        assert seen == [] and store.run(run_id)["status"] == "finished"
+        assert seen == [] and store.run(run_id).status == "finished"

@@ -123,7 +123,7 @@ def test_a_dead_runner_leaves_no_worker_behind(tmp_path, plugin_env, sig):
     if sig == signal.SIGTERM:
         assert returncode == -signal.SIGTERM  # its workers down, the runner died of the signal itself
         with Store(str(db)) as store:
-            assert store.run(1)["status"] == "interrupted"
+            assert store.run(1).status == "interrupted"
             assert store.results(1) == []  # a cell the runner killed has no outcome: none is recorded
         assert read_records(next(logs.glob("*/run-1")) / "workers") == []
 
@@ -176,7 +176,7 @@ def test_sigterm_stops_a_suite_that_runs_the_runner_in_process(tmp_path, plugin_
     assert suite.returncode == -signal.SIGTERM, out
     assert _gone_within([*workers, child], 5) == []
     with Store(str(tmp_path / "r.db")) as store:
-        assert store.run(1)["status"] == "interrupted"
+        assert store.run(1).status == "interrupted"
 
 
 # A stand-in for the worker's slow start-up imports (torch: seconds, more under load): in a cell worker (it has the

@@ -38,7 +38,7 @@ def test_resume_finds_the_run_however_the_path_is_written(here: Path, spelling: 
         earlier = store.create_run("ident", "./m.yaml", {})  # an interrupted run recorded by an older pcgh
         store.finish_run(earlier, status="interrupted")
         resumed = run_matrix(spelling.format(abs=matrix), store, _opts(resume=True))
-        assert resumed == earlier and store.run(earlier)["status"] == "finished"
+        assert resumed == earlier and store.run(earlier).status == "finished"
         assert [r.status for r in store.results(earlier)] == ["unsupported"]
         assert len(store.runs()) == 1
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from harness.outcome import CellRecord
+from harness.store.rows import RunRow
 
 BASE_AXES = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1",
              "graph": "piecewise", "compiler": "eager"}
@@ -30,9 +31,9 @@ def row() -> Callable[..., CellRecord]:
 
 
 @pytest.fixture
-def run() -> dict[str, Any]:
-    return {"id": 7, "name": "nightly-0101", "matrix": "smoke", "git_sha": "0123abcd", "torch_version": "2.11.0",
+def run() -> RunRow:
+    return RunRow(**{"id": 7, "name": "nightly-0101", "matrix": "smoke", "git_sha": "0123abcd", "torch_version": "2.11.0",
             "transformers_version": "5.17.0", "cuda_version": "12.8", "driver_version": "570.86", "gpu_name": "NVIDIA H200",
             "host": "gpu-01", "trigger": "nightly", "status": "finished",
             "started_at": datetime(2025, 1, 1, 2, 0, 0, tzinfo=UTC),
-            "finished_at": datetime(2025, 1, 1, 3, 2, 3, tzinfo=UTC)}
+            "finished_at": datetime(2025, 1, 1, 3, 2, 3, tzinfo=UTC)})

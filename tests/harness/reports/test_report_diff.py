@@ -46,7 +46,7 @@ def test_threshold_is_respected(row):
         diff_runs(base, head, speedup_threshold=-0.1)
 
 
-def test_graph_latency_changes_use_the_token_counts_both_runs_timed(row):
+def test_graph_latency_changes_use_the_token_counts_both_runs_timed(row, run):
     def cell(key, graph_ms, status="pass"):
         lat = {n: {"eager": 30.0, "graph": ms} for n, ms in graph_ms.items()}
         return row(key, status, {n: 30.0 / ms for n, ms in graph_ms.items()}, metrics={"latency_ms": lat})
@@ -59,7 +59,7 @@ def test_graph_latency_changes_use_the_token_counts_both_runs_timed(row):
     got = [(c.key, round(c.base, 3), round(c.head, 3)) for c in d.latency_changes]
     assert got == [("slower", round(8**0.5, 3), round(18**0.5, 3)), ("faster", 4.0, 3.0)]  # slower first
     assert d.latency_changes[0].rel_change == pytest.approx(0.5)
-    md = diff_markdown(d, {"id": 1, "name": "base"}, {"id": 2, "name": "head"})
+    md = diff_markdown(d, run.model_copy(update={"id": 1, "name": "base"}), run.model_copy(update={"id": 2, "name": "head"}))
     assert "## Graph latency changes" in md and "| slower | 2.83 ms | 4.24 ms | +50.0% |" in md
     assert "2 speedup and 2 graph latency change(s) beyond ±10%" in md
 
@@ -70,13 +70,13 @@ def test_a_failed_timing_on_one_side_does_not_move_the_speedup(row):
     assert diff_runs(base, head, speedup_threshold=0).speedup_changes == []
 
 
-def test_no_regression_without_new_failures(row):
+def test_no_regression_without_new_failures(row, run):
     base = [row("a", "pass"), row("b", "fail_run"), row("c", "pass")]
     head = [row("a", "unsupported"), row("b", "pass"), row("c", "eager_fail"), row("d", "oom")]
     d = diff_runs(base, head)
     assert not d.has_regression and d.new_failures == []
     assert [c.key for c in d.fixes] == ["b"] and d.added == ["d"]
-    assert "No new failures." in diff_markdown(d, {"id": 1, "name": "base"}, {"id": 2, "name": "head"})
+    assert "No new failures." in diff_markdown(d, run.model_copy(update={"id": 1}), run)
 
 
 def test_identical_runs_diff_is_empty(row):
@@ -87,7 +87,7 @@ def test_identical_runs_diff_is_empty(row):
 
 def test_markdown_lists_new_failures_before_fixes(row, run):
     d = diff_runs(*_base_head(row))
-    md = diff_markdown(d, {**run, "id": 6, "name": "base"}, {**run, "torch_version": "2.12.0"})
+    md = diff_markdown(d, run.model_copy(update={"id": 6, "name": "base"}), run.model_copy(update={"torch_version": "2.12.0"}))
     assert md.startswith("# Run diff: base (#6) → nightly-0101 (#7)")
     assert "Regression: 2 new failure(s)" in md
     assert "| new_fail | pass → fail_accuracy | output logprob diff 0.3 > 0.1 |" in md

@@ -45,7 +45,7 @@ def test_write_card_round_trip(request_json, offline, models_dir, db):
     data = yaml.safe_load(card_path.read_text())
     assert data["config"] == "configs/pcg-test__DeepSeek-Mini.json"
     with Store(db) as store:
-        assert store.request(r["request_id"])["card_id"] == "deepseek-mini"
+        assert store.request(r["request_id"]).card_id == "deepseek-mini"
     # The checkout's own models folder is untouched.
     assert "deepseek-mini" not in load_cards()
 

@@ -62,14 +62,14 @@ def test_outcomes_move_the_requests_and_are_kept(db_url):
         moved = record_outcomes(store, run, joined, [make_row("k1", model="ok:tiny"),
                                                      make_row("k2", "fail_run", reason="nan", model="ok:tiny")])
         assert moved == {a: ("failing", "1 of 2 cells fail; first: k2: fail_run: nan")}  # b had no cell: unmoved
-        rows = {r["id"]: r for r in store.requests()}
-        assert rows[a]["status"] == "failing" and rows[a]["outcome"]["run_id"] == run
-        assert rows[a]["outcome"]["counts"] == {"pass": 1, "fail_run": 1}
-        assert rows[b]["status"] == "requested" and rows[b]["outcome"] is None
+        rows = {r.id: r for r in store.requests()}
+        assert rows[a].status == "failing" and rows[a].outcome.run_id == run
+        assert rows[a].outcome.counts == {"pass": 1, "fail_run": 1}
+        assert rows[b].status == "requested" and rows[b].outcome is None
         run2 = store.create_run("n", "m.yaml", {}, trigger="nightly")
         record_outcomes(store, run2, joined, [make_row("k1", model="ok:tiny")])
-        assert store.requests()[-1]["status"] == "passing" and store.requests()[-1]["outcome"]["run_id"] == run2
-        assert [o["status"] for o in store.request_outcomes(a)] == ["failing", "passing"]
+        assert store.requests()[-1].status == "passing" and store.requests()[-1].outcome.run_id == run2
+        assert [o.status for o in store.request_outcomes(a)] == ["failing", "passing"]
         with pytest.raises(ValueError, match="not one of"):
             store.record_request_outcome(a, run2, "great")
 
@@ -83,7 +83,7 @@ def test_a_store_older_than_outcomes_still_lists_its_requests(tmp_path):
         conn.execute(text("DROP TABLE request_outcomes"))
     engine.dispose()
     with Store(url, read_only=True) as store:
-        assert [(r["id"], r["outcome"]) for r in store.requests()] == [(a, None)] and store.request_outcomes(a) == []
+        assert [(r.id, r.outcome) for r in store.requests()] == [(a, None)] and store.request_outcomes(a) == []
 
 
 def _accepted(store: Store, model: str, config: dict | None, **verdict) -> int:
@@ -111,9 +111,9 @@ def test_an_accepted_request_gets_its_card_from_the_config_it_kept(db, models_di
                                        config=config)  # requested, not accepted: no card is written for it
         assert store.request_config(waiting) == config
         joined = join_requests(store, "tiny", cards_dir=models_dir)
-        rows = {r["id"]: r for r in store.requests()}
+        rows = {r.id: r for r in store.requests()}
     assert joined.requests[new] == ["brand-new-0.6b:tiny"] and joined.requests[known] == ["qwen3-8b:tiny"]
-    assert rows[new]["card_id"] == "brand-new-0.6b" and rows[known]["card_id"] == "qwen3-8b"
+    assert rows[new].card_id == "brand-new-0.6b" and rows[known].card_id == "qwen3-8b"
     card = (models_dir / "brand-new-0.6b.yaml").read_text()
     assert "hub_id: org/brand-new-0.6b" in card and (models_dir / "configs" / "org__brand-new-0.6b.json").is_file()
     assert "kept no config.json" in joined.left_out[bare] and "does not tell its hub id" in joined.left_out[nameless]

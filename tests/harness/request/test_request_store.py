@@ -18,8 +18,8 @@ def test_record_and_read_back(db_url):
     with Store(db_url) as store:
         rid = store.record_request(ROW)
         got = store.request(rid)
-    assert got["status"] == "requested" and got["card_id"] is None and got["supported"] is True
-    assert got["verdict"] == ROW["verdict"] and got["created_at"].tzinfo == UTC
+    assert got.status == "requested" and got.card_id is None and got.supported is True
+    assert got.verdict == ROW["verdict"] and got.created_at.tzinfo == UTC
 
 
 def test_requests_newest_first_and_by_status(db_url):
@@ -27,11 +27,11 @@ def test_requests_newest_first_and_by_status(db_url):
         a = store.record_request(ROW)
         b = store.record_request({**ROW, "model": "Qwen/Qwen3-8B", "config_hash": "b" * 64})
         store.set_request_status(a, "in_matrix", card_id="qwen3-0.6b")
-        assert [r["id"] for r in store.requests()] == [b, a]
-        assert [r["id"] for r in store.requests(status="in_matrix")] == [a]
-        assert store.request(a)["card_id"] == "qwen3-0.6b"
+        assert [r.id for r in store.requests()] == [b, a]
+        assert [r.id for r in store.requests(status="in_matrix")] == [a]
+        assert store.request(a).card_id == "qwen3-0.6b"
         store.set_request_status(a, "passing")
-        assert store.request(a)["card_id"] == "qwen3-0.6b"  # unchanged unless given
+        assert store.request(a).card_id == "qwen3-0.6b"  # unchanged unless given
         assert len(store.requests(limit=1)) == 1
 
 
@@ -41,8 +41,8 @@ def test_duplicates_by_model_revision_and_by_config_hash(db_url):
         other_rev = store.record_request({**ROW, "revision": "v2", "config_hash": "c" * 64})
         local_copy = store.record_request({**ROW, "model": "/tmp/x/config.json", "config_hash": "a" * 64})
         dups = store.duplicate_requests("Qwen/Qwen3-0.6B", "main", "a" * 64)  # None and "main" are one revision
-        assert [(d["id"], d["match"]) for d in dups] == [(first, ["model+revision", "config_hash"]), (local_copy, ["config_hash"])]
-        assert [d["id"] for d in store.duplicate_requests("Qwen/Qwen3-0.6B", "v2", "z" * 64)] == [other_rev]
+        assert [(d.id, d.match) for d in dups] == [(first, ["model+revision", "config_hash"]), (local_copy, ["config_hash"])]
+        assert [d.id for d in store.duplicate_requests("Qwen/Qwen3-0.6B", "v2", "z" * 64)] == [other_rev]
         assert store.duplicate_requests(None, None, "z" * 64) == []
 
 
@@ -63,7 +63,7 @@ def test_existing_store_api_still_works_beside_requests(db_url):
         run = store.create_run("smoke", "harness/configs/smoke.yaml", {"git_sha": "abc"})
         store.record_request(ROW)
         store.finish_run(run)
-        assert store.run("latest")["status"] == "finished" and len(store.requests()) == 1
+        assert store.run("latest").status == "finished" and len(store.requests()) == 1
 
 
 def test_asking_twice_is_one_queue_row_its_analysis_refreshed(request_json, pcgh, db, tmp_path):
@@ -74,13 +74,13 @@ def test_asking_twice_is_one_queue_row_its_analysis_refreshed(request_json, pcgh
     assert (second["request_id"], second["requested_before"], second["duplicates"]) == (first["request_id"], True, [])
     with Store(db) as store:
         [row] = store.requests()
-        store.set_request_status(row["id"], "failing")  # a nightly judged it meanwhile
-    assert row["verdict"]["requested"]["quant"] == ["fp8"]  # the last asking's analysis
+        store.set_request_status(row.id, "failing")  # a nightly judged it meanwhile
+    assert row.verdict["requested"]["quant"] == ["fp8"]  # the last asking's analysis
     rc, out, _ = pcgh("request", path, "--db", db)
     assert rc == 0 and f"already requested as #{first['request_id']}" in out
     with Store(db) as store:
         [row] = store.requests()
-    assert row["status"] == "failing" and row["verdict"]["requested"]["quant"] is None  # the history stays
+    assert row.status == "failing" and row.verdict["requested"]["quant"] is None  # the history stays
     copy = tmp_path / "config.json"  # the same config at another path: its own row, the first named as a hint
     copy.write_text(path.read_text())
     third = request_json(copy)
@@ -112,7 +112,7 @@ def test_queue_request_keeps_one_row_per_model(db_url):
         again = {**ROW, "revision": "main", "config_hash": "b" * 64, "supported": False}  # None and "main": one revision
         assert store.queue_request(again, config={"a": 2}) == (first, False)
         got = store.request(first)
-        assert (got["status"], got["card_id"], got["config_hash"], got["supported"]) == ("passing", "qwen3-0.6b", "b" * 64, False)
+        assert (got.status, got.card_id, got.config_hash, got.supported) == ("passing", "qwen3-0.6b", "b" * 64, False)
         assert store.request_config(first) == {"a": 2} and len(store.request_outcomes(first)) == 1
         assert store.queue_request({**ROW, "revision": "v2"})[1] is True  # another revision: another request
         local = {**ROW, "model": "/tmp/x/config.json"}

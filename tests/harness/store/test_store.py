@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from harness.outcome import CellMetrics, CellRecord
-from harness.store import RunNotFound, Store, default_db_url
+from harness.store import RequestRow, RunNotFound, RunRow, Store, default_db_url
 from harness.store.models import CellResult
 from pcg_core.errors import ConfigError
 
@@ -34,25 +34,41 @@ def row(axes: dict, key: str = "k1", status: str = "pass", attempt: int = 1, **e
     return CellRecord(**{"key": key, "axes": axes, "status": status, "duration_s": 1.5, "attempt": attempt, **extra})
 
 
+def test_runs_and_requests_come_out_as_typed_frozen_rows(tmp_path):
+    """A misspelt column is an error at the reader, not a silent None (the dicts' `run.get("finshed_at")`)."""
+    import pydantic
+
+    with Store(str(tmp_path / "t.db")) as store:
+        run = store.run(store.create_run("r", "m.yaml", META))
+        rid = store.record_request({"model": "org/m", "config_hash": "a" * 64, "architecture": "X", "supported": True})
+        req = store.request(rid)
+    assert isinstance(run, RunRow) and isinstance(req, RequestRow) and run.provenance == META and run.seconds is None
+    with pytest.raises(AttributeError):
+        run.finshed_at  # noqa: B018
+    with pytest.raises(pydantic.ValidationError):
+        run.status = "finished"  # frozen: a row is what the store holds, changed only through the store
+    assert (req.status, req.outcome, req.match) == ("requested", None, [])
+
+
 def test_run_round_trip_with_provenance(db_url):
     before = datetime.now(UTC)
     with Store(db_url) as store:
         run_id = store.create_run("nightly-h200", "harness/configs/nightly.yaml", META, trigger="nightly")
         got = store.run(run_id)
-        assert {k: got[k] for k in META} == META
-        assert (got["id"], got["name"], got["matrix"]) == (run_id, "nightly-h200", "harness/configs/nightly.yaml")
-        assert (got["trigger"], got["status"], got["finished_at"]) == ("nightly", "running", None)
-        assert got["started_at"].tzinfo == UTC and before - timedelta(seconds=1) <= got["started_at"]
+        assert got.provenance == META
+        assert (got.id, got.name, got.matrix) == (run_id, "nightly-h200", "harness/configs/nightly.yaml")
+        assert (got.trigger, got.status, got.finished_at) == ("nightly", "running", None)
+        assert got.started_at.tzinfo == UTC and before - timedelta(seconds=1) <= got.started_at
         store.finish_run(run_id)
         done = store.run(run_id)
-        assert done["status"] == "finished" and done["finished_at"].tzinfo == UTC
-        assert done["started_at"] == got["started_at"] <= done["finished_at"] <= datetime.now(UTC)
+        assert done.status == "finished" and done.finished_at.tzinfo == UTC
+        assert done.started_at == got.started_at <= done.finished_at <= datetime.now(UTC)
 
 
 def test_missing_provenance_is_null_and_unknown_is_refused(db_url):
     with Store(db_url) as store:
         run = store.run(store.create_run("cpu", "smoke.yaml", {"host": "laptop"}))
-        assert run["host"] == "laptop" and run["gpu_name"] is None and run["trigger"] == "manual"
+        assert run.host == "laptop" and run.gpu_name is None and run.trigger == "manual"
         with pytest.raises(ValueError, match="gpu_nmae"):
             store.create_run("cpu", "smoke.yaml", {"gpu_nmae": "x"})
 
@@ -106,11 +122,11 @@ def test_latest_run_filters(db_url):
         b = store.create_run("nightly", "smoke.yaml", META)
         c = store.create_run("adhoc", "nightly.yaml", META)
         d = store.create_run("nightly", "nightly.yaml", META)
-        assert store.latest_run()["id"] == d
-        assert store.latest_run(name="adhoc")["id"] == c
-        assert store.latest_run(matrix="smoke.yaml")["id"] == b
-        assert store.latest_run(name="nightly", matrix="nightly.yaml")["id"] == d
-        assert store.latest_run(trigger="nightly")["id"] == a
+        assert store.latest_run().id == d
+        assert store.latest_run(name="adhoc").id == c
+        assert store.latest_run(matrix="smoke.yaml").id == b
+        assert store.latest_run(name="nightly", matrix="nightly.yaml").id == d
+        assert store.latest_run(trigger="nightly").id == a
         assert store.latest_run(name="adhoc", trigger="nightly") is None
         assert store.latest_run(name="nope") is None
 
@@ -120,13 +136,13 @@ def test_run_refs_and_listing(db_url):
         with pytest.raises(KeyError, match="no runs .* yet"):
             store.run("latest")
         ids = [store.create_run(f"r{i}", "m.yaml", META) for i in range(3)]
-        assert store.run("latest")["id"] == ids[-1] == store.run(str(ids[-1]))["id"]
-        assert [r["id"] for r in store.runs()] == ids[::-1]
-        assert [r["id"] for r in store.runs(limit=2)] == ids[:0:-1]
+        assert store.run("latest").id == ids[-1] == store.run(str(ids[-1])).id
+        assert [r.id for r in store.runs()] == ids[::-1]
+        assert [r.id for r in store.runs(limit=2)] == ids[:0:-1]
         night = store.create_run("r1", "/elsewhere/m.yaml", META, trigger="nightly")  # another checkout's path
-        assert [r["id"] for r in store.runs(name="r1")] == [night, ids[1]]
-        assert [r["id"] for r in store.runs(name="r1", trigger="nightly")] == [night]
-        assert store.runs(name="r1", trigger="manual", limit=1)[0]["id"] == ids[1]
+        assert [r.id for r in store.runs(name="r1")] == [night, ids[1]]
+        assert [r.id for r in store.runs(name="r1", trigger="nightly")] == [night]
+        assert store.runs(name="r1", trigger="manual", limit=1)[0].id == ids[1]
         ids.append(night)
         with pytest.raises(KeyError) as missing:
             store.run(ids[-1] + 100)
@@ -178,18 +194,18 @@ def test_import_run_keeps_its_times_in_one_transaction(db_url, axes):
         run_id = store.import_run("up", "m.yaml", META, records, trigger="ci", status="interrupted",
                                   started_at=start, finished_at=start + timedelta(minutes=30))
         run = store.run(run_id)
-        assert (run["trigger"], run["status"], run["host"]) == ("ci", "interrupted", META["host"])
-        assert (run["started_at"], run["finished_at"]) == (start, start + timedelta(minutes=30))
+        assert (run.trigger, run.status, run.host) == ("ci", "interrupted", META["host"])
+        assert (run.started_at, run.finished_at) == (start, start + timedelta(minutes=30))
         assert [(r.key, r.attempt) for r in store.results(run_id)] == [("a", 2), ("b", 1)]
         running = store.run(store.import_run("live", "m.yaml", {}, [], status="running"))
-        assert running["status"] == "running" and running["finished_at"] is None
+        assert running.status == "running" and running.finished_at is None
         with pytest.raises(ValueError, match="no finish time"):
             store.import_run("live", "m.yaml", {}, [], status="running", finished_at=start)
         with pytest.raises(ValueError, match="unknown provenance keys"):
             store.import_run("bad", "m.yaml", {"gpu": "x"}, records)
         with pytest.raises(TypeError):
             store.import_run("bad", "m.yaml", {}, [*records, {"key": "c"}])
-        assert [r["name"] for r in store.runs()] == ["live", "up"]  # the failed imports left no run behind
+        assert [r.name for r in store.runs()] == ["live", "up"]  # the failed imports left no run behind
 
 
 def test_record_for_missing_run_or_not_a_record(db_url, axes):
@@ -313,7 +329,7 @@ def test_default_url_and_plain_paths(tmp_path, monkeypatch, axes):
     with Store() as store:
         store.create_run("r", "m.yaml", {})
     with Store(f"sqlite:///{path}") as store:
-        assert store.run("latest")["name"] == "r"
+        assert store.run("latest").name == "r"
 
 
 def test_runs_of_a_matrix_by_its_spellings_with_the_files_hash(tmp_path):
@@ -321,6 +337,6 @@ def test_runs_of_a_matrix_by_its_spellings_with_the_files_hash(tmp_path):
         old = store.create_run("nightly", "m.yaml", META)  # recorded without a hash (an older pcgh)
         new = store.create_run("nightly", "/abs/m.yaml", META, matrix_sha256="0" * 64)
         found = store.runs_of_matrix("nightly", ["/abs/m.yaml", "m.yaml"])
-        assert [(r["id"], r["matrix_sha256"]) for r in found] == [(new, "0" * 64), (old, None)]
+        assert [(r.id, r.matrix_sha256) for r in found] == [(new, "0" * 64), (old, None)]
         assert store.runs_of_matrix("other", ["m.yaml"]) == []
-        assert "matrix_sha256" not in store.run(new)  # a run's own fields are the runs table's
+        assert store.run(new).matrix_sha256 is None  # a run's own row: the hash is runs_of_matrix's to join in
