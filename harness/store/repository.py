@@ -3,7 +3,8 @@ dashboard alike.
 
 Every write commits before returning, so a cell's result survives the parent dying right after it; reads open
 a fresh connection each time, so two Stores (or processes) on one database see each other's commits at once.
-Cell results go in and come out as harness.outcome.CellRecord; runs and requests as typed rows (rows.py). The dashboard's wide reads are `Store.views` (views.py), on the same engine.
+Cell results go in and come out as harness.outcome.CellRecord; runs and requests as typed rows (rows.py). The
+dashboard's wide reads are `Store.views` (views.py), on the same engine.
 """
 
 from __future__ import annotations

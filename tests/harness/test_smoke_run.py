@@ -80,8 +80,8 @@ def test_every_launched_smoke_cell_passes(index, tmp_path):
                  "--no-report"]) == 0
     with Store(db) as store:
         run = store.run("latest")
-        rows = store.results(run["id"])
-    assert run["status"] == "finished" and run["torch_version"]
+        rows = store.results(run.id)
+    assert run.status == "finished" and run.torch_version
     assert {r.key for r in rows} == {c.key for c in plan(SMOKE, RunOptions(shard=(index, SHARDS))).cells}
     assert all(r.status in STATUSES for r in rows)
     launched = [r for r in rows if r.status != "unsupported"]
@@ -106,16 +106,16 @@ def test_the_main_job_runs_reports_resumes_and_diffs(tmp_path, capsys):
     report = capsys.readouterr().out
     with Store(db) as store:
         first = store.run("latest")
-        rows = store.results(first["id"])
-        attempts_before = store.results(first["id"], all_attempts=True)
+        rows = store.results(first.id)
+        attempts_before = store.results(first.id, all_attempts=True)
     assert len(rows) == 9 and sum(r.passed for r in rows) == 6  # 3 graphs × sdpa, flex pass; varlen: CUDA only
-    assert first["status"] == "finished" and "smoke" in report and "pass" in report.lower()
+    assert first.status == "finished" and "smoke" in report and "pass" in report.lower()
 
     # --resume on the finished run redoes nothing
     assert main(["run", str(SMOKE), "--db", db, "--resume", "--no-report", "--logs", logs, *one]) == 0
     with Store(db) as store:
-        assert store.run("latest").id == first["id"]
-        assert store.results(first["id"], all_attempts=True) == attempts_before  # nothing re-recorded
+        assert store.run("latest").id == first.id
+        assert store.results(first.id, all_attempts=True) == attempts_before  # nothing re-recorded
 
     # a second run of a smaller slice (the full-graph cells), then a diff of the two runs: the rest are gone
     assert main(["run", str(SMOKE), "--db", db, "--filter", "graph=full", *one, "--jobs", "2", "--no-report",
@@ -123,9 +123,9 @@ def test_the_main_job_runs_reports_resumes_and_diffs(tmp_path, capsys):
     capsys.readouterr()
     with Store(db) as store:
         second = store.run("latest")
-    assert second["id"] != first["id"]
-    assert main(["diff", str(first["id"]), str(second["id"]), "--db", db, "--fail-on-regression"]) == 0
+    assert second.id != first.id
+    assert main(["diff", str(first.id), str(second.id), "--db", db, "--fail-on-regression"]) == 0
     out = capsys.readouterr().out
     assert "gone" in out.lower() or "removed" in out.lower()
-    assert main(["report", str(second["id"]), "--db", db, "--out", str(tmp_path / "rep")]) == 0
+    assert main(["report", str(second.id), "--db", db, "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "summary.md").is_file() and (tmp_path / "rep" / "support_model_x_graph.csv").is_file()
