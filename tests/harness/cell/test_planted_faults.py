@@ -22,6 +22,9 @@ sys.path.insert(0, str(HERE))
 import planted  # noqa: E402 - registers the planted backends
 
 SUPPORTED = sorted(c for c, card in load_cards().items() if card.runtime_reason is None)
+# The fast tier (`-m "not slow"`, docs/testing.md) keeps a dense model and an MLA MoE; the whole suite, CI's, all
+FAST = {"qwen3-0.6b", "deepseek-v3"}
+ARCHITECTURES = [m if m in FAST else pytest.param(m, marks=pytest.mark.slow) for m in SUPPORTED]
 
 
 def _cell(model: str, fault: str, base: str = "piecewise", **kw):
@@ -33,14 +36,14 @@ def test_the_supported_architectures_are_the_seed_set_we_expect():
     assert len(SUPPORTED) >= 7 and {"qwen3-0.6b", "llama-3.1-8b", "mixtral-8x7b", "qwen3-30b-a3b"} <= set(SUPPORTED)
 
 
-@pytest.mark.parametrize("model", SUPPORTED)
+@pytest.mark.parametrize("model", ARCHITECTURES)
 @pytest.mark.parametrize("fault", [f for f in planted.FAULTS if f != "flaky_lag"])
 def test_every_fault_is_caught_on_every_supported_architecture(model, fault):
     r = _cell(model, fault)
     assert r.status == "fail_accuracy", (r.status, r.reason)
 
 
-@pytest.mark.parametrize("model", SUPPORTED)
+@pytest.mark.parametrize("model", ARCHITECTURES)
 def test_the_benign_control_passes_on_every_supported_architecture(model):
     r = _cell(model, "benign_pad")
     assert r.status == "pass", r.reason
@@ -55,6 +58,7 @@ def test_faults_are_caught_under_the_other_backends(base, fault):
     assert _cell("qwen3-30b-a3b", fault, base).status == "fail_accuracy"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quant", ["fp8_block"])  # the scheme whose padding noise failed the fp32 bound
 @pytest.mark.parametrize("fault", [f for f in planted.FAULTS if f != "flaky_lag"])
 def test_faults_are_caught_under_quantization(quant, fault):
@@ -105,6 +109,7 @@ def test_a_failing_diagnosis_never_costs_the_verdict(monkeypatch, capsys):
     assert "diagnosis failed" in out["reason"] and "logprob diff" in out["reason"]
 
 
+@pytest.mark.slow
 def test_a_fault_in_one_process_of_three_is_caught_with_repeats(tmp_path):
     """flaky_lag fires in the 2nd of every three processes: one run passes, `--repeats 3` fails."""
     env = {**os.environ, "PCG_PLUGINS": "planted", "PCG_PLANTED_DIR": str(tmp_path),

@@ -40,6 +40,7 @@ def nightly(tmp_path):
     return run
 
 
+@pytest.mark.slow
 def test_a_planted_regression_fails_the_night_naming_the_cell_and_flakiness_or_eager_noise_do_not(nightly):
     rc, v, _ = nightly("", 0)
     assert rc == 0 and not v["failed"] and v["history_runs"] == 0

@@ -59,6 +59,7 @@ def dashboard(tmp_path):
     thread.join(timeout=10)
 
 
+@pytest.mark.slow
 def test_requests_move_to_their_nightly_outcome_and_the_run_is_uploaded(db_url, tmp_path, dashboard):
     base, dashboard_db = dashboard
     # Qwen3-0.6B's and Qwen3-Next's configs have cards (linked by their hub ids); a copy under another name

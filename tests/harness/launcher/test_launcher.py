@@ -39,6 +39,7 @@ def plugin_env(tmp_path, monkeypatch):
     sys.path.remove(str(HERE))
 
 
+@pytest.mark.slow
 def test_planted_faults_get_their_status_and_others_survive(tmp_path, plugin_env):
     graphs = ["piecewise", "test_perturb", "test_raise_capture", "test_segfault", "test_hang", "test_flaky"]
     matrix = _matrix(tmp_path, graphs, timeout_s=40)
