@@ -130,13 +130,15 @@ def end_summary(run: RunRow, records: list[CellRecord], failed: list[CellRecord]
     from harness.outcome import NOT_COUNTED
     from harness.reports.frame import result_rows
     from harness.reports.markdown import one_line
+    from harness.reports.run_info import wall_time
     from harness.reports.stats import fmt_rate, fmt_speedup, is_counted, is_passing, ordered_statuses, totals
 
     counts: Counter[str] = Counter(r.status for r in records)
     passing = sum(is_passing(r.status) for r in records)
     counted = sum(is_counted(r.status) for r in records)
     took = ""
-    if (secs := run.seconds) is not None:
+    if (wt := wall_time(run)) is not None:
+        secs = int(wt.total_seconds())
         took = f" in {secs // 60} min {secs % 60:02d} s"
     lines = [f"run {run.id} ({run.name}, {run.status}{took}): {len(records)} cells, "
              + ", ".join(f"{counts[s]} {s}" for s in ordered_statuses(counts))

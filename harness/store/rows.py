@@ -45,11 +45,6 @@ class RunRow(_Row):
         """The provenance columns (git sha, versions, GPU, host), by name."""
         return {k: getattr(self, k) for k in PROVENANCE}
 
-    @property
-    def seconds(self) -> int | None:
-        """How long it ran, where it has finished."""
-        return int((self.finished_at - self.started_at).total_seconds()) if self.finished_at else None
-
 
 class RequestOutcomeRow(_Row):
     """What one run found for a model request."""

@@ -42,7 +42,7 @@ def test_runs_and_requests_come_out_as_typed_frozen_rows(tmp_path):
         run = store.run(store.create_run("r", "m.yaml", META))
         rid = store.record_request({"model": "org/m", "config_hash": "a" * 64, "architecture": "X", "supported": True})
         req = store.request(rid)
-    assert isinstance(run, RunRow) and isinstance(req, RequestRow) and run.provenance == META and run.seconds is None
+    assert isinstance(run, RunRow) and isinstance(req, RequestRow) and run.provenance == META and run.finished_at is None
     with pytest.raises(AttributeError):
         run.finshed_at  # noqa: B018
     with pytest.raises(pydantic.ValidationError):
