@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE))
 import planted  # noqa: E402 - registers the planted backends
 
 SUPPORTED = sorted(c for c, card in load_cards().items() if card.runtime_reason is None)
-# The fast tier (`-m "not slow"`, docs/testing.md) keeps a dense model and an MLA MoE; the whole suite, CI's, all
+# The fast tier (`-m "not slow"`, docs/testing.md) keeps a dense model and an MLA MoE; the whole suite (CI) runs all
 FAST = {"qwen3-0.6b", "deepseek-v3"}
 ARCHITECTURES = [m if m in FAST else pytest.param(m, marks=pytest.mark.slow) for m in SUPPORTED]
 
