@@ -172,6 +172,11 @@ class ReferenceCheck(_Model):
     max_bound: float | None = None
     positions_over_max: int | None = None  # past max_bound (a few allowed where activations are quantized)
     token_flips: int | None = None  # output tokens that are not the reference's argmax beyond a near-tie
+    # float32 with an FP8 KV cache: each position is judged past NOISE_MULT × what a chance FP8 turn moves it by (the
+    # chance twin, kv_reference.py): the positions past max_bound only by that much, and the mean so judged. None:
+    # no chance twin ran.
+    chance_turns: int | None = None
+    chance_adjusted_mean: float | None = None
     # Quantized cells: the kernels against their reference math (same activation quantization, dequantized
     # weights, float32 accumulation) on one prompt through pcg's eager engine, hidden states per layer (each
     # attention's input, then the last): the first layer whose relative error is over its bound (where a fault
@@ -194,8 +199,10 @@ class ReferenceCheck(_Model):
             parts.append(f"{self.subject} vs transformers ({self.attention}{kv}, float32) over {self.positions} positions: "
                          f"|Δlogprob| mean "
                          f"{self.mean_logprob_diff:.3g} (bound {self.mean_bound:.3g}), max {self.max_logprob_diff:.3g} (bound "
-                         f"{self.max_bound:.3g}, {self.positions_over_max} positions past it), {self.token_flips} token "
-                         "flips")
+                         f"{self.max_bound:.3g}, {self.positions_over_max} positions past it"
+                         f"{f', {self.chance_turns} more within a chance FP8 turn' if self.chance_turns else ''}"
+                         f"{f', mean beyond chance turns {self.chance_adjusted_mean:.3g}' if self.chance_adjusted_mean is not None else ''}), "
+                         f"{self.token_flips} token flips")
         if self.kernel_rel is not None:
             parts.append(f"kernels vs reference math: {self.kernel_rel:.3g} (bound {self.kernel_bound:.3g}) at "
                          f"{self.kernel_layer}")

@@ -18,6 +18,11 @@ the float32 noise twin does instead (`turn`): it rounds the other way exactly th
 within `AMBIGUOUS` (relative) of the midpoint between their two FP8 neighbours — and no other. That set is what a
 summation-order difference reaches, so the bound covers any chance subset of it and stays a rounding's width.
 
+Chance turns that band does not reach still happen (pcg's float32 differs from transformers' by more than 1e-6 at a
+later layer, or on a small value): a third twin, the chance twin (float32 cells only), turns every value within
+CHANCE_BAND of its row's scale from a midpoint, and the reference layer judges each position past NOISE_MULT × what
+that twin moves it by. A turned rounding moves a few positions by up to that; a fault moves every position.
+
 Registered with transformers as attention implementations `pcg_fp8kv_sdpa` and `pcg_fp8kv_eager` (masks as sdpa's
 and eager's): the twin's modules call them as they call their own, and each reads its layer's scales from the
 module (`pcg_ref_kv_scale`), set on the twin only.
@@ -47,19 +52,32 @@ TURN_ATTRIBUTE = "pcg_ref_kv_turn"
 # 0.010-0.047, the mean bound ≤ 5.2e-4); within 1e-5 every run, with max bounds of whole tenths. 1e-6 (~8 float32
 # ulps) turns a superset of what pcg's own order turns, and ~3 values in 10^5.
 AMBIGUOUS = 1e-6
+# The chance twin's band (float32 cells only), relative to the larger of a value and its row's RMS: every value this
+# near an FP8 midpoint turned. It says, position by position, what a chance turn can do there, for the rare turn of
+# pcg's own that the noise twin's band did not reach (a float32 difference past 1e-6 at a later layer, or on a small
+# value: a summation order's error scales with the row, not the value). reference.py judges each position past
+# NOISE_MULT × that, the mean too (a turned value's KV moves later positions a little). Before it, over the CPU smoke
+# matrix × 20 seeds, 14 of 960 runs turned one so (max |Δlogprob| 1e-3 to 0.3 at 1-12 positions); 1e-5 left two of
+# them failing (a Kimi-K2 MLA latent, a Llama), 3e-5 none. Measured on the same cells, planted faults that eager and
+# graph share move the mean 0.2-4.7 past chance (a truncating quantizer, a scale 12.5% off, a forgotten scale)
+# against mean bounds of 1e-4 to 3e-2 (benchmarks/results/2026-12-06d-cpu-fp8-kv-seeds/).
+CHANCE_BAND = 3e-5
 # The eager attention function each model's module calls under "eager" (transformers' modeling modules; Grok's own).
 _EAGER_FUNCTIONS = ("eager_attention_forward", "grok_eager_attention")
 
 
-def fake_quant(x: torch.Tensor, scale: float, turn: bool = False) -> torch.Tensor:
-    """x as an FP8 e4m3 cache with this per-tensor scale gives it back, in x's dtype. `turn`: values within
-    AMBIGUOUS of a rounding midpoint go to their other neighbour (the float32 noise twin's rounding)."""
+def fake_quant(x: torch.Tensor, scale: float, turn: float = 0.0, row: bool = False) -> torch.Tensor:
+    """x as an FP8 e4m3 cache with this per-tensor scale gives it back, in x's dtype. `turn`: values within that
+    distance of a rounding midpoint, relative to the value (`row`: to the larger of the value and its row's RMS: a
+    summation order's error scales with the row, so a small value is turned from further), go to their other
+    neighbour (AMBIGUOUS: the float32 noise twin's rounding; CHANCE_BAND with `row`: the chance twin's)."""
     s = torch.tensor(scale, dtype=torch.float32, device=x.device)
     y = (x.float() / s).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
     q = y.to(torch.float8_e4m3fn).float()
     if turn:  # y near the midpoint of q and its other neighbour n: 2y - q is near n, and rounds to it
         n = (2 * y - q).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
-        q = torch.where((n != q) & ((y - (q + n) / 2).abs() <= AMBIGUOUS * y.abs()), n, q)
+        size = torch.maximum(y.abs(), y.pow(2).mean(-1, keepdim=True).sqrt()) if row else y.abs()
+        q = torch.where((n != q) & ((y - (q + n) / 2).abs() <= turn * size), n, q)
     return (q * s).to(x.dtype)
 
 
@@ -77,14 +95,14 @@ def _base_function(base: str, module: torch.nn.Module):
 def _fp8_kv_attention(base: str):
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         k_scale, v_scale = getattr(module, SCALE_ATTRIBUTE)
-        turn = getattr(module, TURN_ATTRIBUTE, False)
+        turn, row = getattr(module, TURN_ATTRIBUTE, (0.0, False))
         if is_mla_attention(module):
             # The latent's compressed part was rounded at kv_a_layernorm (the hook below), so keys' expanded
             # no-rope part and the values follow from it; the rotated shared key part is rounded here.
             nope = module.qk_nope_head_dim
-            key = torch.cat([key[..., :nope], fake_quant(key[..., nope:], k_scale, turn)], dim=-1)
+            key = torch.cat([key[..., :nope], fake_quant(key[..., nope:], k_scale, turn, row)], dim=-1)
         else:
-            key, value = fake_quant(key, k_scale, turn), fake_quant(value, v_scale, turn)
+            key, value = fake_quant(key, k_scale, turn, row), fake_quant(value, v_scale, turn, row)
         return _base_function(base, module)(module, query, key, value, attention_mask, *args, **kwargs)
 
     return attention
@@ -95,25 +113,26 @@ for _base in ("sdpa", "eager"):
     AttentionMaskInterface.register(PREFIX + _base, ALL_MASK_ATTENTION_FUNCTIONS[_base])
 
 
-def _round_latent(scale: float, turn: bool):
+def _round_latent(scale: float, turn: float, row: bool):
     def hook(module: torch.nn.Module, args, out: torch.Tensor) -> torch.Tensor:
-        return fake_quant(out, scale, turn)
+        return fake_quant(out, scale, turn, row)
 
     return hook
 
 
-def round_kv(twin: torch.nn.Module, attention: str, scales: Mapping[int, tuple[float, float]], turn: bool = False) -> str:
-    """Make transformers' twin round K and V as an FP8 cache with `scales` does (`turn`: the ambiguous values the
-    other way, fake_quant); returns the attention implementation to set on its config (`attention`'s FP8 twin)."""
+def round_kv(twin: torch.nn.Module, attention: str, scales: Mapping[int, tuple[float, float]], turn: float = 0.0,
+             row: bool = False) -> str:
+    """Make transformers' twin round K and V as an FP8 cache with `scales` does (`turn`, `row`: the values that near
+    a midpoint the other way, fake_quant); returns the attention implementation to set on its config (`attention`'s FP8 twin)."""
     for module in twin.modules():
         layer = getattr(module, "layer_idx", None)
         if layer is None or not hasattr(module, "o_proj"):
             continue
         k_scale, v_scale = (float(x) for x in scales[layer])
         setattr(module, SCALE_ATTRIBUTE, (k_scale, v_scale))
-        setattr(module, TURN_ATTRIBUTE, turn)
+        setattr(module, TURN_ATTRIBUTE, (turn, row))
         if is_mla_attention(module):
-            module.get_submodule("kv_a_layernorm").register_forward_hook(_round_latent(k_scale, turn))
+            module.get_submodule("kv_a_layernorm").register_forward_hook(_round_latent(k_scale, turn, row))
     return PREFIX + attention
 
 

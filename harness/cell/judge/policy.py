@@ -179,9 +179,11 @@ def _excuse_padding(cell: Cell, graph: Engine, judgement: Judgement, stats: dict
         return None
     rest = [c for c in cell.suite if c.name in set(judgement.failed_cases) - proven]
     exact = _padding_exact(cell, graph, rest) if rest else True
+    m = cell.metrics
+    if exact is None and m.padding_check_error:
+        _unchecked(judgement, m.padding_check_error)
     if not exact:
         return exact
-    m = cell.metrics
     quantized = cell.spec.quant != "none"
     judgement.status = Status.PASS
     judgement.reason = (f"padding, not the graph: {judgement.reason}; the graph equals eager at its padding at every "
@@ -192,6 +194,16 @@ def _excuse_padding(cell: Cell, graph: Engine, judgement: Judgement, stats: dict
                         f"{'rounding steps of the quantizers' if quantized else 'half-precision rounding'}"
                         f" at the padded shapes (padding noise {m.padding_noise:.3g})")[:2000]
     return exact
+
+
+def _unchecked(judgement: Judgement, error: str) -> None:
+    """The one excuse left to a failure, and the float32 check that decides it could not run: said in the reason.
+    Out of memory (a full card, cells side by side) ends the cell in OOM, so it is run again (alone) rather than
+    recorded as a graph fault nobody has shown."""
+    judgement.reason = (f"{judgement.reason}; the graph equals eager at its padding, and the float32 check that "
+                        f"would tell padding from the graph could not run ({error[:300]})")[:2000]
+    if "out of memory" in error.lower() or "OutOfMemoryError" in error:
+        judgement.status = Status.OOM
 
 
 def _lockstep_layers(cell: Cell, stats: dict[str, LockstepStats], judgement: Judgement, bound: float) -> set[str]:

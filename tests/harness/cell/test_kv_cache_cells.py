@@ -93,6 +93,40 @@ def _plant_no_scale_on_read(monkeypatch) -> None:
     monkeypatch.setattr(kv_cache_module, "dequantize_kv", lambda x, scale, dtype: x.float().to(dtype))
 
 
+def _plant_truncating_quantizer(monkeypatch) -> None:
+    """K/V rounded toward zero instead of to nearest (a cast path that truncates): every value off by up to one
+    FP8 step, half of them, in eager and graph alike — the class a chance turn of a rounding looks like, everywhere."""
+    import torch
+
+    def truncating(x, scale):
+        y = (x.float() / scale).clamp(-448.0, 448.0)
+        q = y.to(torch.float8_e4m3fn)
+        code = q.view(torch.uint8)
+        magnitude = code & 0x7F
+        down = (q.float().abs() > y.abs()) & (magnitude > 0)
+        return torch.where(down, (code & 0x80) | (magnitude - 1), code).view(torch.float8_e4m3fn)
+
+    monkeypatch.setattr(kv_cache_module, "quantize_kv", truncating)
+
+
+def _plant_scale_off_on_read(monkeypatch) -> None:
+    """Read back with the scale 12.5% off (a scale from another calibration): graph = eager, every value off."""
+    monkeypatch.setattr(kv_cache_module, "dequantize_kv", lambda x, scale, dtype: (x.float() * scale * 1.125).to(dtype))
+
+
+@pytest.mark.parametrize("plant", [_plant_truncating_quantizer, _plant_scale_off_on_read])
+def test_subtle_kv_faults_eager_shares_are_caught_by_the_reference_layer_past_chance_turns(monkeypatch, plant):
+    """Float32 on the CPU, where the reference layer excuses what a chance FP8 turn does at each position
+    (kv_reference.CHANCE_BAND): a fault that moves every value by a rounding step or less is still caught."""
+    plant(monkeypatch)
+    r = _cell()
+    assert r.status == "fail_accuracy", (r.status, r.reason)
+    assert r.metrics.max_same_padding_diff < 1e-4  # graph = eager: only the reference layer can see it
+    ref = r.metrics.reference
+    assert ref.status == "fail" and ref.chance_adjusted_mean is not None and ref.chance_adjusted_mean > 10 * ref.mean_bound, \
+        ref.summary()
+
+
 @pytest.mark.parametrize("graph", ["piecewise", pytest.param("full", marks=pytest.mark.slow)])
 def test_a_stale_kv_scale_under_graphs_is_caught(monkeypatch, graph):
     _plant_stale_scale(monkeypatch)

@@ -133,6 +133,32 @@ def test_the_excuse_needs_every_failing_case_proven_and_the_graph_equal_at_its_p
     assert asked == ([n for n in failed if n not in proven] if same == 0.0 else [])
 
 
+@pytest.mark.parametrize("error,status", [
+    ("RuntimeError: CUDA driver error: out of memory", Status.OOM),  # measured: beside two cells on an H100
+    ("OutOfMemoryError: CUDA out of memory. Tried to allocate 4.51 GiB", Status.OOM),
+    ("NotImplementedError: no float32 kernel", Status.FAIL_ACCURACY),
+])
+def test_a_failure_whose_padding_check_could_not_run_says_so_and_out_of_memory_is_retried(monkeypatch, error, status):
+    """Graph = eager at its padding, the failure only against unpadded eager, and the float32 check that decides
+    the excuse fails: never a silent fail_accuracy. Out of memory ends the cell in OOM (the launcher and
+    gpu_cells.sh run it again, alone); any other error keeps the failure, the reason naming the error."""
+    import harness.cell.judge.policy as policy
+
+    def check(cell, graph, cases):
+        cell.metrics.padding_check_error = error
+        return None
+
+    monkeypatch.setattr(policy, "_padding_exact", check)
+    cell, j, stats = _judged(["a"], 0.0)
+    _excuse_padding(cell, None, j, stats, set())
+    assert j.status == status, j.reason
+    assert j.reason.startswith("greedy tokens diverge") and error[:40] in j.reason
+    # the graph not equal to eager at its padding: no excuse to check, so nothing to retry
+    cell, j, stats = _judged(["a"], 2e-3)
+    _excuse_padding(cell, None, j, stats, set())
+    assert j.status == Status.FAIL_ACCURACY and "could not run" not in j.reason
+
+
 def test_unquantized_float32_cells_skip_the_check_and_quantized_cells_run_it_in_any_dtype(monkeypatch):
     import harness.cell.judge.policy as policy
 
