@@ -76,9 +76,11 @@ def main(argv: list[str]) -> int:
                 false_fails.append(f"{spec.model} {spec.quant} {spec.attention} seed {seed}: {check.status}: {check.reason}")
         worst = max(checks, key=lambda c: (c.max_logprob_diff or 0) / (c.max_bound or 1))
         kernel = max((c.kernel_rel or 0.0) for c in checks)
+        turned = [c.chance_turns for c in checks if c.chance_turns]  # float32 FP8 KV: positions within a chance turn
+        chance = f"; chance FP8 turns in {len(turned)} seed(s), {sum(turned)} position(s)" if turned else ""
         print(f"{spec.model:16} {spec.quant:15} {spec.attention:6} {sum(c.status == 'pass' for c in checks):>2}/"
               f"{len(checks)} pass; worst max |Δlogprob| {worst.max_logprob_diff:.3g} ≤ {worst.max_bound:.3g}, mean "
-              f"{max(c.mean_logprob_diff or 0 for c in checks):.3g} ≤ {worst.mean_bound:.3g}; kernels ≤ {kernel:.3g}; "
+              f"{max(c.mean_logprob_diff or 0 for c in checks):.3g} ≤ {worst.mean_bound:.3g}; kernels ≤ {kernel:.3g}{chance}; "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
     for line in false_fails:
         print("FALSE FAIL:", line)

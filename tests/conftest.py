@@ -8,6 +8,7 @@ skips when that variable is unset, except under CI (CI set), where a skip would 
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import uuid
@@ -58,6 +59,26 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+# Every this many tests a worker freezes what is alive (gc.freeze): the imported modules and what tests keep, which
+# every later gc.collect would walk again. The judge collects several times a cell (the reference layer frees its
+# twins, the padding check its engines): in a worker holding ~640k objects that is 0.17 s a call; the cells and
+# padding tests ran 61 s → 55 s with the freeze.
+FREEZE_EVERY = 25
+_TESTS_RUN = pytest.StashKey[int]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    run = item.config.stash[_TESTS_RUN] = item.config.stash.get(_TESTS_RUN, 0) + 1
+    if run % FREEZE_EVERY == 0:
+        gc.collect()
+        gc.freeze()
 
 
 def in_ci() -> bool:

@@ -19,9 +19,8 @@ within `AMBIGUOUS` (relative) of the midpoint between their two FP8 neighbours �
 summation-order difference reaches, so the bound covers any chance subset of it and stays a rounding's width.
 
 Chance turns that band does not reach still happen (pcg's float32 differs from transformers' by more than 1e-6 at a
-later layer, or on a small value): a third twin, the chance twin (float32 cells only), turns every value within
-CHANCE_BAND of its row's scale from a midpoint, and the reference layer judges each position past NOISE_MULT × what
-that twin moves it by. A turned rounding moves a few positions by up to that; a fault moves every position.
+later layer, or on a small value): chance twins (float32 cells only) turn every value within a wider band of a
+midpoint (CHANCE_TWINS), and the reference layer judges each position past NOISE_MULT × what they move it by. A turned rounding moves a few positions by up to that; a fault moves every position.
 
 Registered with transformers as attention implementations `pcg_fp8kv_sdpa` and `pcg_fp8kv_eager` (masks as sdpa's
 and eager's): the twin's modules call them as they call their own, and each reads its layer's scales from the
@@ -52,16 +51,18 @@ TURN_ATTRIBUTE = "pcg_ref_kv_turn"
 # 0.010-0.047, the mean bound ≤ 5.2e-4); within 1e-5 every run, with max bounds of whole tenths. 1e-6 (~8 float32
 # ulps) turns a superset of what pcg's own order turns, and ~3 values in 10^5.
 AMBIGUOUS = 1e-6
-# The chance twin's band (float32 cells only), relative to the larger of a value and its row's RMS: every value this
-# near an FP8 midpoint turned. It says, position by position, what a chance turn can do there, for the rare turn of
-# pcg's own that the noise twin's band did not reach (a float32 difference past 1e-6 at a later layer, or on a small
-# value: a summation order's error scales with the row, not the value). reference.py judges each position past
-# NOISE_MULT × that, the mean too (a turned value's KV moves later positions a little). Before it, over the CPU smoke
-# matrix × 20 seeds, 14 of 960 runs turned one so (max |Δlogprob| 1e-3 to 0.3 at 1-12 positions); 1e-5 left two of
-# them failing (a Kimi-K2 MLA latent, a Llama), 3e-5 none. Measured on the same cells, planted faults that eager and
-# graph share move the mean 0.2-4.7 past chance (a truncating quantizer, a scale 12.5% off, a forgotten scale)
-# against mean bounds of 1e-4 to 3e-2 (benchmarks/results/2026-12-06d-cpu-fp8-kv-seeds/).
-CHANCE_BAND = 3e-5
+# The chance twins (float32 cells only): each turns every value within its band of an FP8 midpoint (relative to
+# the value, or to the larger of the value and its row's RMS: a summation order's error scales with the row, so a
+# small value is turned from further). Position by position, the larger of what they move it by is what a chance
+# turn can do there, for the rare turn of pcg's own that the noise twin's band did not reach (a float32 difference
+# past 1e-6 at a later layer, or on a small value); reference.py judges each position past NOISE_MULT × that, the
+# mean too (a turned value's KV moves later positions a little). Two twins, not one: a twin turns many values at
+# once, and their effects at a position can cancel where pcg's one turn does not. Over the CPU smoke matrix × 20
+# seeds (benchmarks/results/2026-12-06d-cpu-fp8-kv-seeds/): 14 of 960 runs failed for such a turn with no chance
+# twin (max |Δlogprob| 1e-3 to 0.3 at 1-12 positions); either twin alone left one to three of them; both, none.
+# Planted faults that eager and graph share (a truncating quantizer, a scale 12.5% off on read, a forgotten scale)
+# move the mean 0.2-4.7 past chance, against mean bounds of 1e-4 to 3e-2.
+CHANCE_TWINS = ((1e-5, False), (3e-5, True))  # (band, relative to the row's RMS too)
 # The eager attention function each model's module calls under "eager" (transformers' modeling modules; Grok's own).
 _EAGER_FUNCTIONS = ("eager_attention_forward", "grok_eager_attention")
 
@@ -70,7 +71,7 @@ def fake_quant(x: torch.Tensor, scale: float, turn: float = 0.0, row: bool = Fal
     """x as an FP8 e4m3 cache with this per-tensor scale gives it back, in x's dtype. `turn`: values within that
     distance of a rounding midpoint, relative to the value (`row`: to the larger of the value and its row's RMS: a
     summation order's error scales with the row, so a small value is turned from further), go to their other
-    neighbour (AMBIGUOUS: the float32 noise twin's rounding; CHANCE_BAND with `row`: the chance twin's)."""
+    neighbour (AMBIGUOUS: the float32 noise twin's rounding; CHANCE_TWINS: the chance twins')."""
     s = torch.tensor(scale, dtype=torch.float32, device=x.device)
     y = (x.float() / s).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
     q = y.to(torch.float8_e4m3fn).float()

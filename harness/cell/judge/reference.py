@@ -11,7 +11,7 @@ a multiple of 4). This layer holds eager to references that share none of pcg's 
   the same forward in the cell's dtype; in float32 transformers' other attention implementation (or a rounding-step
   nudge). Mean and max |Δlogprob| over positions are both held; a greedy token that is not the reference's argmax
   must be a near-tie. Float32 with an FP8 KV cache: each position past what a chance FP8 turn does there
-  (kv_reference.py's chance twin). Float32 cells whose activations are quantized are held on the float twin instead (their
+  (kv_reference.py's chance twins). Float32 cells whose activations are quantized are held on the float twin instead (their
   quantizers turn 1e-7 into whole rounding steps, chaotically), their quantized layers by the kernel check.
 - **kernels** (quantized cells): on synthetic bf16 weights the output distribution is flat enough that a garbage
   GEMM moves a logprob by only a few nats, so the kernels are also held per layer, on hidden states: pcg's eager
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.cell.judge.kv_reference import AMBIGUOUS, CHANCE_BAND, round_kv, text_only
+from harness.cell.judge.kv_reference import AMBIGUOUS, CHANCE_TWINS, round_kv, text_only
 from harness.cell.judge.lockstep import rel_diff
 from harness.cell.judge.padding import float32_attention
 from harness.cell.judge.tolerances import LOGPROB_TOL
@@ -99,8 +99,8 @@ class _Positions:
     ref16: list[float]
     flips: list[tuple[str, float, int]]  # (where, the reference's margin of its argmax over eager's token, position)
     where: list[str] = field(default_factory=list)  # "case[sequence] position p", per position
-    # float32 with an FP8 KV cache: per position, how far the chance twin (every K/V value within CHANCE_BAND of an
-    # FP8 midpoint turned) lands from ref32 — what a chance turn of pcg's own can do there (kv_reference.py)
+    # float32 with an FP8 KV cache: per position, the farthest the chance twins (every K/V value within a band of an
+    # FP8 midpoint turned) land from ref32 — what a chance turn of pcg's own can do there (kv_reference.py)
     chance: list[float] | None = None
 
 
@@ -187,8 +187,9 @@ def _transformers_positions(model: PreTrainedModel, dtype: str, cases: list[Case
         ref16 = make_twin(model, True, "eager", kv_turn=AMBIGUOUS)
     else:
         ref16 = make_twin(model, True, attention, nudge=True, kv_turn=AMBIGUOUS)
-    chance = make_twin(model, True, attention, kv_turn=CHANCE_BAND, kv_row=True) if dtype == "float32" and kv_scales else None
-    pos = _Positions([], [], [], [], chance=[] if chance is not None else None)
+    chances = [make_twin(model, True, attention, kv_turn=band, kv_row=row) for band, row in CHANCE_TWINS] \
+        if dtype == "float32" and kv_scales else []
+    pos = _Positions([], [], [], [], chance=[] if chances else None)
     try:
         for name, i, o, images in seqs:
             seq = o.prompt_ids + o.output_ids
@@ -203,8 +204,9 @@ def _transformers_positions(model: PreTrainedModel, dtype: str, cases: list[Case
             pos.eager += eager
             pos.ref32 += lp32[skip:].tolist()
             pos.ref16 += lp16[skip:].tolist()
-            if chance is not None and pos.chance is not None:
-                pos.chance += (_hf_next_token(chance, seq, device, images)[0] - lp32)[skip:].abs().tolist()
+            if chances and pos.chance is not None:  # torch.maximum keeps a NaN: it fails
+                moved = [(_hf_next_token(c, seq, device, images)[0] - lp32).abs() for c in chances]
+                pos.chance += functools.reduce(torch.maximum, moved)[skip:].tolist()
             pos.where += [f"{name}[{i}] position {p}" for p in range(skip, len(seq) - 1)]
             start = len(o.prompt_ids) - 1
             for t, token in enumerate(o.output_ids):
@@ -212,7 +214,8 @@ def _transformers_positions(model: PreTrainedModel, dtype: str, cases: list[Case
                     pos.flips.append((f"{name}[{i}] output {t}: eager {token} vs reference {int(arg32[start + t])}",
                                       float(top32[start + t] - lp32[start + t]), base + start + t - skip))
     finally:
-        ref32 = ref16 = chance = None
+        ref32 = ref16 = None
+        chances.clear()
         _free()
     return pos
 
@@ -237,7 +240,7 @@ def quantizes_activations(model: PreTrainedModel) -> bool:
 
 
 def _judge_transformers(check: ReferenceCheck, pos: _Positions, dtype: str) -> list[str]:
-    """The transformers comparison's numbers into `check`; returns what failed. With a chance twin (float32, FP8 KV
+    """The transformers comparison's numbers into `check`; returns what failed. With chance twins (float32, FP8 KV
     cache) each position's error is judged past NOISE_MULT × what a chance FP8 turn does at that position (a turn
     carried by the KV moves many later positions a little, so the mean is judged so too)."""
     err = [abs(a - b) for a, b in zip(pos.eager, pos.ref32)]
@@ -247,13 +250,12 @@ def _judge_transformers(check: ReferenceCheck, pos: _Positions, dtype: str) -> l
     check.mean_noise, check.max_noise = _mean_max(noise)
     check.mean_bound = max(MEAN_FLOOR[dtype], NOISE_MULT * check.mean_noise)
     check.max_bound = max(MAX_FLOOR[dtype], NOISE_MULT * check.max_noise)
-    judged = err
+    judged, mean = err, check.mean_logprob_diff
     if pos.chance is not None:  # a NaN on either side stays a NaN: it fails
         judged = [e - NOISE_MULT * c if math.isnan(e) or math.isnan(c) else max(0.0, e - NOISE_MULT * c)
                   for e, c in zip(err, pos.chance)]
         check.chance_turns = sum(not e <= check.max_bound and j <= check.max_bound for e, j in zip(err, judged))
-        check.chance_adjusted_mean = _mean_max(judged)[0]
-    mean = check.mean_logprob_diff if pos.chance is None else check.chance_adjusted_mean
+        check.chance_adjusted_mean = mean = _mean_max(judged)[0]
     bad = [(where, margin) for where, margin, k in pos.flips
            if not margin <= 2 * check.max_bound + (2 * NOISE_MULT * pos.chance[k] if pos.chance else 0.0)]
     check.token_flips = len(bad)

@@ -117,7 +117,7 @@ def _plant_scale_off_on_read(monkeypatch) -> None:
 @pytest.mark.parametrize("plant", [_plant_truncating_quantizer, _plant_scale_off_on_read])
 def test_subtle_kv_faults_eager_shares_are_caught_by_the_reference_layer_past_chance_turns(monkeypatch, plant):
     """Float32 on the CPU, where the reference layer excuses what a chance FP8 turn does at each position
-    (kv_reference.CHANCE_BAND): a fault that moves every value by a rounding step or less is still caught."""
+    (kv_reference.CHANCE_TWINS): a fault that moves every value by a rounding step or less is still caught."""
     plant(monkeypatch)
     r = _cell()
     assert r.status == "fail_accuracy", (r.status, r.reason)

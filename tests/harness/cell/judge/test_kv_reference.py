@@ -43,16 +43,18 @@ def test_the_noise_twin_turns_exactly_the_values_a_summation_order_could_turn():
 def test_the_chance_twin_turns_small_values_from_as_far_as_their_rows_scale():
     """`row`: the band is relative to the larger of the value and its row's RMS (a summation order's error scales
     with the row): a small value near a midpoint is turned from further than its own size allows, a large one not."""
-    from harness.cell.judge.kv_reference import CHANCE_BAND
+    from harness.cell.judge.kv_reference import CHANCE_TWINS
+
+    band = max(b for b, row in CHANCE_TWINS if row)
 
     scale = 0.5
     small_mid = (0.5 + 0.5625) / 2  # midpoint of two FP8 neighbours, ~1/100 of the row's RMS below
     big = torch.full((1, 63), 64.0)  # exactly representable: never turned
-    off = small_mid * (1 + 5 * CHANCE_BAND)  # past the band relative to itself, within it relative to the row
+    off = small_mid * (1 + 5 * band)  # past the band relative to itself, within it relative to the row
     x = torch.cat([torch.tensor([[off]]), big], dim=1) * scale
     plain = fake_quant(x, scale)
-    assert torch.equal(fake_quant(x, scale, turn=CHANCE_BAND), plain)  # relative to the value: out of reach
-    by_row = fake_quant(x, scale, turn=CHANCE_BAND, row=True)
+    assert torch.equal(fake_quant(x, scale, turn=band), plain)  # relative to the value: out of reach
+    by_row = fake_quant(x, scale, turn=band, row=True)
     assert by_row[0, 0] != plain[0, 0] and torch.equal(by_row[0, 1:], plain[0, 1:])
 
 
