@@ -173,8 +173,8 @@ class ReferenceCheck(_Model):
     positions_over_max: int | None = None  # past max_bound (a few allowed where activations are quantized)
     token_flips: int | None = None  # output tokens that are not the reference's argmax beyond a near-tie
     # float32 with an FP8 KV cache: each position is judged past NOISE_MULT × what a chance FP8 turn moves it by (the
-    # chance twin, kv_reference.py): the positions past max_bound only by that much, and the mean so judged. None:
-    # no chance twin ran.
+    # chance twins, kv_reference.py): the positions past max_bound only by that much, and the mean so judged. None:
+    # no chance twins ran.
     chance_turns: int | None = None
     chance_adjusted_mean: float | None = None
     # Quantized cells: the kernels against their reference math (same activation quantization, dequantized
