@@ -20,7 +20,8 @@ summation-order difference reaches, so the bound covers any chance subset of it 
 
 Chance turns that band does not reach still happen (pcg's float32 differs from transformers' by more than 1e-6 at a
 later layer, or on a small value): chance twins (float32 cells only) turn every value within a wider band of a
-midpoint (CHANCE_TWINS), and the reference layer judges each position past NOISE_MULT × what they move it by. A turned rounding moves a few positions by up to that; a fault moves every position.
+midpoint (CHANCE_TWINS), and the reference layer judges each position past NOISE_MULT × what they move it by. A
+turned rounding moves a few positions by up to that; a fault moves every position.
 
 Registered with transformers as attention implementations `pcg_fp8kv_sdpa` and `pcg_fp8kv_eager` (masks as sdpa's
 and eager's): the twin's modules call them as they call their own, and each reads its layer's scales from the
@@ -124,7 +125,8 @@ def _round_latent(scale: float, turn: float, row: bool):
 def round_kv(twin: torch.nn.Module, attention: str, scales: Mapping[int, tuple[float, float]], turn: float = 0.0,
              row: bool = False) -> str:
     """Make transformers' twin round K and V as an FP8 cache with `scales` does (`turn`, `row`: the values that near
-    a midpoint the other way, fake_quant); returns the attention implementation to set on its config (`attention`'s FP8 twin)."""
+    a midpoint the other way, fake_quant); returns the attention implementation to set on its config (`attention`'s
+    FP8 twin)."""
     for module in twin.modules():
         layer = getattr(module, "layer_idx", None)
         if layer is None or not hasattr(module, "o_proj"):

@@ -11,8 +11,9 @@ a multiple of 4). This layer holds eager to references that share none of pcg's 
   the same forward in the cell's dtype; in float32 transformers' other attention implementation (or a rounding-step
   nudge). Mean and max |Δlogprob| over positions are both held; a greedy token that is not the reference's argmax
   must be a near-tie. Float32 with an FP8 KV cache: each position past what a chance FP8 turn does there
-  (kv_reference.py's chance twins). Float32 cells whose activations are quantized are held on the float twin instead (their
-  quantizers turn 1e-7 into whole rounding steps, chaotically), their quantized layers by the kernel check.
+  (kv_reference.py's chance twins). Float32 cells whose activations are quantized are held on the float twin
+  instead (their quantizers turn 1e-7 into whole rounding steps, chaotically), their quantized layers by the kernel
+  check.
 - **kernels** (quantized cells): on synthetic bf16 weights the output distribution is flat enough that a garbage
   GEMM moves a logprob by only a few nats, so the kernels are also held per layer, on hidden states: pcg's eager
   engine with the kernels against the same engine on the reference twin (same activation quantization, dequantized
@@ -121,7 +122,8 @@ def _hf_twin(model: PreTrainedModel, float32: bool, attention: str, nudge: bool 
     them. Where nothing amplifies it the output moves by ~1e-7; an activation quantizer turns it into whole rounding
     steps, and this twin measures by how much (the float32 cells' noise). `kv_scales`: K and V rounded as an FP8
     KV cache with those scales holds them (kv_reference.py); `kv_turn`: the values that near (relative) an FP8
-    midpoint rounded the other way (AMBIGUOUS: what a float32 summation order could turn, the noise twin's)."""
+    midpoint rounded the other way (AMBIGUOUS: what a float32 summation order could turn, the noise twin's);
+    `kv_row`: relative to the row's RMS where that is larger (the chance twins', kv_reference.CHANCE_TWINS)."""
     twin = make_twin(model, float32)
     uninstall_mla(twin)
     uninstall_gated_deltanet(twin)  # transformers' own Gated DeltaNet (its conv and delta rule, no state pool)

@@ -99,7 +99,7 @@ def _plant_truncating_quantizer(monkeypatch) -> None:
     import torch
 
     def truncating(x, scale):
-        y = (x.float() / scale).clamp(-448.0, 448.0)
+        y = (x.float() / scale).clamp(-kv_cache_module.FP8_MAX, kv_cache_module.FP8_MAX)
         q = y.to(torch.float8_e4m3fn)
         code = q.view(torch.uint8)
         magnitude = code & 0x7F

@@ -1,7 +1,7 @@
 """The reference layer calls no right eager wrong: 20 seeds of synthetic weights on a slice of the smoke matrix
 (a dense model, absorbed MLA, sinks and sliding windows, an activation-quantized MoE model; sdpa, and flex's
 128-slot pages for the shared-prefix case), eager only; and with an FP8 KV cache on the two MLA models whose seeds
-turned a rounding past the noise twin's reach (deepseek-v3 seed 16, kimi-k2 seed 9: the chance twin's cases).
+turned a rounding past the noise twin's reach (deepseek-v3 seed 16, kimi-k2 seed 9: the chance twins' cases).
 benchmarks/reference_seeds.py runs the whole smoke matrix the same way (results under benchmarks/results/)."""
 
 from __future__ import annotations
