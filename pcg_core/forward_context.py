@@ -65,6 +65,16 @@ class ForwardContext:
     linear_state: Any = None
 
 
+GraphKey = int | tuple[int, str]
+
+
+def graph_key(bucket: int, fresh_path: bool) -> GraphKey:
+    """What a graph that records split ops is kept under: its bucket, and for the variant captured with the split ops'
+    fresh-sequence paths (AttentionMetadata.fresh_path) the bucket tagged "fresh". The plain bucket stays the key of
+    the one variant every model has."""
+    return (bucket, "fresh") if fresh_path else bucket
+
+
 _CURRENT: ForwardContext | None = None
 
 

@@ -24,6 +24,11 @@ class AttentionMetadata:
     valid: torch.Tensor  # [T] bool: False on padding rows
     host_seq_ids: torch.Tensor | None = None  # [num_actual] int64 on the CPU
     host_positions: torch.Tensor | None = None  # [num_actual] int64 on the CPU
+    # Take split ops' fresh-sequence paths (MLA's expanded prefill, pcg_core/attention/mla_op.py): no real sequence
+    # of this forward has KV cached before it, and the forward is wide enough for the path to pay. Decided on the
+    # host by the engine (Engine.fresh_path), the same way for a graph and for its eager reference at that padding;
+    # graphs that record split ops keep one variant per value (forward_context.graph_key).
+    fresh_path: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,27 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     ctx = get_forward_context()
     if ctx.observer is not None:
         ctx.observer(layer, q)
-    backend = ctx.attn_backend
-    params = LayerParams(layer, scale, sliding_window, softcap, sinks, latent=backend.cache.latent,
+    params = LayerParams(layer, scale, sliding_window, softcap, sinks, latent=ctx.attn_backend.cache.latent,
                          temperature_len=temperature_len)
-    if layer not in backend.checked_layers:  # once per layer: refuse a modifier the backend would get wrong
-        backend.check_call(params, gqa=q.shape[1] != k.shape[1])
-        backend.checked_layers.add(layer)
-    backend.forward(q, k, v, out, params, ctx.attn_metadata)
+    call_backend(q, k, v, out, params)
+
+
+def check_layer(params: LayerParams, gqa: bool) -> None:
+    """Refuse, once per layer, a score modifier the forward's attention backend would get wrong."""
+    backend = get_forward_context().attn_backend
+    if params.layer not in backend.checked_layers:
+        backend.check_call(params, gqa=gqa)
+        backend.checked_layers.add(params.layer)
+
+
+def call_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, params: LayerParams) -> None:
+    """One call of the forward's attention backend (the cache write and the attention), the layer checked first and
+    the judge's probe, if any, after it."""
+    ctx = get_forward_context()
+    check_layer(params, gqa=q.shape[1] != k.shape[1])
+    ctx.attn_backend.forward(q, k, v, out, params, ctx.attn_metadata)
     if ctx.attention_probe is not None:
-        ctx.attention_probe(backend, q, k, v, out, params, ctx.attn_metadata)
+        ctx.attention_probe(ctx.attn_backend, q, k, v, out, params, ctx.attn_metadata)
 
 
 @torch.library.custom_op("pcg::attention", mutates_args=("out",))

@@ -20,7 +20,7 @@ from pcg_core.capture.registry import CAPTURE_BACKENDS, register_capture_backend
 from pcg_core.capture.stats import CaptureStats
 from pcg_core.config import CaptureConfig
 from pcg_core.errors import ConfigError
-from pcg_core.forward_context import CaptureMode, ForwardContext, set_forward_context
+from pcg_core.forward_context import CaptureMode, ForwardContext, GraphKey, graph_key, set_forward_context
 
 if TYPE_CHECKING:
     from pcg_core.attention.backend import AttentionBackend
@@ -55,6 +55,9 @@ class CaptureBackend(ABC):
         self.device = device
         self.make_inputs = make_inputs
         self.stats = CaptureStats(backend=self.name, buckets=config.ladder if self.pads else [])
+        # Set by the engine before prepare(): the smallest forward that takes the split ops' fresh-sequence paths
+        # (AttentionMetadata.fresh_path), None where the model has none.
+        self.fresh_min: int | None = None
 
     @abstractmethod
     def prepare(self) -> None:
@@ -103,7 +106,7 @@ class GraphBackend(CaptureBackend):
                  attn_backend: AttentionBackend | None = None):
         super().__init__(body, config, device, make_inputs, attn_backend)
         self.pool = GraphPool(device)
-        self.entries: dict[int, Any] = {}  # bucket → what replay() needs
+        self.entries: dict[GraphKey, Any] = {}  # graph_key(bucket, fresh_path) → what replay() needs
 
     # Subclass hooks -----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -123,9 +126,23 @@ class GraphBackend(CaptureBackend):
     def replay(self, entry: Any) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} keeps entries but cannot replay them")
 
+    def records_split_ops(self) -> bool:
+        """Whether the split ops are recorded in this backend's graphs: then a split op's per-forward choice (its
+        fresh-sequence path) is frozen in them, and each bucket from fresh_min up gets a graph per choice."""
+        return False
+
+    def key(self, bucket: int, fresh_path: bool) -> GraphKey:
+        """The entry a forward at `bucket` replays."""
+        return graph_key(bucket, fresh_path and self.records_split_ops())
+
+    def variants(self, bucket: int) -> tuple[bool, ...]:
+        """The fresh_path values captured at `bucket`."""
+        low = self.fresh_min
+        return (False, True) if low is not None and bucket >= low and self.records_split_ops() else (False,)
+
     # Shared bucket loop and lookup --------------------------------------------------------------------
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        entry = self.entries.get(ctx.bucket) if ctx.bucket is not None else None
+        entry = self.entries.get(self.key(ctx.bucket, ctx.attn_metadata.fresh_path)) if ctx.bucket is not None else None
         if entry is None:
             return self.run_padded(input_ids, positions)
         return self.replay(entry)
@@ -142,7 +159,8 @@ class GraphBackend(CaptureBackend):
             try:
                 with torch.cuda.stream(self.pool.stream):
                     for bucket in sorted(self.config.ladder, reverse=True):  # largest first: later ones reuse its blocks
-                        self._capture_bucket(bucket)
+                        for fresh in self.variants(bucket):
+                            self._capture_bucket(bucket, fresh)
             except BaseException:
                 self.pool.abort()
                 raise
@@ -152,8 +170,9 @@ class GraphBackend(CaptureBackend):
         self.stats.graph_pool_bytes = max(0, torch.cuda.memory_reserved(self.device) - reserved0)
         self.stats.graphs_captured = self.pool.graphs_captured
 
-    def _capture_bucket(self, bucket: int) -> None:
+    def _capture_bucket(self, bucket: int, fresh_path: bool = False) -> None:
         input_ids, positions, ctx = self.make_inputs(bucket)
+        ctx.attn_metadata.fresh_path = fresh_path
         ctx.mode = CaptureMode.WARMUP
         with set_forward_context(ctx):
             self.warmup(input_ids, positions, ctx)
@@ -161,4 +180,4 @@ class GraphBackend(CaptureBackend):
         with set_forward_context(ctx):
             entry = self.capture(bucket, input_ids, positions, ctx)
         if entry is not None:
-            self.entries[bucket] = entry
+            self.entries[self.key(bucket, fresh_path)] = entry

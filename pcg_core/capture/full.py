@@ -29,6 +29,9 @@ class FullBackend(PiecewiseBackend):
     def _graph_attention(self) -> bool:
         return False  # the split ops are inside the one graph already
 
+    def records_split_ops(self) -> bool:
+        return True  # in the one graph
+
     def setup(self) -> None:
         if self._traced():
             super().setup()

@@ -23,7 +23,7 @@ from torch.fx.passes.split_module import split_module
 from pcg_core.capture.base import GraphBackend
 from pcg_core.capture.graphs import GraphPool, weak_ref
 from pcg_core.capture.registry import register_capture_backend
-from pcg_core.forward_context import CaptureMode, get_forward_context, set_forward_context
+from pcg_core.forward_context import CaptureMode, GraphKey, get_forward_context, graph_key, set_forward_context
 from pcg_core.split_ops import is_split_node, uncapturable_split_op_in
 
 
@@ -85,23 +85,31 @@ class PieceRunner(torch.nn.Module):
         self.index = index
         self.pool = pool
         self.split = split
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Any]] = {}
+        self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, Any]] = {}
 
     def forward(self, *args: Any) -> Any:
         ctx = get_forward_context()
         if self.split and ctx.observer is not None:
             return self.fn(*args)
         if ctx.mode is CaptureMode.REPLAY:
-            entry = self.graphs.get(ctx.bucket) if ctx.bucket is not None else None
+            entry = self.graphs.get(self.key(ctx.bucket, ctx.attn_metadata.fresh_path)) if ctx.bucket is not None else None
             if entry is not None:
                 entry[0].replay()
                 return entry[1]
         elif ctx.mode is CaptureMode.CAPTURE:
             assert ctx.bucket is not None  # a capture is of one bucket
+            key = self.key(ctx.bucket, ctx.attn_metadata.fresh_path)
+            if (entry := self.graphs.get(key)) is not None:  # a piece no variant changes: its graph, again
+                entry[0].replay()
+                return entry[1]
             graph, out = self.pool.capture(self.fn, *args)
-            self.graphs[ctx.bucket] = (graph, weak_ref(out))
+            self.graphs[key] = (graph, weak_ref(out))
             return out
         return self.fn(*args)
+
+    def key(self, bucket: int, fresh_path: bool) -> GraphKey:
+        """A split op's graphs are kept per variant (its fresh-sequence path frozen in them); a piece's per bucket."""
+        return graph_key(bucket, self.split and fresh_path)
 
 
 @register_capture_backend
@@ -186,7 +194,7 @@ class PiecewiseBackend(GraphBackend):
 
     def capture(self, bucket, input_ids, positions, ctx) -> ReplayPlan | None:
         out = self.run_padded(input_ids, positions)
-        graphs = self._graphs_in_call_order(bucket)
+        graphs = self._graphs_in_call_order(bucket, ctx.attn_metadata.fresh_path)
         return None if graphs is None else ReplayPlan(graphs, weak_ref(out))
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
@@ -197,15 +205,19 @@ class PiecewiseBackend(GraphBackend):
     def replay(self, entry: ReplayPlan) -> torch.Tensor:
         return entry.replay()
 
-    def _graphs_in_call_order(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, ...] | None:
-        """Every submodule's graph for `bucket` in the order the split module calls them, or None where one of
-        them runs eagerly (an uncapturable split op) or the split module does more than call them."""
+    def records_split_ops(self) -> bool:
+        return self._graph_attention()
+
+    def _graphs_in_call_order(self, bucket: int, fresh_path: bool = False) -> tuple[torch.cuda.CUDAGraph, ...] | None:
+        """Every submodule's graph for `bucket` (the split ops' at `fresh_path`'s variant) in the order the split
+        module calls them, or None where one of them runs eagerly (an uncapturable split op) or the split module does
+        more than call them."""
         assert self.split_gm is not None  # compiled before any capture
         graphs = []
         for node in self.split_gm.graph.nodes:
             if node.op == "call_module":
                 runner = getattr(self.split_gm, node.target)
-                entry = runner.graphs.get(bucket) if isinstance(runner, PieceRunner) else None
+                entry = runner.graphs.get(runner.key(bucket, fresh_path)) if isinstance(runner, PieceRunner) else None
                 if entry is None:
                     return None
                 graphs.append(entry[0])

@@ -17,6 +17,7 @@ import torch
 from pcg_core.attention import KVCache, get_attention_backend
 from pcg_core.attention.kv_cache import KVCacheFull
 from pcg_core.attention.metadata import AttentionMetadata
+from pcg_core.attention.mla_op import FRESH_PATH_MIN_TOKENS
 from pcg_core.capture import make_capture_backend
 from pcg_core.capture.stats import CaptureStats
 from pcg_core.config import EngineConfig
@@ -29,6 +30,7 @@ from pcg_core.engine.vision import VisionInputs
 from pcg_core.distributed.data_parallel import DataParallel, data_parallel_of
 from pcg_core.distributed.shard import tensor_parallel_of
 from pcg_core.errors import ConfigError
+from pcg_core.model.mla import mla_installed
 from pcg_core.model.vision import Image
 from pcg_core.forward_context import (AttentionObserver, AttentionProbe, CaptureMode, ForwardContext,
                                       set_forward_context)
@@ -117,6 +119,9 @@ class Engine:
         self.on_forward: ForwardListener | None = None
         # The capture backend (self.attn_backend is attention's); it also checks the backend name.
         self.backend = make_capture_backend(config.capture, self._body, self.device, self._dummy_inputs, self.attn_backend)
+        # The smallest forward that takes the split ops' fresh-sequence paths (None: the model has none); graphs
+        # that record split ops get a variant for them from this bucket up.
+        self.backend.fresh_min = FRESH_PATH_MIN_TOKENS if mla_installed(model) else None
         self.prep = PrepGraphs(self.inputs, self.attn_backend, self.device)
         with torch.inference_mode(False), torch.no_grad():
             self.backend.prepare()
@@ -210,11 +215,23 @@ class Engine:
         hidden = self._forward(local, bucket or widest, eager or bucket is None, observer, decode, probe)
         return dp.gather(hidden[: bucket or widest], rows)
 
+    def fresh_path(self, batch: PackedBatch, num_tokens: int) -> bool:
+        """Whether a forward of `batch` padded to `num_tokens` takes the split ops' fresh-sequence paths
+        (AttentionMetadata.fresh_path): the model has them, the forward is at least `fresh_min` wide, and every
+        sequence in it starts at position 0 (nothing of it cached: not a decode step, a later chunk or a prefix hit).
+        A function of the batch and the padding alone, so an eager reference at a graph's padding decides alike."""
+        low = self.backend.fresh_min
+        if low is None or num_tokens < low or not len(batch):
+            return False
+        ids, pos = batch.seq_ids, batch.positions
+        return all(pos[i] == 0 for i in range(len(ids)) if i == 0 or ids[i] != ids[i - 1])
+
     def stage_inputs(self, batch: PackedBatch, num_tokens: int, replay: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The batch into the input buffers and the attention metadata built: a replay takes the bucket's prep
         graph where there is one (one launch), anything else the eager upload and begin_forward. A VLM's front
         end (embeddings, M-RoPE rows, deepstack) then fills its own static buffers from the uploaded ids."""
         staged = self.inputs.stage(batch, num_tokens)
+        staged.md.fresh_path = self.fresh_path(batch, num_tokens)
         if not (replay and self.prep.replay(staged)):
             self.inputs.upload(staged)
             self.inputs.mark_uploaded()

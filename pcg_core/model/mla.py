@@ -1,17 +1,19 @@
-"""Multi-head latent attention (DeepSeek-V3, Kimi-K2), absorbed, over the latent KV cache.
+"""Multi-head latent attention (DeepSeek-V3, Kimi-K2) over the latent KV cache.
 
 transformers' DeepseekV3Attention expands the compressed KV to per-head keys (192 dims) and values (128) before
 its attention call: 40 960 values per token and layer at DeepSeek-V3's widths, against the 576 of the latent
-(kv_lora_rank 512 + the rotated shared key part 64). Here each attention module's forward is replaced by the
-absorbed form, the same math reassociated:
+(kv_lora_rank 512 + the rotated shared key part 64). Here each attention module's forward is replaced by one that
+keeps the latent row [c, k_rot] (576) per token in the cache and hands the split op pcg::mla_attention
+(pcg_core/attention/mla_op.py) the per-head queries, that row and kv_b_proj's weight. The op runs the absorbed form,
+the same math reassociated,
 
     q·k  = q_nope·(W_UK c) + q_rot·k_rot = (W_UKᵀ q_nope)·c + q_rot·k_rot    (W_UK: kv_b_proj's key rows)
     o    = W_UV (Σ p c)                                                       (W_UV: its value rows)
 
-so the split op sees one KV head whose keys are the cached latent rows [c, k_rot] (576) and whose values are
-their first 512 columns, queries [W_UKᵀ q_nope, q_rot] (576) per head; the two absorptions are per-head GEMMs
-in the pieces around it, captured with them. Scale, YaRN's mscale and the (interleaved) rotary embedding are the
-module's own, so the forward matches transformers' eager one up to summation order.
+one KV head of cached latent rows, for decode and whatever reads the cache; and transformers' expanded form for a
+forward of fresh sequences (prefill), where it is several times faster. Scale, YaRN's mscale and the
+(interleaved) rotary embedding are the module's own, so the forward matches transformers' eager one up to
+summation order.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import cast
 
 import torch
 
-from pcg_core.attention.op import ATTN_IMPLEMENTATION  # noqa: F401 - registers pcg::attention
+from pcg_core.attention import mla_op  # noqa: F401 - registers pcg::mla_attention
 
 MLA_PARAMETERS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
 
@@ -39,6 +41,11 @@ def install_mla(model: torch.nn.Module) -> int:
             module.forward = types.MethodType(absorbed_mla_forward, module)
             n += 1
     return n
+
+
+def mla_installed(model: torch.nn.Module) -> bool:
+    """Whether any of this model's attention modules runs the latent form (install_mla)."""
+    return any(is_mla_attention(m) and "forward" in m.__dict__ for m in model.modules())
 
 
 def uninstall_mla(model: torch.nn.Module) -> int:
@@ -100,13 +107,8 @@ def absorbed_mla_forward(self, hidden_states: torch.Tensor, position_embeddings:
     interleave = bool(getattr(self.config, "rope_interleave", False))
     q_rot = _rotate(q_rot, cos, sin, interleave)
     k_rot = _rotate(k_rot[:, None, :], cos, sin, interleave)
-    w = _dense_weight(self.kv_b_proj, q.dtype).view(heads, nope + v_dim, rank)
-    w_uk, w_uv = w[:, :nope], w[:, nope:]  # [H, nope, rank], [H, v, rank]
-    q_latent = torch.einsum("thn,hnr->thr", q_nope, w_uk)
-    query = torch.cat([q_latent, q_rot], dim=-1)  # [T, H, rank + rope]
+    w = _dense_weight(self.kv_b_proj, q.dtype).view(heads, nope + v_dim, rank)  # dequantized here, in the piece
     latent = torch.cat([c[:, None, :], k_rot], dim=-1)  # [T, 1, rank + rope]: the row the cache keeps
-    out = query.new_empty(t, heads, rank)  # allocated here, in the piece before the split op
-    torch.ops.pcg.attention(query, latent, latent[..., :rank], out, int(self.layer_idx), float(self.scaling), 0, 0.0,
-                            None)
-    o = torch.einsum("thr,hvr->thv", out, w_uv).reshape(1, t, heads * v_dim)
-    return self.o_proj(o), None
+    out = q.new_empty(t, heads, v_dim)  # allocated here, in the piece before the split op
+    torch.ops.pcg.mla_attention(q_nope, q_rot, latent, w, out, int(self.layer_idx), float(self.scaling))
+    return self.o_proj(out.reshape(1, t, heads * v_dim)), None

@@ -1,0 +1,65 @@
+"""Attention of a forward of fresh sequences over its own rows: each sequence causal over itself, nothing read
+from the cache (MLA's expanded prefill, pcg_core/attention/mla_op.py).
+
+Every step is device work on the forward's static metadata (sequence ids, positions), with shapes set by the
+token count alone, so a graph can record it. The packed rows of one sequence are contiguous and padding rows come
+last (engine/inputs.py), so the sequences' boundaries are where the sequence id changes.
+- CUDA, half precision: FlashAttention-2 through torch's varlen_attn, cu_seqlens counted on the device (padding
+  rows form one more sequence, whose output is zeroed after). FlashAttention-2 wants one head width for keys and
+  values, so the values are padded with zeros to the keys' width and the output cut back.
+- Anywhere else (the CPU, float32): SDPA with the block-diagonal causal mask.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from pcg_core.attention.metadata import AttentionMetadata
+
+try:
+    from torch.nn.attention.varlen import varlen_attn
+
+    # causal: torch 2.11 says is_causal, 2.13 a window reaching no key after the query
+    _CAUSAL = {"window_size": (-1, 0)} if "window_size" in inspect.signature(varlen_attn).parameters else {"is_causal": True}
+except ImportError:  # a torch without it: the SDPA path
+    varlen_attn, _CAUSAL = None, {}
+
+
+def fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
+                    scale: float) -> torch.Tensor:
+    """q, k [T, H, Dqk], v [T, H, Dv] → [T, H, Dv]; padding rows hold anything (the caller zeroes them)."""
+    if varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        return _flash(q, k, v, md, scale)
+    return _sdpa(q, k, v, md, scale)
+
+
+def sequence_bounds(seq_ids: torch.Tensor) -> torch.Tensor:
+    """cu_seqlens [T + 1] int32 of the runs of equal ids in seq_ids [T] (the sequences, then the padding); runs past
+    the last are empty (cu repeats), so the length is the token count's, whatever the batch."""
+    t = seq_ids.shape[0]
+    starts = torch.ones(t, dtype=torch.int32, device=seq_ids.device)
+    starts[1:] = (seq_ids[1:] != seq_ids[:-1]).to(torch.int32)
+    run = torch.cumsum(starts, 0)  # 1-based run index of each row (int64: cumsum widens)
+    counts = torch.zeros(t + 1, dtype=torch.int32, device=seq_ids.device)
+    counts.index_add_(0, run, starts.new_ones(t))
+    return torch.cumsum(counts, 0, dtype=torch.int32)
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    assert varlen_attn is not None  # fresh_attention's condition
+    t, dv = q.shape[0], v.shape[-1]
+    if dv < q.shape[-1]:
+        v = F.pad(v, (0, q.shape[-1] - dv))
+    cu = sequence_bounds(md.seq_ids)
+    return varlen_attn(q, k, v, cu, cu, t, t, scale=scale, **_CAUSAL)[..., :dv]
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    seq, pos = md.seq_ids, md.positions
+    mask = (seq[:, None] == seq[None, :]) & (pos[None, :] <= pos[:, None])  # padding rows: among themselves
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                       attn_mask=mask[None, None], scale=scale)
+    return o[0].transpose(0, 1)

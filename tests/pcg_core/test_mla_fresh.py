@@ -1,0 +1,240 @@
+"""MLA's expanded prefill (pcg_core/attention/mla_op.py): a forward of fresh sequences attends through per-head
+keys and values multiplied out of the latent, every other forward absorbed — held to transformers' own forward,
+to the absorbed form, and to eager at every bucket edge; its faults planted."""
+
+import json
+
+import pytest
+import torch
+
+from pcg_core import load_model
+from pcg_core.attention import fresh, mla_op
+from pcg_core.engine import engine as engine_module
+from pcg_helpers import CASES, MAX_NEW_TOKENS, compare_outputs, make_engine, prompts_of, transformers_prompt_logprobs
+
+PROMPTS = [list(range(3, 40)), list(range(50, 61)), list(range(7, 30))]  # 71 tokens, three sequences
+
+
+@pytest.fixture(scope="module")
+def deepseek(configs):
+    return load_model(json.loads((configs / "deepseek-ai__DeepSeek-V3.json").read_text()), tiny=True)
+
+
+@pytest.fixture
+def fresh_from(monkeypatch):
+    """fresh_from(n): engines built after it take the fresh path from n tokens up."""
+    return lambda n: monkeypatch.setattr(engine_module, "FRESH_PATH_MIN_TOKENS", n)
+
+
+@pytest.fixture
+def expanded_calls(monkeypatch):
+    """How many times the expanded form ran (fresh_attention called from the op)."""
+    calls = []
+    real = mla_op.fresh_attention
+    monkeypatch.setattr(mla_op, "fresh_attention", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    return calls
+
+
+def _prompt_logprobs(engine, prompts):
+    return [o.prompt_logprobs for o in engine.generate(prompts, max_new_tokens=3, prompt_logprobs=True)]
+
+
+def _gap(a, b):
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("backend", ["disabled", "piecewise", "breakable", "full"])
+def test_fresh_prefill_is_expanded_and_matches_transformers(deepseek, backend, fresh_from, expanded_calls):
+    """Three packed fresh sequences: the prefill expanded (decode absorbed), each sequence's prompt logprobs
+    transformers' own within float32 summation order."""
+    fresh_from(1)
+    engine = make_engine(deepseek.model, backend)
+    got = _prompt_logprobs(engine, PROMPTS)
+    layers = deepseek.config.num_hidden_layers
+    assert len(expanded_calls) == layers, expanded_calls  # the prefill only: decode steps read the cache
+    for prompt, lp in zip(PROMPTS, got):
+        assert _gap(lp, transformers_prompt_logprobs(deepseek, prompt)) < 1e-4
+
+
+def test_below_the_threshold_and_after_a_prefix_it_stays_absorbed(deepseek, fresh_from, expanded_calls):
+    fresh_from(200)
+    engine = make_engine(deepseek.model, "piecewise", max_tokens=256)
+    _prompt_logprobs(engine, PROMPTS)  # 71 tokens < 200
+    assert expanded_calls == []
+    fresh_from(1)
+    engine = make_engine(deepseek.model, "piecewise", max_tokens=256)
+    engine.generate(PROMPTS, max_new_tokens=3, chunk=16)  # chunks of 16 over 37 + 11 + 23 tokens
+    # fresh: the first chunk and the one that starts the third sequence at its first token; not the others (each
+    # holds a sequence with KV cached before it) nor the decode steps
+    assert len(expanded_calls) == 2 * deepseek.config.num_hidden_layers
+
+
+def test_the_path_is_a_function_of_the_batch_and_its_padding(deepseek, configs, fresh_from):
+    from pcg_core.engine.inputs import PackedBatch
+
+    fresh_from(32)
+    engine = make_engine(deepseek.model, "piecewise")
+    two = PackedBatch([1] * 20, list(range(12)) + list(range(8)), [0] * 12 + [1] * 8, list(range(20)))
+    assert engine.fresh_path(two, 32) and not engine.fresh_path(two, 20)  # padded to the bucket vs unpadded
+    later = PackedBatch([1] * 20, list(range(12)) + list(range(3, 11)), [0] * 12 + [1] * 8, list(range(20)))
+    assert not engine.fresh_path(later, 32)  # the second sequence has KV cached before it
+    llama = load_model(json.loads((configs / "meta-llama__Llama-3.1-8B-Instruct.json").read_text()), tiny=True)
+    dense = make_engine(llama.model, "piecewise")
+    assert dense.backend.fresh_min is None and not dense.fresh_path(two, 32)
+
+
+@pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
+def test_graph_paths_match_eager_at_every_bucket_edge_with_the_fresh_path(deepseek, backend, fresh_from):
+    fresh_from(1)
+    eager, graph = make_engine(deepseek.model, "disabled"), make_engine(deepseek.model, backend)
+    for i, (case, lengths) in enumerate(CASES.items()):
+        prompts = prompts_of(lengths, deepseek.config.vocab_size, seed=i)
+        ref = eager.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
+        out = graph.generate(prompts, MAX_NEW_TOKENS, prompt_logprobs=True)
+        assert compare_outputs(ref, out, 1e-4) == [], (backend, case)
+
+
+def test_fresh_and_absorbed_agree_over_an_fp8_latent_cache(deepseek, fresh_from):
+    """With an FP8 KV cache the expansion reads the latent rows back as the cache holds them, so the expanded and
+    absorbed forms attend over the same rounded numbers (float32: summation order apart); attending over the
+    unrounded rows instead is an FP8 step away."""
+    import copy
+
+    from pcg_core import CaptureConfig, Engine, EngineConfig
+    from pcg_core.engine.kv_scales import calibrate_kv_scales, set_kv_scales
+
+    model = copy.deepcopy(deepseek.model)  # the scales go on the model
+    set_kv_scales(model, calibrate_kv_scales(Engine(model, EngineConfig(kv_slots=256)), PROMPTS, 3))
+
+    def run():
+        cfg = EngineConfig(dtype="float32", kv_cache="fp8_e4m3", capture=CaptureConfig(backend="disabled", max_tokens=64))
+        return [o.prompt_logprobs + o.output_logprobs for o in Engine(model, cfg).generate(PROMPTS, 3, prompt_logprobs=True)]
+
+    fresh_from(10_000)
+    absorbed = run()
+    fresh_from(1)
+    expanded = run()
+    assert max(_gap(a, b) for a, b in zip(absorbed, expanded)) < 1e-4
+    fresh_from(10_000)
+    model.pcg_kv_scales = None
+    assert max(_gap(a, b) for a, b in zip(absorbed, _auto(model))) > 1e-3  # the FP8 cache's rounding is visible
+
+
+def _auto(model):
+    from pcg_core import CaptureConfig, Engine, EngineConfig
+
+    cfg = EngineConfig(dtype="float32", capture=CaptureConfig(backend="disabled", max_tokens=64))
+    return [o.prompt_logprobs + o.output_logprobs for o in Engine(model, cfg).generate(PROMPTS, 3, prompt_logprobs=True)]
+
+
+def _masked_sdpa(rule):
+    """fresh._sdpa with another mask rule(seq, pos) → [T, T] (the CPU path; the CUDA one is FlashAttention's)."""
+
+    def sdpa(q, k, v, md, scale):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            attn_mask=rule(md.seq_ids, md.positions)[None, None], scale=scale)
+        return o[0].transpose(0, 1)
+
+    return sdpa
+
+
+@pytest.mark.parametrize("fault", ["sequences see each other", "one position ahead", "rope keys dropped",
+                                   "latent not cached"])
+def test_planted_fresh_path_faults_are_caught(deepseek, fault, fresh_from, monkeypatch):
+    """What a wrong expanded prefill gets wrong: each moves some sequence's logprobs (prompt, or the decode steps
+    that read what the prefill cached) off transformers' forward."""
+    fresh_from(1)
+    if fault == "sequences see each other":
+        monkeypatch.setattr(fresh, "_sdpa", _masked_sdpa(lambda s, p: torch.ones(len(s), len(s), dtype=torch.bool).tril()))
+    elif fault == "one position ahead":
+        monkeypatch.setattr(fresh, "_sdpa", _masked_sdpa(lambda s, p: (s[:, None] == s[None, :]) & (p[None, :] <= p[:, None] + 1)))
+    elif fault == "rope keys dropped":
+        real_cat = torch.cat
+
+        def cat(ts, dim=0, **kw):
+            if len(ts) == 2 and ts[1].dim() == 3 and ts[1].stride(1) == 0:  # the shared rope part, broadcast to the heads
+                ts = (ts[0], torch.zeros_like(ts[1]))
+            return real_cat(ts, dim=dim, **kw)
+
+        monkeypatch.setattr(mla_op.torch, "cat", cat)
+    else:
+        monkeypatch.setattr(mla_op, "write_kv", lambda *a: None)
+    outs = make_engine(deepseek.model, "disabled").generate(PROMPTS, max_new_tokens=3, prompt_logprobs=True)
+    gaps = []
+    for prompt, o in zip(PROMPTS, outs):
+        # transformers over prompt + outputs: its prompt logprobs, then the decode steps' own
+        want = transformers_prompt_logprobs(deepseek, prompt + o.output_ids[:-1])
+        gaps.append(max(_gap(o.prompt_logprobs, want), _gap(o.output_logprobs[:-1], want[len(prompt) - 1 :])))
+    assert max(gaps) > 1e-3, (fault, gaps)
+
+
+def test_without_a_fault_the_same_check_holds(deepseek, fresh_from):
+    """The planted faults' check on the unplanted path: every sequence within float32 summation order."""
+    fresh_from(1)
+    outs = make_engine(deepseek.model, "disabled").generate(PROMPTS, max_new_tokens=3, prompt_logprobs=True)
+    for prompt, o in zip(PROMPTS, outs):
+        want = transformers_prompt_logprobs(deepseek, prompt + o.output_ids[:-1])
+        assert max(_gap(o.prompt_logprobs, want), _gap(o.output_logprobs[:-1], want[len(prompt) - 1 :])) < 1e-4
+
+
+# On the GPU: FlashAttention-2's path against the SDPA one, and graphs = eager bitwise with both variants ----------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("t", [128, 300])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("heads,qk,v", [(4, 24, 16), (16, 192, 128)])  # tiny; DeepSeek-V3's widths
+def test_flash_fresh_attention_matches_the_masked_sdpa(t, dtype, heads, qk, v):
+    pytest.importorskip("torch.nn.attention.varlen")
+    from pcg_core.attention.metadata import AttentionMetadata
+
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(t)
+    lengths = [t // 2 - 9, 1, t // 3, 5]  # the rest padding
+    n = sum(lengths)
+    seq = torch.cat([torch.full((k,), i, dtype=torch.int32) for i, k in enumerate(lengths)] + [torch.full((t - n,), -2, dtype=torch.int32)]).cuda()
+    pos = torch.cat([torch.arange(k) for k in lengths] + [torch.zeros(t - n, dtype=torch.int64)]).cuda()
+    md = AttentionMetadata(t, n, torch.zeros(t, dtype=torch.int64, device="cuda"), pos, seq, seq >= 0)
+    q, k = (torch.randn(t, heads, qk, device="cuda", generator=g, dtype=dt) for _ in range(2))
+    val = torch.randn(t, heads, v, device="cuda", generator=g, dtype=dt)
+    flash, ref = fresh._flash(q, k, val, md, qk ** -0.5)[:n], fresh._sdpa(q.float(), k.float(), val.float(), md, qk ** -0.5)[:n]
+    assert flash.shape == (n, heads, v)
+    assert ((flash.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def _gpu_engine(model, backend):
+    return make_engine(model, backend, dtype="bfloat16", device="cuda", max_tokens=256, kv_slots=1024)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
+def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(configs, backend, fresh_from):
+    """From fresh_min up, piecewise and full record the op once per path (breakable chooses in its hole); a fresh
+    prefill, a decode step and a prefill over a cached prefix each replay bitwise what eager computes at the same
+    padding."""
+    from pcg_core.engine.inputs import PackedBatch
+
+    fresh_from(128)
+    lm = load_model(json.loads((configs / "deepseek-ai__DeepSeek-V3.json").read_text()), tiny=True, dtype=torch.bfloat16,
+                    device="cuda")
+    engine = _gpu_engine(lm.model, backend)
+    ladder = engine.config.capture.ladder
+    if backend != "breakable":
+        assert {(b, "fresh") for b in ladder if b >= 128} <= set(engine.backend.entries)
+    assert all(not isinstance(k, tuple) or k[0] >= 128 for k in engine.backend.entries)
+    for lengths, start in (([100, 37, 20], 0), ([3, 7], 0), ([150], 0), ([64, 90], 40), ([1] * 9, 60)):
+        engine.cache.reset()
+        b = PackedBatch([], [], [], [])
+        for i, n in enumerate(lengths):
+            slots = engine.cache.allocate(i, start + n)
+            b.token_ids += prompts_of([n], lm.config.vocab_size, seed=i)[0]
+            b.positions += list(range(start, start + n))
+            b.seq_ids += [i] * n
+            b.slots += slots[start:]
+        bucket = engine.bucket_for(len(b))
+        assert engine.fresh_path(b, bucket) == (start == 0 and bucket >= 128)
+        replay = engine.forward(b).clone()
+        eager = engine.forward(b, eager=True).clone()
+        assert torch.equal(replay, eager), (backend, lengths, start, (replay.float() - eager.float()).abs().max())
