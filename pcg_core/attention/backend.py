@@ -51,6 +51,9 @@ class AttentionBackend(ABC):
     # Is begin_forward device work only, on static buffers, shaped by the bucket alone? Then the engine records it
     # per bucket in a prep graph (engine/prep.py) and calls `rebind` instead at replay.
     prep_capturable: ClassVar[bool] = False
+    # Does it take a cheaper path for a forward of fresh sequences (AttentionMetadata.fresh_path: nothing cached before
+    # it, so the forward's own K and V are all it attends over)? The engine then decides the path per forward.
+    fresh_path: ClassVar[bool] = False
 
     def __init__(self, cache: KVCache, max_tokens: int):
         device = cache.slot_seq.device

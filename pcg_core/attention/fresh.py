@@ -13,25 +13,34 @@ last (engine/inputs.py), so the sequences' boundaries are where the sequence id 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 
 from pcg_core.attention.metadata import AttentionMetadata
 
+# The smallest forward that takes a fresh-sequence path (AttentionMetadata.fresh_path). Below it MLA stays absorbed
+# (the expansion GEMMs over every row then cost about what the 576-wide attention saves) and varlen gathers (a
+# handful of rows); buckets below it get one graph variant only.
+FRESH_PATH_MIN_TOKENS = 128
+
+_flash_attn: Callable[..., Any] | None
 try:
     from torch.nn.attention.varlen import varlen_attn
 
+    _flash_attn = varlen_attn
     # causal: torch 2.11 says is_causal, 2.13 a window reaching no key after the query
     _CAUSAL = {"window_size": (-1, 0)} if "window_size" in inspect.signature(varlen_attn).parameters else {"is_causal": True}
 except ImportError:  # a torch without it: the SDPA path
-    varlen_attn, _CAUSAL = None, {}
+    _flash_attn, _CAUSAL = None, {}
 
 
 def fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
                     scale: float) -> torch.Tensor:
     """q, k [T, H, Dqk], v [T, H, Dv] → [T, H, Dv]; padding rows hold anything (the caller zeroes them)."""
-    if varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+    if _flash_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         return _flash(q, k, v, md, scale)
     return _sdpa(q, k, v, md, scale)
 
@@ -49,12 +58,13 @@ def sequence_bounds(seq_ids: torch.Tensor) -> torch.Tensor:
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
-    assert varlen_attn is not None  # fresh_attention's condition
+    assert _flash_attn is not None  # fresh_attention's condition
     t, dv = q.shape[0], v.shape[-1]
     if dv < q.shape[-1]:
         v = F.pad(v, (0, q.shape[-1] - dv))
     cu = sequence_bounds(md.seq_ids)
-    return varlen_attn(q, k, v, cu, cu, t, t, scale=scale, **_CAUSAL)[..., :dv]
+    out = _flash_attn(q, k, v, cu, cu, t, t, scale=scale, **_CAUSAL)  # no aux asked: one tensor
+    return cast(torch.Tensor, out)[..., :dv]
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:

@@ -26,11 +26,6 @@ from pcg_core.attention.op import call_backend, check_layer
 from pcg_core.forward_context import get_forward_context
 from pcg_core.split_ops import register_split_op, run_split_op
 
-# Below this many tokens a forward stays absorbed: the expansion GEMMs over every row then cost about what the
-# 576-wide attention saves (decode-sized buckets get one graph variant only).
-FRESH_PATH_MIN_TOKENS = 128
-
-
 def _mla_attention(q_nope: torch.Tensor, q_rot: torch.Tensor, latent: torch.Tensor, w_kv: torch.Tensor,
                    out: torch.Tensor, layer: int, scale: float) -> None:
     ctx = get_forward_context()

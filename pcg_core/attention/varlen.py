@@ -6,7 +6,9 @@ cu_seqlens are built on the host from the batch (which the engine already has th
 buffers before the forward. Inside a `full` graph the shapes must be fixed, so the gather covers the whole cache
 (the index past the batch's keys points at the pad slot) and every bucket uses cu_seqlens of bucket + 1 entries
 (the unused sequences are empty); between graphs (eager, piecewise, breakable) the gather is exact. Either way
-the kernel sees the same cu_seqlens and max lengths, so graph and eager agree bit for bit.
+the kernel sees the same cu_seqlens and max lengths, so graph and eager agree bit for bit. A forward of fresh
+sequences (AttentionMetadata.fresh_path: nothing cached before it) gathers nothing: its keys are its own rows,
+cu_seqlens the same for keys as for queries (graphs that record the op keep a variant for it).
 
 Causal is bottom-right aligned per sequence: a sequence's query rows are its last positions, as the engine
 packs them (prefill, chunked prefill and decode alike). Sinks via the LSE correction; no soft-cap (FA2 in aten
@@ -43,6 +45,7 @@ class VarlenBackend(AttentionBackend):
     dtypes = ("float16", "bfloat16")
     why_not_dtype = "torch's varlen_attn runs FlashAttention-2 kernels, which have none for float32; sdpa or flex do"
     page_size = 16
+    fresh_path = True  # a fresh forward attends over its own K and V: no gather
     devices = ("cuda",) if _varlen is not None else ()
     why_not_device = {"cpu": "torch's varlen_attn runs FlashAttention-2 kernels, which exist for CUDA only"}
     if _varlen is None:
@@ -80,28 +83,31 @@ class VarlenBackend(AttentionBackend):
         seqs, counts = torch.unique_consecutive(md.host_seq_ids, return_counts=True)
         ends = counts.cumsum(0)
         context = md.host_positions[ends - 1] + 1 if len(ends) else ends
-        ps = c.page_size
-        parts = []
-        for s, ctx in zip(seqs.tolist(), context.tolist()):
-            pages = torch.tensor(c.block_tables[s], dtype=torch.int64)
-            parts.append((pages[:, None] * ps + torch.arange(ps)).flatten()[:ctx])
-        self.total_k = int(context.sum()) if len(ends) else 0
         cu = torch.zeros(2, n + 1, dtype=torch.int32)
         cu[0, 1 : len(ends) + 1] = ends
-        cu[1, 1 : len(ends) + 1] = context.cumsum(0)
+        cu[1, 1 : len(ends) + 1] = context.cumsum(0)  # a fresh forward's: cu_q's
         cu[:, len(ends) + 1 :] = cu[:, len(ends) : len(ends) + 1]  # empty sequences up to the bucket's count
         self.cu_q[: n + 1].copy_(cu[0], non_blocking=False)
         self.cu_k[: n + 1].copy_(cu[1], non_blocking=False)
-        if parts:
-            self.gather[: self.total_k].copy_(torch.cat(parts))
+        self.total_k = 0 if md.fresh_path else int(context.sum()) if len(ends) else 0
+        if self.total_k:  # each sequence's slots in position order, from its pages
+            ps = c.page_size
+            self.gather[: self.total_k].copy_(torch.cat([
+                (torch.tensor(c.block_tables[s], dtype=torch.int64)[:, None] * ps + torch.arange(ps)).flatten()[:k]
+                for s, k in zip(seqs.tolist(), context.tolist())]))
         self.gather[self.total_k :].fill_(c.pad_slot)
 
     def forward(self, q, k, v, out, params, md) -> None:
         c, n = self.cache, md.num_tokens
         write_kv(c, params.layer, k, v, md.slot_mapping)
-        whole = torch.cuda.is_current_stream_capturing() or self.total_k == 0  # static shapes (or a dummy batch)
-        idx = self.gather if whole else self.gather[: self.total_k]
-        keys, values = c.read(params.layer, idx)  # gathered first, then (FP8 cache) dequantized
+        if md.fresh_path:  # every key is a row of this forward: read as the cache holds it (an FP8 cache's rounding)
+            keys, values = c.read(params.layer, md.slot_mapping) if c.quantized else (k, v)
+            max_k = n
+        else:
+            whole = torch.cuda.is_current_stream_capturing() or self.total_k == 0  # static shapes (or a dummy batch)
+            idx = self.gather if whole else self.gather[: self.total_k]
+            keys, values = c.read(params.layer, idx)  # gathered first, then (FP8 cache) dequantized
+            max_k = c.num_slots
         kw: dict = {"scale": params.scale}
         w = params.sliding_window
         if "window_size" in _PARAMS:
@@ -117,7 +123,7 @@ class VarlenBackend(AttentionBackend):
         assert _varlen is not None  # devices is () without it: the backend is refused before a forward
         if params.sinks is not None:
             kw["return_aux"] = _varlen.AuxRequest(lse=True)
-        res = _varlen.varlen_attn(q, keys, values, self.cu_q[: n + 1], self.cu_k[: n + 1], n, c.num_slots, **kw)
+        res = _varlen.varlen_attn(q, keys, values, self.cu_q[: n + 1], self.cu_k[: n + 1], n, max_k, **kw)
         if params.sinks is not None:
             attn, lse = res
             if lse_heads_first(self.device):  # asked in __init__, never first during a capture

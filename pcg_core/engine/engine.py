@@ -17,7 +17,7 @@ import torch
 from pcg_core.attention import KVCache, get_attention_backend
 from pcg_core.attention.kv_cache import KVCacheFull
 from pcg_core.attention.metadata import AttentionMetadata
-from pcg_core.attention.mla_op import FRESH_PATH_MIN_TOKENS
+from pcg_core.attention.fresh import FRESH_PATH_MIN_TOKENS
 from pcg_core.capture import make_capture_backend
 from pcg_core.capture.stats import CaptureStats
 from pcg_core.config import EngineConfig
@@ -119,9 +119,10 @@ class Engine:
         self.on_forward: ForwardListener | None = None
         # The capture backend (self.attn_backend is attention's); it also checks the backend name.
         self.backend = make_capture_backend(config.capture, self._body, self.device, self._dummy_inputs, self.attn_backend)
-        # The smallest forward that takes the split ops' fresh-sequence paths (None: the model has none); graphs
-        # that record split ops get a variant for them from this bucket up.
-        self.backend.fresh_min = FRESH_PATH_MIN_TOKENS if mla_installed(model) else None
+        # The smallest forward that takes the split ops' fresh-sequence paths (None: neither the model nor the
+        # attention backend has one); graphs that record split ops get a variant for them from this bucket up.
+        fresh = mla_installed(model) or attn_cls.fresh_path
+        self.backend.fresh_min = FRESH_PATH_MIN_TOKENS if fresh else None
         self.prep = PrepGraphs(self.inputs, self.attn_backend, self.device)
         with torch.inference_mode(False), torch.no_grad():
             self.backend.prepare()

@@ -1,6 +1,7 @@
-"""MLA's expanded prefill (pcg_core/attention/mla_op.py): a forward of fresh sequences attends through per-head
-keys and values multiplied out of the latent, every other forward absorbed — held to transformers' own forward,
-to the absorbed form, and to eager at every bucket edge; its faults planted."""
+"""Fresh-sequence paths (AttentionMetadata.fresh_path): a forward with nothing cached before it attends over its own
+rows. MLA's expanded prefill (pcg_core/attention/mla_op.py: per-head keys and values multiplied out of the latent,
+every other forward absorbed) held to transformers' own forward, to the absorbed form and to eager at every bucket
+edge, its faults planted; varlen's read of the forward's own K and V instead of a gather (GPU)."""
 
 import json
 
@@ -203,38 +204,61 @@ def test_flash_fresh_attention_matches_the_masked_sdpa(t, dtype, heads, qk, v):
     assert ((flash.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
-def _gpu_engine(model, backend):
-    return make_engine(model, backend, dtype="bfloat16", device="cuda", max_tokens=256, kv_slots=1024)
+GPU_MODELS = {"deepseek-v3": "deepseek-ai__DeepSeek-V3.json", "llama": "meta-llama__Llama-3.1-8B-Instruct.json"}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kv_cache", ["auto", "fp8_e4m3"])
 @pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
-def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(configs, backend, fresh_from):
+@pytest.mark.parametrize("model,attention", [("deepseek-v3", "sdpa"), ("deepseek-v3", "flex"), ("llama", "varlen")])
+def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(configs, model, attention, backend, kv_cache,
+                                                                          fresh_from):
     """From fresh_min up, piecewise and full record the op once per path (breakable chooses in its hole); a fresh
-    prefill, a decode step and a prefill over a cached prefix each replay bitwise what eager computes at the same
-    padding."""
-    from pcg_core.engine.inputs import PackedBatch
+    prefill, a small one, a prefill over a cached prefix and a decode step each replay bitwise what eager computes at
+    the same padding; the fresh path agrees with the cache-reading one (MLA absorbed, varlen's gather) within bf16
+    kernel noise."""
+    import copy
 
+    from pcg_core import CaptureConfig, Engine, EngineConfig
+    from pcg_core.engine.inputs import PackedBatch
+    from pcg_core.engine.kv_scales import calibrate_kv_scales, set_kv_scales
+
+    lm = load_model(json.loads((configs / GPU_MODELS[model]).read_text()), tiny=True, dtype=torch.bfloat16, device="cuda")
+    net = copy.deepcopy(lm.model)
+    if kv_cache != "auto":
+        set_kv_scales(net, calibrate_kv_scales(Engine(net, EngineConfig(device="cuda", dtype="bfloat16", kv_slots=1024)),
+                                               PROMPTS, 3))
+
+    def build(b):
+        return Engine(net, EngineConfig(device="cuda", dtype="bfloat16", attention=attention, kv_cache=kv_cache,
+                                        kv_slots=1024, capture=CaptureConfig(backend=b, max_tokens=256)))
+
+    fresh_from(10**6)
+    cache_reading = build("disabled")
     fresh_from(128)
-    lm = load_model(json.loads((configs / "deepseek-ai__DeepSeek-V3.json").read_text()), tiny=True, dtype=torch.bfloat16,
-                    device="cuda")
-    engine = _gpu_engine(lm.model, backend)
+    engine = build(backend)
     ladder = engine.config.capture.ladder
     if backend != "breakable":
         assert {(b, "fresh") for b in ladder if b >= 128} <= set(engine.backend.entries)
     assert all(not isinstance(k, tuple) or k[0] >= 128 for k in engine.backend.entries)
     for lengths, start in (([100, 37, 20], 0), ([3, 7], 0), ([150], 0), ([64, 90], 40), ([1] * 9, 60)):
-        engine.cache.reset()
-        b = PackedBatch([], [], [], [])
-        for i, n in enumerate(lengths):
-            slots = engine.cache.allocate(i, start + n)
-            b.token_ids += prompts_of([n], lm.config.vocab_size, seed=i)[0]
-            b.positions += list(range(start, start + n))
-            b.seq_ids += [i] * n
-            b.slots += slots[start:]
+        outs = []
+        for e in (engine, cache_reading):
+            e.cache.reset()
+            b = PackedBatch([], [], [], [])
+            for i, n in enumerate(lengths):
+                slots = e.cache.allocate(i, start + n)
+                b.token_ids += prompts_of([n], lm.config.vocab_size, seed=i)[0]
+                b.positions += list(range(start, start + n))
+                b.seq_ids += [i] * n
+                b.slots += slots[start:]
+            outs.append(b)
+        b = outs[0]
         bucket = engine.bucket_for(len(b))
         assert engine.fresh_path(b, bucket) == (start == 0 and bucket >= 128)
         replay = engine.forward(b).clone()
         eager = engine.forward(b, eager=True).clone()
-        assert torch.equal(replay, eager), (backend, lengths, start, (replay.float() - eager.float()).abs().max())
+        assert torch.equal(replay, eager), (lengths, start, (replay.float() - eager.float()).abs().max())
+        other = cache_reading.forward(outs[1], pad_to=bucket, eager=True).float()
+        assert ((eager.float() - other).norm() / other.norm()).item() < 2e-2, (lengths, start)
