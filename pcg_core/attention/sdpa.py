@@ -52,10 +52,28 @@ class SdpaBackend(AttentionBackend):
             mask = mask & ((md.positions[:, None] - c.slot_pos[None, : c.num_slots]) < params.sliding_window)
         if params.softcap or params.sinks is not None or params.temperature_len:
             temp = length_temperature(md.positions, params.temperature_len) if params.temperature_len else None
-            attn = attention_math(q, keys, values, mask, params.scale, params.softcap, params.sinks, temp)
+            attn = _math_by_rows(q, keys, values, mask, params.scale, params.softcap, params.sinks, temp)
         else:
             attn = _sdpa_gqa(q, keys, values, mask, params.scale)
         zero_padding(out, attn, md.valid)
+
+
+# The plain-math path holds float32 scores for every (head, query, cache slot) a few times over: gpt-oss at a 4096-token
+# bucket (64 heads, ~4k slots) took a 41 GiB graph pool for it on the H200 (issue 38). Query rows go through it in
+# chunks of about this many bytes of scores, so the pool holds one chunk's.
+MATH_CHUNK_BYTES = 256 << 20
+
+
+def _math_by_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+                  softcap: float, sinks: torch.Tensor | None, temp: torch.Tensor | None) -> torch.Tensor:
+    """attention_math over chunks of query rows (each row's attention is its own; the chunks are a function of the
+    shapes alone, so a graph and its eager reference at one padding chunk alike)."""
+    t = q.shape[0]
+    rows = max(1, MATH_CHUNK_BYTES // (4 * q.shape[1] * keys.shape[0]))
+    if rows >= t:
+        return attention_math(q, keys, values, mask, scale, softcap, sinks, temp)
+    return torch.cat([attention_math(q[i : i + rows], keys, values, mask[i : i + rows], scale, softcap, sinks,
+                                     None if temp is None else temp[i : i + rows]) for i in range(0, t, rows)])
 
 
 def _sdpa_gqa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:

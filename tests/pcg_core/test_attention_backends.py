@@ -132,6 +132,29 @@ def test_backend_matches_plain_math(device, name, gqa, case):
         assert changed <= (written if i % 2 == 1 else set()), (i, sorted(changed - written))
 
 
+@pytest.mark.parametrize("case", ["softcap", "sinks", "all", "temperature"])
+def test_sdpa_math_path_in_row_chunks_matches_it_whole(case, monkeypatch):
+    """sdpa's plain-math path (soft-cap, sinks, temperature) runs query rows in chunks to bound its scores' memory: the
+    chunks (5 rows here, the last one short) give what the whole does."""
+    from pcg_core.attention import sdpa
+
+    cache, batch, md, q, k, v = _setup("cpu", 4, 2, torch.float32, page=PAGE)
+    opts = dict(CASES[case])
+    if opts.pop("sinks", False):
+        opts["sinks"] = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    params = LayerParams(1, 0.3, **opts)
+    backend = sdpa.SdpaBackend(cache, BUCKET)
+    outs = []
+    for chunk in (sdpa.MATH_CHUNK_BYTES, 4 * 4 * cache.num_slots * 5):
+        monkeypatch.setattr(sdpa, "MATH_CHUNK_BYTES", chunk)
+        out = torch.full_like(q, float("nan"))
+        backend.begin_forward(md)
+        backend.forward(q, k, v, out, params, md)
+        outs.append(out)
+    assert q.shape[0] % 5 != 0  # a short last chunk
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-6, rtol=1e-6)
+
+
 def test_declared_features_and_devices_are_published():
     caps = capabilities()["attention_backends"]
     assert list(caps)[:3] == BACKENDS
