@@ -2,12 +2,16 @@
 # Issue 38 on the device: the prep graphs' GPU tests, then issue 38's table re-measured side by side in one run per
 # shape (benchmarks/prefill.py prints each target with ✓/✗ last). Phases (default: tests dense); each fits one
 # device call of 600 s:
-#   tests — pytest -m gpu tests/pcg_core/test_prep_graphs.py tests/pcg_core/test_gpu.py (prep replay = eager
-#           metadata bit for bit, planted not-replayed graph caught; every capture backend's replay = eager)
+#   tests — pytest -m gpu tests/pcg_core/test_prep_graphs.py tests/pcg_core/test_gpu.py
+#           tests/pcg_core/test_fresh_paths.py (prep replay = eager metadata bit for bit, planted not-replayed graph
+#           caught; every capture backend's replay = eager; MLA's expanded prefill and varlen's fresh read, both
+#           graph variants = eager)
 #   dense — Qwen3-0.6B shape, 28 layers, bf16, the default ladder to 4096: flex, sdpa, varlen × full, breakable,
 #           piecewise, + inductor pieces, + torch.compile reduce-overhead
 #   moe   — Qwen3-30B-A3B shape, 8 layers: flex and sdpa × full and breakable
-#   mla   — benchmarks/mla_prefill.py (absorbed vs expanded prefill)
+#   mla   — benchmarks/mla_prefill.py (absorbed, expanded and pcg's fresh path; ≤ 1.2× expanded at 2048 ✓/✗)
+#   pools — the graph pools of gpt-oss-120b and Grok-2 at the nightly trims on sdpa (its plain-math path, now in row
+#           chunks) and flex, one cell at a time (issue 38: ≤ 4 GiB); lists/speed-pools.txt
 #   flexcall — benchmarks/flex_call.py: a direct flex call's host µs and GPU ms, part by part (dynamo frame and
 #           guards, the config patch, inductor's artifact alone, the eager ops around), and its profile
 # Carry .whl (pydantic, SQLAlchemy).
@@ -17,7 +21,8 @@ here=$(dirname "$0")
 cfg=harness/models/configs
 tok=8,32,128,512,2048
 if [[ " $phases " == *" tests "* ]]; then
-  timeout 300 python3 -m pytest -q -m gpu tests/pcg_core/test_prep_graphs.py tests/pcg_core/test_gpu.py 2>&1 \
+  timeout 300 python3 -m pytest -q -m gpu tests/pcg_core/test_prep_graphs.py tests/pcg_core/test_gpu.py \
+    tests/pcg_core/test_fresh_paths.py 2>&1 \
     | tee "$OUT/speed_tests.txt" | tail -6
 fi
 if [[ " $phases " == *" dense "* ]]; then
@@ -34,5 +39,8 @@ if [[ " $phases " == *" flexcall "* ]]; then
   timeout 300 python3 "$here/flex_call.py" --json "$OUT/flex_call.json" 2>&1 | tee "$OUT/flex_call.txt" | tail -20
 fi
 if [[ " $phases " == *" mla "* ]]; then
-  timeout 300 python3 "$here/mla_prefill.py" 2>&1 | tee "$OUT/mla_prefill.txt" | tail -15
+  timeout 300 python3 "$here/mla_prefill.py" --json "$OUT/mla_prefill.json" 2>&1 | tee "$OUT/mla_prefill.txt" | tail -15
+fi
+if [[ " $phases " == *" pools "* ]]; then
+  NAME=pools CELL_JOBS=1 LIST_TIMEOUT=${POOLS_TIMEOUT:-540} bash "$here/gpu_cells.sh" "$here/lists/speed-pools.txt" | tail -12
 fi
