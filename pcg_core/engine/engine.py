@@ -216,33 +216,36 @@ class Engine:
         hidden = self._forward(local, bucket or widest, eager or bucket is None, observer, decode, probe)
         return dp.gather(hidden[: bucket or widest], rows)
 
-    def fresh_path(self, batch: PackedBatch, num_tokens: int) -> bool:
-        """Whether a forward of `batch` padded to `num_tokens` takes the split ops' fresh-sequence paths
-        (AttentionMetadata.fresh_path): the model has them, the forward is at least `fresh_min` wide, and every
-        sequence in it starts at position 0 (nothing of it cached: not a decode step, a later chunk or a prefix hit).
-        A function of the batch and the padding alone, so an eager reference at a graph's padding decides alike."""
+    def fresh_path(self, seq_ids: torch.Tensor, positions: torch.Tensor, num_tokens: int) -> bool:
+        """Whether a forward of these rows (host tensors, packed by sequence) padded to `num_tokens` takes the split
+        ops' fresh-sequence paths (AttentionMetadata.fresh_path): the model or attention backend has them, the
+        forward is at least `fresh_min` wide, and every sequence in it starts at position 0 (nothing of it cached:
+        not a decode step, a later chunk or a prefix hit). A function of the rows and the padding alone, so an eager
+        reference at a graph's padding decides alike."""
         low = self.backend.fresh_min
-        if low is None or num_tokens < low or not len(batch):
+        if low is None or num_tokens < low or not len(seq_ids):
             return False
-        ids, pos = batch.seq_ids, batch.positions
-        return all(pos[i] == 0 for i in range(len(ids)) if i == 0 or ids[i] != ids[i - 1])
+        starts = torch.ones(len(seq_ids), dtype=torch.bool)
+        starts[1:] = seq_ids[1:] != seq_ids[:-1]
+        return not bool(positions[starts].any())
 
     def stage_inputs(self, batch: PackedBatch, num_tokens: int, replay: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The batch into the input buffers and the attention metadata built: a replay takes the bucket's prep
         graph where there is one (one launch), anything else the eager upload and begin_forward. A VLM's front
         end (embeddings, M-RoPE rows, deepstack) then fills its own static buffers from the uploaded ids."""
         staged = self.inputs.stage(batch, num_tokens)
-        staged.md.fresh_path = self.fresh_path(batch, num_tokens)
+        md = staged.md
+        assert md.host_seq_ids is not None and md.host_positions is not None  # InputBuffers.stage sets them
+        md.fresh_path = self.fresh_path(md.host_seq_ids, md.host_positions, num_tokens)
         if not (replay and self.prep.replay(staged)):
             self.inputs.upload(staged)
             self.inputs.mark_uploaded()
-            self.attn_backend.begin_forward(staged.md)
+            self.attn_backend.begin_forward(md)
         if self.vision is not None:
             self.vision.fill(batch, num_tokens, staged.input_ids)
         if self.linear_state is not None:  # the recurrent layers' state slots for this batch (host side)
-            assert staged.md.host_seq_ids is not None and staged.md.host_positions is not None  # InputBuffers.stage sets them
-            self.linear_state.begin_forward(staged.md.host_seq_ids, staged.md.host_positions)
-        return staged.input_ids, staged.md.positions, staged.md
+            self.linear_state.begin_forward(md.host_seq_ids, md.host_positions)
+        return staged.input_ids, md.positions, md
 
     def prefill_batch(self, prompts: list[list[int]], extra_slots: int = 0,
                       images: Sequence[Sequence[Image]] | None = None) -> PackedBatch:

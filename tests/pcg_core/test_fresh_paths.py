@@ -71,17 +71,16 @@ def test_below_the_threshold_and_after_a_prefix_it_stays_absorbed(deepseek, fres
 
 
 def test_the_path_is_a_function_of_the_batch_and_its_padding(deepseek, configs, fresh_from):
-    from pcg_core.engine.inputs import PackedBatch
-
     fresh_from(32)
     engine = make_engine(deepseek.model, "piecewise")
-    two = PackedBatch([1] * 20, list(range(12)) + list(range(8)), [0] * 12 + [1] * 8, list(range(20)))
-    assert engine.fresh_path(two, 32) and not engine.fresh_path(two, 20)  # padded to the bucket vs unpadded
-    later = PackedBatch([1] * 20, list(range(12)) + list(range(3, 11)), [0] * 12 + [1] * 8, list(range(20)))
-    assert not engine.fresh_path(later, 32)  # the second sequence has KV cached before it
+    seqs = torch.tensor([0] * 12 + [1] * 8)
+    two = (seqs, torch.tensor(list(range(12)) + list(range(8))))
+    assert engine.fresh_path(*two, 32) and not engine.fresh_path(*two, 20)  # padded to the bucket vs unpadded
+    later = (seqs, torch.tensor(list(range(12)) + list(range(3, 11))))
+    assert not engine.fresh_path(*later, 32)  # the second sequence has KV cached before it
     llama = load_model(json.loads((configs / "meta-llama__Llama-3.1-8B-Instruct.json").read_text()), tiny=True)
     dense = make_engine(llama.model, "piecewise")
-    assert dense.backend.fresh_min is None and not dense.fresh_path(two, 32)
+    assert dense.backend.fresh_min is None and not dense.fresh_path(*two, 32)
 
 
 @pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
@@ -256,7 +255,7 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
             outs.append(b)
         b = outs[0]
         bucket = engine.bucket_for(len(b))
-        assert engine.fresh_path(b, bucket) == (start == 0 and bucket >= 128)
+        assert engine.fresh_path(torch.tensor(b.seq_ids), torch.tensor(b.positions), bucket) == (start == 0 and bucket >= 128)
         replay = engine.forward(b).clone()
         eager = engine.forward(b, eager=True).clone()
         assert torch.equal(replay, eager), (lengths, start, (replay.float() - eager.float()).abs().max())
