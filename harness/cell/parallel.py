@@ -57,14 +57,15 @@ def tp1_check(spec: CellSpec, config: EngineConfig, case: Case, sharded: list[Se
     realistic scales, same calibration, same groups); where the shards round their activations per token over their
     own K, the unsharded model rounds them alike (emulate_row_shards), so only the sharding itself separates the two
     and the bound stays the cell's tolerance."""
-    parts = parse_parallel(spec.parallel).get("tp", 1)
+    mode = parse_parallel(spec.parallel)
+    parts = mode.get("tp", 1)
     lm = load_model(resolve_model(spec), layers=spec.layers, tiny=spec.tiny, weights=spec.weights,
                     dtype=config.torch_dtype, device=spec.device, seed=spec.seed, peaked=spec.peaked)
     if spec.quant != "none":
         if lm.synthetic:
             make_realistic_(lm.model, spec.seed)
             quantize_model(lm.model, scheme_for_shards(get_scheme(spec.quant), lm.model, parts), input_absmax=input_absmax)
-        emulate_row_shards(lm.model, parts)
+        emulate_row_shards(lm.model, parts, experts=mode.get("ep", 1) == 1)  # tpN-epN: whole experts per rank
     diff = tp1_prompt_logprob_diff(lm.model, config, case, sharded)
     if diff <= tol:
         return diff, None

@@ -24,6 +24,9 @@ from pcg_core.distributed.group import ParallelGroup
 from pcg_core.distributed.layers import TP_GROUP, tp_row_class
 from pcg_core.distributed.plan import ROWWISE, decoder_plan, style_for
 from pcg_core.errors import UnsupportedModel
+from pcg_core.distributed.quant_experts import emulate_expert_row_shards
+from pcg_core.quant.layers.expert_layout import in_out
+from pcg_core.quant.layers.experts import is_experts
 from pcg_core.quant.layers.fp4_linear import Fp4Linear
 from pcg_core.quant.layers.int4_linear import Int4Linear, W4A8Linear
 from pcg_core.quant.layers.linear import QuantLinear, scheme_of
@@ -116,6 +119,7 @@ def scheme_for_shards(scheme: Any, model: torch.nn.Module, parts: int) -> Any:
     if parts == 1 or not isinstance(scheme, Int4Scheme):
         return scheme
     ks = {m.in_features // parts for m in model.modules() if type(m) is torch.nn.Linear and m.in_features % parts == 0}
+    ks |= {k // parts for m in model.modules() if is_experts(m) and (k := in_out(m, "down_proj")[1]) % parts == 0}
     group = min((scheme.group_for(k) for k in ks), default=scheme.group)
     return scheme if group == scheme.group else dataclasses.replace(scheme, group=group)
 
@@ -127,14 +131,20 @@ def activation_rounding_differs(scheme: Any) -> bool:
     return getattr(scheme, "acts", None) == "token" or getattr(scheme, "activations", None) in ("int8", "fp8")
 
 
-def emulate_row_shards(model: PreTrainedModel, parts: int) -> int:
+def emulate_row_shards(model: PreTrainedModel, parts: int, experts: bool = True) -> int:
     """Make an unsharded quantized model round its activations as `parts` row-parallel shards do, in place: each
     row-parallel linear of a scheme whose activation scales span K (activation_rounding_differs) quantizes each K
     slice of its input on its own and sums the slices' outputs in the model's dtype, as the ranks' all-reduce does.
     The weights are the unsharded layer's, dequantized whole and then sliced by column: none of the sharding's own
-    slicing (shard_quantized) is reused, so a wrong scale slice there still shows. Returns how many layers."""
+    slicing (shard_quantized) is reused, so a wrong scale slice there still shows. `experts`: quantized experts
+    split by intermediate size too (their down projection's K; False where whole experts go to each rank). Returns
+    how many layers."""
     plan, count = decoder_plan(model.config), 0
     for name, m in model.get_decoder().named_modules():
+        if experts and is_experts(m) and (scheme := scheme_of(m)) is not None and activation_rounding_differs(scheme):
+            emulate_expert_row_shards(m, parts)
+            count += 1
+            continue
         scheme = scheme_of(m)
         if is_quantized_linear(m) and style_for(plan, name) in ROWWISE and scheme is not None \
                 and activation_rounding_differs(scheme):

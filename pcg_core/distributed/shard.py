@@ -19,10 +19,13 @@ import torch
 from pcg_core.distributed.group import ParallelGroup
 from pcg_core.distributed.layers import TP_GROUP, RowParallelLinear, ep_experts_class, tp_experts_class
 from pcg_core.distributed.quant import is_quantized_linear, shard_quantized
+from pcg_core.distributed.quant_experts import shard_quantized_experts, shard_quantized_experts_by_index
 from pcg_core.distributed.plan import COLWISE, EXPERT_STYLES, ROWWISE, decoder_plan, style_for, tp_unsupported_reason, unknown_styles
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.layers.expert_layout import expert_count
 from pcg_core.quant.layers.linear import scheme_of
+from pcg_core.quant.schemes.fp4 import Fp4Scheme
+from pcg_core.quant.schemes.int4 import Int4Scheme
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -69,17 +72,28 @@ def _rowwise(m: torch.nn.Linear, g: ParallelGroup, where: str) -> None:
 
 def _experts(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
     """Every expert keeps its whole hidden size and this rank's slice of its intermediate size: gate and up halves
-    of gate_up_proj [E, 2I, H] sliced alike, down_proj [E, H, I] along I; the output is summed over ranks."""
+    of gate_up_proj [E, 2I, H] sliced alike, down_proj [E, H, I] along I; the output is summed over ranks.
+    Quantized experts' codes and scales are sliced with them (quant_experts.py)."""
     if getattr(m, "is_transposed", False) or getattr(m, "has_bias", False) or not getattr(m, "has_gate", True):
         raise UnsupportedModel(f"tp{g.size}: {where} ({type(m).__name__}) is transposed, biased or gateless; only "
                                "[E, 2I, H] / [E, H, I] experts are sharded so far")
+    scheme = scheme_of(m)
+    if isinstance(scheme, Fp4Scheme):
+        raise UnsupportedModel(f"tp{g.size}: {where}: FP4 experts (nvfp4, mxfp4) are not sharded yet")
     gate_up, down = getattr(m, "gate_up_proj").data, getattr(m, "down_proj").data
-    inter = down.shape[2]
+    quantized = scheme is not None
+    inter = down.shape[2] * (8 if isinstance(scheme, Int4Scheme) else 1)  # int4: 8 codes packed per int32
     if gate_up.shape[1] != 2 * inter:
         raise UnsupportedModel(f"tp{g.size}: {where}: gate_up_proj {tuple(gate_up.shape)} is not [E, 2·{inter}, H]")
-    gate, up = gate_up[:, :inter], gate_up[:, inter:]
-    setattr(m, "gate_up_proj", _param(torch.cat([_shard(gate, 1, g.rank, g.size, where), _shard(up, 1, g.rank, g.size, where)], 1)))
-    setattr(m, "down_proj", _param(_shard(down, 2, g.rank, g.size, where)))
+    if inter % g.size:
+        raise UnsupportedModel(f"tp{g.size}: {where}: {inter} intermediate rows, which {g.size} ranks do not divide")
+    if quantized:
+        shard_quantized_experts(m, g, where, inter)
+    else:
+        gate, up = gate_up[:, :inter], gate_up[:, inter:]
+        setattr(m, "gate_up_proj", _param(torch.cat([_shard(gate, 1, g.rank, g.size, where),
+                                                     _shard(up, 1, g.rank, g.size, where)], 1)))
+        setattr(m, "down_proj", _param(_shard(down, 2, g.rank, g.size, where)))
     if hasattr(m, "intermediate_dim"):
         setattr(m, "intermediate_dim", inter // g.size)
     m.__class__ = tp_experts_class(type(m))
@@ -93,9 +107,12 @@ def _experts_by_index(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
     experts = expert_count(m)
     if experts % g.size:
         raise UnsupportedModel(f"ep{g.size}: {where} has {experts} experts, which {g.size} ranks do not divide")
-    for name in ("gate_up_proj", "up_proj", "down_proj"):
-        if isinstance(getattr(m, name, None), torch.Tensor):
-            setattr(m, name, _param(_shard(getattr(m, name).data, 0, g.rank, g.size, where)))
+    if scheme_of(m) is not None:
+        shard_quantized_experts_by_index(m, g, where)
+    else:
+        for name in ("gate_up_proj", "up_proj", "down_proj"):
+            if isinstance(getattr(m, name, None), torch.Tensor):
+                setattr(m, name, _param(_shard(getattr(m, name).data, 0, g.rank, g.size, where)))
     local = experts // g.size
     setattr(m, "num_experts", local)
     setattr(m, "ep_start", g.rank * local)
@@ -127,9 +144,6 @@ def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: b
                                "parallelism is for MoE models)")
     reduces = 0
     for name, m in list(decoder.named_modules()):
-        if hasattr(m, "num_experts") and (scheme := scheme_of(m)) is not None:
-            raise UnsupportedModel(f"tp{group.size}: {name}: quantized experts ({scheme.name}) are not sharded "
-                                   "yet (quantized dense layers are)")
         if _is_experts(m):
             (_experts_by_index if expert_parallel else _experts)(m, group, name)
             reduces += 1
@@ -165,14 +179,12 @@ def shard_experts_by_index(model: PreTrainedModel, group: ParallelGroup) -> int:
     """Expert parallelism over `group` beside data-parallel attention (epN alone): every fused experts block keeps
     this rank's range of whole experts and sums its partial output over the ranks (the block sees every rank's rows:
     pcg_core.distributed.data_parallel); attention and dense layers stay whole. Returns how many blocks were split;
-    a model without routed experts, or with quantized ones, raises UnsupportedModel."""
+    a model without routed experts raises UnsupportedModel."""
     blocks = [(n, m) for n, m in model.get_decoder().named_modules() if _is_experts(m)]
     if not blocks:
         raise UnsupportedModel(f"ep{group.size}: {type(model).__name__} has no routed experts to spread (expert "
                                "parallelism is for MoE models)")
     for name, m in blocks:
-        if (scheme := scheme_of(m)) is not None:
-            raise UnsupportedModel(f"ep{group.size}: {name}: quantized experts ({scheme.name}) are not sharded yet")
         _experts_by_index(m, group, name)
     return len(blocks)
 

@@ -36,7 +36,8 @@ def quantized_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_
     elsewhere and in a reference twin (`reference_math`, pcg_core.quant.twin). Shared by every experts module that
     holds transformers' layout (transformers' and our own)."""
     kernel = hidden_states.device.type == "cuda" and hidden_states.dtype == torch.bfloat16
-    if kernel and not getattr(module, "reference_math", False):
+    emulated = getattr(module, "row_shards", 1) > 1  # the reference rounds per row-parallel shard (quant_experts.py)
+    if kernel and not getattr(module, "reference_math", False) and not emulated:
         return grouped_quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)
     return quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)
 

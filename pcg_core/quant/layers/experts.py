@@ -192,10 +192,10 @@ def _int4_activation(x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
     return xq.float() * sx
 
 
-def _project(x: torch.Tensor, module: torch.nn.Module, name: str, e: int) -> torch.Tensor:
+def _project(x: torch.Tensor, module: torch.nn.Module, name: str, e: int, k: slice = slice(None)) -> torch.Tensor:
     """x [T, K] through expert e's projection `name` (expert_weight, float32), activations quantized as the scheme
-    does (float32 out)."""
-    w = expert_weight(module, name, e)
+    does (float32 out); `k`: the weight's input columns x holds (a row-parallel shard's)."""
+    w = expert_weight(module, name, e)[:, k]
     if _is_int4(module):
         return _int4_activation(x, module) @ w.t()
     scheme = held_scheme(module)
@@ -211,13 +211,24 @@ def quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tens
     if isinstance(held_scheme(module), Fp4Scheme):  # FP4 experts hold their own layout (fp4_experts.py)
         return fp4_experts_forward(module, hidden_states, top_k_index, top_k_weights)
     first, gated = first_projection(module)
-    out = torch.zeros_like(hidden_states, dtype=torch.float32)
+    # `row_shards` (pcg_core.distributed.quant_experts.emulate_expert_row_shards): the down projection's input rounded
+    # per K slice and each slice's partial sum taken to the model's dtype before they are added, as that many
+    # row-parallel ranks compute it
+    parts = getattr(module, "row_shards", 1)
+    outs = [torch.zeros_like(hidden_states, dtype=torch.float32) for _ in range(parts)]
     for e in range(expert_count(module)):
         weight = (top_k_weights * (top_k_index == e)).sum(dim=-1, keepdim=True)  # [T, 1], 0 if not routed
         h = add_bias(_project(hidden_states, module, first, e), module, first, e).to(hidden_states.dtype)
         proj = gate(module, h, gated)
-        out += add_bias(_project(proj, module, "down_proj", e), module, "down_proj", e) * weight.float()
-    return out.to(hidden_states.dtype)
+        step = proj.shape[-1] // parts
+        for r in range(parts):
+            k = slice(r * step, (r + 1) * step) if parts > 1 else slice(None)
+            down = _project(proj[:, k], module, "down_proj", e, k)
+            outs[r] += (add_bias(down, module, "down_proj", e) if r == 0 else down) * weight.float()
+    out = outs[0].to(hidden_states.dtype)
+    for partial in outs[1:]:
+        out = out + partial.to(hidden_states.dtype)
+    return out
 
 
 def _fake_quant(x: torch.Tensor, module: torch.nn.Module, name: str) -> torch.Tensor:

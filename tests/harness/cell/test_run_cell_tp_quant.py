@@ -1,7 +1,8 @@
 """Quantized TP=2 cells as the launcher runs them (two gloo ranks, each run_cell with the same spec): an 8-bit scheme
 with per-token activations and an int4 one pass under piecewise and breakable, TP=2 eager equal to the unsharded
 model's (its activations rounded per K half where the ranks round them so); a wrong scale slice on one rank and a
-quantized row-parallel layer left unreduced fail that check; quantized experts and FP4 say what is not sharded."""
+quantized row-parallel layer left unreduced fail that check. Quantized experts pass too, split by intermediate size
+(tp2) and by expert index (tp2-ep2), and a rank holding the other's expert scales fails; FP4 says it is not sharded."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def _planted(rank: int, fault: str) -> tuple[str, str]:
 
     def plant(model):
         layer = model.model.layers[1]
+        if fault == "experts":  # rank 1's experts scale their down projection's input columns with rank 0's
+            experts = layer.mlp.experts
+            if rank == 1:
+                experts.down_proj_scales = experts.down_proj_scales.roll(1, 0)
+            return
         if fault == "scale" and rank == 1:  # rank 1 scales its q_proj rows with rank 0's per-channel scales
             q = layer.self_attn.q_proj
             q.weight_scale = q.weight_scale.roll(q.weight_scale.shape[0] // 2, 0)
@@ -32,7 +38,10 @@ def _planted(rank: int, fault: str) -> tuple[str, str]:
             down.forward = lambda x: QuantLinear.forward(down, x) + (0 if down.tp_bias is None else down.tp_bias)
 
     with planted_after_sharding(plant):
-        o = run_cell(CellSpec("llama-3.1-8b", graph="piecewise", parallel="tp2", quant="int8_w8a8", **SMALL))
+        if fault == "experts":
+            o = run_cell(CellSpec("mixtral-8x7b", graph="piecewise", parallel="tp2", quant="awq", **SMALL))
+        else:
+            o = run_cell(CellSpec("llama-3.1-8b", graph="piecewise", parallel="tp2", quant="int8_w8a8", **SMALL))
     return str(o.status), o.reason
 
 
@@ -42,9 +51,12 @@ def cells_on_rank(rank: int) -> dict:
         o = run_cell(CellSpec("llama-3.1-8b", graph=graph, parallel="tp2", quant=quant, **SMALL))
         out[(quant, graph)] = (str(o.status), o.reason, o.metrics.pieces, o.metrics.tp1_logprob_diff,
                                o.metrics.quant_logprob_diff)
-    o = run_cell(CellSpec("qwen3-30b-a3b", graph="piecewise", parallel="tp2", quant="int8_w8a8", **SMALL))
-    out["experts"] = (str(o.status), o.reason)
-    for fault in ("scale", "reduce"):
+    # tiny Qwen3-MoE's experts are 48 wide (24 a rank: no int4 group fits), Mixtral's 128
+    for model, quant, parallel in (("qwen3-30b-a3b", "int8_w8a8", "tp2"), ("mixtral-8x7b", "awq", "tp2"),
+                                   ("qwen3-30b-a3b", "fp8_per_token", "tp2-ep2"), ("qwen3-30b-a3b", "nvfp4", "tp2")):
+        o = run_cell(CellSpec(model, graph="piecewise", parallel=parallel, quant=quant, **SMALL))
+        out[("experts", quant, parallel)] = (str(o.status), o.reason, o.metrics.tp1_logprob_diff)
+    for fault in ("scale", "reduce", "experts"):
         out[fault] = _planted(rank, fault)
     return out
 
@@ -52,16 +64,19 @@ def cells_on_rank(rank: int) -> dict:
 @pytest.mark.slow
 def test_quantized_tp2_cells_pass_and_planted_shard_faults_fail_the_tp1_check():
     ranks = run_ranks(cells_on_rank)
-    faults = [(r.pop("scale"), r.pop("reduce")) for r in ranks]
+    faults = [(r.pop("scale"), r.pop("reduce"), r.pop("experts")) for r in ranks]
     assert ranks[0] == ranks[1]
-    for (quant, graph), (status, reason, pieces, tp1, qerr) in ((k, v) for k, v in ranks[0].items() if k != "experts"):
+    for (quant, graph), (status, reason, pieces, tp1, qerr) in ((k, v) for k, v in ranks[0].items() if k[0] != "experts"):
         assert status == "pass", (quant, graph, reason)
         assert tp1 is not None and tp1 < 1e-5, (quant, graph, tp1)  # float32: the same rounding, other sum order
         assert qerr is not None and qerr > 1e-2  # the scheme does cost something: the check is not vacuous
         if graph == "piecewise":
             assert pieces == 7  # 2 layers: 2 attentions and 4 all-reduces, as unquantized
-    status, reason = ranks[0]["experts"]
-    assert status == "unsupported" and "quantized experts" in reason, reason
-    for scale, reduce in faults:
-        for status, reason in (scale, reduce):
+    for (_, quant, parallel), (status, reason, tp1) in ((k, v) for k, v in ranks[0].items() if k[0] == "experts"):
+        if quant == "nvfp4":
+            assert status == "unsupported" and "FP4" in reason, reason
+        else:
+            assert status == "pass" and tp1 is not None and tp1 < 1e-5, (quant, parallel, reason, tp1)
+    for scale, reduce, experts in faults:
+        for status, reason in (scale, reduce, experts):
             assert status == "fail_accuracy" and "tp2 eager differs from tp1 eager" in reason, reason
