@@ -131,9 +131,8 @@ _NOT_YET = {"ep": "expert parallelism over more ranks than TP with TP > 1 is not
             "dp": "data-parallel attention combined with other kinds is not run yet (dpN alone is)"}
 
 
-def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL, quant: str = "none",
-                                graph: str | None = None) -> str | None:
-    """Why the runtime cannot run parallel mode `parallel` (with quantization `quant`), or None; worded once, like
+def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL, graph: str | None = None) -> str | None:
+    """Why the runtime cannot run parallel mode `parallel` (under capture backend `graph`), or None; worded once, like
     quant_unsupported_reason. What a model itself refuses (heads the degree does not divide, MLA, linear attention)
     is said when it loads (pcg_core.distributed.tp_unsupported_reason)."""
     have = list(supported)
@@ -141,9 +140,6 @@ def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALL
         for kind in parse_parallel(parallel):
             if graph is not None and (limit := PARALLEL_GRAPH_LIMITS.get((kind, graph))):
                 return f"parallel mode {parallel!r} under {graph}: {limit}"
-        info = quant_registry.SCHEME_INFO.get(quant)
-        if info is not None and info.weights == "fp4" and parse_parallel(parallel).get("tp", 1) > 1:
-            return f"parallel mode {parallel!r} with quantization {quant}: FP4 layers are not sharded yet"
         return None
     try:
         parts = parse_parallel(parallel)

@@ -112,7 +112,7 @@ def _check_runtime(spec: CellSpec) -> None:
     reason = (quant_unsupported_reason(spec.quant, features=features, real_weights=spec.weights == "real")
               or ((card.no_checkpoint_reason(spec.quant) or card.checkpoint_reason(spec.quant))
                   if card and spec.weights == "real" else None)
-              or parallel_unsupported_reason(spec.parallel, quant=spec.quant, graph=spec.graph))
+              or parallel_unsupported_reason(spec.parallel, graph=spec.graph))
     if not reason:
         reason = (attention_unsupported_reason(spec.attention, spec.device, features)
                   or kv_cache_unsupported_reason(spec.kv_cache, spec.attention))

@@ -50,7 +50,7 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
                 f"{a['attention']} is not ({attn['why_not_capturable']})")
     if reason := split_op_capture_reason(a["graph"], card.features, caps):
         return reason
-    if reason := parallel_unsupported_reason(a["parallel"], caps["parallel"], a["quant"], a["graph"]):
+    if reason := parallel_unsupported_reason(a["parallel"], caps["parallel"], a["graph"]):
         return reason
     try:
         ranks = world_size(a["parallel"])

@@ -4,7 +4,8 @@ The model is quantized whole first (a checkpoint's codes and scales; a synthetic
 calibrated on the whole model), then each layer is sliced as transformers' plan slices its float weight: codes
 with the rows or columns they belong to, and each scale with the weights it scales — per-channel scales with
 their rows, 128×128 FP8 block scales with their blocks, int4 group scales and zeros with their K groups; a
-per-tensor scale (and a static input scale) is the same on every rank. A split that would cut a block or a group,
+per-tensor scale (and a static input scale, and FP4's global) is the same on every rank; FP4 codes, packed two a byte
+along K, go with their block scales. A split that would cut a block or a group,
 or act-order's permutation across the shards' boundary, is refused with the reason, never sliced approximately.
 
 A row-parallel shard's dynamic activation scales are its own input slice's (per token over its K shard), as in
@@ -60,8 +61,6 @@ def _refuse(g: ParallelGroup, where: str, why: str) -> UnsupportedModel:
 def shard_quantized(m: QuantLinear | Int4Linear | Fp4Linear, rowwise: bool, g: ParallelGroup, where: str) -> None:
     """Slice quantized linear `m` in place for this rank: output rows (colwise) or input columns (rowwise, then
     its class becomes the row-parallel one: the partial output summed over ranks, the bias added once)."""
-    if isinstance(m, Fp4Linear):
-        raise _refuse(g, where, "FP4 linears (nvfp4, mxfp4) are not sharded yet")
     n, k = m.out_features, m.in_features
     along = k if rowwise else n
     if along % g.size:
@@ -69,6 +68,8 @@ def shard_quantized(m: QuantLinear | Int4Linear | Fp4Linear, rowwise: bool, g: P
     part = along // g.size
     if isinstance(m, QuantLinear):
         _quant_linear(m, rowwise, g, where, part)
+    elif isinstance(m, Fp4Linear):
+        _fp4_linear(m, rowwise, g, where, part)
     else:
         _int4_linear(m, rowwise, g, where, part)
     if rowwise:
@@ -96,6 +97,17 @@ def _quant_linear(m: QuantLinear, rowwise: bool, g: ParallelGroup, where: str, p
     elif m.scheme.weights == "channel" and not rowwise:
         scale = _slice(scale, 0, g.rank, g.size)
     _set(m, "weight_scale", scale)  # per tensor, or per output channel of a row-parallel shard: the same on every rank
+
+
+def _fp4_linear(m: Fp4Linear, rowwise: bool, g: ParallelGroup, where: str, part: int) -> None:
+    """Codes packed two a byte along K and block scales (N, K/B) with their rows or K blocks; the global scale (one
+    per layer) is the same on every rank. Weight-only: the activations are the same at any TP."""
+    if rowwise and part % m.block:
+        raise _refuse(g, where, f"{m.quant_scheme.name}'s blocks of {m.block}: a shard of {part} input features "
+                                "would cut one")
+    dim = 1 if rowwise else 0
+    for name in ("weight_packed", "weight_scale"):
+        _set(m, name, _slice(m._buffers[name], dim, g.rank, g.size))
 
 
 def _int4_linear(m: Int4Linear, rowwise: bool, g: ParallelGroup, where: str, part: int) -> None:

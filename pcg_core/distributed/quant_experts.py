@@ -3,7 +3,8 @@
 Quantized experts hold every projection in the canonical [E, N out, K in] layout (pcg_core/quant/layers/experts.py):
 8-bit codes [E, N, K] with a scale per expert (`_scale`: [E] per tensor, [E, N, 1] per channel, [E, N/128, K/128]
 per block) and, for a static scheme, one input scale for all experts; int4 codes packed along K [E, N, K/8] with
-`_scales` and `_zeros` [E, N, K/G] and act-order's `_perm`. Every buffer is sliced with the weights it belongs to:
+`_scales` and `_zeros` [E, N, K/G] and act-order's `_perm`; FP4 codes packed two a byte along K [E, N, K/2] with
+block scales [E, N, K/B] and row globals [E, N]. Every buffer is sliced with the weights it belongs to:
 - by intermediate size (tpN): gate_up's gate half and up half (N) alike, down's input (K); a split that would cut a
   128×128 block, an int4 group or act-order's permutation across the shards is refused with the reason;
 - by expert index (tpN-epN, epN): every buffer along its first dimension, whole experts per rank.
@@ -24,14 +25,20 @@ from pcg_core.quant.layers.expert_layout import held_scheme
 from pcg_core.quant.layers.experts import PROJECTIONS
 from pcg_core.quant.schemes.fp4 import Fp4Scheme
 from pcg_core.quant.schemes.int4 import Int4Scheme
-from pcg_core.quant.schemes.w8a8 import BLOCK
+from pcg_core.quant.schemes.w8a8 import BLOCK, Scheme
 
 _INT4_SUFFIXES = ("", "_scales", "_zeros")
 
 
 def _buffers(m: torch.nn.Module, name: str) -> list[str]:
     """Projection `name`'s per-expert buffers (its scalar input scale is no expert's)."""
-    suffixes = _INT4_SUFFIXES + ("_perm",) if isinstance(held_scheme(m), Int4Scheme) else ("", "_scale")
+    scheme = held_scheme(m)
+    if isinstance(scheme, Int4Scheme):
+        suffixes: tuple[str, ...] = _INT4_SUFFIXES + ("_perm",)
+    elif isinstance(scheme, Fp4Scheme):
+        suffixes = ("", "_scale", "_global")  # packed codes [E, N, K/2], block scales [E, N, K/B], row globals [E, N]
+    else:
+        suffixes = ("", "_scale")
     return [name + s for s in suffixes if getattr(m, name + s, None) is not None]
 
 
@@ -47,8 +54,6 @@ def _refuse(kind: str, where: str, why: str) -> UnsupportedModel:
 def shard_quantized_experts_by_index(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
     """Expert parallelism: this rank keeps experts [rank·E/size, (rank+1)·E/size) whole, codes and scales alike
     (the caller sets num_experts and ep_start)."""
-    if isinstance(held_scheme(m), Fp4Scheme):
-        raise _refuse(f"ep{g.size}", where, "FP4 experts (nvfp4, mxfp4) are not sharded yet")
     for name in PROJECTIONS:
         if isinstance(getattr(m, name, None), torch.Tensor):
             for b in _buffers(m, name):
@@ -59,9 +64,12 @@ def shard_quantized_experts(m: torch.nn.Module, g: ParallelGroup, where: str, in
     """Tensor parallelism: every expert keeps this rank's slice of its intermediate size `inter` — gate_up [E, 2I, H]
     by output rows (its gate and up halves alike), down [E, H, I] by input columns."""
     scheme, kind = held_scheme(m), f"tp{g.size}"
-    assert not isinstance(scheme, Fp4Scheme), "FP4 experts are refused before their shapes are read (shard._experts)"
     part = inter // g.size
-    if isinstance(scheme, Int4Scheme):
+    if isinstance(scheme, Fp4Scheme):
+        if part % scheme.block:
+            raise _refuse(kind, where, f"{scheme.name}'s blocks of {scheme.block}: a shard of {part} intermediate "
+                                       "columns would cut one")
+    elif isinstance(scheme, Int4Scheme):
         group = getattr(m, "down_proj_group")
         if getattr(m, "down_proj_perm", None) is not None:
             raise _refuse(kind, where, "act-order (GPTQ desc_act) permutes the down projection's K across the shards' "
@@ -71,15 +79,15 @@ def shard_quantized_experts(m: torch.nn.Module, g: ParallelGroup, where: str, in
     elif scheme.weights == "block" and (part % BLOCK or inter % BLOCK):
         raise _refuse(kind, where, f"{scheme.name}'s {BLOCK}×{BLOCK} blocks: a shard of {part} of {inter} intermediate "
                                    f"rows would cut one (both must be multiples of {BLOCK})")
-    whole_rows = isinstance(scheme, Int4Scheme) or scheme.weights != "tensor"  # scales that run along N
+    whole_rows = not isinstance(scheme, Scheme) or scheme.weights != "tensor"  # scales that run along N
     for b in _buffers(m, "gate_up_proj"):  # [E, 2I, ...]: rows (or row blocks) of the gate half, then the up half
         if b.endswith("_perm") or (b.endswith("_scale") and not whole_rows):  # over K, or one per expert: whole
             continue
         gate, up = getattr(m, b).chunk(2, dim=1)
         m._buffers[b] = torch.cat([_narrow(gate, 1, g.rank, g.size), _narrow(up, 1, g.rank, g.size)], 1)
-    k_scales = isinstance(scheme, Int4Scheme) or scheme.weights == "block"  # scales that run along K
+    k_scales = not isinstance(scheme, Scheme) or scheme.weights == "block"  # scales that run along K
     for b in _buffers(m, "down_proj"):  # [E, H, I...]: its input columns (packed codes, groups, blocks)
-        if b.endswith("_scale") and not k_scales:  # per tensor or per output row: the same on every rank
+        if (b.endswith("_scale") and not k_scales) or b.endswith("_global"):  # per tensor or per output row: whole
             continue
         m._buffers[b] = _narrow(getattr(m, b), 2, g.rank, g.size)
 

@@ -78,11 +78,10 @@ def _experts(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
         raise UnsupportedModel(f"tp{g.size}: {where} ({type(m).__name__}) is transposed, biased or gateless; only "
                                "[E, 2I, H] / [E, H, I] experts are sharded so far")
     scheme = scheme_of(m)
-    if isinstance(scheme, Fp4Scheme):
-        raise UnsupportedModel(f"tp{g.size}: {where}: FP4 experts (nvfp4, mxfp4) are not sharded yet")
     gate_up, down = getattr(m, "gate_up_proj").data, getattr(m, "down_proj").data
     quantized = scheme is not None
-    inter = down.shape[2] * (8 if isinstance(scheme, Int4Scheme) else 1)  # int4: 8 codes packed per int32
+    # codes packed along K: int4 8 per int32, FP4 2 per byte
+    inter = down.shape[2] * (8 if isinstance(scheme, Int4Scheme) else 2 if isinstance(scheme, Fp4Scheme) else 1)
     if gate_up.shape[1] != 2 * inter:
         raise UnsupportedModel(f"tp{g.size}: {where}: gate_up_proj {tuple(gate_up.shape)} is not [E, 2·{inter}, H]")
     if inter % g.size:

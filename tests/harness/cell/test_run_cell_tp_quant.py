@@ -2,7 +2,8 @@
 with per-token activations and an int4 one pass under piecewise and breakable, TP=2 eager equal to the unsharded
 model's (its activations rounded per K half where the ranks round them so); a wrong scale slice on one rank and a
 quantized row-parallel layer left unreduced fail that check. Quantized experts pass too, split by intermediate size
-(tp2) and by expert index (tp2-ep2), and a rank holding the other's expert scales fails; FP4 says it is not sharded."""
+(tp2) and by expert index (tp2-ep2), FP4 dense and experts too, and a rank holding the other's expert scales fails;
+a shard that would cut an FP4 block says so."""
 
 from __future__ import annotations
 
@@ -53,9 +54,10 @@ def cells_on_rank(rank: int) -> dict:
                                o.metrics.quant_logprob_diff)
     # tiny Qwen3-MoE's experts are 48 wide (24 a rank: no int4 group fits), Mixtral's 128
     for model, quant, parallel in (("qwen3-30b-a3b", "int8_w8a8", "tp2"), ("mixtral-8x7b", "awq", "tp2"),
-                                   ("qwen3-30b-a3b", "fp8_per_token", "tp2-ep2"), ("qwen3-30b-a3b", "nvfp4", "tp2")):
+                                   ("qwen3-30b-a3b", "fp8_per_token", "tp2-ep2"), ("mixtral-8x7b", "nvfp4", "tp2"),
+                                   ("llama-3.1-8b", "mxfp4", "tp2"), ("qwen3-30b-a3b", "nvfp4", "tp2")):
         o = run_cell(CellSpec(model, graph="piecewise", parallel=parallel, quant=quant, **SMALL))
-        out[("experts", quant, parallel)] = (str(o.status), o.reason, o.metrics.tp1_logprob_diff)
+        out[("experts", model, quant, parallel)] = (str(o.status), o.reason, o.metrics.tp1_logprob_diff)
     for fault in ("scale", "reduce", "experts"):
         out[fault] = _planted(rank, fault)
     return out
@@ -72,9 +74,9 @@ def test_quantized_tp2_cells_pass_and_planted_shard_faults_fail_the_tp1_check():
         assert qerr is not None and qerr > 1e-2  # the scheme does cost something: the check is not vacuous
         if graph == "piecewise":
             assert pieces == 7  # 2 layers: 2 attentions and 4 all-reduces, as unquantized
-    for (_, quant, parallel), (status, reason, tp1) in ((k, v) for k, v in ranks[0].items() if k[0] == "experts"):
-        if quant == "nvfp4":
-            assert status == "unsupported" and "FP4" in reason, reason
+    for (_, model, quant, parallel), (status, reason, tp1) in ((k, v) for k, v in ranks[0].items() if k[0] == "experts"):
+        if model == "qwen3-30b-a3b" and quant == "nvfp4":  # tiny experts 48 wide: 24 a rank, NVFP4 blocks are 16
+            assert status == "unsupported" and "nvfp4's blocks of 16: a shard of 24" in reason, reason
         else:
             assert status == "pass" and tp1 is not None and tp1 < 1e-5, (quant, parallel, reason, tp1)
     for scale, reduce, experts in faults:

@@ -21,9 +21,12 @@ from pcg_core.errors import UnsupportedModel
 from pcg_core.model.experts import pcg_experts_forward
 from pcg_core.quant import get_scheme
 from pcg_core.quant.layers.experts import intermediate_absmax, quantize_experts
+from pcg_core.quant.layers.fp4_experts import quantize_experts_fp4
+from pcg_core.quant.schemes.fp4 import Fp4Scheme
 
 H, INTER, E, T = 256, 512, 4, 24  # INTER/2 = 256: whole 128-blocks and int4 groups of 128 in each shard
-SCHEMES = ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "w4a8", "w4afp8"]  # gptq: act-order
+SCHEMES = ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "w4a8", "w4afp8", "nvfp4",
+           "mxfp4"]  # gptq: act-order
 
 
 def _experts(seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -49,7 +52,10 @@ def _quantized(name: str):
     absmax = None
     if not getattr(scheme, "act_dynamic", True):
         absmax = {"gate_up": float(x.abs().max()), "down": intermediate_absmax(mod, x, idx)}
-    quantize_experts(mod, scheme, absmax)
+    if isinstance(scheme, Fp4Scheme):
+        quantize_experts_fp4(mod, scheme)
+    else:
+        quantize_experts(mod, scheme, absmax)
     return mod, x, idx, w
 
 
@@ -102,7 +108,8 @@ def test_whole_experts_per_rank_sum_to_the_unsharded_experts(name):
 
 
 @pytest.mark.parametrize("name,buffer", [("fp8_block", "down_proj_scale"), ("fp8_per_token", "gate_up_proj_scale"),
-                                         ("awq", "down_proj_scales"), ("w4a8", "gate_up_proj_scales")])
+                                         ("awq", "down_proj_scales"), ("w4a8", "gate_up_proj_scales"),
+                                         ("nvfp4", "down_proj_scale")])
 @torch.no_grad()
 def test_a_rank_with_the_other_ranks_scales_fails_the_sum_check(name, buffer):
     """The planted fault a slicing bug makes: rank 1 holding rank 0's scales (or zeros) of one projection."""
@@ -118,12 +125,18 @@ def test_a_rank_with_the_other_ranks_scales_fails_the_sum_check(name, buffer):
 
 
 def test_splits_that_would_cut_a_block_a_group_or_act_order_are_refused():
-    """With the reason, never sliced approximately: 128×128 blocks of an intermediate size of 128 (64 a rank), FP4
-    experts, and GPTQ's act-order (the down projection's K permuted across the shards)."""
+    """With the reason, never sliced approximately: MXFP4's 32-blocks of an intermediate size of 96 (48 a rank),
+    128×128 blocks of one of 128 (64 a rank), and GPTQ's act-order (the down projection's K permuted across the
+    shards)."""
     from pcg_core.quant import quantize_model
 
     cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=128, num_experts=E, num_experts_per_tok=2)
-    for name, why in (("fp8_block", "128×128 blocks"), ("nvfp4", "FP4 experts"), ("gptq", "act-order")):
+    cfg48 = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=96, num_experts=E, num_experts_per_tok=2)
+    mod = Qwen3MoeExperts(cfg48)
+    quantize_model(torch.nn.ModuleDict({"experts": mod}), get_scheme("mxfp4"), skip=(), input_absmax={})
+    with pytest.raises(UnsupportedModel, match="mxfp4's blocks of 32: a shard of 48"):
+        shard._experts(mod, ParallelGroup(0, 2, "unused", "gloo"), "probe")
+    for name, why in (("fp8_block", "128×128 blocks"), ("gptq", "act-order")):
         mod = Qwen3MoeExperts(cfg)
         quantize_model(torch.nn.ModuleDict({"experts": mod}), get_scheme(name), skip=(), input_absmax={})
         with pytest.raises(UnsupportedModel, match=why):

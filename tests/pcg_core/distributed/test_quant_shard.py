@@ -39,6 +39,8 @@ def _float_linear(seed: int, bias: bool) -> torch.nn.Linear:
 @torch.no_grad()
 def _quantized(name: str, lin: torch.nn.Linear, x: torch.Tensor) -> torch.nn.Module:
     scheme = get_scheme(name)
+    if isinstance(scheme, type(get_scheme("nvfp4"))):
+        return Fp4Linear.from_scheme(lin, scheme)
     if isinstance(scheme, type(get_scheme("awq"))):
         return (W4A8Linear if scheme.w4a8 else Int4Linear).from_scheme(lin, scheme)
     return QuantLinear.from_linear(lin, scheme, None if scheme.act_dynamic else x.abs().max() / scheme.qmax)
@@ -53,7 +55,7 @@ def _shards(mod: torch.nn.Module, rowwise: bool) -> list[torch.nn.Module]:
     return out
 
 
-SCHEMES = ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "w4a8"]
+SCHEMES = ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "w4a8", "nvfp4", "mxfp4"]
 
 
 def _assert_same_sum(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, lin: torch.nn.Linear) -> None:
@@ -95,7 +97,7 @@ def test_column_parallel_shards_are_the_unsharded_layers_rows(name):
     torch.testing.assert_close(torch.cat([a(x), b(x)], -1), full(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name, scale", [("fp8_block", "weight_scale"), ("awq", "scales")])
+@pytest.mark.parametrize("name, scale", [("fp8_block", "weight_scale"), ("awq", "scales"), ("nvfp4", "weight_scale")])
 @torch.no_grad()
 def test_a_row_shard_with_the_other_ranks_scales_fails_the_sum_check(name, scale):
     """The row-parallel check's planted fault: rank 1 keeps rank 0's weight scales (block or group scales that vary
@@ -130,5 +132,5 @@ def test_splits_that_would_cut_a_block_a_group_or_act_order_are_refused():
         _shards(Int4Linear.from_scheme(lin, get_scheme("awq")), rowwise=True)
     with pytest.raises(UnsupportedModel, match="act-order"):
         _shards(Int4Linear.from_scheme(_float_linear(0, False), get_scheme("gptq")), rowwise=True)
-    with pytest.raises(UnsupportedModel, match="FP4"):
-        _shards(Fp4Linear.from_scheme(_float_linear(0, False), get_scheme("nvfp4")), rowwise=False)
+    with pytest.raises(UnsupportedModel, match="mxfp4's blocks of 32.*48 input features"):
+        _shards(Fp4Linear.from_scheme(torch.nn.Linear(96, 64), get_scheme("mxfp4")), rowwise=True)

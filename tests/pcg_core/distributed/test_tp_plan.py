@@ -65,9 +65,6 @@ def test_parallel_modes_are_a_rule_and_the_reasons_name_what_is_missing():
     assert parallel_unsupported_reason("tp2-ep2") is None and PARALLEL["tp2-ep2"] == 2
     assert "more ranks than TP with TP > 1" in parallel_unsupported_reason("tp2-ep4")
     assert parallel_unsupported_reason("ep2") is None and "expert parallelism 4 is not run yet" in parallel_unsupported_reason("ep4")
-    assert "FP4 layers are not sharded" in parallel_unsupported_reason("tp2", quant="nvfp4")
-    assert parallel_unsupported_reason("tp2", quant="int8_w8a8") is None and parallel_unsupported_reason("tp2", quant="awq") is None
-    assert parallel_unsupported_reason("tp1", quant="fp8") is None
 
 
 @pytest.mark.parametrize("arch,layers", [("llama", 2), ("qwen3", 3)])
