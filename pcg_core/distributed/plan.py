@@ -23,10 +23,16 @@ EXPERT_STYLES = ("packed_colwise", "moe_tp_experts", "grouped_gemm", "ep_dispatc
 # pcg's own plan entries where transformers' plan lacks them (5.17's DeepSeek-V3 plan shards only its MLPs): MLA
 # heads sharded as its q/kv_b rows (per head: nope then rope, nope then v) and o_proj's columns; the latent
 # projection and its norm stay whole, so every rank keeps the whole latent cache.
+# Grok-2 (pcg's own module, pcg_core/model/grok.py, which transformers has no plan for): heads as Llama's, its dense
+# MLP as Llama's; its fused experts take pcg's expert rule like every other.
 PCG_PLANS: dict[str, dict[str, str]] = {
     "deepseek_v3": {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.q_b_proj": "colwise",
                     "layers.*.self_attn.kv_a_proj_with_mqa": "replicate", "layers.*.self_attn.kv_b_proj": "colwise",
                     "layers.*.self_attn.o_proj": "rowwise"},
+    "pcg_grok1": {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
+                  "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
+                  "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
+                  "layers.*.mlp.down_proj": "rowwise"},
 }
 TP_DEGREES = (1, 2)  # tensor-parallel sizes run today; larger ones wait for a multi-GPU run (issue 40)
 

@@ -166,7 +166,8 @@ def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: b
     heads = text.num_attention_heads // group.size
     kv = (getattr(text, "num_key_value_heads", None) or text.num_attention_heads) // group.size
     for m in decoder.modules():  # attributes a module reads its head count from (its reshapes infer it: -1)
-        for attr, local in (("num_heads", heads), ("num_attention_heads", heads), ("num_key_value_heads", kv)):
+        for attr, local in (("num_heads", heads), ("num_attention_heads", heads), ("num_key_value_heads", kv),
+                            ("num_kv", kv)):  # Grok-2's own attention names its KV heads num_kv
             if isinstance(getattr(m, attr, None), int) and hasattr(m, "o_proj"):
                 setattr(m, attr, local)
     record = TensorParallel(group=group, kv_heads=kv, heads=heads, all_reduces=reduces)

@@ -9,7 +9,9 @@ from pcg_helpers import CONFIGS, make_engine, prompts_of, tiny_model
 from pcg_core import load_model
 from pcg_core.distributed import init_from_env, shard_model
 
-EXTRA = {"deepseek-v3": "deepseek-ai__DeepSeek-V3.json"}  # beside pcg_helpers' table: MLA, a dense then a MoE layer
+# beside pcg_helpers' table: MLA, a dense then a MoE layer; Grok-2's own module (soft-cap, length temperature, a dense
+# MLP beside its experts), sharded by pcg's plan
+EXTRA = {"deepseek-v3": "deepseek-ai__DeepSeek-V3.json", "grok-2": "xai-org__grok-2.json"}
 
 NEW_TOKENS = 3
 
