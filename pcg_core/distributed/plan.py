@@ -23,12 +23,15 @@ EXPERT_STYLES = ("packed_colwise", "moe_tp_experts", "grouped_gemm", "ep_dispatc
 # pcg's own plan entries where transformers' plan lacks them (5.17's DeepSeek-V3 plan shards only its MLPs): MLA
 # heads sharded as its q/kv_b rows (per head: nope then rope, nope then v) and o_proj's columns; the latent
 # projection and its norm stay whole, so every rank keeps the whole latent cache.
-# Grok-2 (pcg's own module, pcg_core/model/grok.py, which transformers has no plan for): heads as Llama's, its dense
-# MLP as Llama's; its fused experts take pcg's expert rule like every other.
+# gpt-oss (transformers 5.25's plan names only its embedding): heads as Llama's, the sinks with them (shard.py); its
+# biased, transposed experts with interleaved gate/up rows take pcg's expert rule. Grok-2 (pcg's own module,
+# pcg_core/model/grok.py, which transformers has no plan for): heads and dense MLP as Llama's, experts as every other.
 PCG_PLANS: dict[str, dict[str, str]] = {
     "deepseek_v3": {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.q_b_proj": "colwise",
                     "layers.*.self_attn.kv_a_proj_with_mqa": "replicate", "layers.*.self_attn.kv_b_proj": "colwise",
                     "layers.*.self_attn.o_proj": "rowwise"},
+    "gpt_oss": {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
+                "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise"},
     "pcg_grok1": {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
                   "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
                   "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
@@ -61,7 +64,7 @@ def style_for(plan: dict[str, str], name: str) -> str | None:
 
 def tp_unsupported_reason(config: Any, tp: int) -> str | None:
     """Why a model with `config` cannot run at tensor parallelism `tp`, or None: the degree, what the sharding
-    does not cover yet (linear attention, vision towers, sinks), and head counts it does not divide."""
+    does not cover yet (linear attention, vision towers), and head counts it does not divide."""
     if tp == 1:
         return None
     if tp not in TP_DEGREES:
@@ -72,8 +75,6 @@ def tp_unsupported_reason(config: Any, tp: int) -> str | None:
         return f"tp{tp}: {arch}'s linear-attention (Gated DeltaNet) layers are not sharded by head yet"
     if getattr(config, "vision_config", None) is not None:
         return f"tp{tp}: {arch} has a vision tower, which is not run under TP yet"
-    if getattr(text, "model_type", "") == "gpt_oss":
-        return f"tp{tp}: gpt-oss's attention (sinks by head) has no TP plan yet"
     plan = decoder_plan(config)
     if not any(plan_regex(k).match("layers.0.self_attn.o_proj") and v in ROWWISE for k, v in plan.items()):
         return f"tp{tp}: {arch} has no tensor-parallel plan for its attention in transformers ({type(text).__name__}" \

@@ -47,6 +47,28 @@ def _narrow(t: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
     return t.narrow(dim, rank * step, step).clone().contiguous()
 
 
+def gate_up_rows(t: torch.Tensor, dim: int, rank: int, size: int, interleaved: bool) -> torch.Tensor:
+    """This rank's gate_up rows along `dim` (2I of them): of two halves (gate, then up) the rank's slice of each, or,
+    where gate and up rows alternate (gpt-oss: transformers' `is_concatenated=False`), one contiguous block of whole
+    (gate, up) pairs."""
+    if interleaved:
+        return _narrow(t, dim, rank, size)
+    gate, up = t.chunk(2, dim=dim)
+    return torch.cat([_narrow(gate, dim, rank, size), _narrow(up, dim, rank, size)], dim)
+
+
+def shard_expert_biases(m: torch.nn.Module, g: ParallelGroup, interleaved: bool) -> None:
+    """Biased experts (gpt-oss) under TP: gate_up's bias [E, 2I] with its rows; down's [E, H] added by rank 0 only,
+    so the ranks' partial sums add up to one bias."""
+    bias = getattr(m, "gate_up_proj_bias", None)
+    if isinstance(bias, torch.Tensor):
+        setattr(m, "gate_up_proj_bias", torch.nn.Parameter(gate_up_rows(bias.data, 1, g.rank, g.size, interleaved),
+                                                           requires_grad=False))
+    bias = getattr(m, "down_proj_bias", None)
+    if isinstance(bias, torch.Tensor) and g.rank != 0:
+        setattr(m, "down_proj_bias", torch.nn.Parameter(torch.zeros_like(bias.data), requires_grad=False))
+
+
 def _refuse(kind: str, where: str, why: str) -> UnsupportedModel:
     return UnsupportedModel(f"{kind}: {where}: {why}")
 
@@ -60,9 +82,9 @@ def shard_quantized_experts_by_index(m: torch.nn.Module, g: ParallelGroup, where
                 m._buffers[b] = _narrow(getattr(m, b), 0, g.rank, g.size)
 
 
-def shard_quantized_experts(m: torch.nn.Module, g: ParallelGroup, where: str, inter: int) -> None:
+def shard_quantized_experts(m: torch.nn.Module, g: ParallelGroup, where: str, inter: int, interleaved: bool) -> None:
     """Tensor parallelism: every expert keeps this rank's slice of its intermediate size `inter` — gate_up [E, 2I, H]
-    by output rows (its gate and up halves alike), down [E, H, I] by input columns."""
+    by output rows (gate_up_rows), down [E, H, I] by input columns."""
     scheme, kind = held_scheme(m), f"tp{g.size}"
     part = inter // g.size
     if isinstance(scheme, Fp4Scheme):
@@ -80,11 +102,10 @@ def shard_quantized_experts(m: torch.nn.Module, g: ParallelGroup, where: str, in
         raise _refuse(kind, where, f"{scheme.name}'s {BLOCK}×{BLOCK} blocks: a shard of {part} of {inter} intermediate "
                                    f"rows would cut one (both must be multiples of {BLOCK})")
     whole_rows = not isinstance(scheme, Scheme) or scheme.weights != "tensor"  # scales that run along N
-    for b in _buffers(m, "gate_up_proj"):  # [E, 2I, ...]: rows (or row blocks) of the gate half, then the up half
+    for b in _buffers(m, "gate_up_proj"):  # [E, 2I, ...]: this rank's gate and up rows (or row blocks)
         if b.endswith("_perm") or (b.endswith("_scale") and not whole_rows):  # over K, or one per expert: whole
             continue
-        gate, up = getattr(m, b).chunk(2, dim=1)
-        m._buffers[b] = torch.cat([_narrow(gate, 1, g.rank, g.size), _narrow(up, 1, g.rank, g.size)], 1)
+        m._buffers[b] = gate_up_rows(getattr(m, b), 1, g.rank, g.size, interleaved)
     k_scales = not isinstance(scheme, Scheme) or scheme.weights == "block"  # scales that run along K
     for b in _buffers(m, "down_proj"):  # [E, H, I...]: its input columns (packed codes, groups, blocks)
         if (b.endswith("_scale") and not k_scales) or b.endswith("_global"):  # per tensor or per output row: whole

@@ -19,7 +19,8 @@ import torch
 from pcg_core.distributed.group import ParallelGroup
 from pcg_core.distributed.layers import TP_GROUP, RowParallelLinear, ep_experts_class, tp_experts_class
 from pcg_core.distributed.quant import is_quantized_linear, shard_quantized
-from pcg_core.distributed.quant_experts import shard_quantized_experts, shard_quantized_experts_by_index
+from pcg_core.distributed.quant_experts import (gate_up_rows, shard_expert_biases, shard_quantized_experts,
+                                               shard_quantized_experts_by_index)
 from pcg_core.distributed.plan import COLWISE, EXPERT_STYLES, ROWWISE, decoder_plan, style_for, tp_unsupported_reason, unknown_styles
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.layers.expert_layout import expert_count
@@ -71,47 +72,48 @@ def _rowwise(m: torch.nn.Linear, g: ParallelGroup, where: str) -> None:
 
 
 def _experts(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
-    """Every expert keeps its whole hidden size and this rank's slice of its intermediate size: gate and up halves
-    of gate_up_proj [E, 2I, H] sliced alike, down_proj [E, H, I] along I; the output is summed over ranks.
-    Quantized experts' codes and scales are sliced with them (quant_experts.py)."""
-    if getattr(m, "is_transposed", False) or getattr(m, "has_bias", False) or not getattr(m, "has_gate", True):
-        raise UnsupportedModel(f"tp{g.size}: {where} ({type(m).__name__}) is transposed, biased or gateless; only "
-                               "[E, 2I, H] / [E, H, I] experts are sharded so far")
+    """Every expert keeps its whole hidden size and this rank's slice of its intermediate size: gate_up's rows of it
+    (gate and up alike, halves or interleaved pairs: quant_experts.gate_up_rows), down's input columns; biases with
+    their rows, down's added once; the output is summed over ranks. Float experts in their own layout (gpt-oss's
+    transposed [E, K, N] too), quantized ones' codes and scales in the canonical [E, N, K] (quant_experts.py)."""
+    if not getattr(m, "has_gate", True):
+        raise UnsupportedModel(f"tp{g.size}: {where} ({type(m).__name__}) is gateless; only gated experts are sharded "
+                               "so far")
     scheme = scheme_of(m)
+    interleaved = not getattr(m, "is_concatenated", True)
+    n_dim, k_dim = (2, 1) if scheme is None and getattr(m, "is_transposed", False) else (1, 2)
     gate_up, down = getattr(m, "gate_up_proj").data, getattr(m, "down_proj").data
-    quantized = scheme is not None
     # codes packed along K: int4 8 per int32, FP4 2 per byte
-    inter = down.shape[2] * (8 if isinstance(scheme, Int4Scheme) else 2 if isinstance(scheme, Fp4Scheme) else 1)
-    if gate_up.shape[1] != 2 * inter:
-        raise UnsupportedModel(f"tp{g.size}: {where}: gate_up_proj {tuple(gate_up.shape)} is not [E, 2·{inter}, H]")
+    inter = down.shape[k_dim] * (8 if isinstance(scheme, Int4Scheme) else 2 if isinstance(scheme, Fp4Scheme) else 1)
+    if gate_up.shape[n_dim] != 2 * inter:
+        raise UnsupportedModel(f"tp{g.size}: {where}: gate_up_proj {tuple(gate_up.shape)} does not hold 2·{inter} "
+                               f"rows along dim {n_dim}")
     if inter % g.size:
         raise UnsupportedModel(f"tp{g.size}: {where}: {inter} intermediate rows, which {g.size} ranks do not divide")
-    if quantized:
-        shard_quantized_experts(m, g, where, inter)
+    if scheme is not None:
+        shard_quantized_experts(m, g, where, inter, interleaved)
     else:
-        gate, up = gate_up[:, :inter], gate_up[:, inter:]
-        setattr(m, "gate_up_proj", _param(torch.cat([_shard(gate, 1, g.rank, g.size, where),
-                                                     _shard(up, 1, g.rank, g.size, where)], 1)))
-        setattr(m, "down_proj", _param(_shard(down, 2, g.rank, g.size, where)))
-    if hasattr(m, "intermediate_dim"):
-        setattr(m, "intermediate_dim", inter // g.size)
+        setattr(m, "gate_up_proj", _param(gate_up_rows(gate_up, n_dim, g.rank, g.size, interleaved)))
+        setattr(m, "down_proj", _param(_shard(down, k_dim, g.rank, g.size, where)))
+    shard_expert_biases(m, g, interleaved)
+    for attr in ("intermediate_dim", "intermediate_size"):
+        if isinstance(getattr(m, attr, None), int):
+            setattr(m, attr, inter // g.size)
     m.__class__ = tp_experts_class(type(m))
     setattr(m, TP_GROUP, g.name)
 
 
 def _experts_by_index(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
     """Expert parallelism (ep = tp): this rank keeps experts [rank·E/size, (rank+1)·E/size) whole."""
-    if getattr(m, "has_bias", False):
-        raise UnsupportedModel(f"tp{g.size}-ep{g.size}: {where} ({type(m).__name__}) has biased experts; not sharded yet")
     experts = expert_count(m)
     if experts % g.size:
         raise UnsupportedModel(f"ep{g.size}: {where} has {experts} experts, which {g.size} ranks do not divide")
     if scheme_of(m) is not None:
         shard_quantized_experts_by_index(m, g, where)
-    else:
-        for name in ("gate_up_proj", "up_proj", "down_proj"):
-            if isinstance(getattr(m, name, None), torch.Tensor):
-                setattr(m, name, _param(_shard(getattr(m, name).data, 0, g.rank, g.size, where)))
+    floats = ("gate_up_proj_bias", "up_proj_bias", "down_proj_bias")  # biases stay float parameters when quantized
+    for name in floats if scheme_of(m) is not None else ("gate_up_proj", "up_proj", "down_proj", *floats):
+        if isinstance(getattr(m, name, None), torch.Tensor):
+            setattr(m, name, _param(_shard(getattr(m, name).data, 0, g.rank, g.size, where)))
     local = experts // g.size
     setattr(m, "num_experts", local)
     setattr(m, "ep_start", g.rank * local)
@@ -166,10 +168,15 @@ def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: b
     heads = text.num_attention_heads // group.size
     kv = (getattr(text, "num_key_value_heads", None) or text.num_attention_heads) // group.size
     for m in decoder.modules():  # attributes a module reads its head count from (its reshapes infer it: -1)
+        if not hasattr(m, "o_proj"):
+            continue
         for attr, local in (("num_heads", heads), ("num_attention_heads", heads), ("num_key_value_heads", kv),
                             ("num_kv", kv)):  # Grok-2's own attention names its KV heads num_kv
-            if isinstance(getattr(m, attr, None), int) and hasattr(m, "o_proj"):
+            if isinstance(getattr(m, attr, None), int):
                 setattr(m, attr, local)
+        sinks = getattr(m, "sinks", None)  # gpt-oss: one sink logit per head, this rank's heads'
+        if isinstance(sinks, torch.Tensor) and sinks.shape == (text.num_attention_heads,):
+            setattr(m, "sinks", _param(_shard(sinks.data, 0, group.rank, group.size, "sinks")))
     record = TensorParallel(group=group, kv_heads=kv, heads=heads, all_reduces=reduces)
     setattr(model, ATTRIBUTE, record)
     return record

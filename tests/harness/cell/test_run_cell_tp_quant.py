@@ -2,8 +2,9 @@
 with per-token activations and an int4 one pass under piecewise and breakable, TP=2 eager equal to the unsharded
 model's (its activations rounded per K half where the ranks round them so); a wrong scale slice on one rank and a
 quantized row-parallel layer left unreduced fail that check. Quantized experts pass too, split by intermediate size
-(tp2) and by expert index (tp2-ep2), FP4 dense and experts too, and a rank holding the other's expert scales fails;
-a shard that would cut an FP4 block says so."""
+(tp2) and by expert index (tp2-ep2), FP4 dense and experts too, gpt-oss (sinks by head; biased, transposed experts
+with interleaved gate/up rows) among them, and a rank holding the other's expert scales fails; a shard that would
+cut an FP4 block says so."""
 
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ def cells_on_rank(rank: int) -> dict:
     # tiny Qwen3-MoE's experts are 48 wide (24 a rank: no int4 group fits), Mixtral's 128
     for model, quant, parallel in (("qwen3-30b-a3b", "int8_w8a8", "tp2"), ("mixtral-8x7b", "awq", "tp2"),
                                    ("qwen3-30b-a3b", "fp8_per_token", "tp2-ep2"), ("mixtral-8x7b", "nvfp4", "tp2"),
-                                   ("llama-3.1-8b", "mxfp4", "tp2"), ("qwen3-30b-a3b", "nvfp4", "tp2")):
+                                   ("llama-3.1-8b", "mxfp4", "tp2"), ("qwen3-30b-a3b", "nvfp4", "tp2"),
+                                   ("gpt-oss-120b", "none", "tp2"), ("gpt-oss-120b", "mxfp4", "tp2"),
+                                   ("gpt-oss-120b", "int8_w8a8", "tp2-ep2")):
         o = run_cell(CellSpec(model, graph="piecewise", parallel=parallel, quant=quant, **SMALL))
         out[("experts", model, quant, parallel)] = (str(o.status), o.reason, o.metrics.tp1_logprob_diff)
     for fault in ("scale", "reduce", "experts"):

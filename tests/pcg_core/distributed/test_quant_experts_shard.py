@@ -10,7 +10,8 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen3MoeConfig
+from transformers import GptOssConfig, Qwen3MoeConfig
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
 from pcg_core.distributed import shard
@@ -29,10 +30,14 @@ SCHEMES = ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "
            "mxfp4"]  # gptq: act-order
 
 
-def _experts(seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Experts whose rows and column blocks vary 10–100× with outliers, and 24 tokens routed to 2 of them each."""
-    cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=INTER, num_experts=E, num_experts_per_tok=2)
-    mod = Qwen3MoeExperts(cfg)
+def _experts(kind: str = "qwen3-moe", seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Experts whose rows and column blocks vary 10–100× with outliers, and 24 tokens routed to 2 of them each.
+    gpt-oss: transposed [E, K, N], biased, gate and up rows interleaved."""
+    if kind == "gpt-oss":
+        mod = GptOssExperts(GptOssConfig(hidden_size=H, intermediate_size=INTER, num_local_experts=E))
+    else:
+        mod = Qwen3MoeExperts(Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=INTER, num_experts=E,
+                                             num_experts_per_tok=2))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in (mod.gate_up_proj, mod.down_proj):
@@ -41,13 +46,16 @@ def _experts(seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor
             w *= torch.logspace(-1, 1, p.shape[2] // 128).repeat_interleave(128)[None, None, :]
             w.view(-1)[torch.randint(0, w.numel(), (60,), generator=g)] *= 20
             p.copy_(w)
+        for name in ("gate_up_proj_bias", "down_proj_bias"):
+            if hasattr(mod, name):
+                getattr(mod, name).copy_(torch.randn(getattr(mod, name).shape, generator=g))
     x = torch.randn(T, H, generator=g) * torch.logspace(-1, 0.5, H)
     idx = torch.stack([torch.randperm(E, generator=g)[:2] for _ in range(T)])
     return mod, x, idx, torch.rand(T, 2, generator=g)
 
 
-def _quantized(name: str):
-    mod, x, idx, w = _experts()
+def _quantized(name: str, kind: str = "qwen3-moe"):
+    mod, x, idx, w = _experts(kind)
     scheme = get_scheme(name)
     absmax = None
     if not getattr(scheme, "act_dynamic", True):
@@ -82,10 +90,11 @@ def _assert_close(got, want, what):
     assert ((got - want).abs().max() / scale).item() < 1e-5, what
 
 
+@pytest.mark.parametrize("kind", ["qwen3-moe", "gpt-oss"])
 @pytest.mark.parametrize("name", SCHEMES)
 @torch.no_grad()
-def test_intermediate_shards_sum_to_the_unsharded_experts(name):
-    mod, x, idx, w = _quantized(name)
+def test_intermediate_shards_sum_to_the_unsharded_experts(name, kind):
+    mod, x, idx, w = _quantized(name, kind)
     ranks = [_rank(mod, r, by_index=False) for r in (0, 1)]
     assert type(ranks[0]).__name__.startswith("TensorParallel")
     got = _run(ranks[0], x, idx, w) + _run(ranks[1], x, idx, w)
@@ -97,10 +106,11 @@ def test_intermediate_shards_sum_to_the_unsharded_experts(name):
     _assert_close(got, _run(want_mod, x, idx, w), name)
 
 
+@pytest.mark.parametrize("kind", ["qwen3-moe", "gpt-oss"])
 @pytest.mark.parametrize("name", [*SCHEMES, "gptq"])
 @torch.no_grad()
-def test_whole_experts_per_rank_sum_to_the_unsharded_experts(name):
-    mod, x, idx, w = _quantized(name)
+def test_whole_experts_per_rank_sum_to_the_unsharded_experts(name, kind):
+    mod, x, idx, w = _quantized(name, kind)
     ranks = [_rank(mod, r, by_index=True) for r in (0, 1)]
     assert [r.num_experts for r in ranks] == [E // 2] * 2 and ranks[1].ep_start == E // 2
     got = _by_index_forward(ranks[0], x, idx, w) + _by_index_forward(ranks[1], x, idx, w)
