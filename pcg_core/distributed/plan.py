@@ -73,8 +73,6 @@ def tp_unsupported_reason(config: Any, tp: int) -> str | None:
     arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
     if getattr(text, "linear_num_value_heads", None):
         return f"tp{tp}: {arch}'s linear-attention (Gated DeltaNet) layers are not sharded by head yet"
-    if getattr(config, "vision_config", None) is not None:
-        return f"tp{tp}: {arch} has a vision tower, which is not run under TP yet"
     plan = decoder_plan(config)
     if not any(plan_regex(k).match("layers.0.self_attn.o_proj") and v in ROWWISE for k, v in plan.items()):
         return f"tp{tp}: {arch} has no tensor-parallel plan for its attention in transformers ({type(text).__name__}" \
