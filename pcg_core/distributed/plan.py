@@ -32,11 +32,15 @@ PCG_PLANS: dict[str, dict[str, str]] = {
                     "layers.*.self_attn.o_proj": "rowwise"},
     "gpt_oss": {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
                 "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise"},
+    # Qwen3-Next's Gated DeltaNet by key-head group (distributed/linear.py), in place of transformers' gathered output
+    "qwen3_next": {"layers.*.linear_attn.in_proj_qkvz": "colwise", "layers.*.linear_attn.in_proj_ba": "colwise",
+                   "layers.*.linear_attn.out_proj": "rowwise"},
     "pcg_grok1": {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
                   "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
                   "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
                   "layers.*.mlp.down_proj": "rowwise"},
 }
+KNOWN_STYLES = (*COLWISE, *ROWWISE, *REPLICATED, *EXPERT_STYLES, "mla_kv_a_proj")  # the styles pcg applies
 TP_DEGREES = (1, 2)  # tensor-parallel sizes run today; larger ones wait for a multi-GPU run (issue 40)
 
 
@@ -46,12 +50,13 @@ def plan_regex(key: str) -> re.Pattern[str]:
 
 
 def decoder_plan(config: Any) -> dict[str, str]:
-    """transformers' TP plan of the model's decoder (keys relative to it), pcg's entries (PCG_PLANS) added where it
-    has none for a module; {} when neither has one."""
+    """transformers' TP plan of the model's decoder (keys relative to it), pcg's entries (PCG_PLANS) where it has none
+    for a module or one pcg does not apply; {} when neither has one."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     plan = dict(getattr(text, "base_model_tp_plan", None) or {})
     for key, style in PCG_PLANS.get(getattr(text, "model_type", ""), {}).items():
-        plan.setdefault(key, style)
+        if key not in plan or plan[key] not in KNOWN_STYLES:  # theirs where pcg applies it
+            plan[key] = style
     return plan
 
 
@@ -71,8 +76,8 @@ def tp_unsupported_reason(config: Any, tp: int) -> str | None:
         return f"tensor parallelism {tp}: the runtime runs TP {', '.join(map(str, TP_DEGREES))} only so far"
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
-    if getattr(text, "linear_num_value_heads", None):
-        return f"tp{tp}: {arch}'s linear-attention (Gated DeltaNet) layers are not sharded by head yet"
+    if (kh := getattr(text, "linear_num_key_heads", None)) and kh % tp:
+        return f"tp{tp} does not divide the linear-attention layers' {kh} key heads"
     plan = decoder_plan(config)
     if not any(plan_regex(k).match("layers.0.self_attn.o_proj") and v in ROWWISE for k, v in plan.items()):
         return f"tp{tp}: {arch} has no tensor-parallel plan for its attention in transformers ({type(text).__name__}" \
@@ -87,5 +92,4 @@ def tp_unsupported_reason(config: Any, tp: int) -> str | None:
 
 def unknown_styles(plan: dict[str, str]) -> list[str]:
     """Plan entries whose style pcg does not apply (such a model is refused rather than sharded half-way)."""
-    known = (*COLWISE, *ROWWISE, *REPLICATED, *EXPERT_STYLES, "mla_kv_a_proj")
-    return [f"{k}: {v}" for k, v in plan.items() if v not in known]
+    return [f"{k}: {v}" for k, v in plan.items() if v not in KNOWN_STYLES]

@@ -18,6 +18,7 @@ import torch
 
 from pcg_core.distributed.group import ParallelGroup
 from pcg_core.distributed.layers import TP_GROUP, RowParallelLinear, ep_experts_class, tp_experts_class
+from pcg_core.distributed.linear import is_gated_deltanet, shard_gated_deltanet
 from pcg_core.distributed.quant import is_quantized_linear, shard_quantized
 from pcg_core.distributed.quant_experts import (gate_up_rows, shard_expert_biases, shard_quantized_experts,
                                                shard_quantized_experts_by_index)
@@ -177,6 +178,9 @@ def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: b
         sinks = getattr(m, "sinks", None)  # gpt-oss: one sink logit per head, this rank's heads'
         if isinstance(sinks, torch.Tensor) and sinks.shape == (text.num_attention_heads,):
             setattr(m, "sinks", _param(_shard(sinks.data, 0, group.rank, group.size, "sinks")))
+    for m in decoder.modules():
+        if is_gated_deltanet(m):  # Qwen3-Next's linear attention: conv channels, decay and heads by key-head group
+            shard_gated_deltanet(m, group)
     record = TensorParallel(group=group, kv_heads=kv, heads=heads, all_reduces=reduces)
     setattr(model, ATTRIBUTE, record)
     return record

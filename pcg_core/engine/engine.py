@@ -110,7 +110,8 @@ class Engine:
                              kv_heads=tp.kv_heads if (tp := tensor_parallel_of(model)) is not None else None)
         scales = kv_scales_of(model, self.cache) if self.cache.quantized else None  # refused before any capture
         self.attn_backend = attn_cls(self.cache, config.capture.max_tokens)
-        self.linear_state = make_linear_state(model.config, config)  # None unless the model has linear layers
+        # None unless the model has linear layers
+        self.linear_state = make_linear_state(model.config, config, tp.group.size if tp is not None else 1)
         self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device)
         # A VLM: its vision front end runs eagerly into static buffers the captured text decoder reads.
         self.vision = VisionInputs(model, config.capture.max_tokens, self.device) if VisionInputs.wanted(model) else None

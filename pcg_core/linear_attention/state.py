@@ -49,9 +49,10 @@ class Run:
     read: int
 
 
-def linear_layer_shape(config) -> LinearLayerShape:
-    """The per-sequence state shape of a Qwen3-Next-style config (linear_* fields)."""
-    kh, vh = config.linear_num_key_heads, config.linear_num_value_heads
+def linear_layer_shape(config, tp: int = 1) -> LinearLayerShape:
+    """The per-sequence state shape of a Qwen3-Next-style config (linear_* fields), at one of `tp` ranks sharding
+    the heads."""
+    kh, vh = config.linear_num_key_heads // tp, config.linear_num_value_heads // tp
     dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
     return LinearLayerShape(2 * kh * dk + vh * dv, config.linear_conv_kernel_dim, vh, dk, dv)
 

@@ -108,15 +108,21 @@ def test_moe_experts_keep_every_expert_with_a_slice_of_its_intermediate():
     assert tp.all_reduces == 2 and type(lm.model.model.layers[0].self_attn.o_proj) is RowParallelLinear
 
 
-@pytest.mark.parametrize("arch,words", [("qwen3-next-80b-a3b", "linear-attention"),
-                                        ("qwen2.5-vl-7b", "vision tower"),
-                                        ("gpt-oss-120b", "gpt-oss")])
-def test_models_the_plan_does_not_cover_are_refused_with_the_reason(arch, words):
+@pytest.mark.parametrize("arch", ["qwen3-next-80b-a3b", "qwen2.5-vl-7b", "qwen3-vl-30b-a3b", "gpt-oss-120b", "grok-2"])
+def test_every_seed_architecture_has_a_plan_and_what_it_cannot_divide_is_refused(arch):
+    """Linear attention by key-head group, VLMs' text decoders, gpt-oss's heads and sinks, Grok-2's own module: each
+    has a plan at tp2 (transformers' or pcg's); a degree the runtime does not run, or that does not divide the
+    linear-attention key heads, is refused with the reason."""
     from harness.cards import find_card
     from pcg_core.model import build_config, shrink_config
 
     config = build_config(shrink_config(find_card(arch).config, tiny=True))
-    assert words in tp_unsupported_reason(config, 2)
+    assert tp_unsupported_reason(config, 2) is None
+    assert "tensor parallelism 4" in tp_unsupported_reason(config, 4)
+    text = config.get_text_config()
+    if getattr(text, "linear_num_key_heads", None):
+        text.linear_num_key_heads = 3
+        assert "linear-attention layers' 3 key heads" in tp_unsupported_reason(config, 2)
 
 
 def test_a_degree_that_does_not_divide_the_heads_is_refused():

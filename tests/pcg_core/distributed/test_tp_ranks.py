@@ -1,4 +1,4 @@
-"""TP=2 over two gloo ranks (spawned processes, as a parallel cell runs), dense, MoE, MLA, Grok-2 and gpt-oss (sinks, biased interleaved experts) models: the same full weights sharded give
+"""TP=2 over two gloo ranks (spawned processes, as a parallel cell runs), dense, MoE, MLA, Grok-2, gpt-oss (sinks, biased interleaved experts) and Qwen3-Next (linear attention by head) models: the same full weights sharded give
 TP=1's logits within 1e-5, piecewise and breakable equal TP=2 eager bitwise at
 the same padding, and the TP2-vs-TP1 check catches a
 skipped all-reduce and a shard taken from the wrong rank's slice. Each model is one spawn (~1 min on a loaded
@@ -14,7 +14,7 @@ from tp_ranks import run_ranks
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "qwen3-moe", "mixtral", "deepseek-v3", "grok-2", "gpt-oss"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "qwen3-moe", "mixtral", "deepseek-v3", "grok-2", "gpt-oss", "qwen3-next"])
 def ranks(request) -> tuple[str, list[dict]]:
     arch = request.param
     return arch, run_ranks(measure, arch, arch == "llama")

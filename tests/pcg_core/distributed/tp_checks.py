@@ -11,7 +11,8 @@ from pcg_core.distributed import init_from_env, shard_model
 
 # beside pcg_helpers' table: MLA, a dense then a MoE layer; Grok-2's own module (soft-cap, length temperature, a dense
 # MLP beside its experts), sharded by pcg's plan
-EXTRA = {"deepseek-v3": "deepseek-ai__DeepSeek-V3.json", "grok-2": "xai-org__grok-2.json"}
+EXTRA = {"deepseek-v3": "deepseek-ai__DeepSeek-V3.json", "grok-2": "xai-org__grok-2.json",
+         "qwen3-next": "Qwen__Qwen3-Next-80B-A3B-Instruct.json"}
 
 NEW_TOKENS = 3
 
@@ -43,7 +44,7 @@ def measure(rank: int, arch: str, faults: bool) -> dict:
     record = shard_model(lm.model, group)
     tp2 = _run(lm.model, "disabled", prompts)
     out = {"rank": rank, "tp2_vs_tp1": _diff(tp2, tp1), "all_reduces": record.all_reduces,
-           "kv_heads": tp2["engine"].cache.k[0].shape[1]}
+           "kv_heads": next(k for k in tp2["engine"].cache.k if k is not None).shape[1]}  # a linear layer has none
     for backend in ("piecewise", "breakable"):
         graph = _run(lm.model, backend, prompts)
         eager = _run(lm.model, "disabled", prompts, pad_like=graph["engine"])  # eager at the graph's padding
