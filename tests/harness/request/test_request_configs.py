@@ -177,14 +177,15 @@ def test_a_tp_size_the_runtime_does_not_run_is_said_as_a_what_if(pcgh, db):
 
 
 def test_a_tp_size_the_runtime_runs_is_checked_against_its_sharding_of_the_model():
-    """tp2 runs, but not every model shards yet: the verdict says what the sharding lacks for this one."""
-    def par(name: str) -> dict:
-        return analyze(json.loads((REPO_CONFIGS / name).read_text()), model="m", tps=[2])["verdicts"]["parallel"]
+    """tp2 runs, but not for every shape: the verdict says what the sharding cannot divide for this one."""
+    def par(name: str, **change) -> dict:
+        cfg = {**json.loads((REPO_CONFIGS / name).read_text()), **change}
+        return analyze(cfg, model="m", tps=[2])["verdicts"]["parallel"]
 
     assert par("Qwen__Qwen3-0.6B.json") == {"ok": True, "reason": "tp2: runs on 2 GPU(s)"}
-    oss = par("openai__gpt-oss-120b.json")
-    assert not oss["ok"] and "gpt-oss's attention (sinks by head) has no TP plan yet" in oss["reason"]
-    assert "Gated DeltaNet" in par("Qwen__Qwen3-Next-80B-A3B-Instruct.json")["reason"]
+    assert par("openai__gpt-oss-120b.json")["ok"] and par("Qwen__Qwen3-Next-80B-A3B-Instruct.json")["ok"]
+    odd = par("Qwen__Qwen3-Next-80B-A3B-Instruct.json", linear_num_key_heads=3)
+    assert not odd["ok"] and "does not divide the linear-attention layers' 3 key heads" in odd["reason"]
 
 
 def test_requested_quant_and_tp_are_checked():
