@@ -182,9 +182,13 @@ def _head_counts(s: Structure) -> list[int]:
 
 
 def divides_heads(s: Structure, tp: int) -> bool:
-    """Whether TP size `tp` splits the query and KV heads (and linear attention's heads) evenly."""
+    """Whether TP size `tp` splits the query heads (and linear attention's) evenly, and the KV heads evenly or as a
+    multiple of them (each KV head kept whole by tp / KV ranks, as the runtime shards: pcg_core.distributed)."""
     counts = _head_counts(s)
-    return bool(counts) and all(n % tp == 0 for n in counts)
+    if not counts:
+        return False
+    kv_ok = not s.kv_heads or s.kv_heads % tp == 0 or tp % s.kv_heads == 0
+    return kv_ok and all(n % tp == 0 for n in counts if n != s.kv_heads or n == s.heads)
 
 
 def tp_sizes(s: Structure) -> list[int]:

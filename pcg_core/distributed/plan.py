@@ -41,7 +41,7 @@ PCG_PLANS: dict[str, dict[str, str]] = {
                   "layers.*.mlp.down_proj": "rowwise"},
 }
 KNOWN_STYLES = (*COLWISE, *ROWWISE, *REPLICATED, *EXPERT_STYLES, "mla_kv_a_proj")  # the styles pcg applies
-TP_DEGREES = (1, 2)  # tensor-parallel sizes run today; larger ones wait for a multi-GPU run (issue 40)
+TP_DEGREES = (1, 2, 4, 8)  # tensor-parallel sizes the runtime shards for (4 and 8: gloo on a CPU; GPUs: issue 45)
 
 
 def plan_regex(key: str) -> re.Pattern[str]:
@@ -84,9 +84,9 @@ def tp_unsupported_reason(config: Any, tp: int) -> str | None:
                ".base_model_tp_plan); pcg has none of its own yet"
     heads = text.num_attention_heads
     kv = getattr(text, "num_key_value_heads", None) or heads
-    if heads % tp or kv % tp:
-        return (f"tp{tp} does not divide the heads ({heads} attention, {kv} KV heads); KV heads replicated across "
-                "ranks are not supported yet")
+    if heads % tp or (kv % tp and tp % kv):
+        return (f"tp{tp} does not divide the heads ({heads} attention, {kv} KV heads), nor is it a multiple of the "
+                "KV heads (each KV head kept whole by several ranks)")
     return None
 
 

@@ -144,6 +144,12 @@ def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: b
     if expert_parallel and not any(_is_experts(m) for m in decoder.modules()):
         raise UnsupportedModel(f"ep{group.size}: {type(model).__name__} has no routed experts to spread (expert "
                                "parallelism is for MoE models)")
+    text = config.get_text_config()
+    kv_total = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    # More ranks than KV heads: each KV head is kept whole by tp / kv ranks (those whose query heads read it), as
+    # vLLM and SGLang replicate them; k_proj and v_proj are sliced by the KV heads' own grouping.
+    kv_group = group if kv_total >= group.size else \
+        ParallelGroup(group.rank // (group.size // kv_total), kv_total, group.name, group.backend)
     reduces = 0
     for name, m in list(decoder.named_modules()):
         if _is_experts(m):
@@ -153,26 +159,26 @@ def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: b
         style = style_for(plan, name)
         if style is None or style in EXPERT_STYLES:
             continue
+        g = kv_group if style in COLWISE and name.endswith(("k_proj", "v_proj")) else group
         if style in COLWISE + ROWWISE and is_quantized_linear(m):
-            shard_quantized(m, style in ROWWISE, group, name)
+            shard_quantized(m, style in ROWWISE, g, name)
             reduces += style in ROWWISE
             continue
         if style in COLWISE + ROWWISE and type(m) is not torch.nn.Linear:
             raise UnsupportedModel(f"tp{group.size}: {name} is a {type(m).__name__}, not a plain or quantized Linear; "
                                    "custom layers are not sharded yet")
         if style in COLWISE:
-            _colwise(m, group, name)
+            _colwise(m, g, name)
         elif style in ROWWISE:
             _rowwise(m, group, name)
             reduces += 1
-    text = config.get_text_config()
-    heads = text.num_attention_heads // group.size
-    kv = (getattr(text, "num_key_value_heads", None) or text.num_attention_heads) // group.size
+    heads, kv = text.num_attention_heads // group.size, kv_total // kv_group.size
     for m in decoder.modules():  # attributes a module reads its head count from (its reshapes infer it: -1)
         if not hasattr(m, "o_proj"):
             continue
         for attr, local in (("num_heads", heads), ("num_attention_heads", heads), ("num_key_value_heads", kv),
-                            ("num_kv", kv)):  # Grok-2's own attention names its KV heads num_kv
+                            ("num_kv", kv),  # Grok-2's own attention names its KV heads num_kv
+                            ("num_key_value_groups", heads // kv)):  # transformers' repeat_kv (a twin's eager)
             if isinstance(getattr(m, attr, None), int):
                 setattr(m, attr, local)
         sinks = getattr(m, "sinks", None)  # gpt-oss: one sink logit per head, this rank's heads'

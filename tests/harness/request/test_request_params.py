@@ -94,10 +94,10 @@ def test_memory_per_dtype_and_h200_rule():
 @pytest.mark.parametrize("name, tp, ep", [
     ("Qwen__Qwen3-0.6B.json", [1, 2, 4, 8], []),  # 16 heads, 8 KV heads
     ("Qwen__Qwen2.5-0.5B.json", [1, 2], []),  # 14 heads, 2 KV heads
-    ("Qwen__Qwen3-30B-A3B.json", [1, 2, 4], [1, 2, 4, 8]),  # 4 KV heads; 128 experts
+    ("Qwen__Qwen3-30B-A3B.json", [1, 2, 4, 8], [1, 2, 4, 8]),  # 4 KV heads (tp8: each kept by 2 ranks); 128 experts
     ("mistralai__Mixtral-8x7B-v0.1.json", [1, 2, 4, 8], [1, 2, 4, 8]),
     ("moonshotai__Kimi-K2-Instruct.json", [1, 2, 4, 8], [1, 2, 3, 4, 6, 8]),  # 384 experts
-    ("Qwen__Qwen3-Next-80B-A3B-Instruct.json", [1, 2], [1, 2, 4, 8]),  # 2 KV heads
+    ("Qwen__Qwen3-Next-80B-A3B-Instruct.json", [1, 2, 4, 8], [1, 2, 4, 8]),  # 2 KV heads, replicated past tp2
 ])
 def test_tp_and_ep_sizes(name, tp, ep):
     r = analyze(load_config(name))

@@ -55,9 +55,10 @@ def test_all_reduce_is_a_split_op_and_the_table_says_where_it_runs():
 
 
 def test_parallel_modes_are_a_rule_and_the_reasons_name_what_is_missing():
-    assert PARALLEL == {"tp1": 1, "tp2": 2, "tp2-ep2": 2, "pp2": 2, "dp2": 2, "ep2": 2} and parallel_gpus("tp2-pp2-dp2-ep8") == 8 * 2
-    assert parallel_unsupported_reason("tp2") is None
-    assert "tensor parallelism 4 is not run yet" in parallel_unsupported_reason("tp4")
+    assert PARALLEL == {"tp1": 1, "tp2": 2, "tp4": 4, "tp8": 8, "tp2-ep2": 2, "tp4-ep4": 4, "tp8-ep8": 8, "pp2": 2,
+                        "dp2": 2, "ep2": 2} and parallel_gpus("tp2-pp2-dp2-ep8") == 8 * 2
+    assert parallel_unsupported_reason("tp2") is None and parallel_unsupported_reason("tp8") is None
+    assert "tensor parallelism 16 is not run yet" in parallel_unsupported_reason("tp16")
     assert parallel_unsupported_reason("pp2") is None and PARALLEL["pp2"] == 2
     assert "pipeline parallelism 4 is not run yet" in parallel_unsupported_reason("pp4")
     assert "pipeline parallelism combined with other kinds" in parallel_unsupported_reason("tp2-pp2")
@@ -118,7 +119,7 @@ def test_every_seed_architecture_has_a_plan_and_what_it_cannot_divide_is_refused
 
     config = build_config(shrink_config(find_card(arch).config, tiny=True))
     assert tp_unsupported_reason(config, 2) is None
-    assert "tensor parallelism 4" in tp_unsupported_reason(config, 4)
+    assert "tensor parallelism 16" in tp_unsupported_reason(config, 16)
     text = config.get_text_config()
     if getattr(text, "linear_num_key_heads", None):
         text.linear_num_key_heads = 3
@@ -130,7 +131,7 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused():
     lm.model.config.num_key_value_heads = 3  # as a model with 3 KV heads would say
     with pytest.raises(UnsupportedModel, match="does not divide the heads"):
         shard_model(lm.model, PAIR)
-    assert "TP 1, 2 only" in tp_unsupported_reason(lm.model.config, 4)
+    assert "TP 1, 2, 4, 8 only" in tp_unsupported_reason(lm.model.config, 16)
 
 
 def test_mla_heads_are_sharded_and_the_latent_stays_whole():

@@ -45,3 +45,16 @@ def test_planted_faults_are_caught_by_the_tp1_check(ranks):
     for r in results:
         for fault in ("skipped_all_reduce", "wrong_rank_slice"):
             assert not r[fault]["close"] and r[fault]["logits"] > 1e-2, (fault, r[fault])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3-moe"])
+def test_tp4_keeps_each_kv_head_on_two_ranks_and_matches_tp1(arch):
+    """Four gloo ranks over tiny models of 4 query and 2 KV heads: each rank one query head and the KV head it reads
+    (kept whole by two ranks, as vLLM and SGLang replicate KV heads past their count); TP=4 eager within 1e-5 of
+    TP=1, piecewise and breakable bitwise equal to TP=4 eager at the same padding."""
+    results = run_ranks(measure, arch, False, world=4)
+    for r in results:
+        assert r["kv_heads"] == 1, r["kv_heads"]
+        assert r["tp2_vs_tp1"]["close"] and r["tp2_vs_tp1"]["tokens_equal"], (arch, r["tp2_vs_tp1"])
+        for backend in ("piecewise", "breakable"):
+            assert r[backend]["bitwise_logits"] and r[backend]["generate"]["close"], (arch, backend, r[backend])
