@@ -5,8 +5,9 @@ Quantized experts hold every projection in the canonical [E, N out, K in] layout
 per block) and, for a static scheme, one input scale for all experts; int4 codes packed along K [E, N, K/8] with
 `_scales` and `_zeros` [E, N, K/G] and act-order's `_perm`; FP4 codes packed two a byte along K [E, N, K/2] with
 block scales [E, N, K/B] and row globals [E, N]. Every buffer is sliced with the weights it belongs to:
-- by intermediate size (tpN): gate_up's gate half and up half (N) alike, down's input (K); a split that would cut a
-  128×128 block, an int4 group or act-order's permutation across the shards is refused with the reason;
+- by intermediate size (tpN): gate_up's rows of this rank's intermediate slice (gate and up alike: from each half, or
+  whole interleaved pairs), down's input (K); a split that would cut a 128×128 block, an int4 group or an FP4 block,
+  or act-order's permutation across the shards, is refused with the reason;
 - by expert index (tpN-epN, epN): every buffer along its first dimension, whole experts per rank.
 A per-tensor or per-channel scale of down's output rows, and a static input scale, are the same on every rank.
 
@@ -73,7 +74,7 @@ def _refuse(kind: str, where: str, why: str) -> UnsupportedModel:
     return UnsupportedModel(f"{kind}: {where}: {why}")
 
 
-def shard_quantized_experts_by_index(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
+def shard_quantized_experts_by_index(m: torch.nn.Module, g: ParallelGroup) -> None:
     """Expert parallelism: this rank keeps experts [rank·E/size, (rank+1)·E/size) whole, codes and scales alike
     (the caller sets num_experts and ep_start)."""
     for name in PROJECTIONS:

@@ -110,7 +110,7 @@ def _experts_by_index(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
     if experts % g.size:
         raise UnsupportedModel(f"ep{g.size}: {where} has {experts} experts, which {g.size} ranks do not divide")
     if scheme_of(m) is not None:
-        shard_quantized_experts_by_index(m, g, where)
+        shard_quantized_experts_by_index(m, g)
     floats = ("gate_up_proj_bias", "up_proj_bias", "down_proj_bias")  # biases stay float parameters when quantized
     for name in floats if scheme_of(m) is not None else ("gate_up_proj", "up_proj", "down_proj", *floats):
         if isinstance(getattr(m, name, None), torch.Tensor):
