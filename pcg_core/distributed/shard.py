@@ -173,7 +173,18 @@ def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: b
             _rowwise(m, group, name)
             reduces += 1
     heads, kv = text.num_attention_heads // group.size, kv_total // kv_group.size
-    for m in decoder.modules():  # attributes a module reads its head count from (its reshapes infer it: -1)
+    _local_heads(decoder, text.num_attention_heads, heads, kv, group)
+    record = TensorParallel(group=group, kv_heads=kv, heads=heads, all_reduces=reduces)
+    setattr(model, ATTRIBUTE, record)
+    return record
+
+
+def _local_heads(decoder: torch.nn.Module, total: int, heads: int, kv: int, group: ParallelGroup) -> None:
+    """What modules read their head counts and per-head parameters from, this rank's: the attention modules'
+    attributes (their reshapes infer the rest: -1), gpt-oss's sinks, Qwen3-Next's Gated DeltaNet layers."""
+    for m in decoder.modules():
+        if is_gated_deltanet(m):  # conv channels, decay and heads by key-head group
+            shard_gated_deltanet(m, group)
         if not hasattr(m, "o_proj"):
             continue
         for attr, local in (("num_heads", heads), ("num_attention_heads", heads), ("num_key_value_heads", kv),
@@ -182,14 +193,8 @@ def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: b
             if isinstance(getattr(m, attr, None), int):
                 setattr(m, attr, local)
         sinks = getattr(m, "sinks", None)  # gpt-oss: one sink logit per head, this rank's heads'
-        if isinstance(sinks, torch.Tensor) and sinks.shape == (text.num_attention_heads,):
+        if isinstance(sinks, torch.Tensor) and sinks.shape == (total,):
             setattr(m, "sinks", _param(_shard(sinks.data, 0, group.rank, group.size, "sinks")))
-    for m in decoder.modules():
-        if is_gated_deltanet(m):  # Qwen3-Next's linear attention: conv channels, decay and heads by key-head group
-            shard_gated_deltanet(m, group)
-    record = TensorParallel(group=group, kv_heads=kv, heads=heads, all_reduces=reduces)
-    setattr(model, ATTRIBUTE, record)
-    return record
 
 
 def shard_experts_by_index(model: PreTrainedModel, group: ParallelGroup) -> int:

@@ -127,7 +127,7 @@ def test_an_out_of_memory_handled_before_a_crash_does_not_make_it_oom(monkeypatc
     assert out.reason.startswith("ValueError: config.json") and "raised while handling OutOfMemoryError" in out.reason
 
 
-@pytest.mark.parametrize("flag,axis,value", [("--quant", "quant", "fp8"), ("--parallel", "parallel", "tp4")])
+@pytest.mark.parametrize("flag,axis,value", [("--quant", "quant", "fp8"), ("--parallel", "parallel", "tp16")])
 def test_a_quant_or_parallel_the_runtime_lacks_is_unsupported_before_loading(flag, axis, value, capsys, monkeypatch):
     """Not the none/tp1 cell under another name: unsupported, in the matrix pre-check's words, and no model built."""
     def no_load(*args, **kwargs):

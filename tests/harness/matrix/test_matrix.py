@@ -113,7 +113,7 @@ def test_precheck_reads_the_runtime_table(tmp_path, monkeypatch):
     assert precheck(_cell(tmp_path), caps, {}) is None
     assert "Qwen3NextForCausalLM" in precheck(_cell(tmp_path, model="qwen3-next-80b-a3b:tiny"), caps, {})
     assert "quantization 'fp8'" in precheck(_cell(tmp_path, quant="fp8"), caps, {})
-    assert "parallel mode 'tp4'" in precheck(_cell(tmp_path, parallel="tp4"), caps, {})
+    assert "parallel mode 'tp16'" in precheck(_cell(tmp_path, parallel="tp16"), caps, {})
     assert precheck(_cell(tmp_path, parallel="tp2"), caps, {}) is None  # two gloo ranks on a CPU
     assert "0 visible" in precheck(_cell(tmp_path, device="cuda"), caps, {})
     caps["attention_backends"]["sdpa"] = {"capturable": False, "why_not_capturable": "host sync in the kernel"}
