@@ -153,12 +153,17 @@ def test_quantized_kv_b_proj_is_absorbed_dequantized(deepseek, scheme):
     assert _gap(want, _ours(lm, PROMPT)) > 1e-4  # the quantization itself moved them: the check can tell
 
 
+@pytest.mark.parametrize("fresh_min", [None, 1], ids=["absorbed", "expanded-prefill"])
 @pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
-def test_mla_graph_paths_match_eager_at_every_bucket_edge(deepseek, backend):
+def test_mla_graph_paths_match_eager_at_every_bucket_edge(deepseek, backend, fresh_min, monkeypatch):
     """The padding cases the other architectures run (one token, a bucket exactly, one past it, above the largest
-    bucket, several sequences): padding rows write the latent cache's pad slot only and change no real row."""
+    bucket, several sequences): padding rows write the latent cache's pad slot only and change no real row; with
+    the fresh-sequence path from one token (attention/mla_op.py: every prefill expanded) as without it."""
+    from pcg_core.engine import engine as engine_module
     from pcg_helpers import CASES, MAX_NEW_TOKENS, compare_outputs, make_engine, prompts_of
 
+    if fresh_min is not None:
+        monkeypatch.setattr(engine_module, "FRESH_PATH_MIN_TOKENS", fresh_min)
     lm, _ = deepseek
     eager, graph = make_engine(lm.model, "disabled"), make_engine(lm.model, backend)
     for i, (case, lengths) in enumerate(CASES.items()):
