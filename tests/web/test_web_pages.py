@@ -227,6 +227,18 @@ def test_the_cell_page_shows_the_reference_layer(tmp_path: Path) -> None:
     assert "Is eager right?" not in older
 
 
+def test_the_cell_page_shows_a_parallel_cells_ranks(tmp_path: Path) -> None:
+    """A cell of several ranks: its GPUs, each rank's outcome (the record is rank 0's) and the sharded eager against
+    the unsharded one, on its page; a single-process cell has no such section."""
+    from harness.outcome import CellMetrics
+
+    page, older = _cell_pages(tmp_path, CellMetrics(gpus=2, rank_statuses=["pass", "fail_accuracy"],
+                                                    tp1_logprob_diff=0.0123), status="fail_accuracy")
+    assert "Ranks in run" in page and "on 2 GPUs" in page
+    assert "rank 0 pass rank 1 fail_accuracy" in page and "max |Δ prompt logprob| 0.0123" in page
+    assert "Ranks in run" not in older
+
+
 def test_a_cpu_runs_page_does_not_headline_a_graph_speedup(tmp_path: Path) -> None:
     """On CPU no CUDA graph is captured: the eager-vs-backend timings are no graph speedup to headline."""
     from harness.outcome import CellRecord
