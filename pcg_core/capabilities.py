@@ -88,7 +88,7 @@ def parallel_gpus(parallel: str) -> int:
 # ppN: N ranks, a contiguous stage of the decoder layers each (pcg_core.distributed.pipeline), piecewise and breakable.
 # dpN: N ranks attending over their own sequences, MoE blocks over every rank's tokens
 # (pcg_core.distributed.data_parallel); epN: the same, each rank holding 1/N of the routed experts whole.
-PP_DEGREES = DP_DEGREES = (2,)  # larger ones when a test runs them
+PP_DEGREES = DP_DEGREES = (2, 4)  # proved on four gloo ranks (tests/harness/cell/test_run_cell_four_ranks.py)
 PARALLEL = {m: parallel_gpus(m) for m in (*(f"tp{n}" for n in TP_DEGREES), *(f"tp{n}-ep{n}" for n in TP_DEGREES if n > 1),
                                           *(f"pp{n}" for n in PP_DEGREES), *(f"dp{n}" for n in DP_DEGREES),
                                           *(f"ep{n}" for n in DP_DEGREES))}

@@ -157,5 +157,5 @@ def test_each_dp_rank_writes_only_its_own_sequences_kv_and_all_return_every_sequ
 def test_the_pre_check_runs_dp2_and_ep2_alone():
     assert parallel_unsupported_reason("dp2", graph="piecewise") is None
     assert parallel_unsupported_reason("ep2", graph="breakable") is None
-    assert "data-parallel attention 4 is not run yet" in parallel_unsupported_reason("dp4")
+    assert "data-parallel attention 8 is not run yet" in parallel_unsupported_reason("dp8")
     assert "data-parallel attention combined with other kinds" in parallel_unsupported_reason("tp2-dp2")
