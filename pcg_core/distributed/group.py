@@ -32,6 +32,13 @@ class ParallelGroup:
     backend: str
 
 
+def rank_block(t: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
+    """Rank `rank`'s contiguous 1/size of `t` along `dim`, as a tensor of its own (every sharder's one slicing; the
+    caller checks that size divides it)."""
+    step = t.shape[dim] // size
+    return t.narrow(dim, rank * step, step).clone().contiguous()
+
+
 def env_world_size() -> int:
     """WORLD_SIZE from the environment (1 when unset: a plain single process)."""
     raw = os.environ.get("WORLD_SIZE", "1")

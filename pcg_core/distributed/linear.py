@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from pcg_core.distributed.group import ParallelGroup
+from pcg_core.distributed.group import ParallelGroup, rank_block
 
 GDN_ATTRIBUTES = ("in_proj_qkvz", "in_proj_ba", "conv1d", "A_log", "dt_bias", "num_k_heads", "num_v_heads")
 
 
 def is_gated_deltanet(module: torch.nn.Module) -> bool:
     return all(hasattr(module, n) for n in GDN_ATTRIBUTES)
-
-
-def _block(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
-    step = t.shape[0] // size
-    return t[rank * step : (rank + 1) * step]
 
 
 def shard_gated_deltanet(m: torch.nn.Module, g: ParallelGroup) -> None:
@@ -33,13 +28,13 @@ def shard_gated_deltanet(m: torch.nn.Module, g: ParallelGroup) -> None:
     conv = getattr(m, "conv1d")
     assert isinstance(conv, torch.nn.Conv1d)  # depthwise, [q | k | v] channels
     q, k, v = conv.weight.data.split([kd, kd, vd])
-    conv.weight = torch.nn.Parameter(torch.cat([_block(x, g.rank, g.size) for x in (q, k, v)]), requires_grad=False)
+    conv.weight = torch.nn.Parameter(torch.cat([rank_block(x, 0, g.rank, g.size) for x in (q, k, v)]), requires_grad=False)
     if conv.bias is not None:
         bq, bk, bv = conv.bias.data.split([kd, kd, vd])
-        conv.bias = torch.nn.Parameter(torch.cat([_block(x, g.rank, g.size) for x in (bq, bk, bv)]), requires_grad=False)
+        conv.bias = torch.nn.Parameter(torch.cat([rank_block(x, 0, g.rank, g.size) for x in (bq, bk, bv)]), requires_grad=False)
     conv.in_channels = conv.out_channels = conv.groups = conv.weight.shape[0]
     for name in ("A_log", "dt_bias"):
-        setattr(m, name, torch.nn.Parameter(_block(getattr(m, name).data, g.rank, g.size), requires_grad=False))
+        setattr(m, name, torch.nn.Parameter(rank_block(getattr(m, name).data, 0, g.rank, g.size), requires_grad=False))
     for attr, value in (("num_k_heads", kh // g.size), ("num_v_heads", vh // g.size), ("key_dim", kd // g.size),
                         ("value_dim", vd // g.size), ("conv_dim", (2 * kd + vd) // g.size)):
         if hasattr(m, attr):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
-from pcg_core.distributed.group import ParallelGroup
+from pcg_core.distributed.group import ParallelGroup, rank_block
 from pcg_core.distributed.layers import TP_GROUP, tp_row_class
 from pcg_core.distributed.plan import ROWWISE, decoder_plan, style_for
 from pcg_core.errors import UnsupportedModel
@@ -44,10 +44,7 @@ def is_quantized_linear(m: torch.nn.Module) -> TypeGuard[QuantLinear | Int4Linea
 
 
 def _slice(t: torch.Tensor | None, dim: int, rank: int, parts: int) -> torch.Tensor | None:
-    if t is None:
-        return None
-    step = t.shape[dim] // parts
-    return t.narrow(dim, rank * step, step).clone().contiguous()
+    return None if t is None else rank_block(t, dim, rank, parts)
 
 
 def _set(m: torch.nn.Module, name: str, t: torch.Tensor | None) -> None:

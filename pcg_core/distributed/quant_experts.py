@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from pcg_core.distributed.group import ParallelGroup
+from pcg_core.distributed.group import ParallelGroup, rank_block
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.layers.expert_layout import held_scheme
 from pcg_core.quant.layers.experts import PROJECTIONS
@@ -43,19 +43,14 @@ def _buffers(m: torch.nn.Module, name: str) -> list[str]:
     return [name + s for s in suffixes if getattr(m, name + s, None) is not None]
 
 
-def _narrow(t: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
-    step = t.shape[dim] // size
-    return t.narrow(dim, rank * step, step).clone().contiguous()
-
-
 def gate_up_rows(t: torch.Tensor, dim: int, rank: int, size: int, interleaved: bool) -> torch.Tensor:
     """This rank's gate_up rows along `dim` (2I of them): of two halves (gate, then up) the rank's slice of each, or,
     where gate and up rows alternate (gpt-oss: transformers' `is_concatenated=False`), one contiguous block of whole
     (gate, up) pairs."""
     if interleaved:
-        return _narrow(t, dim, rank, size)
+        return rank_block(t, dim, rank, size)
     gate, up = t.chunk(2, dim=dim)
-    return torch.cat([_narrow(gate, dim, rank, size), _narrow(up, dim, rank, size)], dim)
+    return torch.cat([rank_block(gate, dim, rank, size), rank_block(up, dim, rank, size)], dim)
 
 
 def shard_expert_biases(m: torch.nn.Module, g: ParallelGroup, interleaved: bool) -> None:
@@ -80,7 +75,7 @@ def shard_quantized_experts_by_index(m: torch.nn.Module, g: ParallelGroup) -> No
     for name in PROJECTIONS:
         if isinstance(getattr(m, name, None), torch.Tensor):
             for b in _buffers(m, name):
-                m._buffers[b] = _narrow(getattr(m, b), 0, g.rank, g.size)
+                m._buffers[b] = rank_block(getattr(m, b), 0, g.rank, g.size)
 
 
 def shard_quantized_experts(m: torch.nn.Module, g: ParallelGroup, where: str, inter: int, interleaved: bool) -> None:
@@ -111,7 +106,7 @@ def shard_quantized_experts(m: torch.nn.Module, g: ParallelGroup, where: str, in
     for b in _buffers(m, "down_proj"):  # [E, H, I...]: its input columns (packed codes, groups, blocks)
         if (b.endswith("_scale") and not k_scales) or b.endswith("_global"):  # per tensor or per output row: whole
             continue
-        m._buffers[b] = _narrow(getattr(m, b), 2, g.rank, g.size)
+        m._buffers[b] = rank_block(getattr(m, b), 2, g.rank, g.size)
 
 
 def emulate_expert_row_shards(m: torch.nn.Module, parts: int) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pcg_core.distributed.group import ParallelGroup
+from pcg_core.distributed.group import ParallelGroup, rank_block
 from pcg_core.distributed.layers import TP_GROUP, RowParallelLinear, ep_experts_class, tp_experts_class
 from pcg_core.distributed.linear import is_gated_deltanet, shard_gated_deltanet
 from pcg_core.distributed.quant import is_quantized_linear, shard_quantized
@@ -50,8 +50,7 @@ def _shard(t: torch.Tensor, dim: int, rank: int, size: int, where: str) -> torch
     n = t.shape[dim]
     if n % size:
         raise UnsupportedModel(f"tp{size}: {where} has {n} rows along dim {dim}, which {size} ranks do not divide")
-    step = n // size
-    return t.narrow(dim, rank * step, step).clone().contiguous()
+    return rank_block(t, dim, rank, size)
 
 
 def _param(t: torch.Tensor) -> torch.nn.Parameter:
