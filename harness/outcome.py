@@ -341,6 +341,9 @@ class CellMetrics(_Model):
     # cell's outcome is rank 0's).
     gpus: int | None = None
     rank_statuses: list[str] = Field(default_factory=list)
+    # How the routed experts spread over ranks reach the tokens (harness/cell/parallel.py: all_to_all, all_gather,
+    # all_reduce); None: no experts spread (or a row from before).
+    expert_dispatch: str | None = None
     # Latency, per prompt token count.
     latency_ms: dict[int, Latency] = Field(default_factory=dict)
     speedup: dict[int, float | None] = Field(default_factory=dict)

@@ -66,6 +66,13 @@ SPLIT_OPS: dict[str, dict[str, Any]] = {
                               "devices": {"cpu": None, "cuda": None},
                               "in_graph": {"piecewise": False, "breakable": False, "full": True},
                               "state": "none: every rank's rows stacked in rank order into a buffer allocated before"},
+    # Expert parallelism beside data-parallel attention (epN): each rank's tokens to the ranks holding their experts and
+    # the weighted partials back, sizes read on the host; `full` reaches the experts by the all-gather form instead.
+    "pcg::ep_all_to_all_": {"feature": "expert_parallel", "capturable": False,
+                            "why_not_capturable": "the sizes exchanged follow the routes and are read on the host",
+                            "devices": {"cpu": None, "cuda": None},
+                            "in_graph": {"piecewise": False, "breakable": False, "full": None},
+                            "state": "none: the rank's experts module, bound under a key the op takes"},
     # Pipeline parallelism's stage hand-off: send/recv (and the last stage's broadcast) between graphs, never in one.
     "pcg::pipeline_pass_": {"feature": "pipeline_parallel", "capturable": False,
                             "why_not_capturable": "send and receive run between graphs, as serving engines run them",
@@ -125,8 +132,7 @@ def checkpoint_limits(quant: str) -> dict[str, str]:
 
 
 _NOT_YET = {"ep": "expert parallelism over more ranks than TP with TP > 1 is not run yet; tpN-epN spreads whole "
-                  "experts over the N TP ranks, epN over N data-parallel attention ranks (gather, all-reduce; no "
-                  "all-to-all dispatch yet)",
+                  "experts over the N TP ranks, epN over N data-parallel attention ranks (all-to-all dispatch)",
             "pp": "pipeline parallelism combined with other kinds is not run yet (ppN alone is)",
             "dp": "data-parallel attention combined with other kinds is not run yet (dpN alone is)"}
 

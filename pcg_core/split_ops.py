@@ -7,6 +7,8 @@ both attention (which registers ops here) and capture (which cuts at them), so n
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Any
 from collections.abc import Callable
 
@@ -57,3 +59,36 @@ def run_split_op(fn: Callable[..., None], *args: Any) -> None:
         recorder.hole(fn, args)
     else:
         fn(*args)
+
+
+# Split ops whose host-side body runs a module (MoE all-to-all dispatch runs the rank's experts on the tokens it
+# received): a custom op cannot take a module, so the module is bound under a string key the op takes (Dynamo bakes
+# it into the graph as a constant). Weak: a finished cell's model is not kept alive by its key.
+MODULE_KEY = "pcg_split_key"
+_MODULES: weakref.WeakValueDictionary[str, torch.nn.Module] = weakref.WeakValueDictionary()
+_KEYS = itertools.count()
+
+
+def bind_module(module: torch.nn.Module, prefix: str) -> str:
+    """Bind `module` under a fresh key (also set on it as `pcg_split_key`), for a split op to find it by."""
+    key = f"{prefix}#{next(_KEYS)}"
+    _MODULES[key] = module
+    setattr(module, MODULE_KEY, key)
+    return key
+
+
+def bound_module(key: str) -> torch.nn.Module:
+    """The module bound under `key`; a KeyError says the module is gone (its model was freed)."""
+    try:
+        return _MODULES[key]
+    except KeyError:
+        raise KeyError(f"no module bound under {key!r}: its model was freed, or copied without rebind_copies") from None
+
+
+def rebind_copies(root: torch.nn.Module) -> None:
+    """Give every bound module under `root` a key of its own: after a deep copy (a reference twin), each copy's key
+    is still its original's, and the copy's split ops would run the original's module."""
+    for m in root.modules():
+        key = getattr(m, MODULE_KEY, None)
+        if isinstance(key, str):
+            bind_module(m, key.rsplit("#", 1)[0])

@@ -1,6 +1,6 @@
 """A parallel cell's process group: one process per rank, each running run_cell(spec) with torch's env://
 variables set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), as the launcher or torchrun starts them;
-and the check of its eager against the same weights in one process."""
+each rank's part of the model; and the check of its eager against the same weights in one process."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ from typing import TYPE_CHECKING
 from harness.cell.prompts import Case, run_case
 from harness.cell.spec import CellSpec, resolve_model
 from pcg_core.config import EngineConfig
-from pcg_core.distributed import ParallelGroup, env_world_size, init_from_env
+from pcg_core.capture.registry import get_capture_backend
+from pcg_core.distributed import ParallelGroup, env_world_size, init_from_env, shard_model
+from pcg_core.distributed.data_parallel import data_parallel_model
+from pcg_core.distributed.pipeline import pipeline_model
 from pcg_core.distributed.quant import emulate_row_shards, scheme_for_shards
+from pcg_core.distributed.shard import shard_experts_by_index
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.errors import ConfigError
 from pcg_core.known import parse_parallel, world_size
@@ -34,6 +38,29 @@ def parallel_group(spec: CellSpec) -> ParallelGroup | None:
         raise ConfigError(f"parallel {spec.parallel} runs as {ranks} processes, one per rank; this one has WORLD_SIZE={world}: "
                           f"start the cell with `pcgh cell --parallel` or torchrun --nproc_per_node {ranks}", field="parallel")
     return init_from_env(spec.device)
+
+
+def keep_rank_part(model: PreTrainedModel, group: ParallelGroup, spec: CellSpec) -> str | None:
+    """Cut `model` (built whole, the same on every rank) down to this rank's part for parallel mode spec.parallel, in
+    place: pipeline stages, data-parallel attention with expert parallelism beside it (epN alone: each rank's
+    experts reached by all-to-all dispatch, or, under a capture backend that records every op in one graph, by the
+    all-gather form, whose shapes are static), or tensor-parallel shards (tpN-epN: whole experts per rank). Returns
+    how the experts are reached ("all_to_all", "all_gather", "all_reduce"; None: no experts spread)."""
+    mode = parse_parallel(spec.parallel)
+    ep = mode.get("ep", 1)
+    if mode.get("pp", 1) > 1:
+        pipeline_model(model, group)
+        return None
+    if mode.get("dp", 1) > 1 or mode.get("tp", 1) < ep:
+        one_graph = bool(getattr(get_capture_backend(spec.graph), "requires_capturable_attention"))  # full
+        all_to_all = ep > 1 and not one_graph
+        data_parallel_model(model, group, gather_moe=not all_to_all)
+        if ep > 1:
+            shard_experts_by_index(model, group, dispatch=all_to_all)
+            return "all_to_all" if all_to_all else "all_gather"
+        return None
+    shard_model(model, group, expert_parallel=ep > 1)
+    return "all_reduce" if ep > 1 else None
 
 
 def tp1_prompt_logprob_diff(full_model: PreTrainedModel, config: EngineConfig, case: Case,

@@ -20,7 +20,7 @@ from harness.cell.judge.kv_reference import checkpoint_kv_scales
 from harness.cell.judge.policy import eager_self_check, judge, reference_check, with_reference
 from harness.cell.judge.tolerances import LOGPROB_TOL
 from harness.cell.memory import memory_budget, memory_fit, weights_bytes
-from harness.cell.parallel import parallel_group, tp1_check
+from harness.cell.parallel import keep_rank_part, parallel_group, tp1_check
 from harness.cell.prompts import (CONCURRENCY, CPU_CONCURRENCY, Case, latency_token_counts, prompt_suite,
                                   prefix_cacheable, run_case)
 from harness.cell.spec import CellSpec, resolve_model
@@ -30,10 +30,7 @@ from pcg_core.attention import get_attention_backend
 from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupported_reason, parallel_unsupported_reason,
                                    quant_unsupported_reason)
 from pcg_core.config import CaptureConfig, EngineConfig
-from pcg_core.distributed import ParallelGroup, rank_device, shard_model
-from pcg_core.distributed.shard import shard_experts_by_index
-from pcg_core.distributed.data_parallel import data_parallel_model
-from pcg_core.distributed.pipeline import pipeline_model
+from pcg_core.distributed import ParallelGroup, rank_device
 from pcg_core.distributed.quant import scheme_for_shards
 from pcg_core.engine import Engine, SequenceOutput
 from pcg_core.engine.kv_scales import ATTRIBUTE, calibrate_kv_scales, set_kv_scales
@@ -153,16 +150,8 @@ def _load(cell: _Cell) -> None:
     if s.kv_cache != "auto":
         _kv_scales(cell)
     if cell.group is not None:  # every rank built, quantized and calibrated the same full model: each keeps its part
-        mode = parse_parallel(s.parallel)
         try:
-            if mode.get("pp", 1) > 1:
-                pipeline_model(cell.loaded.model, cell.group)
-            elif mode.get("dp", 1) > 1 or mode.get("tp", 1) < mode.get("ep", 1):  # epN alone: DP attention + EP
-                data_parallel_model(cell.loaded.model, cell.group)
-                if mode.get("ep", 1) > 1:
-                    shard_experts_by_index(cell.loaded.model, cell.group)
-            else:
-                shard_model(cell.loaded.model, cell.group, expert_parallel=mode.get("ep", 1) > 1)
+            cell.metrics.expert_dispatch = keep_rank_part(cell.loaded.model, cell.group, s)
         except UnsupportedModel as e:
             raise Stop(Status.UNSUPPORTED, str(e)) from e
 

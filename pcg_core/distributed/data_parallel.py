@@ -115,10 +115,11 @@ def _moe_blocks(decoder: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
-def data_parallel_model(model: PreTrainedModel, group: ParallelGroup) -> DataParallel:
+def data_parallel_model(model: PreTrainedModel, group: ParallelGroup, gather_moe: bool = True) -> DataParallel:
     """Set `model` up for data-parallel attention over `group` in place (the same weights on every rank); returns the
-    record, also set on the model as `pcg_data_parallel`. Models whose per-sequence state lives outside the KV cache
-    (linear attention) or whose inputs carry images are refused for now."""
+    record, also set on the model as `pcg_data_parallel`. `gather_moe` False: the MoE blocks run on this rank's rows
+    alone (their experts dispatch by all-to-all: pcg_core.distributed.dispatch). Models whose per-sequence state
+    lives outside the KV cache (linear attention) or whose inputs carry images are refused for now."""
     if getattr(model, ATTRIBUTE, None) is not None:
         raise ValueError(f"{type(model).__name__} is already set up for data parallelism; do it once")
     config = model.config
@@ -127,7 +128,7 @@ def data_parallel_model(model: PreTrainedModel, group: ParallelGroup) -> DataPar
         raise UnsupportedModel(f"dp{group.size}: a model with a vision tower is not run data-parallel yet")
     if "linear_attention" in (getattr(text, "layer_types", None) or ()):
         raise UnsupportedModel(f"dp{group.size}: linear-attention layers' per-sequence state is not split by rank yet")
-    blocks = _moe_blocks(model.get_decoder())
+    blocks = _moe_blocks(model.get_decoder()) if gather_moe else []
     for b in blocks:
         setattr(b, "pcg_dp_size", group.size)
         setattr(b, "pcg_dp_rank", group.rank)

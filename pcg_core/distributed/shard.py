@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pcg_core.distributed.dispatch import dispatch_experts
 from pcg_core.distributed.group import ParallelGroup, rank_block
 from pcg_core.distributed.layers import TP_GROUP, RowParallelLinear, ep_experts_class, tp_experts_class
 from pcg_core.distributed.linear import is_gated_deltanet, shard_gated_deltanet
@@ -103,8 +104,9 @@ def _experts(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
     setattr(m, TP_GROUP, g.name)
 
 
-def _experts_by_index(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
-    """Expert parallelism (ep = tp): this rank keeps experts [rank·E/size, (rank+1)·E/size) whole."""
+def _experts_by_index(m: torch.nn.Module, g: ParallelGroup, where: str, dispatch: bool = False) -> None:
+    """Expert parallelism: this rank keeps experts [rank·E/size, (rank+1)·E/size) whole; every rank's tokens reach
+    them all-reduce style (the block sees every token: ep = tp, or the all-gather form) or by all-to-all dispatch."""
     experts = expert_count(m)
     if experts % g.size:
         raise UnsupportedModel(f"ep{g.size}: {where} has {experts} experts, which {g.size} ranks do not divide")
@@ -117,6 +119,9 @@ def _experts_by_index(m: torch.nn.Module, g: ParallelGroup, where: str) -> None:
     local = experts // g.size
     setattr(m, "num_experts", local)
     setattr(m, "ep_start", g.rank * local)
+    if dispatch:
+        dispatch_experts(m, g.name)
+        return
     m.__class__ = ep_experts_class(type(m))
     setattr(m, TP_GROUP, g.name)
 
@@ -196,17 +201,18 @@ def _local_heads(decoder: torch.nn.Module, total: int, heads: int, kv: int, grou
             setattr(m, "sinks", _param(_shard(sinks.data, 0, group.rank, group.size, "sinks")))
 
 
-def shard_experts_by_index(model: PreTrainedModel, group: ParallelGroup) -> int:
+def shard_experts_by_index(model: PreTrainedModel, group: ParallelGroup, dispatch: bool = False) -> int:
     """Expert parallelism over `group` beside data-parallel attention (epN alone): every fused experts block keeps
-    this rank's range of whole experts and sums its partial output over the ranks (the block sees every rank's rows:
-    pcg_core.distributed.data_parallel); attention and dense layers stay whole. Returns how many blocks were split;
-    a model without routed experts raises UnsupportedModel."""
+    this rank's range of whole experts, and either sums its partial output over the ranks (the block sees every
+    rank's rows: pcg_core.distributed.data_parallel, gathering) or, with `dispatch`, receives the tokens routed to
+    it by all-to-all (pcg_core.distributed.dispatch); attention and dense layers stay whole. Returns how many blocks
+    were split; a model without routed experts raises UnsupportedModel."""
     blocks = [(n, m) for n, m in model.get_decoder().named_modules() if _is_experts(m)]
     if not blocks:
         raise UnsupportedModel(f"ep{group.size}: {type(model).__name__} has no routed experts to spread (expert "
                                "parallelism is for MoE models)")
     for name, m in blocks:
-        _experts_by_index(m, group, name)
+        _experts_by_index(m, group, name, dispatch)
     return len(blocks)
 
 

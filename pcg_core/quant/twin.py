@@ -27,6 +27,7 @@ from typing import TypeVar, cast
 import torch
 
 from pcg_core.quant.layers import experts as quant_experts
+from pcg_core.split_ops import rebind_copies
 from pcg_core.quant.layers.expert_layout import add_bias, canonical_weight, expert_count, first_projection, gate
 from pcg_core.quant.layers.fp4_linear import Fp4Linear
 from pcg_core.quant.layers.int4_linear import Int4Linear
@@ -135,6 +136,7 @@ def reference_twin(model: M, float32: bool = False) -> M:
 
 def _twin(model: M, float32: bool, quantized) -> M:
     twin = copy.deepcopy(model, {id(t): t for t in [*model.parameters(), *model.buffers()]})
+    rebind_copies(twin)  # a module a split op runs (expert-parallel dispatch): the twin's own, not the model's
     reference = quantized is _reference_linear_forward
     for name, module in twin.named_modules():
         if _quantized_experts(module) and reference:

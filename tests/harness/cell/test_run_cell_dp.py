@@ -1,7 +1,7 @@
 """A DP=2 cell (data-parallel attention) as the launcher runs it: two gloo ranks, each attending over its own
 sequences with its own KV, the MoE blocks over both ranks' rows (pcg::all_gather_into_), the whole batch's hidden
-states gathered after each forward. EP=2 alone is the same with each rank holding half the routed experts whole (their
-partial sums all-reduced). Both are held to TP1 eager on the same weights, which sees a rank that keeps the wrong
+states gathered after each forward. EP=2 alone: each rank holds half the routed experts whole and its tokens reach
+them by all-to-all dispatch (pcg::ep_all_to_all_), or under full by the all-gather form (partial sums all-reduced). Both are held to TP1 eager on the same weights, which sees a rank that keeps the wrong
 rows or serves the wrong experts (graph and eager share them)."""
 
 from __future__ import annotations
@@ -65,19 +65,21 @@ def cells_on_rank(rank: int) -> dict:
 
 
 def ep_cells_on_rank(rank: int) -> dict:
-    import harness.cell.run as run
+    import harness.cell.parallel as run
 
     out = {}
     for model in MODELS[1:]:
         for graph in ("piecewise", "breakable"):
             o = run_cell(CellSpec(model, graph=graph, parallel="ep2", **SMALL))
-            out[model, graph] = (o.status, o.reason, o.metrics.tp1_logprob_diff)
+            out[model, graph] = (o.status, o.reason, o.metrics.tp1_logprob_diff, o.metrics.expert_dispatch)
+    o = run_cell(CellSpec("qwen3-30b-a3b", graph="full", parallel="ep2", **SMALL))
+    out["full"] = (o.status, o.reason, o.metrics.tp1_logprob_diff, o.metrics.expert_dispatch)
     o = run_cell(CellSpec("llama-3.1-8b", graph="piecewise", parallel="ep2", **SMALL))
     out["dense"] = (o.status, o.reason)
     real = run.shard_experts_by_index
 
-    def wrong_range(model, group):  # planted: rank 1's layer-1 experts answer for rank 0's range
-        n = real(model, group)
+    def wrong_range(model, group, **kw):  # planted: rank 1's layer-1 experts answer for rank 0's range
+        n = real(model, group, **kw)
         if group.rank == 1:
             model.model.layers[1].mlp.experts.ep_start = 0
         return n
@@ -97,9 +99,12 @@ def test_ep2_cells_pass_a_rank_serving_the_wrong_experts_fails_and_a_dense_model
     faults = [r0.pop("fault"), r1.pop("fault")]
     assert r0 == r1
     for model in MODELS[1:]:
-        for graph in ("piecewise", "breakable"):
-            status, reason, tp1_diff = r0[model, graph]
+        for graph in ("piecewise", "breakable"):  # split ops run eagerly: tokens go where their experts are
+            status, reason, tp1_diff, dispatch = r0[model, graph]
             assert status == Status.PASS and tp1_diff is not None and tp1_diff < 1e-5, (model, graph, reason, tp1_diff)
+            assert dispatch == "all_to_all", (model, graph, dispatch)
+    status, reason, tp1_diff, dispatch = r0["full"]  # one graph: the all-gather form, static shapes
+    assert status == Status.PASS and tp1_diff is not None and tp1_diff < 1e-5 and dispatch == "all_gather", r0["full"]
     status, reason = r0["dense"]
     assert status == Status.UNSUPPORTED and "no routed experts" in reason, reason
     for status, reason in faults:

@@ -26,7 +26,7 @@ SMALL = {"tiny": True, "max_tokens": 64, "max_new_tokens": 2, "latency_repeat": 
 @contextmanager
 def planted_after_staging(plant):
     """Every cell's model goes through plant(model, record) right after run_cell stages it."""
-    import harness.cell.run as run
+    import harness.cell.parallel as run
 
     real = run.pipeline_model
 

@@ -52,11 +52,12 @@ def test_all_reduce_of_a_world_of_one_under_each_backend_equals_eager(world_of_o
 
 
 @pytest.mark.parametrize("backend", ["piecewise", "breakable"])
-@pytest.mark.parametrize("kind", ["pp", "dp", "ep"])
+@pytest.mark.parametrize("kind", ["pp", "dp", "ep", "ep_all_to_all"])
 def test_pipeline_and_data_parallel_ops_of_a_world_of_one_equal_eager(world_of_one, backend, kind):
     """The N-rank code paths of pp/dp/ep on NCCL with one rank: the last stage's broadcast (pp), the MoE blocks' gather
-    and the output's (dp), and the experts' all-reduce beside them (ep) run between the graphs, bitwise equal to eager
-    at the same padding; full is refused for pp by the pre-check, and pcg::pipeline_pass_ raises inside a capture."""
+    and the output's (dp), the experts' all-reduce beside them (ep) or their all-to-all dispatch (NCCL's
+    all_to_all_single with sizes read on the host) run between the graphs, bitwise equal to eager at the same
+    padding; full is refused for pp by the pre-check, and pcg::pipeline_pass_ raises inside a capture."""
     from pcg_core.distributed.data_parallel import data_parallel_model
     from pcg_core.distributed.pipeline import pipeline_model
     from pcg_core.distributed.shard import shard_experts_by_index
@@ -66,10 +67,27 @@ def test_pipeline_and_data_parallel_ops_of_a_world_of_one_equal_eager(world_of_o
         record = pipeline_model(lm.model, world_of_one)
         assert record.bounds == ((0, 2),)
     else:
-        assert data_parallel_model(lm.model, world_of_one).gathers == 2
-        if kind == "ep":
-            assert shard_experts_by_index(lm.model, world_of_one) == 2
+        dispatch = kind == "ep_all_to_all"
+        assert data_parallel_model(lm.model, world_of_one, gather_moe=not dispatch).gathers == (0 if dispatch else 2)
+        if kind.startswith("ep"):
+            assert shard_experts_by_index(lm.model, world_of_one, dispatch=dispatch) == 2
     _graph_equals_eager(lm, backend)
+
+
+def test_an_all_to_all_dispatch_inside_a_cuda_graph_is_refused(world_of_one):
+    from pcg_core.distributed.data_parallel import data_parallel_model
+    from pcg_core.distributed.shard import shard_experts_by_index
+
+    lm = tiny_model("qwen3-moe", device="cuda")
+    data_parallel_model(lm.model, world_of_one, gather_moe=False)
+    shard_experts_by_index(lm.model, world_of_one, dispatch=True)
+    experts = lm.model.model.layers[0].mlp.experts
+    x = torch.randn(4, lm.config.hidden_size, device="cuda", dtype=lm.model.dtype)
+    index, weights = torch.zeros(4, 2, dtype=torch.int64, device="cuda"), torch.ones(4, 2, device="cuda", dtype=x.dtype)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="runs between graphs"):
+        with torch.cuda.graph(g):
+            experts(x, index, weights)
 
 
 def test_a_pipeline_hand_off_inside_a_cuda_graph_is_refused(world_of_one):

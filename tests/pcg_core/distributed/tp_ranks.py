@@ -60,7 +60,7 @@ def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2) -> list[Any]:
 def planted_after_sharding(plant: Callable[[torch.nn.Module], None]) -> Iterator[None]:
     """Within the block, every cell's model goes through `plant(model)` right after run_cell shards it: a fault
     planted where only the tp1 check can see it."""
-    import harness.cell.run as run
+    import harness.cell.parallel as run
 
     real = run.shard_model
 
