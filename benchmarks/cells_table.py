@@ -22,12 +22,12 @@ def main(path: str) -> int:
     for obj in lines:
         spec, o = obj["spec"], CellOutcome.model_validate(obj)
         m = o.metrics
-        pool = None if m.graph_pool_bytes is None else m.graph_pool_bytes / 2**20
-        print(f"| {spec['model']} | {m.layers} | {spec.get('quant', 'none')} | {spec.get('attention', 'sdpa')} | {spec['graph']} | "
-              f"{o.status} | {_fmt(m.token_match)} | "
-              f"{_fmt(m.max_prompt_logprob_diff)} | {_fmt(m.max_output_logprob_diff)} | {_fmt(m.capture_s)} | "
-              f"{_fmt(m.trace_s)} | {_fmt(pool)} | " + " | ".join(_fmt(m.speedup.get(n)) for n in TOKENS)
-              + f" | {_fmt(m.quant_logprob_diff)} | {o.reason[:120]} |")
+        pool = None if m.capture.graph_pool_bytes is None else m.capture.graph_pool_bytes / 2**20
+        print(f"| {spec['model']} | {m.settings.layers} | {spec.get('quant', 'none')} | {spec.get('attention', 'sdpa')} | {spec['graph']} | "
+              f"{o.status} | {_fmt(m.judge.token_match)} | "
+              f"{_fmt(m.judge.max_prompt_logprob_diff)} | {_fmt(m.judge.max_output_logprob_diff)} | {_fmt(m.capture.capture_s)} | "
+              f"{_fmt(m.capture.trace_s)} | {_fmt(pool)} | " + " | ".join(_fmt(m.latency.speedup.get(n)) for n in TOKENS)
+              + f" | {_fmt(m.quant.quant_logprob_diff)} | {o.reason[:120]} |")
     return 0
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from harness.cards import load_cards
+from harness.metrics import CellMetrics
 from pcg_core.capabilities import attention_unsupported_reason
 
 
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> int:
         wall = time.perf_counter() - t0
         try:
             out = json.loads(p.stdout[p.stdout.index("{"):])
-            status, phases = out["status"], out["metrics"].get("phase_s", {})
+            status, phases = out["status"], CellMetrics.lenient(out["metrics"]).process.phase_s
         except (ValueError, KeyError):
             status, phases = f"no result (rc {p.returncode})", {}
         phase = ", ".join(f"{k} {v:.1f}" for k, v in phases.items())

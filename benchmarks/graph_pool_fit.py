@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.cards import find_card  # noqa: E402
+from harness.metrics import CellMetrics  # noqa: E402
 from harness.matrix.fit import trimmed  # noqa: E402
 from harness.shape.graph_pool import FEATURES, TABLE, features  # noqa: E402
 from harness.shape.graph_pool import table as committed_table  # noqa: E402
@@ -55,18 +56,19 @@ def measured_pools(root: Path = ROOT / "benchmarks" / "results") -> list[dict[st
                 r = json.loads(line)
             except ValueError:
                 continue
-            s, m = r.get("spec") or {}, r.get("metrics") or {}
-            if not (str(s.get("device", "")).startswith("cuda") and m.get("graph_pool_bytes")) or s.get("tiny"):
+            s, m = r.get("spec") or {}, CellMetrics.lenient(r.get("metrics"))  # flat (older results) or grouped
+            pool = m.capture.graph_pool_bytes
+            if not (str(s.get("device", "")).startswith("cuda") and pool) or s.get("tiny"):
                 continue
             if s.get("parallel", "tp1") != "tp1" or s.get("compiler", "eager") != "eager":
                 continue
             if s.get("quant", "none") != "none" and folder < GROUPED_MOE_SINCE and "moe" in _card_features(s["model"]):
                 continue
-            key = (s["model"], m.get("layers") or s.get("layers"), s["graph"], s["attention"], s.get("quant", "none"),
-                   int(s["max_tokens"]), m.get("dtype") or s.get("dtype") or "bfloat16")
-            pools[key].append(int(m["graph_pool_bytes"]))
+            key = (s["model"], m.settings.layers or s.get("layers"), s["graph"], s["attention"], s.get("quant", "none"),
+                   int(s["max_tokens"]), m.settings.dtype or s.get("dtype") or "bfloat16")
+            pools[key].append(int(pool))
             if folder != last.setdefault(key, folder):  # a later folder's measurement replaces the earlier
-                pools[key], last[key] = [int(m["graph_pool_bytes"])], folder
+                pools[key], last[key] = [int(pool)], folder
     rows = []
     for (model, layers, graph, attention, quant, max_tokens, dtype), values in pools.items():
         card = find_card(model)

@@ -93,7 +93,7 @@ def faults(args) -> int:
                 if out:
                     out.write(json.dumps({"model": model, "base": base, "fault": fault, "status": str(r.status),
                                           "reason": r.reason, "seconds": round(dt, 2),
-                                          "diverging_piece": getattr(r.metrics, "diverging_piece", None)}) + "\n")
+                                          "diverging_piece": r.metrics.judge.diverging_piece}) + "\n")
                     out.flush()
     print()
     print("| model | backend | " + " | ".join(variants) + " |")
@@ -126,8 +126,8 @@ def clean(args) -> int:
                 bad.append((cell.key, seed, r.status, r.reason))
             if out:
                 out.write(json.dumps({"key": cell.key, "seed": seed, "status": str(r.status), "reason": r.reason,
-                                      "tie_margin": getattr(r.metrics, "tie_margin", None),
-                                      "max_output_logprob_diff": r.metrics.max_output_logprob_diff}) + "\n")
+                                      "tie_margin": r.metrics.judge.tie_margin,
+                                      "max_output_logprob_diff": r.metrics.judge.max_output_logprob_diff}) + "\n")
                 out.flush()
         passed = sum(s == "pass" for s in statuses)
         print(f"{cell.key}: {passed}/{len(statuses)} pass  ({time.perf_counter() - t0:.0f}s)", flush=True)

@@ -33,23 +33,23 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
 
 def main(fp8_path: str, auto_path: str) -> int:
     fp8, auto = _read(fp8_path), _read(auto_path)
-    tokens = sorted({n for _, o in fp8.values() for n in o.metrics.latency_ms})  # the latency token counts measured
+    tokens = sorted({n for _, o in fp8.values() for n in o.metrics.latency.latency_ms})  # the latency token counts measured
     print("| model | layers | attention | graph | FP8 | 16-bit | same padding | reference (mean Δ / bound) | KV B/token "
           "FP8 / 16-bit | " + " | ".join(f"graph ms @{n} FP8 / 16-bit" for n in tokens) + " | reason |")
     print("|---" * (10 + len(tokens)) + "|")
     for key, (spec, o) in fp8.items():
         m = o.metrics
         a = auto.get(key, (None, None))[1]
-        ref = m.reference
+        ref = m.judge.reference
         ref_text = "–" if ref is None else f"{ref.status} ({_fmt(ref.mean_logprob_diff)} / {_fmt(ref.mean_bound)})"
         lat = []
         for n in tokens:
-            g8 = m.latency_ms.get(n)
-            g16 = a.metrics.latency_ms.get(n) if a else None
+            g8 = m.latency.latency_ms.get(n)
+            g16 = a.metrics.latency.latency_ms.get(n) if a else None
             lat.append(f"{_fmt(g8.graph if g8 else None, '.3f')} / {_fmt(g16.graph if g16 else None, '.3f')}")
-        print(f"| {spec['model']} | {m.layers} | {spec.get('attention')} | {spec['graph']} | {o.status} | "
-              f"{a.status if a else '–'} | {_fmt(m.max_same_padding_diff)} | {ref_text} | {m.kv_bytes_per_token} / "
-              f"{a.metrics.kv_bytes_per_token if a else '–'} | " + " | ".join(lat) + f" | {o.reason[:120]} |")
+        print(f"| {spec['model']} | {m.settings.layers} | {spec.get('attention')} | {spec['graph']} | {o.status} | "
+              f"{a.status if a else '–'} | {_fmt(m.judge.max_same_padding_diff)} | {ref_text} | {m.memory.kv_bytes_per_token} / "
+              f"{a.metrics.memory.kv_bytes_per_token if a else '–'} | " + " | ".join(lat) + f" | {o.reason[:120]} |")
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
+from harness.metrics import CellMetrics
 from pcg_core.quant.schemes.registry import canonical
 
 
@@ -51,8 +52,8 @@ def recorded(paths: list[str], passed: bool = False, device: str | None = None, 
 
 def reference_passed(obj: dict) -> bool:
     """A `pcgh cell --json` outcome that passed and whose reference layer passed (not merely not measured)."""
-    ref = (obj.get("metrics") or {}).get("reference") or {}
-    return obj.get("status") == "pass" and ref.get("status") == "pass"
+    ref = CellMetrics.lenient(obj.get("metrics")).judge.reference  # flat (older results) or grouped
+    return obj.get("status") == "pass" and ref is not None and ref.status == "pass"
 
 
 def main(argv: list[str]) -> int:

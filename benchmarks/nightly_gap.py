@@ -37,10 +37,10 @@ def passed_on_cuda(paths: list[str], reference: bool = False) -> set[tuple]:
             for run in store.runs():
                 for r in store.results(run.id):
                     a, m = r.axes, r.metrics
-                    ref_ok = m.reference is not None and m.reference.status == "pass"
-                    if r.passed and m.device == "cuda" and (ref_ok or not reference):
-                        done.add(key(ModelRef.parse(a["model"]).card, "tiny" if m.tiny else str(m.layers),
-                                     a["attention"], a["graph"], a["compiler"], a["quant"], m.max_tokens, a["parallel"],
+                    ref_ok = m.judge.reference is not None and m.judge.reference.status == "pass"
+                    if r.passed and m.settings.device == "cuda" and (ref_ok or not reference):
+                        done.add(key(ModelRef.parse(a["model"]).card, "tiny" if m.settings.tiny else str(m.settings.layers),
+                                     a["attention"], a["graph"], a["compiler"], a["quant"], m.settings.max_tokens, a["parallel"],
                                      a.get("kv_cache") or "auto"))
     return done
 

@@ -24,7 +24,7 @@ from harness.cell import run as cell_run
 from harness.cell.judge.reference import reference_cases, reference_layer
 from harness.cell.spec import CellSpec
 from harness.matrix import expand, load_matrix, precheck
-from harness.outcome import ReferenceCheck
+from harness.metrics import ReferenceCheck
 from pcg_core.capabilities import capabilities
 from pcg_core.config import CaptureConfig, EngineConfig
 

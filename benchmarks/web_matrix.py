@@ -57,7 +57,8 @@ from urllib.parse import urlencode
 
 import web_probes
 
-from harness.outcome import CellMetrics, CellRecord, cell_key
+from harness.metrics import CellMetrics
+from harness.outcome import CellRecord, cell_key
 from harness.store import Store
 
 MAX_P95_MS = 300.0  # each page and API endpoint: p95 latency with --clients (10) concurrent clients

@@ -15,7 +15,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 
-from harness.outcome import AXES, CellMetrics, ModelRef, with_default_axes
+from harness.metrics import CellMetrics
+from harness.outcome import AXES, ModelRef, with_default_axes
 
 # `pcgh cell` flag → the CellMetrics field that recorded its value.
 SETTINGS = (("--device", "device"), ("--dtype", "dtype"), ("--max-tokens", "max_tokens"),
@@ -38,10 +39,10 @@ def repro_command(axes: dict[str, str], metrics: CellMetrics, fallbacks: Iterabl
         if axis != "model":
             args += [f"--{axis.replace('_', '-')}", axes[axis]]
     sources = [metrics, *fallbacks]
-    if metrics.peaked is False:
+    if metrics.settings.peaked is False:
         args.append("--flat-weights")
     for flag, name in SETTINGS:
-        value = next((getattr(m, name) for m in sources if getattr(m, name) not in (None, "")), None)
+        value = next((m.value(name) for m in sources if m.value(name) not in (None, "")), None)
         if value is not None:
             args += [flag, str(value)]
     return shlex.join(args)

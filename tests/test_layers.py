@@ -17,7 +17,7 @@ from import_graph import GRAPH, IMPORT_TIME_GRAPH, ROOT, find_cycles, imports
 # Floors, lowest first; a module may import its own floor or lower ones. The longest matching prefix decides.
 FLOORS: dict[str, int] = {
     "pcg_core": 0,
-    "harness.outcome": 1, "harness.repro": 1,  # the vocabulary every later stage reads
+    "harness.outcome": 1, "harness.metrics": 1, "harness.repro": 1,  # the vocabulary every later stage reads
     "harness.safe_yaml": 1,  # the bounded YAML reader of matrices and model cards
     "harness.cards": 2, "harness.shape": 2,  # model cards; a model's shape from its config (widths, parameters)
     "harness.cell": 3,
@@ -30,7 +30,7 @@ FLOORS: dict[str, int] = {
     "benchmarks": 10,
 }
 HEAVY = ("torch", "transformers", "huggingface_hub", "safetensors")
-LEAN = ("harness.outcome", "harness.repro", "harness.store", "harness.reports", "web")
+LEAN = ("harness.outcome", "harness.metrics", "harness.repro", "harness.store", "harness.reports", "web")
 # The judge's room, and what of the rest of the cell it may read: the cell runner (run.py) calls the judge's policy,
 # never the other way round (the policy reads the cell through a Protocol).
 JUDGE = "harness.cell.judge"

@@ -192,7 +192,7 @@ def _cell(r: CellRecord, run_id: int, before: list[str | None]) -> GridCell:
     m = r.metrics
     speedup = cell_speedup(m)
     cell = GridCell(r, speedup, present.short_label(r.status, speedup), present.css_class(r.status),
-                    present.tooltip(r.status, r.reason, speedup, m.capture_s, m.graph_pool_bytes, m.token_match),
+                    present.tooltip(r.status, r.reason, speedup, m.capture.capture_s, m.capture.graph_pool_bytes, m.judge.token_match),
                     cell_href(r.key, run_id))
     if speedup is not None and speedup < 1:
         cell.marks = " slower"  # passing, but the graph is slower than eager: red, not the green of a speedup

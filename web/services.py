@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from harness.outcome import CellMetrics, CellRecord
+from harness.metrics import CellMetrics
+from harness.outcome import CellRecord
 from harness.repro import repro_command
 from harness.reports import RunDiff, diff_markdown, diff_runs, results_frame, totals
 from harness.reports.run_info import wall_time
@@ -190,7 +191,7 @@ def cell(store: Store, key: str, run_id: int | None = None) -> CellView:
     record = current.record
     others = [h.record.metrics for h in reversed(history) if h is not current]
     return CellView(key, record.axes, current,
-                    present.scrub(record.metrics.model_dump(mode="python", exclude_defaults=True)),
+                    present.scrub(record.metrics.measured()),
                     present.scrub(store.views.log(current.run_id, key)), history, present.flips(statuses),
                     present.is_flaky(statuses), present.scrub(_repro(record, others)))
 

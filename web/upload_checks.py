@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta, UTC
 from typing import Any
 
+from harness.metrics import GROUPS
 from harness.outcome import CellRecord, ModelRef, canonical_key, cell_key
 from pcg_core.known import parse_parallel
 
@@ -92,8 +93,12 @@ def _range_of(field: str) -> tuple[float, float, bool]:
 
 
 def check_metrics(metrics: dict[str, Any], path: str) -> None:
-    """Each metric number within its field's range (_RANGES), each string valid and bounded."""
+    """Each metric number within its field's range (_RANGES), each string valid and bounded; a group
+    (harness.metrics.GROUPS) holds metrics by name."""
     for field, value in metrics.items():
+        if field in GROUPS and isinstance(value, dict):
+            check_metrics(value, f"{path}.{field}")
+            continue
         low, high, nonfinite_ok = _range_of(field)
         for where, leaf in walk(value, f"{path}.{field}"):
             if isinstance(leaf, str):

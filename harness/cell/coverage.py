@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from harness.cell.prompts import ladder_regions
-from harness.outcome import SuiteCoverage
+from harness.metrics import SuiteCoverage
 from pcg_core.engine.inputs import PackedBatch
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.outcome import CellMetrics
+from harness.metrics import CellMetrics
 from harness.shape.graph_pool import GPU_MEMORY_UTILIZATION, context_fit
 GIB = 1 << 30
 
@@ -42,12 +42,12 @@ def memory_budget(device: str) -> int | None:
 def memory_fit(m: CellMetrics, budget: int | None, share: float) -> str | None:
     """Fill the context fields of `m` from its weights, graph pool and KV bytes per token against `budget`; the
     `memory` line when the pool takes more than `share` of what the KV cache could have had, else None."""
-    m.memory_budget_bytes = budget
-    pool, per_token, weights = m.graph_pool_bytes or 0, m.kv_bytes_per_token, m.weights_bytes
+    m.memory.memory_budget_bytes = budget
+    pool, per_token, weights = m.capture.graph_pool_bytes or 0, m.memory.kv_bytes_per_token, m.memory.weights_bytes
     if budget is None or not per_token or weights is None:
         return None
     fit = context_fit(budget, weights, pool, per_token)
-    m.max_context_tokens, m.max_context_tokens_without_graphs = fit.tokens, fit.tokens_without_graphs
+    m.memory.max_context_tokens, m.memory.max_context_tokens_without_graphs = fit.tokens, fit.tokens_without_graphs
     if fit.room <= 0:
         return (f"memory: the weights ({weights / GIB:.1f} GiB) fill this rank's {budget / GIB:.0f} GiB budget "
                 f"({GPU_MEMORY_UTILIZATION:.0%} of the GPU): no room for a KV cache, graphs or not")

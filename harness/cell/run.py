@@ -25,7 +25,8 @@ from harness.cell.prompts import (CONCURRENCY, CPU_CONCURRENCY, Case, latency_to
                                   prefix_cacheable, run_case)
 from harness.cell.spec import CellSpec, resolve_model
 from harness.cell.timing import median_ms
-from harness.outcome import CellMetrics, CellOutcome, Latency, Status
+from harness.metrics import CellMetrics, Latency
+from harness.outcome import CellOutcome, Status
 from pcg_core.attention import get_attention_backend
 from pcg_core.capabilities import (attention_unsupported_reason, kv_cache_unsupported_reason, parallel_unsupported_reason,
                                    quant_unsupported_reason)
@@ -129,8 +130,8 @@ def _load(cell: _Cell) -> None:
     except Exception as e:  # noqa: BLE001 - any failure to build the model means eager cannot run
         raise crash(Status.EAGER_FAIL, e) from e
     text = cell.lm.config.get_text_config()  # a VLM's text model (the config itself for a text-only one)
-    cell.metrics.layers = text.num_hidden_layers
-    cell.metrics.checkpoint_kv_scales = checkpoint_kv_scales(cell.lm.model)
+    cell.metrics.settings.layers = text.num_hidden_layers
+    cell.metrics.quant.checkpoint_kv_scales = checkpoint_kv_scales(cell.lm.model)
     vocab = text_token_limit(cell.lm.config) if is_vlm(cell.lm.config) else text.vocab_size
     page = cell.config.page_size or get_attention_backend(cell.config.attention).page_size
     cell.cases = prompt_suite(cell.config.capture.ladder, vocab, seed=s.seed, max_new_tokens=s.max_new_tokens,
@@ -151,7 +152,7 @@ def _load(cell: _Cell) -> None:
         _kv_scales(cell)
     if cell.group is not None:  # every rank built, quantized and calibrated the same full model: each keeps its part
         try:
-            cell.metrics.expert_dispatch = keep_rank_part(cell.loaded.model, cell.group, s)
+            cell.metrics.settings.expert_dispatch = keep_rank_part(cell.loaded.model, cell.group, s)
         except UnsupportedModel as e:
             raise Stop(Status.UNSUPPORTED, str(e)) from e
 
@@ -162,9 +163,9 @@ def _kv_scales(cell: _Cell) -> None:
     quantization (K and V are the quantized model's), as a producer or a serving engine computes them."""
     model = cell.loaded.model
     if getattr(model, ATTRIBUTE, None) is not None:
-        cell.metrics.kv_scales = "checkpoint"
-        if (read := cell.metrics.checkpoint_kv_scales) is not None:  # the checkpoint's scales, now in use
-            cell.metrics.checkpoint_kv_scales = read.model_copy(update={"applied": True})
+        cell.metrics.quant.kv_scales = "checkpoint"
+        if (read := cell.metrics.quant.checkpoint_kv_scales) is not None:  # the checkpoint's scales, now in use
+            cell.metrics.quant.checkpoint_kv_scales = read.model_copy(update={"applied": True})
         return
     case = cell.suite[0]
     try:
@@ -173,7 +174,7 @@ def _kv_scales(cell: _Cell) -> None:
         set_kv_scales(model, scales)
     except Exception as e:  # noqa: BLE001 - the 16-bit forwards failed: eager cannot run either
         raise crash(Status.EAGER_FAIL, e) from e
-    cell.metrics.kv_scales = "calibrated"
+    cell.metrics.quant.kv_scales = "calibrated"
 
 
 def _quantize(cell: _Cell) -> None:
@@ -189,7 +190,7 @@ def _quantize(cell: _Cell) -> None:
         if got != [s.quant]:
             raise Stop(Status.UNSUPPORTED, f"the checkpoint's weights are {', '.join(got) or 'not quantized'}; the cell asks "
                                             f"for {s.quant}")
-        m.quant_layers = len(quantized)  # linears and experts modules, as quantize_model counts them
+        m.quant.quant_layers = len(quantized)  # linears and experts modules, as quantize_model counts them
         return
     case = cell.suite[0]
     # Scales that vary by row, column and block as a trained checkpoint's do (10–100×, outliers): near-uniform
@@ -199,7 +200,7 @@ def _quantize(cell: _Cell) -> None:
         with record_input_absmax(model) as absmax:
             cell.float_ref = cell.run_suite(cell.engine("disabled", kv_cache="auto"), cases=[case])[case.name]
         cell.input_absmax = absmax
-        m.quant_layers = len(quantize_model(model, scheme_for_shards(get_scheme(s.quant), model, parse_parallel(s.parallel).get("tp", 1)),
+        m.quant.quant_layers = len(quantize_model(model, scheme_for_shards(get_scheme(s.quant), model, parse_parallel(s.parallel).get("tp", 1)),
                                               input_absmax=absmax))
     except NotImplementedError as e:  # a layout the quantizer declines (gpt-oss's biased, transposed experts)
         raise Stop(Status.UNSUPPORTED, f"quantization {s.quant}: {e}") from e
@@ -216,7 +217,7 @@ def _quant_error(cell: _Cell, ref: Outputs) -> None:
     worst = 0.0
     for a, b in zip(cell.float_ref, ref[cell.suite[0].name]):
         worst = max([worst, *(abs(x - y) for x, y in zip(a.prompt_logprobs or [], b.prompt_logprobs or []))])
-    cell.metrics.quant_logprob_diff = round(worst, 6)
+    cell.metrics.quant.quant_logprob_diff = round(worst, 6)
 
 
 def _eager_reference(cell: _Cell) -> tuple[Engine, Outputs]:
@@ -240,7 +241,7 @@ def _tp1(cell: _Cell, ref: Outputs) -> None:
                                   cell.input_absmax)
     except Exception as e:  # noqa: BLE001 - the unsharded model is eager too
         raise crash(Status.EAGER_FAIL, e) from e
-    cell.metrics.tp1_logprob_diff = round(diff, 9)
+    cell.metrics.judge.tp1_logprob_diff = round(diff, 9)
     if problem:
         raise Stop(Status.FAIL_ACCURACY, problem)
 
@@ -260,18 +261,18 @@ def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Ou
         raise Stop(Status.UNSUPPORTED, str(e)) from e
     except Exception as e:  # noqa: BLE001
         raise crash(Status.FAIL_CAPTURE, e) from e
-    st = graph.stats
-    m.pieces, m.graphs_captured, m.trace_s, m.capture_s = st.pieces, st.graphs_captured, st.trace_s, st.capture_s
-    m.compile_s, m.graph_pool_bytes = st.compile_s, st.graph_pool_bytes
-    m.kv_bytes_per_token = graph.cache.bytes_per_token
-    m.weights_bytes = weights_bytes(cell.loaded.model)
+    st, c = graph.stats, m.capture
+    c.pieces, c.graphs_captured, c.trace_s, c.capture_s = st.pieces, st.graphs_captured, st.trace_s, st.capture_s
+    c.compile_s, c.graph_pool_bytes = st.compile_s, st.graph_pool_bytes
+    m.memory.kv_bytes_per_token = graph.cache.bytes_per_token
+    m.memory.weights_bytes = weights_bytes(cell.loaded.model)
     on_phase("run")
     cell.coverage = CoverageCounter(cell.config.capture.ladder)
     try:
         cand = cell.run_suite(graph, cell.coverage)
     except Exception as e:  # noqa: BLE001
         raise crash(Status.FAIL_RUN, e) from e
-    m.eager_fallbacks, m.bucket_hits = st.eager_fallbacks, dict(sorted(st.bucket_hits.items()))
+    c.eager_fallbacks, c.bucket_hits = st.eager_fallbacks, dict(sorted(st.bucket_hits.items()))
     return graph, cand
 
 
@@ -286,8 +287,8 @@ def _latency(cell: _Cell, eager: Engine, graph: Engine) -> None:
         for side, e in (("eager", eager), ("graph", graph)):
             batch = e.prefill_batch([prompt])
             ms[side] = round(median_ms(lambda: e.forward(batch), e.device, warmup=2, repeat=repeat), 4)
-        cell.metrics.latency_ms[n] = Latency(**ms)
-        cell.metrics.speedup[n] = round(ms["eager"] / ms["graph"], 3) if ms["graph"] > 0 else None
+        cell.metrics.latency.latency_ms[n] = Latency(**ms)
+        cell.metrics.latency.speedup[n] = round(ms["eager"] / ms["graph"], 3) if ms["graph"] > 0 else None
 
 
 def _engine_config(spec: CellSpec) -> EngineConfig:
@@ -300,8 +301,8 @@ def _engine_config(spec: CellSpec) -> EngineConfig:
 def _with_notes(metrics: CellMetrics, spec: CellSpec, reason: str) -> str:
     """The reason with the facts the verdict's reader needs beside it (checkpoint scales unused, the graphs'
     memory); the status stands."""
-    notes = [metrics.checkpoint_kv_scales.summary()] if metrics.checkpoint_kv_scales is not None else []
-    if metrics.graph_pool_bytes is not None and (line := memory_fit(metrics, memory_budget(spec.device), spec.memory_share)):
+    notes = [metrics.quant.checkpoint_kv_scales.summary()] if metrics.quant.checkpoint_kv_scales is not None else []
+    if metrics.capture.graph_pool_bytes is not None and (line := memory_fit(metrics, memory_budget(spec.device), spec.memory_share)):
         notes.append(line)  # what the graphs cost the context: the verdict stands
     if notes:
         reason = "; ".join([reason, *notes] if reason else notes)[:2000]
@@ -321,9 +322,9 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
     running: list = []  # [name, start] of the phase whose clock runs
 
     def close_phase() -> None:
-        """The running phase's seconds into metrics.phase_s: where a cell's time goes."""
+        """The running phase's seconds into metrics.process.phase_s: where a cell's time goes."""
         if running:
-            metrics.phase_s[running[0]] = round(time.perf_counter() - running[1], 3)
+            metrics.process.phase_s[running[0]] = round(time.perf_counter() - running[1], 3)
             running.clear()
 
     def phase(name: str) -> None:
@@ -364,5 +365,5 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
         status, reason = with_reference(metrics, stop.status, stop.reason)
     reason = _with_notes(metrics, spec, reason)
     close_phase()
-    metrics.cell_s = round(time.perf_counter() - t0, 3)
-    return CellOutcome(status=status, reason=reason, metrics=metrics, duration_s=metrics.cell_s)
+    metrics.process.cell_s = round(time.perf_counter() - t0, 3)
+    return CellOutcome(status=status, reason=reason, metrics=metrics, duration_s=metrics.process.cell_s)

@@ -170,28 +170,28 @@ def _print(spec: CellSpec, o: CellOutcome) -> None:
     colour = "green" if o.passed else "yellow" if o.status == "unsupported" else "red"
     console.print(f"[bold {colour}]{o.status}[/] {spec.model} quant={spec.quant} attention={spec.attention} "
                   f"parallel={spec.parallel} graph={spec.graph} compiler={spec.compiler} kv_cache={spec.kv_cache} "
-                  f"{m.device} {m.dtype} layers={m.layers}" + (f" — {o.reason}" if o.reason else ""))
-    if m.reference is not None:  # measured before capture: shown even when the cell ended there
-        ref_colour = {"pass": "green", "fail": "red"}.get(m.reference.status, "yellow")
-        console.print(f"[{ref_colour}]reference layer[/]: {m.reference.summary()}")
-    if m.pieces is None:
+                  f"{m.settings.device} {m.settings.dtype} layers={m.settings.layers}" + (f" — {o.reason}" if o.reason else ""))
+    if m.judge.reference is not None:  # measured before capture: shown even when the cell ended there
+        ref_colour = {"pass": "green", "fail": "red"}.get(m.judge.reference.status, "yellow")
+        console.print(f"[{ref_colour}]reference layer[/]: {m.judge.reference.summary()}")
+    if m.capture.pieces is None:
         return  # ended before capture: nothing measured
-    pool = None if m.graph_pool_bytes is None else m.graph_pool_bytes / 2**20
-    console.print(f"pieces {m.pieces}, graphs {m.graphs_captured}, trace {_num(m.trace_s)}s, "
-                  f"capture {_num(m.capture_s)}s, pool {_num(pool, '.1f')} MiB, token match {_num(m.token_match, '.3f')}, "
-                  f"max logprob diff prompt {m.max_prompt_logprob_diff} output {m.max_output_logprob_diff}, "
-                  f"eager fallbacks {m.eager_fallbacks}")
+    pool = None if m.capture.graph_pool_bytes is None else m.capture.graph_pool_bytes / 2**20
+    console.print(f"pieces {m.capture.pieces}, graphs {m.capture.graphs_captured}, trace {_num(m.capture.trace_s)}s, "
+                  f"capture {_num(m.capture.capture_s)}s, pool {_num(pool, '.1f')} MiB, token match {_num(m.judge.token_match, '.3f')}, "
+                  f"max logprob diff prompt {m.judge.max_prompt_logprob_diff} output {m.judge.max_output_logprob_diff}, "
+                  f"eager fallbacks {m.capture.eager_fallbacks}")
     if m.coverage is not None:
         console.print(f"coverage: {m.coverage.summary()}")
-    if m.repeats:
-        console.print(f"repeats: {m.repeats} fresh processes: {', '.join(m.repeat_statuses)}")
-    if m.rank_statuses:
-        console.print(f"ranks: {len(m.rank_statuses)} processes" + (f" on {m.gpus} GPUs" if m.gpus else "")
-                      + f": {', '.join(m.rank_statuses)} (the outcome is rank 0's)")
-    if m.diagnosis_error:
-        console.print(f"[red]diagnosis failed[/] (the verdict stands): {m.diagnosis_error}")
-    if m.latency_ms:
+    if m.process.repeats:
+        console.print(f"repeats: {m.process.repeats} fresh processes: {', '.join(m.process.repeat_statuses)}")
+    if m.process.rank_statuses:
+        console.print(f"ranks: {len(m.process.rank_statuses)} processes" + (f" on {m.process.gpus} GPUs" if m.process.gpus else "")
+                      + f": {', '.join(m.process.rank_statuses)} (the outcome is rank 0's)")
+    if m.judge.diagnosis_error:
+        console.print(f"[red]diagnosis failed[/] (the verdict stands): {m.judge.diagnosis_error}")
+    if m.latency.latency_ms:
         t = Table("tokens", "eager ms", "graph ms", "speedup")
-        for n, lat in m.latency_ms.items():
-            t.add_row(str(n), _num(lat.eager), _num(lat.graph), f"{_num(m.speedup.get(n))}x")
+        for n, lat in m.latency.latency_ms.items():
+            t.add_row(str(n), _num(lat.eager), _num(lat.graph), f"{_num(m.latency.speedup.get(n))}x")
         console.print(t)

@@ -69,7 +69,7 @@ def launch(cell: Cell, log_path: Path, gpu: int | Sequence[int] | None, attempt:
     if cell.ranks > 1:
         ranked, log_text, duration = launch_ranks(cell, log_path, cell.ranks, gpus, groups)
         ranked.duration_s = duration
-        ranked.metrics.gpus = len(gpus) if gpus is not None else None
+        ranked.metrics.process.gpus = len(gpus) if gpus is not None else None
         return CellRecord.of(cell.key, cell.axes, ranked, attempt=attempt, log=log_text)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     result_path = log_path.with_suffix(".json")
@@ -96,8 +96,8 @@ def launch(cell: Cell, log_path: Path, gpu: int | Sequence[int] | None, attempt:
     if outcome is None:
         status, reason = classify_death(returncode, timed_out, log_text, cell.timeout_s)
         outcome = CellOutcome(status=status, reason=reason)
-    outcome.duration_s = duration  # the parent's clock, process start-up included (metrics.cell_s: the cell's own)
-    outcome.metrics.gpus = 1 if gpus is not None else None
+    outcome.duration_s = duration  # the parent's clock, process start-up included (metrics.process.cell_s: the cell's own)
+    outcome.metrics.process.gpus = 1 if gpus is not None else None
     return CellRecord.of(cell.key, cell.axes, outcome, attempt=attempt, log=log_text)  # keeps the last LOG_KEEP
 
 
@@ -107,8 +107,8 @@ def merge_repeats(outcomes: Sequence[CellOutcome]) -> CellOutcome:
     bad = [o for o in outcomes if not o.passed]
     first = (bad or outcomes)[0]
     merged = CellOutcome.model_validate(first.model_dump(include=set(CellOutcome.model_fields)))
-    merged.metrics.repeats = len(outcomes)
-    merged.metrics.repeat_statuses = [str(o.status) for o in outcomes]
+    merged.metrics.process.repeats = len(outcomes)
+    merged.metrics.process.repeat_statuses = [str(o.status) for o in outcomes]
     if bad and len(bad) < len(outcomes):
         merged.reason = f"failed in {len(bad)} of {len(outcomes)} fresh processes: {merged.reason}"[:2000]
     merged.duration_s = round(sum(o.duration_s or 0.0 for o in outcomes), 3)

@@ -136,7 +136,7 @@ def judge_ranks(ends: list[RankEnd], logs: list[str], outcomes: list[CellOutcome
     first = outcomes[0]
     assert first is not None
     merged = CellOutcome.model_validate(first.model_dump(include=set(CellOutcome.model_fields)))
-    merged.metrics.rank_statuses = [str(o.status) for o in outcomes if o is not None]
+    merged.metrics.process.rank_statuses = [str(o.status) for o in outcomes if o is not None]
     odd = [(r, o) for r, o in enumerate(outcomes) if o is not None and r and o.status != first.status]
     if odd and first.status in PASSING:
         r, o = next(((r, o) for r, o in odd if o.status not in PASSING), odd[0])

@@ -125,7 +125,7 @@ def _record_unsupported(cells: list[Cell], done: set[str], record: _Recorder) ->
     for cell in cells:
         if cell.unsupported is not None and cell.key not in done:
             refused = CellRecord(key=cell.key, axes=cell.axes, status=Status.UNSUPPORTED, reason=cell.unsupported)
-            refused.metrics.gpus = cell.gpus  # what it would hold: the nightly's parallel cells carry their count
+            refused.metrics.process.gpus = cell.gpus  # what it would hold: the nightly's parallel cells carry their count
             record(refused)
             counts[Status.UNSUPPORTED] += 1
     return counts

@@ -122,7 +122,7 @@ def diff_runs(base_records: Sequence[CellRecord], head_records: Sequence[CellRec
                 d.flips.append(change)
         if is_passing(bs) and is_passing(hs):
             mb, mh = b.metrics, h.metrics
-            speedups = _common_geomeans(timings(mb.speedup), timings(mh.speedup))
+            speedups = _common_geomeans(timings(mb.latency.speedup), timings(mh.latency.speedup))
             if (c := _beyond(SpeedupChange, key, axes, speedups, speedup_threshold)) is not None:
                 d.speedup_changes.append(c)
             latencies = _common_geomeans(graph_latencies(mb), graph_latencies(mh))

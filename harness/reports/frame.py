@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from harness.outcome import AXES, SCALAR_METRICS, CellMetrics, CellRecord
+from harness.metrics import SCALAR_METRICS, CellMetrics
+from harness.outcome import AXES, CellRecord
 from harness.reports.stats import geomean, is_positive_finite, natural_key
 
 if TYPE_CHECKING:
@@ -26,12 +27,12 @@ TOKEN_COLUMN_PREFIXES = ("speedup_", "eager_ms_", "graph_ms_")
 
 def cell_speedup(metrics: CellMetrics) -> float | None:
     """The cell's speedup: geomean over its token counts (None when nothing was timed)."""
-    return geomean(metrics.speedup.values())
+    return geomean(metrics.latency.speedup.values())
 
 
 def graph_latencies(metrics: CellMetrics) -> dict[str, float]:
     """The cell's graph latency (ms) per token count (as a string), measured ones only."""
-    return timings(metrics.graph_latencies())
+    return timings(metrics.latency.graph_latencies())
 
 
 def timings(per_count: Mapping[Any, Any]) -> dict[str, float]:
@@ -42,10 +43,10 @@ def timings(per_count: Mapping[Any, Any]) -> dict[str, float]:
 def flatten_metrics(metrics: CellMetrics) -> dict[str, float | None]:
     """One record's metrics as flat numeric columns."""
     out: dict[str, float | None] = {"speedup": cell_speedup(metrics)}
-    out.update({f"speedup_{n}": v for n, v in metrics.speedup.items()})
-    for n, lat in metrics.latency_ms.items():
+    out.update({f"speedup_{n}": v for n, v in metrics.latency.speedup.items()})
+    for n, lat in metrics.latency.latency_ms.items():
         out[f"eager_ms_{n}"], out[f"graph_ms_{n}"] = lat.eager, lat.graph
-    out.update({name: getattr(metrics, name) for name in SCALAR_METRICS})
+    out.update({name: metrics.value(name) for name in SCALAR_METRICS})
     return out
 
 
@@ -64,7 +65,7 @@ def result_rows(records: Sequence[CellRecord]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"key": r.key, **{a: r.axes.get(a) for a in AXES}, "status": str(r.status),
                                "reason": r.reason, "duration_s": r.duration_s, "attempt": r.attempt}
         row.update(flatten_metrics(r.metrics))
-        row["reference"] = r.metrics.reference.status if r.metrics.reference else None  # the judge's reference layer
+        row["reference"] = r.metrics.judge.reference.status if r.metrics.judge.reference else None  # the judge's reference layer
         rows.append(row)
     return rows
 

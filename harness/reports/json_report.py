@@ -18,7 +18,7 @@ from harness.reports.run_info import FIELDS, run_field, wall_time
 from harness.store.rows import RunRow
 from harness.reports.stats import totals
 
-SCHEMA_VERSION = 2  # 2: cells' metrics are CellMetrics (typed; only what was measured)
+SCHEMA_VERSION = 3  # 2: cells' metrics are CellMetrics (typed; only what was measured); 3: grouped by producer
 
 
 def jsonable(v: Any) -> Any:

@@ -23,6 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import ColumnElement, Connection, Engine, SQLColumnExpression, Text, and_, cast, func, literal_column, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from harness.metrics import GROUP_OF
 from harness.outcome import CellRecord, key_spellings
 from harness.store.models import CellResult, Run, RunAggregate, RunCounts, final_attempt, first_recorded
 
@@ -89,10 +90,13 @@ def _record_json(dialect: str, latency: bool) -> ColumnElement[str]:
     empty: SQLColumnExpression[Any]
     if dialect == "postgresql":
         build, axes, empty = func.json_build_object, CellResult.axes, literal_column("'{}'::json")
-        field: Callable[[str], Any] = lambda name: CellResult.metrics[name]  # noqa: E731
+        path: Callable[[tuple[str, ...]], Any] = lambda keys: CellResult.metrics[keys]  # noqa: E731
     else:  # SQLite: json_extract's objects are JSON to json_object (its scalars are plain values)
         build, axes, empty = func.json_object, func.json(CellResult.axes), func.json("{}")
-        field = lambda name: func.json_extract(CellResult.metrics, f"$.{name}")  # noqa: E731
+        path = lambda keys: func.json_extract(CellResult.metrics, "$." + ".".join(keys))  # noqa: E731
+
+    def field(name: str) -> Any:  # in its group (rows since the groups), else at the top (rows from before)
+        return func.coalesce(path((GROUP_OF[name], name)), path((name,)))
     # A missing scalar is null (None to CellMetrics); a missing per-token-count dict is {}, its default.
     metrics = [(name, field(name)) for name in SHOWN_METRICS]
     metrics += [(name, func.coalesce(field(name), empty)) for name in ("speedup", "latency_ms")[:2 if latency else 1]]

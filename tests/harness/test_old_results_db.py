@@ -29,7 +29,7 @@ def test_report_of_an_old_run_is_unchanged(old_db, run_id):
         records = store.results(run_id)
         text = summary_markdown(store.run(run_id), records)
     assert len(records) == 504 and sum(r.passed for r in records) == 21
-    assert any(r.metrics.speedup and r.metrics.latency_ms and r.metrics.device == "cuda" for r in records)
+    assert any(r.metrics.latency.speedup and r.metrics.latency.latency_ms and r.metrics.settings.device == "cuda" for r in records)
     assert text == (NIGHTLY / f"run{run_id}" / "summary.md").read_text(encoding="utf-8")
 
 

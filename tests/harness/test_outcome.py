@@ -8,7 +8,8 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from harness.outcome import AXES, NOT_COUNTED, PASSING, STATUSES, CellMetrics, CellOutcome, CellRecord, ModelRef, Status, cell_key
+from harness.metrics import CellMetrics
+from harness.outcome import AXES, NOT_COUNTED, PASSING, STATUSES, CellOutcome, CellRecord, ModelRef, Status, cell_key
 
 AXES_OK = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": "full",
            "compiler": "eager"}
@@ -43,15 +44,15 @@ def test_outcome_json_round_trip_keeps_nan_and_token_counts():
                     metrics=CellMetrics(token_match=0.5, max_prompt_kl=math.nan, latency_ms={8: {"eager": 3.0, "graph": 1.0}},
                                         speedup={8: 3.0}, bucket_hits={16: 2}))
     back = CellOutcome.from_json(o.to_json())
-    assert back.status is Status.FAIL_ACCURACY and back.metrics.latency_ms[8].graph == 1.0
-    assert back.metrics.speedup == {8: 3.0} and back.metrics.bucket_hits == {16: 2}
-    assert math.isnan(back.metrics.max_prompt_kl)
-    assert back.metrics.token_match == 0.5 and back.metrics.capture_s is None  # not measured stays None
+    assert back.status is Status.FAIL_ACCURACY and back.metrics.latency.latency_ms[8].graph == 1.0
+    assert back.metrics.latency.speedup == {8: 3.0} and back.metrics.capture.bucket_hits == {16: 2}
+    assert math.isnan(back.metrics.judge.max_prompt_kl)
+    assert back.metrics.judge.token_match == 0.5 and back.metrics.capture.capture_s is None  # not measured stays None
 
 
 def test_unmeasured_is_none_not_zero():
     m = CellMetrics()
-    assert m.token_match is None and m.pieces is None and m.speedup == {} and m.graph_latencies() == {}
+    assert m.judge.token_match is None and m.capture.pieces is None and m.latency.speedup == {} and m.latency.graph_latencies() == {}
 
 
 def test_record_needs_every_axis_and_a_known_status():
@@ -77,8 +78,8 @@ def test_odd_stored_metrics_lose_the_odd_values_not_the_row():
            "metrics": {"speedup": 2.5, "graph_pool_bytes": "big", "latency_ms": {"8": 3.0}, "token_match": 1.0,
                        "capture_s": 0.5}}
     r = CellRecord.read(row)
-    assert r.metrics.token_match == 1.0 and r.metrics.capture_s == 0.5
-    assert r.metrics.speedup == {} and r.metrics.graph_pool_bytes is None and r.metrics.latency_ms == {}
+    assert r.metrics.judge.token_match == 1.0 and r.metrics.capture.capture_s == 0.5
+    assert r.metrics.latency.speedup == {} and r.metrics.capture.graph_pool_bytes is None and r.metrics.latency.latency_ms == {}
     assert CellRecord.read({**row, "metrics": ["not", "a", "dict"]}).metrics == CellMetrics()
     with pytest.raises(ValidationError):  # strict about everything else: a bad status is no record
         CellRecord.read({**row, "status": "passed"})
@@ -94,9 +95,9 @@ def test_metrics_written_by_the_old_untyped_cell_still_read():
            "speedup": {"8": 6.2}, "eager_fallbacks": 1, "bucket_hits": {"8": 3}, "divergences": [],
            "eager_bitwise_deterministic": True, "max_prompt_kl": 1e-4, "duration_s": 40.1}
     m = CellMetrics.model_validate(old)
-    assert m.speedup == {8: 6.2} and m.latency_ms[8].eager == 31.0 and m.graph_pool_bytes == 218103808
-    assert m.device == "cuda" and m.layers == 28 and m.bucket_hits == {8: 3}
-    assert m.cell_s == 40.1  # the old metrics' duration_s: run_cell's own time
+    assert m.latency.speedup == {8: 6.2} and m.latency.latency_ms[8].eager == 31.0 and m.capture.graph_pool_bytes == 218103808
+    assert m.settings.device == "cuda" and m.settings.layers == 28 and m.capture.bucket_hits == {8: 3}
+    assert m.process.cell_s == 40.1  # the old metrics' duration_s: run_cell's own time
 
 
 def test_kv_cache_axis_keeps_the_keys_and_records_stored_before_it():

@@ -12,7 +12,8 @@ from harness.cell.run import recorded_settings
 from harness.cell.spec import CellSpec
 from harness.cli import build_parser, spec_from_args
 from harness.matrix import Cell, Matrix, expand
-from harness.outcome import AXES, CellMetrics, CellRecord
+from harness.metrics import CellMetrics
+from harness.outcome import AXES, CellRecord
 from harness.repro import repro_command
 from pcg_core.attention.sdpa import SdpaBackend
 from pcg_core.registry import ATTENTION_BACKENDS
@@ -112,7 +113,7 @@ def test_metrics_stored_before_the_newer_settings_still_read_and_repro():
            "metrics": {"device": "cpu", "dtype": "float32", "max_tokens": 64, "max_new_tokens": 8, "pieces": 3}}
     record = CellRecord.read(row)
     m = record.metrics
-    assert (m.seed, m.top_k, m.logprob_tol, m.pieces) == (None, None, None, 3)
+    assert (m.settings.seed, m.settings.top_k, m.settings.logprob_tol, m.capture.pieces) == (None, None, None, 3)
     cmd = repro_command(record.axes, m)
     assert cmd.endswith("--device cpu --dtype float32 --max-tokens 64 --max-new-tokens 8")
 

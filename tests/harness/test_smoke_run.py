@@ -88,12 +88,12 @@ def test_every_launched_smoke_cell_passes(index, tmp_path):
     assert launched and all(r.passed for r in launched), [(r.key, r.status, r.reason) for r in launched if not r.passed]
     for r in launched:
         if r.axes["parallel"] != "tp1":  # two gloo processes: both ranks passed, and eager matches the same weights
-            assert r.metrics.rank_statuses == ["pass", "pass"] and r.metrics.tp1_logprob_diff is not None \
-                and r.metrics.tp1_logprob_diff < 1e-4, (r.key, r.metrics.rank_statuses, r.metrics.tp1_logprob_diff)
+            assert r.metrics.process.rank_statuses == ["pass", "pass"] and r.metrics.judge.tp1_logprob_diff is not None \
+                and r.metrics.judge.tp1_logprob_diff < 1e-4, (r.key, r.metrics.process.rank_statuses, r.metrics.judge.tp1_logprob_diff)
         if r.axes["quant"] != "none":
-            assert r.metrics.quant_layers == QUANT_LAYERS[r.axes["model"]] and r.metrics.quant_logprob_diff > 0, r.key
+            assert r.metrics.quant.quant_layers == QUANT_LAYERS[r.axes["model"]] and r.metrics.quant.quant_logprob_diff > 0, r.key
         if r.axes["kv_cache"] == "fp8_e4m3":
-            assert r.metrics.kv_scales == "calibrated", r.key
+            assert r.metrics.quant.kv_scales == "calibrated", r.key
 
 
 def test_the_main_job_runs_reports_resumes_and_diffs(tmp_path, capsys):

@@ -263,7 +263,7 @@ def test_rows_stored_before_the_checks_still_render(app_db):
         for url in ("/cell", "/api/cell"):
             r = client.get(url, params={"key": record.key, "run": run_id})
             assert r.status_code == 200, (url, record.key, r.status_code)
-            assert "\ufffd" in r.text or "\\ufffd" in r.text or record.metrics.device != "cpu\ud800"
+            assert "\ufffd" in r.text or "\\ufffd" in r.text or record.metrics.settings.device != "cpu\ud800"
     for url in (f"/runs/{run_id}", f"/api/runs/{run_id}", "/", "/requests", "/api/requests"):
         assert client.get(url).status_code == 200, url
     page = client.get("/cell", params={"key": odd[2].key, "run": run_id}).text

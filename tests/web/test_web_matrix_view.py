@@ -13,7 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 from web_seed import axes, key, metrics, seed
 
-from harness.outcome import CellMetrics, CellRecord, Latency
+from harness.metrics import CellMetrics, Latency
+from harness.outcome import CellRecord
 from harness.store import Store
 from web import grid as grid_module
 from web.app import create_app

@@ -184,7 +184,7 @@ def test_docs_are_swagger_ui_from_our_own_static_files(sqlite_client: TestClient
 def test_the_cell_page_shows_what_the_judge_looked_at(tmp_path: Path) -> None:
     """The suite's coverage, stored with the cell (harness.outcome.SuiteCoverage), on its page; a cell stored before
     coverage existed has no such section."""
-    from harness.outcome import CellMetrics, SuiteCoverage
+    from harness.metrics import CellMetrics, SuiteCoverage
 
     cov = SuiteCoverage(buckets=10, buckets_hit=7, largest_bucket_hit=False, regions=2, regions_hit=2,
                         layouts={16: 5, 64: 2}, decode_steps=14, decode_layouts=5, beyond_ladder_forwards=8,
@@ -198,7 +198,8 @@ def test_the_cell_page_shows_what_the_judge_looked_at(tmp_path: Path) -> None:
 
 def _cell_pages(tmp_path: Path, metrics, status: str = "pass") -> tuple[str, str]:
     """The text of the cell page of a cell with `metrics`, and of one stored with none (before they existed)."""
-    from harness.outcome import CellMetrics, CellRecord
+    from harness.metrics import CellMetrics
+    from harness.outcome import CellRecord
 
     axes = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": "full",
             "compiler": "eager"}
@@ -215,7 +216,7 @@ def _cell_pages(tmp_path: Path, metrics, status: str = "pass") -> tuple[str, str
 def test_the_cell_page_shows_the_reference_layer(tmp_path: Path) -> None:
     """Is eager right? The reference layer's verdict and numbers on the cell page; a cell stored before the layer
     existed has no such section."""
-    from harness.outcome import CellMetrics, ReferenceCheck
+    from harness.metrics import CellMetrics, ReferenceCheck
 
     ref = ReferenceCheck(status="fail", reason="the kernels differ from their reference math", attention="sdpa",
                          positions=228, mean_logprob_diff=0.8, max_logprob_diff=5.1, mean_noise=0.002, max_noise=0.04,
@@ -230,7 +231,7 @@ def test_the_cell_page_shows_the_reference_layer(tmp_path: Path) -> None:
 def test_the_cell_page_shows_a_parallel_cells_ranks(tmp_path: Path) -> None:
     """A cell of several ranks: its GPUs, each rank's outcome (the record is rank 0's) and the sharded eager against
     the unsharded one, on its page; a single-process cell has no such section."""
-    from harness.outcome import CellMetrics
+    from harness.metrics import CellMetrics
 
     page, older = _cell_pages(tmp_path, CellMetrics(gpus=2, rank_statuses=["pass", "fail_accuracy"],
                                                     tp1_logprob_diff=0.0123), status="fail_accuracy")

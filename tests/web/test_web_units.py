@@ -10,7 +10,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from web_seed import axes
 
-from harness.outcome import CellMetrics, CellRecord
+from harness.metrics import CellMetrics
+from harness.outcome import CellRecord
 from harness.reports import cell_speedup
 from harness.store import Store
 from web import present
@@ -140,9 +141,9 @@ def test_the_matrix_reads_partial_and_non_finite_metrics(tmp_path: Path) -> None
                                    for i, m in enumerate(odd)])
         rows = {r.key: r for r in store.views.cells(run)}
     assert [cell_speedup(rows[f"k{i}"].metrics) for i in range(4)] == [None, 3.0, None, None]
-    assert math.isnan(rows["k1"].metrics.speedup[32])
+    assert math.isnan(rows["k1"].metrics.latency.speedup[32])
     m = rows["k2"].metrics
-    assert math.isnan(m.capture_s) and m.graph_pool_bytes == 2**20 and m.token_match == math.inf
+    assert math.isnan(m.capture.capture_s) and m.capture.graph_pool_bytes == 2**20 and m.judge.token_match == math.inf
     labels = [c.label for _, line in build_grid(list(rows.values()), run).rows for c in line if c]
     assert labels == ["pass", "3.00×", "pass", "pass"]
 
@@ -178,8 +179,8 @@ def test_odd_stored_metrics_do_not_break_the_pages(tmp_path: Path) -> None:
         full = {r.key: r for r in store.results(run)}
         report = summary_markdown(store.run(run), list(full.values()))
     assert [cell_speedup(rows[f"k{i}"].metrics) for i in range(4)] == [None, None, None, 2.0]
-    assert math.isnan(rows["k4"].metrics.capture_s) and rows["k4"].metrics.graph_pool_bytes is None
-    assert rows["k4"].metrics.token_match == 0.5 and full["k4"].metrics.token_match == 0.5
+    assert math.isnan(rows["k4"].metrics.capture.capture_s) and rows["k4"].metrics.capture.graph_pool_bytes is None
+    assert rows["k4"].metrics.judge.token_match == 0.5 and full["k4"].metrics.judge.token_match == 0.5
     assert "Pass rate: 100.0%" in report
     labels = [c.label for _, line in build_grid(list(rows.values()), run).rows for c in line if c]
     assert labels == ["pass", "pass", "pass", "2.00×", "pass", "pass"]

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, UTC
 from typing import Any
 
-from harness.outcome import CellMetrics, CellRecord, cell_key
+from harness.metrics import CellMetrics
+from harness.outcome import CellRecord, cell_key
 from harness.store import Store
 
 MODELS = ("qwen3-0.6b:tiny", "llama-3.1-8b:tiny", "mixtral-8x7b:tiny", "qwen3-8b:trim:4")

@@ -114,8 +114,8 @@ def get_support(store: StoreDep, run: str = "latest") -> SupportOut:
 
 def _matrix_out(r: RunRow, grid: Grid) -> MatrixOut:
     cells = [MatrixCellOut(key=c.row.key, axes=c.row.axes, status=c.row.status, label=c.label, speedup=c.speedup,
-                           reason=c.row.reason, capture_s=c.row.metrics.capture_s,
-                           graph_pool_bytes=c.row.metrics.graph_pool_bytes, token_match=c.row.metrics.token_match)
+                           reason=c.row.reason, capture_s=c.row.metrics.capture.capture_s,
+                           graph_pool_bytes=c.row.metrics.capture.graph_pool_bytes, token_match=c.row.metrics.judge.token_match)
              for _, line in grid.rows for c in line if c is not None]
     return MatrixOut(run=run_out(r), group=grid.group, filters=grid.filters, options=grid.options, total=grid.total,
                      shown=grid.shown, hidden=grid.hidden, counts=grid.counts, models=[m for m, _ in grid.rows],
@@ -128,9 +128,9 @@ def get_cell(store: StoreDep, key: str, run: int | None = None) -> CellOut:
     v = services.cell(store, key, run)
     history = [HistoryPointOut(run_id=h.run_id, run_name=h.run_name, started_at=h.started_at, trigger=h.trigger,
                                status=h.record.status, reason=h.record.reason, attempts=h.attempts,
-                               speedup=cell_speedup(h.record.metrics), speedups=jsonable(h.record.metrics.speedup),
-                               capture_s=jsonable(h.record.metrics.capture_s),
-                               graph_pool_bytes=h.record.metrics.graph_pool_bytes)
+                               speedup=cell_speedup(h.record.metrics), speedups=jsonable(h.record.metrics.latency.speedup),
+                               capture_s=jsonable(h.record.metrics.capture.capture_s),
+                               graph_pool_bytes=h.record.metrics.capture.graph_pool_bytes)
                for h in v.history]
     current = v.current.record
     return CellOut(key=v.key, axes=v.axes, run_id=v.current.run_id, status=current.status, reason=current.reason,

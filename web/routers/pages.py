@@ -86,12 +86,12 @@ def _href(request: Request) -> Callable[..., str]:
 def _plots(v: services.CellView) -> list[Any]:
     labels = [str(h.run_id) for h in v.history]
     metrics = [h.record.metrics for h in v.history]
-    tokens = sorted({n for m in metrics for n in m.speedup})
-    speedup = {f"{n} tokens": [m.speedup.get(n) for m in metrics] for n in tokens}
-    pool = [m.graph_pool_bytes for m in metrics]
+    tokens = sorted({n for m in metrics for n in m.latency.speedup})
+    speedup = {f"{n} tokens": [m.latency.speedup.get(n) for m in metrics] for n in tokens}
+    pool = [m.capture.graph_pool_bytes for m in metrics]
     return [
         line_plot("Speedup over eager (×), per token count", labels, speedup, fmt=lambda x: f"{x:.2f}", unit="×"),
-        line_plot("Capture time (s)", labels, {"capture s": [m.capture_s for m in metrics]},
+        line_plot("Capture time (s)", labels, {"capture s": [m.capture.capture_s for m in metrics]},
                   fmt=lambda x: f"{x:.3g}", unit=" s"),
         line_plot("Graph memory pool (MiB)", labels, {"MiB": [None if p is None else p / 2**20 for p in pool]},
                   fmt=lambda x: f"{x:.3g}", unit=" MiB"),

@@ -38,7 +38,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from harness.outcome import CheckpointKvScales
+from harness.metrics import CheckpointKvScales
 from pcg_core.model.mla import is_mla_attention
 
 PREFIX = "pcg_fp8kv_"

@@ -30,7 +30,7 @@ import torch
 
 from harness.cell.judge.lockstep import lockstep, lockstep_stats, nan_max
 from harness.cell.prompts import Case
-from harness.outcome import CellMetrics
+from harness.metrics import CellMetrics
 from pcg_core.attention import get_attention_backend
 from pcg_core.config import EngineConfig
 from pcg_core.engine import Engine, PackedBatch
@@ -164,16 +164,16 @@ def attention_padding_rel(model: PreTrainedModel, config: EngineConfig, bucket_f
 
 def padding_leak(m: CellMetrics) -> str:
     """Which padding check found the leak, in words for the reason."""
-    if not (m.padding_rel_fp32 is not None and m.padding_rel_fp32 <= FP32_PADDING_RTOL):
-        return (f"in float32, eager padded as the graph pads differs from unpadded by {m.padding_rel_fp32:.3g} per row "
+    if not (m.judge.padding_rel_fp32 is not None and m.judge.padding_rel_fp32 <= FP32_PADDING_RTOL):
+        return (f"in float32, eager padded as the graph pads differs from unpadded by {m.judge.padding_rel_fp32:.3g} per row "
                 f"> {FP32_PADDING_RTOL:g} (padding reaches real rows)")
-    return (f"the attention backend's padding probe moved real rows by {m.padding_probe_rel:.3g} per row > "
+    return (f"the attention backend's padding probe moved real rows by {m.judge.padding_probe_rel:.3g} per row > "
             f"{PROBE_RTOL:g} when only padding rows' inputs changed (padding reaches real rows)")
 
 
 def probe_note(m: CellMetrics) -> str:
     """The padding probe's part of an excuse's reason (empty where it did not run)."""
-    if m.padding_probe_rel is None:
+    if m.judge.padding_probe_rel is None:
         return ""
     return (f"; float32 on sdpa, the cell's backend having no float32 kernel, and that backend's padding probe "
-            f"exact: {m.padding_probe_rel:.3g} ≤ {PROBE_RTOL:g}")
+            f"exact: {m.judge.padding_probe_rel:.3g} ≤ {PROBE_RTOL:g}")

@@ -39,7 +39,8 @@ from harness.cell.judge.tokens import Judgement, compare
 from harness.cell.judge.tolerances import (KL_TOL, SAME_PADDING_RTOL_EAGER, logprob_bound, same_padding_rtol,
                                            tie_margin)
 from harness.cell.prompts import Case, repeat_of
-from harness.outcome import CellMetrics, EagerSelfDiff, Status
+from harness.metrics import CellMetrics, EagerSelfDiff
+from harness.outcome import Status
 from pcg_core.config import EngineConfig
 from pcg_core.engine import Engine, SequenceOutput
 
@@ -77,10 +78,10 @@ def eager_self_check(cell: Cell, ref: Outputs, ref2: Outputs) -> None:
     """Layer 1: eager twice. Eager's own noise floor: if eager-vs-eager passes the judge the graph faces, the graph
     can be judged; if not, the cell cannot tell graph bugs from eager noise (on a GPU, bf16 decode near-ties have
     been seen to flip between runs). Raises Stop(eager_nondeterministic) then."""
-    cell.metrics.eager_bitwise_deterministic = list(ref.values()) == list(ref2.values())
-    if not cell.metrics.eager_bitwise_deterministic:
+    cell.metrics.judge.eager_bitwise_deterministic = list(ref.values()) == list(ref2.values())
+    if not cell.metrics.judge.eager_bitwise_deterministic:
         self_check = compare(ref, ref2, cell.tol)
-        cell.metrics.eager_self_diff = EagerSelfDiff(
+        cell.metrics.judge.eager_self_diff = EagerSelfDiff(
             token_match=self_check.token_match, max_prompt_logprob_diff=self_check.max_prompt_logprob_diff,
             max_output_logprob_diff=self_check.max_output_logprob_diff)
         if self_check.status != Status.PASS:
@@ -90,14 +91,14 @@ def eager_self_check(cell: Cell, ref: Outputs, ref2: Outputs) -> None:
 
 def reference_check(cell: Cell, config: EngineConfig, ref: Outputs) -> None:
     """Layer 6 (reference.py): eager's outputs `ref` (run with `config`, KV capacity included) against
-    transformers' forward and the kernels' reference math, into metrics.reference."""
-    cell.metrics.reference = reference_layer(cell.loaded.model, config, cell.suite, ref, cell.spec.quant != "none")
+    transformers' forward and the kernels' reference math, into metrics.judge.reference."""
+    cell.metrics.judge.reference = reference_layer(cell.loaded.model, config, cell.suite, ref, cell.spec.quant != "none")
 
 
 def with_reference(m: CellMetrics, status: Status, reason: str) -> tuple[Status, str]:
     """The graph judge's verdict with the reference layer's (6) beside it: a cell whose eager is wrong fails,
     whatever graph = eager says; one the layer could not measure keeps its verdict, saying so."""
-    check = m.reference
+    check = m.judge.reference
     if check is None or check.status == "pass":
         return status, reason
     line = f"reference layer: {check.summary()}"
@@ -117,16 +118,16 @@ def judge(cell: Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Outputs)
     # change of a GEMM's summation order into a whole FP8/INT8 rounding step of the next layer's activation.
     noise = cell.spec.dtype != "float32" or cell.spec.quant != "none" or cell.spec.kv_cache != "auto"
     stats = {c.name: lockstep_stats(eager, graph, c, noise=noise) for c in cell.suite}
-    m.padding_noise = nan_max(st.padding_noise for st in stats.values())
+    m.judge.padding_noise = nan_max(st.padding_noise for st in stats.values())
     noisy = [c for c in cell.suite if stats[c.name].padding_noise > cell.tol]
     exact = _padding_exact(cell, graph, noisy)
-    bound = logprob_bound(cell.tol, m.padding_noise if exact is not False else 0.0)
-    eager_noise = m.eager_self_diff.max_output_logprob_diff if m.eager_self_diff else None
-    m.tie_margin = tie_margin(bound, eager_noise)
-    judgement = compare(ref, cand, bound, m.tie_margin)
+    bound = logprob_bound(cell.tol, m.judge.padding_noise if exact is not False else 0.0)
+    eager_noise = m.judge.eager_self_diff.max_output_logprob_diff if m.judge.eager_self_diff else None
+    m.judge.tie_margin = tie_margin(bound, eager_noise)
+    judgement = compare(ref, cand, bound, m.judge.tie_margin)
     for name, value in asdict(judgement).items():
         if name not in ("status", "reason", "failed_cases"):
-            setattr(m, name, value)
+            setattr(m.judge, name, value)
     repeats = [(c.name, r) for c in cell.suite if (r := repeat_of(c))]
     assert cell.coverage is not None  # counted over the graph's run of the suite (run.py's _candidate)
     m.coverage = cell.coverage.result(all(cand[n] == cand[r] for n, r in repeats) if repeats else None)
@@ -159,11 +160,11 @@ def _padding_exact(cell: Cell, graph: Engine, cases: list[Case]) -> bool | None:
         if float32_attention(graph.config.attention) != graph.config.attention:
             probe = attention_padding_rel(cell.loaded.model, graph.config, graph.bucket_for, cases)
     except Exception as e:  # noqa: BLE001 - out of memory, a backend without float32: nothing is allowed for
-        m.padding_check_error = f"{type(e).__name__}: {e}"[:1000]
+        m.judge.padding_check_error = f"{type(e).__name__}: {e}"[:1000]
         return None
-    m.padding_rel_fp32 = rel if m.padding_rel_fp32 is None else nan_max([m.padding_rel_fp32, rel])
+    m.judge.padding_rel_fp32 = rel if m.judge.padding_rel_fp32 is None else nan_max([m.judge.padding_rel_fp32, rel])
     if probe is not None:
-        m.padding_probe_rel = probe if m.padding_probe_rel is None else nan_max([m.padding_probe_rel, probe])
+        m.judge.padding_probe_rel = probe if m.judge.padding_probe_rel is None else nan_max([m.judge.padding_probe_rel, probe])
     return rel <= FP32_PADDING_RTOL and (probe is None or probe <= PROBE_RTOL)  # NaN: False
 
 
@@ -180,8 +181,8 @@ def _excuse_padding(cell: Cell, graph: Engine, judgement: Judgement, stats: dict
     rest = [c for c in cell.suite if c.name in set(judgement.failed_cases) - proven]
     exact = _padding_exact(cell, graph, rest) if rest else True
     m = cell.metrics
-    if exact is None and m.padding_check_error:
-        _unchecked(judgement, m.padding_check_error)
+    if exact is None and m.judge.padding_check_error:
+        _unchecked(judgement, m.judge.padding_check_error)
     if not exact:
         return exact
     quantized = cell.spec.quant != "none"
@@ -189,10 +190,10 @@ def _excuse_padding(cell: Cell, graph: Engine, judgement: Judgement, stats: dict
     judgement.reason = (f"padding, not the graph: {judgement.reason}; the graph equals eager at its padding at every "
                         f"forward ({same:.3g} ≤ {SAME_PADDING_RTOL_EAGER:g}) and in float32 eager "
                         f"{'(the float twin: weights dequantized, no activation quantizer) ' if quantized else ''}"
-                        f"padded as the graph pads matches unpadded ({m.padding_rel_fp32:.3g} per row ≤ "
+                        f"padded as the graph pads matches unpadded ({m.judge.padding_rel_fp32:.3g} per row ≤ "
                         f"{FP32_PADDING_RTOL:g}{probe_note(m)}): "
                         f"{'rounding steps of the quantizers' if quantized else 'half-precision rounding'}"
-                        f" at the padded shapes (padding noise {m.padding_noise:.3g})")[:2000]
+                        f" at the padded shapes (padding noise {m.judge.padding_noise:.3g})")[:2000]
     return exact
 
 
@@ -210,16 +211,16 @@ def _lockstep_layers(cell: Cell, stats: dict[str, LockstepStats], judgement: Jud
     """Layer 3's verdict: KL and the same-padding check (against `bound`) over every case; adds their failures to
     the judgement, returns those cases."""
     m, dtype = cell.metrics, cell.spec.resolved_dtype
-    m.max_prompt_kl = nan_max(st.prompt_kl for st in stats.values())
-    m.max_decode_kl = nan_max(st.decode_kl for st in stats.values())
-    m.max_same_padding_diff = nan_max(st.same_padding_rel for st in stats.values())
+    m.judge.max_prompt_kl = nan_max(st.prompt_kl for st in stats.values())
+    m.judge.max_decode_kl = nan_max(st.decode_kl for st in stats.values())
+    m.judge.max_same_padding_diff = nan_max(st.same_padding_rel for st in stats.values())
     over_kl = [n for n, st in stats.items() if not max(st.prompt_kl, st.decode_kl) <= KL_TOL[dtype]
                or math.isnan(st.prompt_kl) or math.isnan(st.decode_kl)]
     over_pad = [n for n, st in stats.items() if not st.same_padding_rel <= bound]  # NaN fails too
     problems = []
     if over_kl:
-        problems.append(f"KL {nan_max([m.max_prompt_kl, m.max_decode_kl]):.3g} > {KL_TOL[dtype]:g} (prompt "
-                        f"{m.max_prompt_kl:.3g}, decode {m.max_decode_kl:.3g}; first in {over_kl[0]})")
+        problems.append(f"KL {nan_max([m.judge.max_prompt_kl, m.judge.max_decode_kl]):.3g} > {KL_TOL[dtype]:g} (prompt "
+                        f"{m.judge.max_prompt_kl:.3g}, decode {m.judge.max_decode_kl:.3g}; first in {over_kl[0]})")
     if over_pad:
         worst = max(over_pad, key=lambda n: (math.isnan(stats[n].same_padding_rel), stats[n].same_padding_rel))
         problems.append(f"graph vs eager at the same padding differs by {stats[worst].same_padding_rel:.3g} > {bound:g} "
@@ -241,8 +242,8 @@ def _diagnose(cell: Cell, eager: Engine, graph: Engine, judgement: Judgement, st
                                       nan_max([stats[c.name].prompt_kl, stats[c.name].decode_kl])))
     try:
         found = first_diverging_piece(eager, graph, worst, rtol)
-        m.diverging_piece = found.piece
+        m.judge.diverging_piece = found.piece
         judgement.reason += f"; {found}"
     except Exception as e:  # noqa: BLE001 - the diagnosis only explains; its failure must not cost the verdict
-        m.diagnosis_error = f"{type(e).__name__}: {e}"[:1000]
-        judgement.reason += f"; the first-diverging-piece diagnosis failed ({m.diagnosis_error[:200]})"
+        m.judge.diagnosis_error = f"{type(e).__name__}: {e}"[:1000]
+        judgement.reason += f"; the first-diverging-piece diagnosis failed ({m.judge.diagnosis_error[:200]})"

@@ -42,7 +42,7 @@ from harness.cell.judge.lockstep import rel_diff
 from harness.cell.judge.padding import float32_attention
 from harness.cell.judge.tolerances import LOGPROB_TOL
 from harness.cell.prompts import Case, run_case
-from harness.outcome import ReferenceCheck
+from harness.metrics import ReferenceCheck
 from pcg_core.attention.kv_cache import KVScales
 from pcg_core.config import EngineConfig
 from pcg_core.engine import Engine, SequenceOutput

@@ -39,7 +39,7 @@ def test_a_sharded_quantized_checkpoint_with_a_stray_file_passes(tmp_path):
     assert len(shards) == 3
     out = run_cell(CellSpec(str(tmp_path), weights="real", quant="fp8_per_token", max_tokens=64, max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
-    assert out.metrics.quant_layers == 14
+    assert out.metrics.quant.quant_layers == 14
     (tmp_path / shards[1]).unlink()
     gone = run_cell(CellSpec(str(tmp_path), weights="real", quant="fp8_per_token", max_tokens=64, max_new_tokens=2))
     assert gone.status == Status.UNSUPPORTED and INDEX in gone.reason and shards[1] in gone.reason, gone.reason

@@ -37,7 +37,7 @@ def test_fp4_checkpoint_cells_pass(fmt, model, graph, tmp_path):
     out = run_cell(CellSpec(str(tmp_path), weights="real", quant="fp4", graph=graph, max_tokens=64, max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
     # 7 linears per layer (MoE: 4 attention linears and the experts), 2 layers; lm_head stays in 16 bits
-    assert out.metrics.quant_layers == (10 if model == "qwen3-moe" else 14)
+    assert out.metrics.quant.quant_layers == (10 if model == "qwen3-moe" else 14)
     wrong = run_cell(CellSpec(str(tmp_path), weights="real", quant="gptq", graph=graph, max_tokens=64, max_new_tokens=2))
     assert wrong.status == Status.UNSUPPORTED and "fp4" in wrong.reason  # the checkpoint's scheme, not the asked one
 
@@ -45,7 +45,7 @@ def test_fp4_checkpoint_cells_pass(fmt, model, graph, tmp_path):
 def test_a_synthetic_fp4_cell_passes():
     out = run_cell(CellSpec("llama-3.1-8b", tiny=True, quant="fp4", graph="piecewise", max_tokens=64, max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
-    assert out.metrics.quant_layers == 14 and out.metrics.quant_logprob_diff > 0
+    assert out.metrics.quant.quant_layers == 14 and out.metrics.quant.quant_logprob_diff > 0
 
 
 def test_fp4_cells_refuse_what_they_cannot_run_yet_before_loading():
@@ -53,7 +53,7 @@ def test_fp4_cells_refuse_what_they_cannot_run_yet_before_loading():
     assert real.status == Status.UNSUPPORTED and "declares no nvfp4 checkpoint" in real.reason
     moe = run_cell(CellSpec("qwen3-30b-a3b", weights="real", quant="fp4"))  # MoE checkpoints are read (above)
     assert moe.status == Status.UNSUPPORTED and "declares no nvfp4 checkpoint" in moe.reason
-    assert moe.metrics.quant_layers is None  # stopped before quantizing anything
+    assert moe.metrics.quant.quant_layers is None  # stopped before quantizing anything
 
 
 @pytest.mark.slow
@@ -65,4 +65,4 @@ def test_gpt_oss_mxfp4_checkpoint_cell_passes(tmp_path):
     out = run_cell(CellSpec(str(tmp_path), weights="real", quant="mxfp4", graph="breakable", max_tokens=64,
                             max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
-    assert out.metrics.quant_layers == 2  # the two layers' experts; every linear stays 16-bit
+    assert out.metrics.quant.quant_layers == 2  # the two layers' experts; every linear stays 16-bit

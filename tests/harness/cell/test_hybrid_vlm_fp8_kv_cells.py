@@ -23,8 +23,8 @@ def _cell(model: str, graph: str, quant: str = "none"):
 def _passes(r) -> None:
     assert r.status == "pass", (r.status, r.reason)
     m = r.metrics
-    assert m.kv_cache == "fp8_e4m3" and m.kv_scales == "calibrated"
-    assert m.reference.status == "pass" and "K/V rounded to FP8" in m.reference.summary(), m.reference.summary()
+    assert m.settings.kv_cache == "fp8_e4m3" and m.quant.kv_scales == "calibrated"
+    assert m.judge.reference.status == "pass" and "K/V rounded to FP8" in m.judge.reference.summary(), m.judge.reference.summary()
 
 
 def test_text_only_targets_the_text_model_of_a_vlm(configs):
@@ -47,11 +47,11 @@ def test_rounding_on_every_sub_model_leaves_the_layer_unmeasured(monkeypatch):
     """The check above can fail: with the FP8 implementation set on the vision tower too, as before."""
     monkeypatch.setattr(reference_module, "text_only", lambda config, implementation, others: implementation)
     r = _cell("qwen2.5-vl-7b", "piecewise")
-    assert r.metrics.reference.status == "not_measured" and "pcg_ref_kv_scale" in r.metrics.reference.summary()
+    assert r.metrics.judge.reference.status == "not_measured" and "pcg_ref_kv_scale" in r.metrics.judge.reference.summary()
 
 
 @pytest.mark.slow
 def test_a_scale_never_multiplied_back_is_caught_on_a_vlm(monkeypatch):
     monkeypatch.setattr(kv_cache_module, "dequantize_kv", lambda x, scale, dtype: x.float().to(dtype))
     r = _cell("qwen2.5-vl-7b", "piecewise")
-    assert r.status == "fail_accuracy" and r.metrics.reference.status == "fail", (r.status, r.reason)
+    assert r.status == "fail_accuracy" and r.metrics.judge.reference.status == "fail", (r.status, r.reason)

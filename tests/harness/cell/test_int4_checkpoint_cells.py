@@ -42,7 +42,7 @@ def test_int4_checkpoint_cells_pass(fmt, model, graph, tmp_path):
     out = run_cell(CellSpec(str(tmp_path), weights="real", quant=scheme.name, graph=graph, max_tokens=64, max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
     # 7 linears per layer (MoE: 4 attention linears and the experts), 2 layers; lm_head stays in 16 bits
-    assert out.metrics.quant_layers == (10 if model == "qwen3-moe" else 14)
+    assert out.metrics.quant.quant_layers == (10 if model == "qwen3-moe" else 14)
     other = "awq" if scheme.name == "gptq" else "gptq"
     wrong = run_cell(CellSpec(str(tmp_path), weights="real", quant=other, graph=graph, max_tokens=64, max_new_tokens=2))
     assert wrong.status == Status.UNSUPPORTED and scheme.name in wrong.reason  # the checkpoint's scheme, not the asked one

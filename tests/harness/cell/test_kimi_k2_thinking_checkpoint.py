@@ -87,7 +87,7 @@ def test_a_cell_of_it_passes(k2_thinking):
     out = run_cell(CellSpec(str(k2_thinking), weights="real", quant="gptq", graph="full", max_tokens=64,
                             max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
-    assert out.metrics.quant_layers == 1
+    assert out.metrics.quant.quant_layers == 1
 
 
 def test_files_that_pack_a_layer_the_ignore_list_keeps_16_bit_are_refused_by_name(tmp_path):

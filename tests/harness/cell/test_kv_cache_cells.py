@@ -30,16 +30,16 @@ def _cell(model: str = "llama-3.1-8b", graph: str = "piecewise", attention: str 
 def _passes(r) -> None:
     assert r.status == "pass", (r.status, r.reason)
     m = r.metrics
-    assert m.kv_cache == "fp8_e4m3" and m.kv_scales == "calibrated"
-    assert m.reference.status == "pass" and m.reference.kv_cache == "fp8_e4m3", m.reference.summary()
-    assert "K/V rounded to FP8" in m.reference.summary()
+    assert m.settings.kv_cache == "fp8_e4m3" and m.quant.kv_scales == "calibrated"
+    assert m.judge.reference.status == "pass" and m.judge.reference.kv_cache == "fp8_e4m3", m.judge.reference.summary()
+    assert "K/V rounded to FP8" in m.judge.reference.summary()
 
 
 def test_an_fp8_kv_cell_passes_and_says_how_it_was_judged():
     r = _cell()
     _passes(r)
     m = r.metrics
-    assert m.kv_bytes_per_token == 2 * 2 * 32  # tiny Llama: 2 layers × (K, V) × 32 values, one byte each (fp32: 4×)
+    assert m.memory.kv_bytes_per_token == 2 * 2 * 32  # tiny Llama: 2 layers × (K, V) × 32 values, one byte each (fp32: 4×)
 
 
 @pytest.mark.slow
@@ -121,8 +121,8 @@ def test_subtle_kv_faults_eager_shares_are_caught_by_the_reference_layer_past_ch
     plant(monkeypatch)
     r = _cell()
     assert r.status == "fail_accuracy", (r.status, r.reason)
-    assert r.metrics.max_same_padding_diff < 1e-4  # graph = eager: only the reference layer can see it
-    ref = r.metrics.reference
+    assert r.metrics.judge.max_same_padding_diff < 1e-4  # graph = eager: only the reference layer can see it
+    ref = r.metrics.judge.reference
     assert ref.status == "fail" and ref.chance_adjusted_mean is not None and ref.chance_adjusted_mean > 10 * ref.mean_bound, \
         ref.summary()
 
@@ -133,7 +133,7 @@ def test_a_stale_kv_scale_under_graphs_is_caught(monkeypatch, graph):
     r = _cell(graph=graph)
     assert r.status == "fail_accuracy", (r.status, r.reason)
     assert "same padding" in r.reason  # graph ≠ eager: what the graph read is not what eager read
-    assert r.metrics.reference.status == "pass"  # eager itself is right
+    assert r.metrics.judge.reference.status == "pass"  # eager itself is right
 
 
 @pytest.mark.slow
@@ -149,8 +149,8 @@ def test_a_scale_applied_on_write_but_not_on_read_is_caught(monkeypatch, model):
     _plant_no_scale_on_read(monkeypatch)
     r = _cell(model)
     assert r.status == "fail_accuracy", (r.status, r.reason)
-    assert r.metrics.max_same_padding_diff == 0 or r.metrics.max_same_padding_diff < 1e-4  # graph = eager: not the graph
-    assert r.metrics.reference.status == "fail" and "reference layer" in r.reason, r.reason
+    assert r.metrics.judge.max_same_padding_diff == 0 or r.metrics.judge.max_same_padding_diff < 1e-4  # graph = eager: not the graph
+    assert r.metrics.judge.reference.status == "fail" and "reference layer" in r.reason, r.reason
 
 
 def test_the_planted_faults_change_nothing_with_a_16_bit_cache(monkeypatch):
@@ -159,7 +159,7 @@ def test_the_planted_faults_change_nothing_with_a_16_bit_cache(monkeypatch):
     _plant_no_scale_on_read(monkeypatch)
     r = run_cell(CellSpec(model="llama-3.1-8b", tiny=True, graph="piecewise", max_tokens=64, max_new_tokens=4))
     assert r.status == "pass", r.reason
-    assert r.metrics.kv_cache == "auto" and r.metrics.kv_scales is None
+    assert r.metrics.settings.kv_cache == "auto" and r.metrics.quant.kv_scales is None
 
 
 @pytest.mark.slow
@@ -178,4 +178,4 @@ def test_checkpoint_scales_are_used_as_declared(monkeypatch):
     monkeypatch.setattr(run_module, "load_model", load)
     r = _cell()
     assert r.status == "pass", r.reason
-    assert r.metrics.kv_scales == "checkpoint"
+    assert r.metrics.quant.kv_scales == "checkpoint"

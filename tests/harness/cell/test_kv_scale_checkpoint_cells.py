@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 from harness.cards import CARDS_DIR
 from harness.cell.run import run_cell
 from harness.cell.spec import CellSpec
-from harness.outcome import CellMetrics, CellRecord, CheckpointKvScales, Status
+from harness.metrics import CellMetrics, CheckpointKvScales
+from harness.outcome import CellRecord, Status
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine
 from pcg_core.model.loader import (
@@ -63,7 +64,7 @@ def test_checkpoints_declaring_an_fp8_kv_cache_pass_and_record_the_scales(case, 
     quant = CASES[case][4]
     out = run_cell(CellSpec(str(tmp_path), weights="real", quant=quant, graph=graph, max_tokens=64, max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
-    rec = out.metrics.checkpoint_kv_scales
+    rec = out.metrics.quant.checkpoint_kv_scales
     assert rec is not None and rec.layers == 2 and rec.applied is False
     ks, vs = [k for k, _ in kv.values()], [v for _, v in kv.values()]
     assert rec.k_min == pytest.approx(min(ks), rel=1e-2) and rec.v_max == pytest.approx(max(vs), rel=1e-2)
@@ -71,7 +72,7 @@ def test_checkpoints_declaring_an_fp8_kv_cache_pass_and_record_the_scales(case, 
     # The record survives the store's round trip.
     back = CellRecord.read(json.loads(CellRecord.of("k", {a: "x" for a in ("model", "quant", "attention", "parallel",
                                                                           "graph", "compiler")}, out).model_dump_json()))
-    assert back.metrics.checkpoint_kv_scales == rec
+    assert back.metrics.quant.checkpoint_kv_scales == rec
 
 
 @pytest.mark.slow
@@ -87,9 +88,9 @@ def test_a_broken_kv_scale_ends_the_cell_unsupported_naming_it(tmp_path):
 
 
 def test_rows_stored_before_the_field_still_read():
-    assert CellMetrics.lenient({"quant_layers": 3}).checkpoint_kv_scales is None
+    assert CellMetrics.lenient({"quant_layers": 3}).quant.checkpoint_kv_scales is None
     odd = CellMetrics.lenient({"quant_layers": 3, "checkpoint_kv_scales": "yes"})  # a value of another shape: dropped
-    assert odd.quant_layers == 3 and odd.checkpoint_kv_scales is None
+    assert odd.quant.quant_layers == 3 and odd.quant.checkpoint_kv_scales is None
 
 
 def test_the_summary_says_what_was_read_and_whether_it_was_applied():
@@ -108,5 +109,5 @@ def test_an_fp8_kv_cache_cell_applies_the_checkpoints_scales(case, tmp_path):
     out = run_cell(CellSpec(str(tmp_path), weights="real", quant=CASES[case][4], graph="piecewise", kv_cache="fp8_e4m3",
                             max_tokens=64, max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
-    assert out.metrics.kv_scales == "checkpoint" and out.metrics.checkpoint_kv_scales.applied is True
+    assert out.metrics.quant.kv_scales == "checkpoint" and out.metrics.quant.checkpoint_kv_scales.applied is True
     assert "applied" in out.reason and "not applied" not in out.reason

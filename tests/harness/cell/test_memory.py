@@ -8,7 +8,8 @@ import torch
 
 from harness.cell import CellSpec, run_cell
 from harness.cell.memory import GIB, memory_fit, weights_bytes
-from harness.outcome import CellMetrics, Status
+from harness.metrics import CellMetrics
+from harness.outcome import Status
 
 
 def _m(pool_gib: float, weights_gib: float = 10.0, per_token: int = 1 << 17) -> CellMetrics:
@@ -19,17 +20,17 @@ def _m(pool_gib: float, weights_gib: float = 10.0, per_token: int = 1 << 17) -> 
 def test_the_context_with_and_without_graphs_and_the_line_past_the_share():
     m = _m(1.0)  # 100 GiB budget, 10 GiB weights: 90 GiB room, the pool 1.1% of it
     assert memory_fit(m, 100 * GIB, 0.10) is None
-    assert m.max_context_tokens_without_graphs == 90 * GIB // (1 << 17) == 737_280
-    assert m.max_context_tokens == 89 * GIB // (1 << 17)
+    assert m.memory.max_context_tokens_without_graphs == 90 * GIB // (1 << 17) == 737_280
+    assert m.memory.max_context_tokens == 89 * GIB // (1 << 17)
     m = _m(18.0)  # 20% of the room
     line = memory_fit(m, 100 * GIB, 0.10)
     assert line.startswith("memory: the graph pool (18.00 GiB) takes 20% of what the KV cache could have had")
-    assert "over the 10% allowed" in line and f"{m.max_context_tokens:,} tokens of context instead of 737,280" in line
+    assert "over the 10% allowed" in line and f"{m.memory.max_context_tokens:,} tokens of context instead of 737,280" in line
     assert memory_fit(_m(18.0), 100 * GIB, 0.25) is None  # the matrix may allow more
     line = memory_fit(_m(1.0, weights_gib=120), 100 * GIB, 0.10)
     assert "no room for a KV cache" in line
     m = _m(5.0)
-    assert memory_fit(m, None, 0.10) is None and m.max_context_tokens is None  # off CUDA: nothing to weigh
+    assert memory_fit(m, None, 0.10) is None and m.memory.max_context_tokens is None  # off CUDA: nothing to weigh
 
 
 def test_weights_count_each_storage_once():
@@ -46,7 +47,7 @@ def test_a_cell_records_its_memory_and_the_line_leaves_the_status(monkeypatch, s
     import harness.cell.run as run
 
     def fit(m, budget, share):  # a 64 MiB pool, as a CUDA capture would have recorded
-        m.graph_pool_bytes = 64 << 20
+        m.capture.graph_pool_bytes = 64 << 20
         return memory_fit(m, budget, share)
 
     monkeypatch.setattr(run, "memory_budget", lambda device: 4 * GIB)
@@ -54,6 +55,6 @@ def test_a_cell_records_its_memory_and_the_line_leaves_the_status(monkeypatch, s
     r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, max_tokens=64, max_new_tokens=3, memory_share=share))
     m = r.metrics
     assert r.status == Status.PASS, r.reason
-    assert 0 < m.weights_bytes < 4 * GIB and m.memory_budget_bytes == 4 * GIB
-    assert m.max_context_tokens < m.max_context_tokens_without_graphs
+    assert 0 < m.memory.weights_bytes < 4 * GIB and m.memory.memory_budget_bytes == 4 * GIB
+    assert m.memory.max_context_tokens < m.memory.max_context_tokens_without_graphs
     assert ("memory: the graph pool" in r.reason) == lined, r.reason

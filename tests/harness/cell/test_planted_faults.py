@@ -66,7 +66,7 @@ def test_faults_are_caught_under_quantization(quant, fault):
     summation-order change flips FP8/INT8 roundings); the same-padding check must still catch every fault."""
     r = _cell("qwen3-0.6b", fault, quant=quant)
     assert r.status == "fail_accuracy", (r.status, r.reason)
-    assert r.metrics.quant_layers == 14
+    assert r.metrics.quant.quant_layers == 14
 
 
 @pytest.mark.parametrize("quant", ["fp8_per_tensor", "int8_w8a8"])
@@ -81,8 +81,8 @@ def test_the_diagnosis_sees_a_skipped_kv_write_in_decode():
     r = _cell("qwen3-0.6b", "kv_drop_decode")
     assert r.status == "fail_accuracy"
     assert "decode step" in r.reason and "first diverging piece" in r.reason, r.reason
-    assert r.metrics.diverging_piece is not None and r.metrics.diagnosis_error is None
-    assert r.metrics.max_decode_kl > r.metrics.max_prompt_kl  # a decode-only fault shows in decode KL
+    assert r.metrics.judge.diverging_piece is not None and r.metrics.judge.diagnosis_error is None
+    assert r.metrics.judge.max_decode_kl > r.metrics.judge.max_prompt_kl  # a decode-only fault shows in decode KL
 
 
 def test_the_diagnosis_blames_the_first_attention_for_a_stale_layout():
@@ -90,7 +90,7 @@ def test_the_diagnosis_blames_the_first_attention_for_a_stale_layout():
     it does not, in the case and forward the reason names."""
     r = _cell("llama-3.1-8b", "layout_keyed")
     diagnosis = r.reason.rsplit(";", 1)[-1]
-    assert r.status == "fail_accuracy" and r.metrics.diverging_piece == "piece 1 (up to attention 1)", r.reason
+    assert r.status == "fail_accuracy" and r.metrics.judge.diverging_piece == "piece 1 (up to attention 1)", r.reason
     assert any(w in diagnosis for w in ("prefill forward", "decode step")) and "layout_keyed" not in diagnosis
 
 
@@ -105,7 +105,7 @@ def test_a_failing_diagnosis_never_costs_the_verdict(monkeypatch, capsys):
                "--max-tokens", "64", "--max-new-tokens", "2", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and out["status"] == "fail_accuracy"
-    assert "planted failure inside the diagnosis" in out["metrics"]["diagnosis_error"]
+    assert "planted failure inside the diagnosis" in out["metrics"]["judge"]["diagnosis_error"]
     assert "diagnosis failed" in out["reason"] and "logprob diff" in out["reason"]
 
 
@@ -122,5 +122,5 @@ def test_a_fault_in_one_process_of_three_is_caught_with_repeats(tmp_path):
     three = subprocess.run([*args, "--repeats", "3"], env=env, capture_output=True, text=True, timeout=900)
     out = json.loads(three.stdout)
     assert three.returncode == 1 and out["status"] == "fail_accuracy", three.stderr[-2000:]
-    assert out["metrics"]["repeats"] == 3 and out["metrics"]["repeat_statuses"] == ["pass", "fail_accuracy", "pass"]
+    assert out["metrics"]["process"]["repeats"] == 3 and out["metrics"]["process"]["repeat_statuses"] == ["pass", "fail_accuracy", "pass"]
     assert out["reason"].startswith("failed in 1 of 3 fresh processes")

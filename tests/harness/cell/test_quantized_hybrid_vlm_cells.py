@@ -21,9 +21,9 @@ def _cell(model: str, quant: str, graph: str):
 
 def _passes(r, quant_layers: int) -> None:
     assert r.status == Status.PASS, r.reason
-    assert r.metrics.quant_layers == quant_layers
-    assert r.metrics.reference is not None and r.metrics.reference.status == "pass", r.metrics.reference
-    assert r.metrics.reference.positions > 0
+    assert r.metrics.quant.quant_layers == quant_layers
+    assert r.metrics.judge.reference is not None and r.metrics.judge.reference.status == "pass", r.metrics.judge.reference
+    assert r.metrics.judge.reference.positions > 0
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ MODEL = "qwen3-next-80b-a3b"
 def test_qwen3_next_tiny_cell_passes(graph):
     r = run_cell(CellSpec(model=MODEL, tiny=True, graph=graph, max_tokens=16, max_new_tokens=4))
     assert r.status == Status.PASS, r.reason
-    assert r.metrics.pieces == 3 and r.metrics.reference.status == "pass" and r.metrics.reference.positions > 0
+    assert r.metrics.capture.pieces == 3 and r.metrics.judge.reference.status == "pass" and r.metrics.judge.reference.positions > 0
 
 
 def test_full_is_unsupported_with_the_split_ops_reason():

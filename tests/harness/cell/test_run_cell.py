@@ -26,17 +26,17 @@ def test_cell_json_passes_on_tiny_moe(graph, capsys):
     assert out["spec"]["graph"] == graph and out["spec"]["model"] == "qwen3-30b-a3b"
     o = CellOutcome.model_validate(out)  # the JSON is the outcome type, whole
     m = o.metrics
-    assert o.status == "pass" and m.token_match == 1.0 and m.topk_containment_ok is True
-    assert m.device == "cpu" and m.dtype == "float32" and m.max_tokens == 64 and m.tiny is True
-    assert m.pieces == {"piecewise": 3, "breakable": 3, "full": 1}[graph]
-    assert m.graphs_captured == 0  # CPU: no CUDA graphs, the split/pad path still ran
-    assert m.eager_fallbacks >= 1  # the above-max case ran eagerly and was counted
-    assert m.capture_s is not None and m.compile_s is not None and m.graph_pool_bytes is not None
-    assert m.max_prompt_logprob_diff is not None and m.max_output_logprob_diff is not None
-    assert set(m.latency_ms) == {8, 32} and all(v > 0 for v in m.speedup.values())
-    assert set(m.phase_s) == {"load", "eager", "reference", "capture", "run", "latency"}  # where the cell's time went
-    assert m.reference.status == "pass" and m.reference.positions > 0  # eager held to transformers' forward
-    assert all(v >= 0 for v in m.phase_s.values()) and sum(m.phase_s.values()) <= m.cell_s + 1e-3
+    assert o.status == "pass" and m.judge.token_match == 1.0 and m.judge.topk_containment_ok is True
+    assert m.settings.device == "cpu" and m.settings.dtype == "float32" and m.settings.max_tokens == 64 and m.settings.tiny is True
+    assert m.capture.pieces == {"piecewise": 3, "breakable": 3, "full": 1}[graph]
+    assert m.capture.graphs_captured == 0  # CPU: no CUDA graphs, the split/pad path still ran
+    assert m.capture.eager_fallbacks >= 1  # the above-max case ran eagerly and was counted
+    assert m.capture.capture_s is not None and m.capture.compile_s is not None and m.capture.graph_pool_bytes is not None
+    assert m.judge.max_prompt_logprob_diff is not None and m.judge.max_output_logprob_diff is not None
+    assert set(m.latency.latency_ms) == {8, 32} and all(v > 0 for v in m.latency.speedup.values())
+    assert set(m.process.phase_s) == {"load", "eager", "reference", "capture", "run", "latency"}  # where the cell's time went
+    assert m.judge.reference.status == "pass" and m.judge.reference.positions > 0  # eager held to transformers' forward
+    assert all(v >= 0 for v in m.process.phase_s.values()) and sum(m.process.phase_s.values()) <= m.process.cell_s + 1e-3
 
 
 def test_cell_on_a_config_not_tested_elsewhere(tmp_path):
@@ -50,7 +50,7 @@ def test_cell_on_a_config_not_tested_elsewhere(tmp_path):
     path.write_text(json.dumps(cfg))
     r = run_cell(CellSpec(model=str(path), graph="piecewise", max_tokens=32, max_new_tokens=4))
     assert r.status == "pass", r.reason
-    assert r.metrics.pieces == 4 and r.metrics.layers == 3
+    assert r.metrics.capture.pieces == 4 and r.metrics.settings.layers == 3
 
 
 def test_planted_stale_input_fails_accuracy(monkeypatch):
@@ -81,7 +81,7 @@ def test_planted_stale_input_fails_accuracy(monkeypatch):
     # layer 5: the eager side stages its own inputs (its own engine, its own KV cache), so the stale positions
     # show where they are first read: the rotary embedding, inside piece 0
     assert "first diverging piece 0 (up to attention 0)" in r.reason, r.reason
-    assert r.metrics.diverging_piece == "piece 0 (up to attention 0)" and r.metrics.max_prompt_kl > 0
+    assert r.metrics.judge.diverging_piece == "piece 0 (up to attention 0)" and r.metrics.judge.max_prompt_kl > 0
 
 
 def test_unsupported_architecture_is_a_status_not_a_crash(capsys, tmp_path, configs):
@@ -139,7 +139,7 @@ def test_a_quant_or_parallel_the_runtime_lacks_is_unsupported_before_loading(fla
     assert rc == 1 and out["status"] == "unsupported" and out["spec"][axis] == value
     cell = expand(Matrix.model_validate({"name": "p", "axes": {"model": ["qwen3-0.6b:tiny"], axis: [value]}}))[0]
     assert out["reason"] == precheck(cell, capabilities(), {})
-    assert out["metrics"]["seed"] == 3 and out["metrics"]["top_k"] == 5  # its settings, for the repro command
+    assert out["metrics"]["settings"]["seed"] == 3 and out["metrics"]["settings"]["top_k"] == 5  # its settings, for the repro command
 
 
 def test_mla_cells_run_on_sdpa_and_flex(capsys):
@@ -149,7 +149,7 @@ def test_mla_cells_run_on_sdpa_and_flex(capsys):
         rc = main(["cell", "--model", "kimi-k2", "--tiny", "--graph", "full", "--attention", attention, "--json"])
         out = json.loads(capsys.readouterr().out)
         assert rc == 0 and out["status"] == "pass", (attention, out["reason"])
-        assert out["metrics"]["kv_bytes_per_token"] == (32 + 8) * 2 * 4  # (latent + rope) × 2 layers × float32
+        assert out["metrics"]["memory"]["kv_bytes_per_token"] == (32 + 8) * 2 * 4  # (latent + rope) × 2 layers × float32
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,7 @@ def test_models_lists_every_card(capsys):
 def test_piecewise_with_inductor_compiler_passes():
     r = run_cell(CellSpec(model="qwen3-30b-a3b", tiny=True, graph="piecewise", compiler="inductor", max_tokens=32, max_new_tokens=4))
     assert r.status == "pass", r.reason
-    assert r.metrics.compile_s > 0 and r.metrics.pieces == 3
+    assert r.metrics.capture.compile_s > 0 and r.metrics.capture.pieces == 3
 
 
 def test_unreachable_hub_id_offline_is_a_clear_error(capsys, monkeypatch):
@@ -227,8 +227,8 @@ def test_eager_noise_within_bounds_is_recorded_not_fatal(monkeypatch):
     _perturb_second_eager_run(monkeypatch, 1e-5)
     r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, graph="full", max_tokens=32, max_new_tokens=2))
     assert r.status == "pass", r.reason
-    assert r.metrics.eager_bitwise_deterministic is False
-    assert abs(r.metrics.eager_self_diff.max_output_logprob_diff - 1e-5) < 1e-6
+    assert r.metrics.judge.eager_bitwise_deterministic is False
+    assert abs(r.metrics.judge.eager_self_diff.max_output_logprob_diff - 1e-5) < 1e-6
 
 
 def test_eager_noise_beyond_bounds_is_eager_nondeterministic(monkeypatch):
@@ -251,7 +251,7 @@ def test_first_diverging_piece_is_named():
     r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, layers=3, graph="test_perturb_piece", max_tokens=32, max_new_tokens=2))
     assert r.status == "fail_accuracy", r
     assert "first diverging piece 1 (up to attention 1)" in r.reason, r.reason
-    assert r.metrics.diverging_piece == "piece 1 (up to attention 1)"
+    assert r.metrics.judge.diverging_piece == "piece 1 (up to attention 1)"
 
 
 def test_int4_cells_refuse_what_they_cannot_run_yet():
@@ -263,10 +263,10 @@ def test_int4_cells_refuse_what_they_cannot_run_yet():
     assert real.status == Status.UNSUPPORTED and "declares no awq checkpoint" in real.reason
     moe = run_cell(CellSpec("qwen3-30b-a3b", weights="real", quant="gptq"))
     assert moe.status == Status.UNSUPPORTED and "declares no gptq checkpoint" in moe.reason
-    assert moe.metrics.quant_layers is None  # stopped before quantizing anything
+    assert moe.metrics.quant.quant_layers is None  # stopped before quantizing anything
     oss = run_cell(CellSpec("gpt-oss-120b", weights="real", quant="awq"))
     assert oss.status == Status.UNSUPPORTED and "declares no awq checkpoint" in oss.reason, oss.reason
-    assert oss.metrics.quant_layers is None
+    assert oss.metrics.quant.quant_layers is None
 
 
 def test_real_weights_load_the_checkpoint_published_in_the_scheme():
@@ -290,6 +290,6 @@ def test_a_real_quantized_moe_checkpoint_counts_its_experts_as_quantized_layers(
     write_checkpoint(model, data, tmp_path, "compressed-tensors", SCHEMES["fp8_per_token"])
     out = run_cell(CellSpec(str(tmp_path), weights="real", quant="fp8_per_token", max_tokens=64, max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
-    assert out.metrics.quant_layers == 10
+    assert out.metrics.quant.quant_layers == 10
     none = run_cell(CellSpec(str(tmp_path), weights="real", max_tokens=64, max_new_tokens=2))
     assert none.status == Status.UNSUPPORTED and "fp8_per_token" in none.reason

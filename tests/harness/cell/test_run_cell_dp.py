@@ -51,7 +51,7 @@ def cells_on_rank(rank: int) -> dict:
     for model in MODELS:
         for graph in ("piecewise", "breakable"):
             o = run_cell(CellSpec(model, graph=graph, parallel="dp2", **SMALL))
-            out[model, graph] = (o.status, o.reason, o.metrics.pieces, o.metrics.tp1_logprob_diff)
+            out[model, graph] = (o.status, o.reason, o.metrics.capture.pieces, o.metrics.judge.tp1_logprob_diff)
     mp = pytest.MonkeyPatch()
     _other_ranks_rows(mp)
     try:
@@ -71,9 +71,9 @@ def ep_cells_on_rank(rank: int) -> dict:
     for model in MODELS[1:]:
         for graph in ("piecewise", "breakable"):
             o = run_cell(CellSpec(model, graph=graph, parallel="ep2", **SMALL))
-            out[model, graph] = (o.status, o.reason, o.metrics.tp1_logprob_diff, o.metrics.expert_dispatch)
+            out[model, graph] = (o.status, o.reason, o.metrics.judge.tp1_logprob_diff, o.metrics.settings.expert_dispatch)
     o = run_cell(CellSpec("qwen3-30b-a3b", graph="full", parallel="ep2", **SMALL))
-    out["full"] = (o.status, o.reason, o.metrics.tp1_logprob_diff, o.metrics.expert_dispatch)
+    out["full"] = (o.status, o.reason, o.metrics.judge.tp1_logprob_diff, o.metrics.settings.expert_dispatch)
     o = run_cell(CellSpec("llama-3.1-8b", graph="piecewise", parallel="ep2", **SMALL))
     out["dense"] = (o.status, o.reason)
     real = run.shard_experts_by_index

@@ -32,7 +32,7 @@ def _wrong_range(rank: int) -> tuple[str, str]:
 
 
 def cells_on_rank(rank: int) -> dict:
-    out = {(model, graph): (str(o.status), o.reason, o.metrics.tp1_logprob_diff, o.metrics.rank_statuses)
+    out = {(model, graph): (str(o.status), o.reason, o.metrics.judge.tp1_logprob_diff, o.metrics.process.rank_statuses)
            for model in MOES for graph in ("piecewise", "breakable")
            for o in [run_cell(CellSpec(model, graph=graph, parallel="tp2-ep2", **SMALL))]}
     o = run_cell(CellSpec("llama-3.1-8b", graph="piecewise", parallel="tp2-ep2", **SMALL))

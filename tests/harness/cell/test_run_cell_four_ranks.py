@@ -25,7 +25,7 @@ def cells_on_rank(rank: int) -> dict:
     out = {}
     for model, parallel, layers in CELLS:
         o = run_cell(CellSpec(model, graph="piecewise", parallel=parallel, layers=layers, **SMALL))
-        out[parallel] = (o.status, o.reason, o.metrics.tp1_logprob_diff, o.metrics.gpus)
+        out[parallel] = (o.status, o.reason, o.metrics.judge.tp1_logprob_diff, o.metrics.process.gpus)
     return out
 
 

@@ -56,7 +56,7 @@ def cells_on_rank(rank: int) -> dict:
     for model in ("llama-3.1-8b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"):
         for graph in ("piecewise", "breakable"):
             o = run_cell(CellSpec(model, graph=graph, parallel="pp2", **SMALL))
-            out[model, graph] = (o.status, o.reason, o.metrics.pieces, o.metrics.tp1_logprob_diff)
+            out[model, graph] = (o.status, o.reason, o.metrics.capture.pieces, o.metrics.judge.tp1_logprob_diff)
     o = run_cell(CellSpec("llama-3.1-8b", graph="full", parallel="pp2", **SMALL))
     out["full"] = (o.status, o.reason)
     for name, plant in (("no_hand_off", _no_hand_off), ("from_rank0", _last_stage_from_rank0)):

@@ -24,12 +24,12 @@ def cells_on_rank(rank: int) -> dict:
     out = {}
     for graph in ("piecewise", "breakable"):
         o = run_cell(CellSpec("llama-3.1-8b", graph=graph, parallel="tp2", **SMALL))
-        out[graph] = (o.status, o.reason, o.metrics.pieces, o.metrics.tp1_logprob_diff)
+        out[graph] = (o.status, o.reason, o.metrics.capture.pieces, o.metrics.judge.tp1_logprob_diff)
     o = run_cell(CellSpec("qwen3-next-80b-a3b", graph="piecewise", parallel="tp2", **SMALL))
-    out["linear"] = (o.status, o.reason, o.metrics.tp1_logprob_diff)
+    out["linear"] = (o.status, o.reason, o.metrics.judge.tp1_logprob_diff)
     for vlm in ("qwen2.5-vl-7b", "qwen3-vl-30b-a3b"):  # the vision tower whole on every rank, the text decoder sharded
         o = run_cell(CellSpec(vlm, graph="breakable", parallel="tp2", **SMALL))
-        out[vlm] = (o.status, o.reason, o.metrics.tp1_logprob_diff)
+        out[vlm] = (o.status, o.reason, o.metrics.judge.tp1_logprob_diff)
     def drop_one_all_reduce(model):  # planted: layer 1's MLP partial sum never reduced
         model.model.layers[1].mlp.down_proj.__class__ = torch.nn.Linear
 
@@ -65,7 +65,7 @@ def test_a_tp2_cell_in_a_single_process_says_how_to_start_it(monkeypatch):
 
 
 def moe_and_mla_cells_on_rank(rank: int) -> dict:
-    return {(model, graph): (o.status, o.reason, o.metrics.tp1_logprob_diff)
+    return {(model, graph): (o.status, o.reason, o.metrics.judge.tp1_logprob_diff)
             for model in ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3") for graph in ("piecewise", "breakable")
             for o in [run_cell(CellSpec(model, graph=graph, parallel="tp2", **SMALL))]}
 

@@ -51,8 +51,8 @@ def cells_on_rank(rank: int) -> dict:
     out = {}
     for quant, graph in (("int8_w8a8", "piecewise"), ("int8_w8a8", "breakable"), ("awq", "piecewise")):
         o = run_cell(CellSpec("llama-3.1-8b", graph=graph, parallel="tp2", quant=quant, **SMALL))
-        out[(quant, graph)] = (str(o.status), o.reason, o.metrics.pieces, o.metrics.tp1_logprob_diff,
-                               o.metrics.quant_logprob_diff)
+        out[(quant, graph)] = (str(o.status), o.reason, o.metrics.capture.pieces, o.metrics.judge.tp1_logprob_diff,
+                               o.metrics.quant.quant_logprob_diff)
     # tiny Qwen3-MoE's experts are 48 wide (24 a rank: no int4 group fits), Mixtral's 128
     for model, quant, parallel in (("qwen3-30b-a3b", "int8_w8a8", "tp2"), ("mixtral-8x7b", "awq", "tp2"),
                                    ("qwen3-30b-a3b", "fp8_per_token", "tp2-ep2"), ("mixtral-8x7b", "nvfp4", "tp2"),
@@ -60,7 +60,7 @@ def cells_on_rank(rank: int) -> dict:
                                    ("gpt-oss-120b", "none", "tp2"), ("gpt-oss-120b", "mxfp4", "tp2"),
                                    ("gpt-oss-120b", "int8_w8a8", "tp2-ep2")):
         o = run_cell(CellSpec(model, graph="piecewise", parallel=parallel, quant=quant, **SMALL))
-        out[("experts", model, quant, parallel)] = (str(o.status), o.reason, o.metrics.tp1_logprob_diff)
+        out[("experts", model, quant, parallel)] = (str(o.status), o.reason, o.metrics.judge.tp1_logprob_diff)
     for fault in ("scale", "reduce", "experts"):
         out[fault] = _planted(rank, fault)
     return out

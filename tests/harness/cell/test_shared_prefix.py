@@ -115,7 +115,7 @@ def _cell(model: str = "qwen3-0.6b", attention: str = "sdpa", graph: str = "piec
 ])
 def test_the_clean_cell_passes_with_its_reference(model, attention, graph, kv_cache):
     r = _cell(model, attention, graph, kv_cache=kv_cache)
-    assert r.status == Status.PASS and r.metrics.reference.status == "pass", (r.status, r.reason)
+    assert r.status == Status.PASS and r.metrics.judge.reference.status == "pass", (r.status, r.reason)
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
@@ -126,7 +126,7 @@ def test_each_fault_class_is_caught(monkeypatch, fault, where):
     assert r.status == Status.FAIL_ACCURACY, (r.status, r.reason)
     assert "shared_prefix_16" in r.reason, r.reason
     if where == "both":  # graph = eager: only the reference layer can tell
-        assert r.metrics.reference.status == "fail" and "reference layer" in r.reason, r.reason
+        assert r.metrics.judge.reference.status == "fail" and "reference layer" in r.reason, r.reason
 
 
 def test_a_fault_is_caught_on_flex_and_mla_too(monkeypatch):

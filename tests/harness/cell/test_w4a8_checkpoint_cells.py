@@ -38,7 +38,7 @@ def test_w4a8_checkpoint_cells_pass(quant, model, graph, tmp_path):
     out = run_cell(CellSpec(str(tmp_path), weights="real", quant=quant, graph=graph, max_tokens=64, max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
     # 7 linears per layer (MoE: 4 attention linears and the experts), 2 layers; lm_head stays in 16 bits
-    assert out.metrics.quant_layers == (10 if model == "qwen3-moe" else 14)
+    assert out.metrics.quant.quant_layers == (10 if model == "qwen3-moe" else 14)
     other = "w4afp8" if quant == "w4a8" else "w4a8"
     wrong = run_cell(CellSpec(str(tmp_path), weights="real", quant=other, graph=graph, max_tokens=64, max_new_tokens=2))
     assert wrong.status == Status.UNSUPPORTED and quant in wrong.reason  # the checkpoint's scheme, not the asked one
@@ -53,7 +53,7 @@ def test_w4a8_synthetic_cells_pass(quant, model, graph):
     out = run_cell(CellSpec(model, tiny=True, layers=2, weights="synthetic", quant=quant, graph=graph, max_tokens=64,
                             max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
-    assert out.metrics.quant_layers == (10 if model == "qwen3-30b-a3b" else 14)  # MoE: 4 attention linears, the experts
+    assert out.metrics.quant.quant_layers == (10 if model == "qwen3-30b-a3b" else 14)  # MoE: 4 attention linears, the experts
 
 
 @pytest.mark.parametrize("fmt", ["pack-quantized", "int-quantized"])
@@ -101,4 +101,4 @@ def test_int_quantized_checkpoint_cells_pass(quant, model, graph, sym, tmp_path)
     write_checkpoint(float_model, data, tmp_path, "compressed-tensors", scheme, ct_format="int-quantized")
     out = run_cell(CellSpec(str(tmp_path), weights="real", quant=quant, graph=graph, max_tokens=64, max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
-    assert out.metrics.quant_layers == (10 if model == "qwen3-moe" else 14)
+    assert out.metrics.quant.quant_layers == (10 if model == "qwen3-moe" else 14)

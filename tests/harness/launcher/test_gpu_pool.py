@@ -112,11 +112,11 @@ def test_cells_of_different_sizes_run_side_by_side_and_a_16_gpu_cell_is_refused(
     with Store(str(tmp_path / "r.db")) as store:
         run_id = run_matrix(matrix, store, RunOptions(logs_dir=tmp_path / "logs", progress=False), planned=p)
         rows = {r.axes["parallel"]: r for r in store.results(run_id)}
-    assert rows["tp16"].status == Status.UNSUPPORTED and rows["tp16"].metrics.gpus == 16  # what it would need
+    assert rows["tp16"].status == Status.UNSUPPORTED and rows["tp16"].metrics.process.gpus == 16  # what it would need
     assert rows["tp2"].status == Status.PASS, rows["tp2"].reason + rows["tp2"].log
     assert rows["tp1"].status == Status.PASS, rows["tp1"].reason + rows["tp1"].log
     two, one = json.loads(rows["tp2"].reason), json.loads(rows["tp1"].reason)  # rank 0's view of each
-    assert (rows["tp2"].metrics.gpus, rows["tp1"].metrics.gpus) == (2, 1)
+    assert (rows["tp2"].metrics.process.gpus, rows["tp1"].metrics.process.gpus) == (2, 1)
     assert len(two["CUDA_VISIBLE_DEVICES"].split(",")) == 2 and len(one["CUDA_VISIBLE_DEVICES"].split(",")) == 1
     assert not set(two["CUDA_VISIBLE_DEVICES"].split(",")) & set(one["CUDA_VISIBLE_DEVICES"].split(","))
     assert two["start"] < one["end"] and one["start"] < two["end"]  # side by side, not one after the other
@@ -144,5 +144,5 @@ def test_two_ranks_all_reduce_over_nccl_each_on_its_gpu(tmp_path, monkeypatch):
         row = store.results(run_id)[0]
     assert row.status == Status.PASS, row.reason + row.log[-3000:]
     got = json.loads(row.reason)
-    assert got["sum"] == 3.0 and got["backend"] == "nccl" and got["device_count"] == 2 and row.metrics.gpus == 2
+    assert got["sum"] == 3.0 and got["backend"] == "nccl" and got["device_count"] == 2 and row.metrics.process.gpus == 2
     assert len(got["CUDA_VISIBLE_DEVICES"].split(",")) == 2 and torch.cuda.device_count() >= 2

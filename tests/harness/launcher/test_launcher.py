@@ -62,7 +62,7 @@ def test_planted_faults_get_their_status_and_others_survive(tmp_path, plugin_env
         by_graph.setdefault(r.axes["graph"], []).append(r.attempt)
     assert sorted(by_graph["piecewise"]) == [1]
     assert sorted(by_graph["test_hang"]) == [1, 2]
-    assert rows["piecewise"].metrics.pieces == 3  # metrics stored with the result
+    assert rows["piecewise"].metrics.capture.pieces == 3  # metrics stored with the result
     assert "PCG-PHASE" in rows["test_segfault"].log  # the cell's log is kept
 
 

@@ -104,16 +104,16 @@ def test_a_hang_of_rank_1_is_a_timeout_and_both_ranks_go(tmp_path, planted):
 def test_ranks_that_pass_record_rank_0s_outcome_with_their_env(tmp_path, planted):
     rows, attempts, _ = _run(tmp_path, _matrix(tmp_path, ["test_ranks_ok", "test_rank1_fails"]))
     row = rows["test_ranks_ok"]
-    assert row.status == Status.PASS and row.metrics.rank_statuses == ["pass", "pass"]
+    assert row.status == Status.PASS and row.metrics.process.rank_statuses == ["pass", "pass"]
     env = json.loads(row.reason)  # rank 0's outcome (the reason is what it saw)
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_ADDR"]) == ("0", "2", "0", "127.0.0.1")
     assert env["OMP_NUM_THREADS"] == "1" and env["CUDA_VISIBLE_DEVICES"] is None  # a CPU cell: one thread a rank
-    assert row.metrics.gpus is None
+    assert row.metrics.process.gpus is None
     # a rank that does not pass makes the cell not pass, named, though rank 0 passed
     bad = rows["test_rank1_fails"]
     assert bad.status == Status.FAIL_ACCURACY
     assert bad.reason.startswith("rank 1 of 2: fail_accuracy:") and "planted mismatch" in bad.reason
-    assert "rank 0: pass" in bad.reason and bad.metrics.rank_statuses == ["pass", "fail_accuracy"]
+    assert "rank 0: pass" in bad.reason and bad.metrics.process.rank_statuses == ["pass", "fail_accuracy"]
     assert sorted(r.attempt for r in attempts if r.axes["graph"] == "test_ranks_ok") == [1]  # a pass is not retried
 
 
@@ -146,7 +146,7 @@ def test_a_rank_that_died_alone_after_the_others_ended_is_a_crash():
     out = ranks.judge_ranks([RankEnd(0), RankEnd(0)], [log, log], [ok, None], 60)
     assert out.status == Status.FAIL_RUN and out.reason.startswith("rank 1 of 2: exit code 0 in phase run")
     out = ranks.judge_ranks([RankEnd(0), RankEnd(0)], [log, log], [ok, ok], 60)
-    assert out.status == Status.PASS and out.metrics.rank_statuses == ["pass", "pass"]
+    assert out.status == Status.PASS and out.metrics.process.rank_statuses == ["pass", "pass"]
 
 
 def test_rank_env_and_visible_devices():
@@ -169,7 +169,7 @@ def test_pcgh_cell_runs_a_parallel_mode_through_the_launcher(tmp_path, planted, 
     code = main(["cell", "--model", "qwen3-0.6b", "--tiny", "--graph", "test_ranks_ok", "--parallel", "tp2", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["status"] == "pass", out
-    assert out["metrics"]["rank_statuses"] == ["pass", "pass"]
+    assert out["metrics"]["process"]["rank_statuses"] == ["pass", "pass"]
     env = json.loads(out["reason"])
     assert (env["RANK"], env["WORLD_SIZE"]) == ("0", "2")
     assert len(_pids(tmp_path)) == 2 and _gone_within(_pids(tmp_path), 5) == []

@@ -1,7 +1,8 @@
 """--repeats: a cell run in N fresh processes is as good as its worst run, and says how each ended."""
 
 from harness.launcher.process import cpu_threads, merge_repeats
-from harness.outcome import CellMetrics, CellOutcome
+from harness.metrics import CellMetrics
+from harness.outcome import CellOutcome
 
 
 def _o(status, reason="", d=1.0, **m):
@@ -10,15 +11,15 @@ def _o(status, reason="", d=1.0, **m):
 
 def test_all_passing_repeats_pass_and_count():
     merged = merge_repeats([_o("pass", token_match=1.0), _o("pass", token_match=0.9), _o("pass")])
-    assert merged.status == "pass" and merged.metrics.token_match == 1.0  # the first run's metrics
-    assert merged.metrics.repeats == 3 and merged.metrics.repeat_statuses == ["pass"] * 3 and merged.duration_s == 3.0
+    assert merged.status == "pass" and merged.metrics.judge.token_match == 1.0  # the first run's metrics
+    assert merged.metrics.process.repeats == 3 and merged.metrics.process.repeat_statuses == ["pass"] * 3 and merged.duration_s == 3.0
 
 
 def test_one_failing_process_of_three_fails_the_cell_with_its_metrics():
     merged = merge_repeats([_o("pass"), _o("fail_accuracy", "output logprob diff 1.1", token_match=0.4), _o("pass")])
-    assert merged.status == "fail_accuracy" and merged.metrics.token_match == 0.4
+    assert merged.status == "fail_accuracy" and merged.metrics.judge.token_match == 0.4
     assert merged.reason == "failed in 1 of 3 fresh processes: output logprob diff 1.1"
-    assert merged.metrics.repeat_statuses == ["pass", "fail_accuracy", "pass"]
+    assert merged.metrics.process.repeat_statuses == ["pass", "fail_accuracy", "pass"]
 
 
 def test_every_process_failing_keeps_the_first_failure_as_it_is():

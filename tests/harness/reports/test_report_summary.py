@@ -65,11 +65,11 @@ def test_empty_run_summary(run):
 
 
 def test_the_reference_layer_is_counted_where_cells_recorded_it(row, run):
-    from harness.outcome import ReferenceCheck
+    from harness.metrics import ReferenceCheck
 
     rows = [row("a", "pass"), row("b", "fail_accuracy", reason="reference layer: FAIL: …"), row("c", "pass"), row("d")]
     for r, status in zip(rows, ("pass", "fail", "not_measured")):
-        r.metrics.reference = ReferenceCheck(status=status)
+        r.metrics.judge.reference = ReferenceCheck(status=status)
     md = summary_markdown(run, rows)
     assert "**Reference layer** (eager against transformers and the kernels' reference math): 1 pass, 1 fail, " \
            "1 not measured" in md

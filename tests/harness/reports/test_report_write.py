@@ -45,8 +45,8 @@ def test_json_round_trip(row, run, tmp_path):
     assert (d["passing"], d["counted"], d["not_counted"]) == (1, 2, 1) and d["pass_rate"] == 0.5
     assert d["geomean_speedup"] == pytest.approx(4.0)
     a = d["cells"][0]
-    assert a["key"] == "a" and a["speedup"] == pytest.approx(4.0) and a["metrics"]["speedup"] == {"8": 2.0, "128": 8.0}
-    assert a["metrics"]["max_output_logprob_diff"] is None  # NaN becomes null: valid JSON
+    assert a["key"] == "a" and a["speedup"] == pytest.approx(4.0) and a["metrics"]["latency"]["speedup"] == {"8": 2.0, "128": 8.0}
+    assert a["metrics"]["judge"]["max_output_logprob_diff"] is None  # NaN becomes null: valid JSON
     assert "log" not in a
 
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
-from harness.outcome import CellMetrics, CellRecord
+from harness.metrics import CellMetrics
+from harness.outcome import CellRecord
 from harness.store import RequestRow, RunNotFound, RunRow, Store, default_db_url
 from harness.store.models import CellResult
 from pcg_core.errors import ConfigError
@@ -83,7 +84,7 @@ def test_record_commits_immediately_and_replaces(db_url, axes):
         assert seen == row(axes, status="fail_run", reason="segfault", log="boom")
         first.record_result(run_id, row(axes, status="pass", metrics=CellMetrics(speedup={8: 2.0})))
         [replaced] = second.results(run_id, all_attempts=True)
-        assert (replaced.status, replaced.reason, replaced.metrics.speedup) == ("pass", "", {8: 2.0})
+        assert (replaced.status, replaced.reason, replaced.metrics.latency.speedup) == ("pass", "", {8: 2.0})
     first.close()
 
 
@@ -171,7 +172,7 @@ def test_record_results_writes_all_rows_in_one_transaction_or_none(db_url, axes)
             event.remove(Engine, "commit", count)
         assert len(commits) == 1  # one transaction for the whole batch
         got = {r.key: r for r in store.results(run_id)}
-        assert len(got) == 500 and got["cell-7"].metrics.pieces == 7
+        assert len(got) == 500 and got["cell-7"].metrics.capture.pieces == 7
         assert (got["cell-0"].status, got["cell-0"].reason) == ("fail_run", "given twice: last wins")
         store.record_results(run_id, [row(axes, "cell-1", status="timeout"), row(axes, "new")])  # replaces, adds
         got = {r.key: r for r in store.results(run_id)}
@@ -232,7 +233,7 @@ def test_metrics_round_trip_exactly(db_url, axes):
         store.record_result(run_id, row(axes, metrics=metrics))
     with Store(db_url) as store:
         got = store.results(run_id)[0].metrics
-    assert math.isnan(got.max_prompt_logprob_diff)
+    assert math.isnan(got.judge.max_prompt_logprob_diff)
     # repr: floats bit-exact, -0.0 kept, ints stay ints, token counts stay ints
     assert repr(got.model_copy(update={"max_prompt_logprob_diff": None})) == repr(
         metrics.model_copy(update={"max_prompt_logprob_diff": None}))
@@ -252,8 +253,8 @@ def test_rows_written_before_cell_metrics_read_back(db_url, axes):
         [got] = store.results(run_id)
         [cell] = store.views.cells(run_id, latency=True)
     for m in (got.metrics, cell.metrics):
-        assert m.speedup[8] == 2.5 and math.isnan(m.speedup[32]) and m.latency_ms[8].graph == 4.0
-    assert got.metrics.device == "cpu" and got.metrics.bucket_hits == {8: 2} and got.metrics.graph_pool_bytes == 1024
+        assert m.latency.speedup[8] == 2.5 and math.isnan(m.latency.speedup[32]) and m.latency.latency_ms[8].graph == 4.0
+    assert got.metrics.settings.device == "cpu" and got.metrics.capture.bucket_hits == {8: 2} and got.metrics.capture.graph_pool_bytes == 1024
 
 
 def test_text_columns_take_nul_bytes_and_surrogates(db_url, axes):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from harness.outcome import CellMetrics, CellRecord, Latency
+from harness.metrics import CellMetrics, Latency
+from harness.outcome import CellRecord
 from harness.store import Store
 from harness.store.views import REASON_CHARS
 
@@ -39,7 +40,7 @@ def test_cells_are_the_final_attempts_without_logs_and_with_the_shown_metrics(db
         assert all(c.log == "" for c in cells) and cells[2].reason == "y" * REASON_CHARS
         shown = CellMetrics(capture_s=1.5, graph_pool_bytes=2**20, token_match=0.75, speedup={8: 2.0, 32: 3.0})
         assert cells[0].metrics == shown and cells[1].metrics == CellMetrics()
-        assert store.views.cells(run, latency=True)[0].metrics == shown.model_copy(update={"latency_ms": FULL.latency_ms})
+        assert store.views.cells(run, latency=True)[0].metrics == shown.model_copy(update={"latency": shown.latency.model_copy(update={"latency_ms": FULL.latency.latency_ms})})
         full = store.results(run)
         assert [c.model_copy(update={"metrics": CellMetrics(), "reason": ""}) for c in cells] == [
             r.model_copy(update={"metrics": CellMetrics(), "reason": "", "log": ""}) for r in full]

@@ -68,7 +68,7 @@ def _positions(err: list[float], chance: list[float] | None, flips=()):
 
 def _judge(err, chance, flips=()):
     from harness.cell.judge.reference import _judge_transformers
-    from harness.outcome import ReferenceCheck
+    from harness.metrics import ReferenceCheck
 
     check = ReferenceCheck(attention="sdpa", kv_cache="fp8_e4m3")
     return check, _judge_transformers(check, _positions(err, chance, flips), "float32")

@@ -17,7 +17,8 @@ from harness.cell.judge.policy import _excuse_padding
 from harness.cell.judge.tokens import Judgement
 from harness.cell.run import _Cell
 from harness.cell.prompts import Case, prompt_suite
-from harness.outcome import CellMetrics, Status
+from harness.metrics import CellMetrics
+from harness.outcome import Status
 from pcg_core.config import CaptureConfig, EngineConfig
 from pcg_core.engine import Engine
 from pcg_core.engine.kv_scales import calibrate_kv_scales, set_kv_scales
@@ -88,7 +89,7 @@ def test_a_padding_leak_does_not_widen_the_bound(monkeypatch):
     _plant(monkeypatch, 0.5, half_only=False)
     r = _cell()
     m = r.metrics
-    assert m.padding_noise > 0.1 and m.padding_rel_fp32 > FP32_PADDING_RTOL, (m.padding_noise, m.padding_rel_fp32)
+    assert m.judge.padding_noise > 0.1 and m.judge.padding_rel_fp32 > FP32_PADDING_RTOL, (m.judge.padding_noise, m.judge.padding_rel_fp32)
     assert r.status == Status.FAIL_ACCURACY, r.reason
     assert "padding reaches real rows" in r.reason
 
@@ -99,9 +100,9 @@ def test_half_precision_only_padding_noise_is_allowed(monkeypatch):
     _plant(monkeypatch, 0.5, half_only=True)
     r = _cell()
     m = r.metrics
-    assert m.padding_noise > 0.1 and m.padding_rel_fp32 <= FP32_PADDING_RTOL, (m.padding_noise, m.padding_rel_fp32)
+    assert m.judge.padding_noise > 0.1 and m.judge.padding_rel_fp32 <= FP32_PADDING_RTOL, (m.judge.padding_noise, m.judge.padding_rel_fp32)
     assert r.status == Status.PASS, r.reason
-    assert m.max_same_padding_diff <= 1e-3
+    assert m.judge.max_same_padding_diff <= 1e-3
 
 
 def _judged(failed: list[str], same: float) -> tuple[_Cell, Judgement, dict[str, LockstepStats]]:
@@ -145,7 +146,7 @@ def test_a_failure_whose_padding_check_could_not_run_says_so_and_out_of_memory_i
     import harness.cell.judge.policy as policy
 
     def check(cell, graph, cases):
-        cell.metrics.padding_check_error = error
+        cell.metrics.judge.padding_check_error = error
         return None
 
     monkeypatch.setattr(policy, "_padding_exact", check)
@@ -165,13 +166,13 @@ def test_unquantized_float32_cells_skip_the_check_and_quantized_cells_run_it_in_
     calls = []
     monkeypatch.setattr(policy, "float32_padding_rel", lambda *a, **k: calls.append(a) or 0.0)
     r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, max_tokens=64, max_new_tokens=3))
-    assert r.status == Status.PASS and r.metrics.padding_rel_fp32 is None and not calls
+    assert r.status == Status.PASS and r.metrics.judge.padding_rel_fp32 is None and not calls
     cell, _, _ = _judged(["a"], 0.0)
     for dtype, quant, asked in (("bfloat16", "fp8_block", True), ("float32", "w4a8", True), ("float32", "none", False),
                                 ("bfloat16", "none", True)):
         calls.clear()
         cell.spec = CellSpec(model="qwen3-0.6b", dtype=dtype, quant=quant)
-        cell.metrics.padding_rel_fp32, cell.lm = None, type("LM", (), {"model": None})()
+        cell.metrics.judge.padding_rel_fp32, cell.lm = None, type("LM", (), {"model": None})()
         got = policy._padding_exact(cell, type("G", (), {"config": EngineConfig(), "bucket_for": None})(), cell.cases)
         assert (got is not None) == asked and bool(calls) == asked, (dtype, quant)
 
@@ -184,11 +185,11 @@ def test_a_padding_leak_in_a_quantized_cell_is_told_from_its_quantizers_noise(mo
     _plant(monkeypatch, 0.5, half_only=half_only)
     r = _cell(quant="fp8_per_token")
     m = r.metrics
-    assert m.padding_noise > 0.1 and m.padding_rel_fp32 is not None, (m.padding_noise, m.padding_rel_fp32)
+    assert m.judge.padding_noise > 0.1 and m.judge.padding_rel_fp32 is not None, (m.judge.padding_noise, m.judge.padding_rel_fp32)
     if half_only:
-        assert m.padding_rel_fp32 <= FP32_PADDING_RTOL and r.status == Status.PASS, r.reason
+        assert m.judge.padding_rel_fp32 <= FP32_PADDING_RTOL and r.status == Status.PASS, r.reason
     else:
-        assert m.padding_rel_fp32 > FP32_PADDING_RTOL and r.status == Status.FAIL_ACCURACY, r.reason
+        assert m.judge.padding_rel_fp32 > FP32_PADDING_RTOL and r.status == Status.FAIL_ACCURACY, r.reason
         assert "padding reaches real rows" in r.reason
 
 
@@ -267,12 +268,12 @@ def test_a_backend_without_float32_is_probed_and_its_leak_fails_the_cell(monkeyp
         _plant_attention_leak(monkeypatch, "flex", "rows")
     r = _cell(attention="flex")
     m = r.metrics
-    assert m.padding_rel_fp32 is not None and m.padding_rel_fp32 <= FP32_PADDING_RTOL, m.padding_rel_fp32
+    assert m.judge.padding_rel_fp32 is not None and m.judge.padding_rel_fp32 <= FP32_PADDING_RTOL, m.judge.padding_rel_fp32
     if leak:
-        assert m.padding_probe_rel > PROBE_RTOL and r.status == Status.FAIL_ACCURACY, (m.padding_probe_rel, r.reason)
+        assert m.judge.padding_probe_rel > PROBE_RTOL and r.status == Status.FAIL_ACCURACY, (m.judge.padding_probe_rel, r.reason)
         assert "padding probe" in r.reason
     else:
-        assert m.padding_probe_rel <= PROBE_RTOL and r.status == Status.PASS, (m.padding_probe_rel, r.reason)
+        assert m.judge.padding_probe_rel <= PROBE_RTOL and r.status == Status.PASS, (m.judge.padding_probe_rel, r.reason)
 
 
 @pytest.mark.gpu

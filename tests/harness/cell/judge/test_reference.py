@@ -67,17 +67,17 @@ def test_a_fault_eager_shares_is_caught_by_the_reference_layer_alone(fault, grap
     quant, cls, attr, planted = FAULTS[fault]
     monkeypatch.setattr(cls, attr, planted)
     r = _cell(quant=quant, graph=graph)
-    ref = r.metrics.reference
+    ref = r.metrics.judge.reference
     assert r.status == "fail_accuracy" and ref.status == "fail", (r.status, r.reason)
     # graph = eager held: the judge's own layers saw nothing, the reason is the reference layer's alone
     assert r.reason.startswith("reference layer: FAIL"), r.reason
-    assert r.metrics.max_same_padding_diff == 0.0 and r.metrics.token_match == 1.0
+    assert r.metrics.judge.max_same_padding_diff == 0.0 and r.metrics.judge.token_match == 1.0
 
 
 @pytest.mark.parametrize("quant", ["none", "int8_w8a8", "awq"])
 def test_the_same_cells_pass_without_the_fault(quant):
     r = _cell(quant=quant)
-    ref = r.metrics.reference
+    ref = r.metrics.judge.reference
     assert r.status == "pass" and ref.status == "pass", (r.reason, ref)
     assert ref.positions > 100 and ref.max_logprob_diff <= ref.max_bound
     assert (ref.kernel_rel is not None) == (quant != "none")
@@ -94,7 +94,7 @@ def test_the_kernel_check_names_the_layer_a_kernel_error_enters(monkeypatch):
 
     monkeypatch.setattr(QuantLinear, "forward", off_by_a_little)
     r = _cell(quant="int8_w8a8")
-    ref = r.metrics.reference
+    ref = r.metrics.judge.reference
     assert ref.status == "fail" and ref.kernel_rel > ref.kernel_bound, ref
     assert ref.kernel_layer == "attention 1's input"
 
@@ -107,7 +107,7 @@ def test_a_reference_that_cannot_run_says_not_measured_and_keeps_the_verdict(mon
 
     monkeypatch.setattr(reference, "_hf_next_token", refuse)
     r = _cell()
-    assert r.status == "pass" and r.metrics.reference.status == "not_measured"
+    assert r.status == "pass" and r.metrics.judge.reference.status == "not_measured"
     assert "reference layer: not measured: OutOfMemoryError" in r.reason
 
 
@@ -127,7 +127,7 @@ def test_an_eager_output_of_the_wrong_shape_fails_rather_than_going_unmeasured(m
 
     monkeypatch.setattr(engine_mod.Engine, "_take", drop_one)
     r = _cell()
-    assert r.status == "fail_accuracy" and r.metrics.reference.status == "fail", (r.status, r.reason)
+    assert r.status == "fail_accuracy" and r.metrics.judge.reference.status == "fail", (r.status, r.reason)
     assert "logprobs for the" in r.reason
 
 

@@ -233,7 +233,7 @@ def test_a_release_format_fp8_checkpoint_cell_passes(checkpoint, graph, request)
     r = run_cell(CellSpec(str(path), weights="real", quant="fp8_block", graph=graph, max_tokens=16, max_new_tokens=4))
     assert r.status == "pass", (r.status, r.reason)
     quantized = len(NEXT_QUANTIZED) if checkpoint == "next_fp8" else 10
-    assert r.metrics.quant_layers == quantized and r.metrics.reference.status == "pass"
+    assert r.metrics.quant.quant_layers == quantized and r.metrics.judge.reference.status == "pass"
 
 
 def test_a_trim_past_the_first_full_attention_layer_is_refused_for_real_weights(next_fp8):

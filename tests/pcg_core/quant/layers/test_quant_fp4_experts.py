@@ -313,7 +313,7 @@ def test_synthetic_fp4_moe_cells_pass(model, quant, graph):
 
     out = run_cell(CellSpec(model, tiny=True, weights="synthetic", quant=quant, graph=graph, max_tokens=64, max_new_tokens=2))
     assert out.status == Status.PASS, out.reason
-    assert out.metrics.quant_layers == 10 and out.metrics.quant_logprob_diff > 0  # 4 linears + the experts, 2 layers
+    assert out.metrics.quant.quant_layers == 10 and out.metrics.quant.quant_logprob_diff > 0  # 4 linears + the experts, 2 layers
 
 
 def test_a_width_the_mxfp4_blocks_do_not_divide_is_an_unsupported_cell():

@@ -289,7 +289,7 @@ def test_tiny_gpt_oss_cells_pass(quant):
 
     out = run_cell(CellSpec(model="gpt-oss-120b", tiny=True, quant=quant, device="cpu", graph="piecewise",
                             max_tokens=32, max_new_tokens=4))
-    assert out.metrics.quant_layers == 10 and out.metrics.quant_logprob_diff > 0  # 4 linears + the experts, 2 layers
+    assert out.metrics.quant.quant_layers == 10 and out.metrics.quant.quant_logprob_diff > 0  # 4 linears + the experts, 2 layers
     # fp8_block at seed 0 passes on the padding excuse: eager's own padding noise (a CPU GEMM's rows differ by ~1e-7
     # with the row count, an FP8 rounding of the experts' input turns that into a step) checked on the float twin
     assert out.status == Status.PASS, out.reason
