@@ -21,6 +21,14 @@ def add_db(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", type=db_arg, help=DB_HELP)
 
 
+def add_executor(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="where cells run: this machine (default), or a Ray cluster, each attempt a task on a node "
+                        "with the cell's GPUs (pip install 'pcg[ray]')")
+    p.add_argument("--address", help="with --executor ray: the cluster's address (host:port or ray://…; default: "
+                                     "$RAY_ADDRESS, else a Ray started on this machine for the run)")
+
+
 def db_arg(text: str) -> str:
     """--db: an empty value (an unset variable in a script: `--db "$DB"`) is not the default database."""
     if not text.strip():

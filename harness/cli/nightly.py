@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.cli.args import add_db, axis_filter, positive_int, shard_arg, threshold, writable_dir
+from harness.cli.args import add_db, add_executor, axis_filter, positive_int, shard_arg, threshold, writable_dir
 from harness.cli.runs import EXIT_FAIL, EXIT_PASS, end_summary, preflight
 from pcg_core.errors import ConfigError
 
@@ -41,6 +41,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     add_db(p)
     p.add_argument("--jobs", type=positive_int, default=1, help="cells side by side on a CPU (GPU runs use one per GPU)")
     p.add_argument("--shard", type=shard_arg, help="run shard I of N (by a stable hash of the cell key)")
+    add_executor(p)
     p.add_argument("--resume", action="store_true", help="continue tonight's unfinished run of this matrix")
     p.add_argument("--filter", type=axis_filter, action="append", default=[], metavar="AXIS=GLOB",
                    help="only cells whose AXIS matches GLOB; repeat to narrow further")
@@ -71,6 +72,7 @@ def nightly(args: argparse.Namespace) -> int:
         endpoint(args.upload, RUNS_ENDPOINT, "--upload")
         token("--upload")
     opts = RunOptions(jobs=args.jobs, shard=args.shard, resume=args.resume, filters=args.filter, tier=args.tier,
+                      executor=args.executor, address=args.address,
                       trigger=TRIGGER, logs_dir=Path(args.logs))
     m = matrix.nightly
     policy = Policy(keep=args.keep or m.keep, window=args.window or m.window,

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.cli.args import add_db, axis_filter, matrix_file, positive_int, shard_arg, threshold, writable_dir
+from harness.cli.args import add_db, add_executor, axis_filter, matrix_file, positive_int, shard_arg, threshold, writable_dir
 from harness.outcome import AXES, CellRecord
 from pcg_core.errors import ConfigError
 
@@ -36,6 +36,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     add_db(p)
     p.add_argument("--jobs", type=positive_int, default=1, help="cells side by side on a CPU (GPU runs use one per GPU)")
     p.add_argument("--shard", type=shard_arg, help="run shard I of N (by a stable hash of the cell key)")
+    add_executor(p)
     p.add_argument("--resume", action="store_true",
                    help="continue the newest unfinished run of this matrix (the same file however its path is "
                         "written; a finished run is left as it is); give the same --db and --logs")
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.launcher import RunOptions, plan, run_matrix
 
     opts = RunOptions(jobs=args.jobs, shard=args.shard, resume=args.resume, filters=args.filter, tier=args.tier,
+                      executor=args.executor, address=args.address,
                       trigger=args.trigger, logs_dir=Path(args.logs), repeats=args.repeats)
     planned = plan(args.matrix, opts)  # a bad matrix is refused before anything is written
     cells = planned.cells

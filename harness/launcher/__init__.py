@@ -9,6 +9,7 @@
 - orphans.py — worker records in the run's logs; a resume kills what an earlier runner left behind
 - classify.py — a child that died without an outcome, in the judge's words
 - runner.py — run_matrix: resume, retry, GPUs, recording
+- ray_executor.py — `--executor ray`: each attempt a Ray task on a node with the cell's GPUs
 - progress.py — the progress bar
 - environment.py — the provenance recorded with each run
 

@@ -26,6 +26,8 @@ class RunOptions:
     repeats: int = 1  # fresh processes per attempt; any non-pass among them is the cell's status
     progress: bool = True
     extra_models: tuple[str, ...] = ()  # model axis values added to the matrix's (`pcgh nightly`'s requested cards)
+    executor: str = "local"  # "ray": each attempt a Ray task (ray_executor.py)
+    address: str | None = None  # the Ray cluster's (None: one started on this machine, or $RAY_ADDRESS)
 
 
 @dataclass
@@ -48,7 +50,12 @@ def plan(matrix_path: str | Path, opts: RunOptions) -> Plan:
         cells = shard(cells, *opts.shard)
     caps = capabilities()
     cards: dict[str, ModelCard | None] = {}
-    if matrix.defaults.device.startswith("cuda") and caps.get("cuda_devices"):
+    if opts.executor == "ray":  # a cell's GPUs are one node's: the pre-check weighs the cluster's largest
+        from harness.launcher.ray_executor import connect, largest_node_gpus
+
+        connect(opts.address, opts.jobs)
+        caps["cuda_devices"], caps["gpu_host"] = largest_node_gpus(), "on the Ray cluster's largest node"
+    elif matrix.defaults.device.startswith("cuda") and caps.get("cuda_devices"):
         caps.setdefault("cuda_memory_bytes", gpu_memory_bytes())  # what a cell's memory fit is checked against
     for cell in cells:
         cell.unsupported = precheck(cell, caps, cards)

@@ -28,6 +28,7 @@ from harness.launcher.orphans import reap_orphans, report_reaped
 from harness.launcher.plan import Plan, RunOptions, plan
 from harness.launcher.process import cpu_threads, launch_repeated, log_name
 from harness.launcher.progress import RunProgress
+from harness.launcher.ray_executor import RaySeats
 from harness.matrix import Cell
 from harness.outcome import NOT_RETRIED, PASSING, CellRecord, Status
 from harness.store import Store
@@ -89,15 +90,23 @@ def run_matrix(matrix_path: str | Path, store: Store, opts: RunOptions,
     record = _Recorder(store, run_id, on_result)
     counts = _record_unsupported(cells, done, record)
     todo = [c for c in cells if c.unsupported is None and c.key not in done]
-    seats = _Seats(p.caps["cuda_devices"], matrix.defaults.device, opts.jobs)
     logs = run_logs(opts.logs_dir, store, run_id)
     if prev:  # an earlier runner of this run may have died leaving workers: none may write into it any more
         report_reaped(run_id, reap_orphans(logs / "workers"))
-    attempts = _CellAttempts(record, opts, retry_due, logs, seats.threads, WorkerGroups(records=logs / "workers"))
+    groups = WorkerGroups(records=logs / "workers")
+    seats: _Seats | RaySeats
+    launch: Launch
+    if opts.executor == "ray":  # each attempt a Ray task on a node with the cell's GPUs (ray_executor.py)
+        seats = RaySeats(on_cuda=matrix.defaults.device.startswith("cuda"))
+        launch = seats.launch
+    else:
+        seats = _Seats(p.caps["cuda_devices"], matrix.defaults.device, opts.jobs)
+        launch = _local_launch(groups, seats.threads)
+    attempts = _CellAttempts(record, opts, retry_due, logs, launch, groups)
     try:
         _run_cells(todo, attempts, seats, counts, opts.progress)
-    except (KeyboardInterrupt, Terminated) as e:
-        store.finish_run(run_id, status="interrupted")
+    except (KeyboardInterrupt, SystemExit) as e:  # SystemExit: Terminated, or an embedding program's own handler
+        store.finish_run(run_id, status="interrupted")  # (Ray's driver turns SIGTERM into sys.exit)
         if isinstance(e, Terminated):
             e.redeliver()  # workers down, the run marked: now the process dies of the signal, embedded or not
         raise
@@ -162,30 +171,40 @@ class _Seats:
             self.pool.close()
 
 
+# One attempt: (cell, its log, its GPUs or None, repeats, attempt number) → its record.
+Launch = Callable[[Cell, Path, list[int] | None, int, int], CellRecord]
+
+
+def _local_launch(groups: WorkerGroups, threads: int | None) -> Launch:
+    """Attempts in this host's worker groups."""
+    def launch(cell: Cell, log: Path, gpu: list[int] | None, repeats: int, attempt: int) -> CellRecord:
+        return launch_repeated(cell, log, gpu, repeats, attempt=attempt, groups=groups, threads=threads)
+
+    return launch
+
+
 class _CellAttempts:
-    """A cell's attempts in this run's worker groups: a failure is retried once, and a first attempt recorded
+    """A cell's attempts, wherever `launch` runs them: a failure is retried once, and a first attempt recorded
     before an earlier runner died gets only its retry."""
 
     def __init__(self, record: _Recorder, opts: RunOptions, retry_due: dict[str, dict[str, Any]], logs: Path,
-                 threads: int | None, groups: WorkerGroups) -> None:
+                 launch: Launch, groups: WorkerGroups) -> None:
         self.record, self.opts, self.retry_due = record, opts, retry_due
-        self.logs, self.threads, self.groups = logs, threads, groups
+        self.logs, self.launch, self.groups = logs, launch, groups
 
     def __call__(self, cell: Cell, gpu: list[int] | None) -> str:
         """The cell's final status after its attempts on `gpu`."""
-        opts, groups, threads = self.opts, self.groups, self.threads
+        opts = self.opts
         owed = self.retry_due.get(cell.key)  # a first attempt recorded before the parent died
         if owed is None:
-            first = launch_repeated(cell, self.logs / f"{log_name(cell.key)}.attempt1.log", gpu, opts.repeats,
-                                    groups=groups, threads=threads)
+            first = self.launch(cell, self.logs / f"{log_name(cell.key)}.attempt1.log", gpu, opts.repeats, 1)
             self.record(first)
             status, reason = first.status, first.reason
         else:
             status, reason = owed["status"], owed["reason"]
         if status in NOT_RETRIED or not opts.retry or opts.repeats > 1:  # repeats are the second look already
             return status
-        second = launch_repeated(cell, self.logs / f"{log_name(cell.key)}.attempt2.log", gpu, 1, attempt=2,
-                                 groups=groups, threads=threads)
+        second = self.launch(cell, self.logs / f"{log_name(cell.key)}.attempt2.log", gpu, 1, 2)
         if second.status in PASSING:
             second.status = Status.PASS_FLAKY
             second.reason = f"passed on retry; first attempt: {status}: {reason}"[:2000]
@@ -193,7 +212,7 @@ class _CellAttempts:
         return second.status
 
 
-def _run_cells(todo: list[Cell], attempts: _CellAttempts, seats: _Seats, counts: Counter, progress: bool) -> None:
+def _run_cells(todo: list[Cell], attempts: _CellAttempts, seats: _Seats | RaySeats, counts: Counter, progress: bool) -> None:
     """The cells side by side, counted as each ends; on the way out, however it comes, no worker lives on and no
     waiting cell starts."""
     groups = attempts.groups

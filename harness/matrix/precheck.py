@@ -57,7 +57,8 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
     except ValueError as e:
         return str(e)
     if cell.spec.device.startswith("cuda") and caps["cuda_devices"] < ranks:
-        return f"{needs_gpus(ranks)} ({a['parallel']}: one per rank, on one host), {caps['cuda_devices']} visible on this machine"
+        return (f"{needs_gpus(ranks)} ({a['parallel']}: one per rank, on one host), {caps['cuda_devices']} "
+                f"{caps.get('gpu_host', 'visible on this machine')}")
     if cell.spec.device.startswith("cuda") and caps.get("cuda_memory_bytes") and not cell.spec.tiny:
         return memory_fit_reason(cell, card, caps["cuda_memory_bytes"])
     return None
