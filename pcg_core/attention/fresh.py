@@ -23,8 +23,12 @@ from pcg_core.attention.metadata import AttentionMetadata
 
 # The smallest forward that takes a fresh-sequence path (AttentionMetadata.fresh_path). Below it MLA stays absorbed
 # (the expansion GEMMs over every row then cost about what the 576-wide attention saves) and varlen gathers (a
-# handful of rows); buckets below it get one graph variant only.
-FRESH_PATH_MIN_TOKENS = 128
+# handful of rows); buckets below it get one graph variant only. 128 is the intended value, but the path is OFF
+# (None) until it is right on CUDA: on the H100 (benchmarks/results/2026-12-06-h100-fresh-paths/) its graph variants
+# replayed up to 5.4 off eager (DeepSeek-V3 under every capture backend, Llama on varlen under piecewise), and the
+# fresh MLA prefill took 12.5 ms at 2048 tokens against transformers' expanded 0.81 ms. tests/pcg_core/
+# test_fresh_paths.py turns it on (fresh_from) and is the reproduction.
+FRESH_PATH_MIN_TOKENS: int | None = None
 
 _flash_attn: Callable[..., Any] | None
 try:
