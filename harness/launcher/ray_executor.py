@@ -1,7 +1,7 @@
 """Cells as Ray tasks (`pcgh run --executor ray [--address …]`): the matrix over a cluster instead of one host.
 
 Each attempt of a cell is one Ray task asking for the cell's GPUs (one per rank, on one node: Ray hands a task its
-GPUs on a single node and sets CUDA_VISIBLE_DEVICES) and CPUs; on the node it runs the same isolated worker as the
+GPUs on a single node and sets CUDA_VISIBLE_DEVICES) and a CPU; on the node it runs the same isolated worker as the
 local executor (process.launch_repeated: timeout, crash classification, its own process groups, which die with
 the task). The driver keeps everything else as the local executor does: the retry of a failed attempt, the record
 of each attempt the moment it returns, resume keys, progress. A task whose node is lost is run again elsewhere
@@ -58,7 +58,7 @@ def largest_node_gpus() -> int:
     return max((int(n.get("Resources", {}).get("GPU", 0)) for n in _ray().nodes() if n.get("Alive")), default=0)
 
 
-def _on_node(cell: Cell, log_path: str, repeats: int, attempt: int, threads: int | None) -> str:
+def _on_node(cell: Cell, log_path: str, repeats: int, attempt: int) -> str:
     """One attempt of `cell` on the node Ray placed it on, its GPUs Ray's; the record as JSON."""
     from harness.launcher.groups import WorkerGroups
     from harness.launcher.process import launch_repeated
@@ -67,7 +67,7 @@ def _on_node(cell: Cell, log_path: str, repeats: int, attempt: int, threads: int
     gpus = [int(g) for g in ray.get_gpu_ids()] or None
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with WorkerGroups() as groups:  # the cell's processes die with this task's
-        record = launch_repeated(cell, Path(log_path), gpus, repeats, attempt, groups=groups, threads=threads)
+        record = launch_repeated(cell, Path(log_path), gpus, repeats, attempt, groups=groups)
     return record.model_dump_json()
 
 
@@ -89,17 +89,18 @@ class RaySeats:
 
     def launch(self, cell: Cell, log_path: Path, gpu: list[int] | None, repeats: int, attempt: int) -> CellRecord:
         """One attempt of `cell` as a Ray task: its GPUs (one per rank on CUDA, chosen by Ray on the node: `gpu` is
-        always None here) and a CPU per rank."""
+        always None here) and a CPU."""
         from harness.launcher.groups import Cancelled
         from harness.outcome import CellRecord
 
         ray = _ray()
-        ranks = max(1, cell.ranks)
-        opts = {"num_cpus": ranks, "num_gpus": ranks if self.on_cuda else 0, "max_retries": NODE_RETRIES}
+        # One CPU a cell, however many ranks, as a local run gives a cell one of its --jobs slots (its ranks share
+        # the cores): a request of one CPU a rank would never be placed on a node with fewer CPUs than ranks.
+        opts = {"num_cpus": 1, "num_gpus": max(1, cell.ranks) if self.on_cuda else 0, "max_retries": NODE_RETRIES}
         with self._lock:
             if self._closed:
                 raise Cancelled("the runner is shutting down")
-            ref = self._task.options(**opts).remote(cell, str(log_path), repeats, attempt, None if self.on_cuda else ranks)
+            ref = self._task.options(**opts).remote(cell, str(log_path), repeats, attempt)
             self._refs.add(ref)
         try:
             text = ray.get(ref)
