@@ -78,7 +78,6 @@ class RaySeats:
     def __init__(self, on_cuda: bool) -> None:
         self.on_cuda = on_cuda
         self.workers = DRIVER_THREADS
-        self.threads = None
         self._refs: set[Any] = set()
         self._lock = threading.Lock()
         self._closed = False
