@@ -7,6 +7,7 @@ into the graph as a constant), so each group set up here is registered under tor
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -74,6 +75,11 @@ def init_from_env(device: str) -> ParallelGroup | None:
     if not dist.is_initialized():
         if backend == "nccl":
             torch.cuda.set_device(torch.device(rank_device(device)))
+        # Dynamo imported after the group is made (a model's first transformers import does it) keeps the group
+        # alive past destroy_process_group (measured on torch 2.13): its gloo threads then live into the interpreter's
+        # finalization, where one releasing a tensor aborts the rank ("terminate called without an active
+        # exception") after its work is done. Imported first, destroy frees the group.
+        importlib.import_module("torch._dynamo")  # not `import torch._dynamo`: that would make `torch` local here
         dist.init_process_group(backend=backend, init_method="env://", timeout=TIMEOUT)
     world_group = dist.group.WORLD
     assert world_group is not None  # initialized above
