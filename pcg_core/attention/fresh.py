@@ -29,6 +29,11 @@ from pcg_core.attention.metadata import AttentionMetadata
 # fresh MLA prefill took 12.5 ms at 2048 tokens against transformers' expanded 0.81 ms. tests/pcg_core/
 # test_fresh_paths.py turns it on (fresh_from) and is the reproduction.
 FRESH_PATH_MIN_TOKENS: int | None = None
+# The most sequences a forward on the fresh path holds (more: the cache-reading path). FlashAttention's varlen grid
+# is (query blocks of the longest sequence) × (sequences) × heads, and a graph fixes both counts: the bounds hold
+# this many sequences and the padding, whatever the batch. Bounds of one per token (T sequences, most empty) made
+# T² blocks: pcg's fresh MLA prefill of 2048 tokens took 12.5 ms on the H100, 15× the expanded form.
+FRESH_PATH_MAX_SEQS = 32
 
 _flash_attn: Callable[..., Any] | None
 try:
@@ -49,14 +54,15 @@ def fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: Atten
     return _sdpa(q, k, v, md, scale)
 
 
-def sequence_bounds(seq_ids: torch.Tensor) -> torch.Tensor:
-    """cu_seqlens [T + 1] int32 of the runs of equal ids in seq_ids [T] (the sequences, then the padding); runs past
-    the last are empty (cu repeats), so the length is the token count's, whatever the batch."""
+def sequence_bounds(seq_ids: torch.Tensor, max_seqs: int = FRESH_PATH_MAX_SEQS) -> torch.Tensor:
+    """cu_seqlens [max_seqs + 2] int32 of the runs of equal ids in seq_ids [T] (the sequences, then the padding);
+    runs past the last are empty (cu repeats), so the length is fixed whatever the batch. The forward holds at most
+    max_seqs sequences (Engine.fresh_path sees to it): rows of a run past max_seqs + 1 would be counted in the last."""
     t = seq_ids.shape[0]
     starts = torch.ones(t, dtype=torch.int32, device=seq_ids.device)
     starts[1:] = (seq_ids[1:] != seq_ids[:-1]).to(torch.int32)
-    run = torch.cumsum(starts, 0)  # 1-based run index of each row (int64: cumsum widens)
-    counts = torch.zeros(t + 1, dtype=torch.int32, device=seq_ids.device)
+    run = torch.cumsum(starts, 0).clamp_(max=max_seqs + 1)  # 1-based run index of each row (int64: cumsum widens)
+    counts = torch.zeros(max_seqs + 2, dtype=torch.int32, device=seq_ids.device)
     counts.index_add_(0, run, starts.new_ones(t))
     return torch.cumsum(counts, 0, dtype=torch.int32)
 

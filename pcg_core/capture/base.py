@@ -140,6 +140,11 @@ class GraphBackend(CaptureBackend):
         low = self.fresh_min
         return (False, True) if low is not None and bucket >= low and self.records_split_ops() else (False,)
 
+    def capture_passes(self, bucket: int) -> tuple[bool, ...]:
+        """The fresh_path values of the capture passes at `bucket`: a pass per variant, unless the backend records
+        them all in one (piecewise)."""
+        return self.variants(bucket)
+
     # Shared bucket loop and lookup --------------------------------------------------------------------
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         entry = self.entries.get(self.key(ctx.bucket, ctx.attn_metadata.fresh_path)) if ctx.bucket is not None else None
@@ -159,7 +164,7 @@ class GraphBackend(CaptureBackend):
             try:
                 with torch.cuda.stream(self.pool.stream):
                     for bucket in sorted(self.config.ladder, reverse=True):  # largest first: later ones reuse its blocks
-                        for fresh in self.variants(bucket):
+                        for fresh in self.capture_passes(bucket):
                             self._capture_bucket(bucket, fresh)
             except BaseException:
                 self.pool.abort()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import operator
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -76,15 +77,18 @@ def compile_piece_inductor(piece: torch.fx.GraphModule) -> Any:
 
 class PieceRunner(torch.nn.Module):
     """One captured piece: a CUDA graph per bucket, output held by weak reference. What it does on a call is
-    the forward context's mode, set by the forward's owner. A split op's runner (`split=True`) runs eagerly
+    the forward context's mode, set by the forward's owner. A split op's runner (`split=True`) keeps a graph per
+    variant (`variants(bucket)`: its fresh-sequence path frozen in it, forward_context.graph_key), and runs eagerly
     while an observer watches the attention inputs (a diagnosis wants to see every layer)."""
 
-    def __init__(self, fn: Any, index: int, pool: GraphPool, split: bool = False):
+    def __init__(self, fn: Any, index: int, pool: GraphPool, split: bool = False,
+                 variants: Callable[[int], tuple[bool, ...]] | None = None):
         super().__init__()
         self.fn = fn
         self.index = index
         self.pool = pool
         self.split = split
+        self.variants = variants or (lambda bucket: (False,))
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, Any]] = {}
 
     def forward(self, *args: Any) -> Any:
@@ -98,18 +102,39 @@ class PieceRunner(torch.nn.Module):
                 return entry[1]
         elif ctx.mode is CaptureMode.CAPTURE:
             assert ctx.bucket is not None  # a capture is of one bucket
-            key = self.key(ctx.bucket, ctx.attn_metadata.fresh_path)
-            if (entry := self.graphs.get(key)) is not None:  # a piece no variant changes: its graph, again
-                entry[0].replay()
-                return entry[1]
-            graph, out = self.pool.capture(self.fn, *args)
-            self.graphs[key] = (graph, weak_ref(out))
-            return out
+            return self._capture(ctx.bucket, ctx.attn_metadata, args) if self.split else self._record(ctx.bucket, args)
         return self.fn(*args)
 
+    def _record(self, key: GraphKey, args: tuple[Any, ...]) -> Any:
+        graph, out = self.pool.capture(self.fn, *args)
+        self.graphs[key] = (graph, weak_ref(out))
+        return out
+
+    def _capture(self, bucket: int, md: Any, args: tuple[Any, ...]) -> Any:
+        """Every variant of this split op at `bucket`, back to back in the one capture pass: the pieces around share
+        one graph, so each variant must read and write where they do, and while this pass runs everything live in
+        the forward is held, which keeps a variant's temporaries off it (a later pass, replaying the pieces' graphs
+        with their outputs weakly held, let them land on memory a later piece reads)."""
+        out = self._record(graph_key(bucket, False), args)
+        for fresh in self.variants(bucket)[1:]:
+            md.fresh_path = fresh
+            try:
+                self.fn(*args)  # its warm-up (the plain variant's was the warm-up forward's)
+                other = self._record(graph_key(bucket, fresh), args)
+            finally:
+                md.fresh_path = False
+            if _data_ptrs(other) != _data_ptrs(out):  # split ops write into `out` arguments and return nothing
+                raise RuntimeError(f"piecewise: split op variant {graph_key(bucket, fresh)} returned its output "
+                                   "elsewhere than its plain variant, where the pieces after it read")
+        return out
+
     def key(self, bucket: int, fresh_path: bool) -> GraphKey:
-        """A split op's graphs are kept per variant (its fresh-sequence path frozen in them); a piece's per bucket."""
+        """A split op's graphs are kept per variant; a piece's per bucket."""
         return graph_key(bucket, self.split and fresh_path)
+
+
+def _data_ptrs(out: Any) -> list[int]:
+    return [t.data_ptr() for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
 
 
 @register_capture_backend
@@ -137,7 +162,8 @@ class PiecewiseBackend(GraphBackend):
         if self._graph_attention():
             graphed = [n for n in splits if not uncapturable_split_op_in(getattr(split_gm, n))]  # linear attention stays eager
             for j, name in enumerate(graphed):
-                setattr(split_gm, name, PieceRunner(getattr(split_gm, name), len(pieces) + j, self.pool, split=True))
+                setattr(split_gm, name, PieceRunner(getattr(split_gm, name), len(pieces) + j, self.pool, split=True,
+                                                    variants=self.variants))
             self.stats.graphed_split_ops = len(graphed)
         self.stats.compile_s = time.perf_counter() - t0
         self.stats.pieces, self.stats.split_ops = len(pieces), len(splits)
@@ -192,9 +218,15 @@ class PiecewiseBackend(GraphBackend):
         assert self.split_gm is not None  # compiled before any forward
         return self.split_gm(*self._args(input_ids, positions))[0]
 
+    def capture_passes(self, bucket: int) -> tuple[bool, ...]:
+        return (False,)  # one pass: the split ops' runners record each variant back to back (PieceRunner._capture)
+
     def capture(self, bucket, input_ids, positions, ctx) -> ReplayPlan | None:
         out = self.run_padded(input_ids, positions)
-        graphs = self._graphs_in_call_order(bucket, ctx.attn_metadata.fresh_path)
+        for fresh in self.variants(bucket)[1:]:  # the other variants' plans; the plain one is the caller's to keep
+            if (graphs := self._graphs_in_call_order(bucket, fresh)) is not None:
+                self.entries[self.key(bucket, fresh)] = ReplayPlan(graphs, weak_ref(out))
+        graphs = self._graphs_in_call_order(bucket, False)
         return None if graphs is None else ReplayPlan(graphs, weak_ref(out))
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 from pcg_core.attention import KVCache, get_attention_backend
 from pcg_core.attention.kv_cache import KVCacheFull
 from pcg_core.attention.metadata import AttentionMetadata
-from pcg_core.attention.fresh import FRESH_PATH_MIN_TOKENS
+from pcg_core.attention.fresh import FRESH_PATH_MAX_SEQS, FRESH_PATH_MIN_TOKENS
 from pcg_core.capture import make_capture_backend
 from pcg_core.capture.stats import CaptureStats
 from pcg_core.config import EngineConfig
@@ -220,15 +220,15 @@ class Engine:
     def fresh_path(self, seq_ids: torch.Tensor, positions: torch.Tensor, num_tokens: int) -> bool:
         """Whether a forward of these rows (host tensors, packed by sequence) padded to `num_tokens` takes the split
         ops' fresh-sequence paths (AttentionMetadata.fresh_path): the model or attention backend has them, the
-        forward is at least `fresh_min` wide, and every sequence in it starts at position 0 (nothing of it cached:
-        not a decode step, a later chunk or a prefix hit). A function of the rows and the padding alone, so an eager
-        reference at a graph's padding decides alike."""
+        forward is at least `fresh_min` wide, holds at most FRESH_PATH_MAX_SEQS sequences, and every sequence in it
+        starts at position 0 (nothing of it cached: not a decode step, a later chunk or a prefix hit). A function of
+        the rows and the padding alone, so an eager reference at a graph's padding decides alike."""
         low = self.backend.fresh_min
         if low is None or num_tokens < low or not len(seq_ids):
             return False
         starts = torch.ones(len(seq_ids), dtype=torch.bool)
         starts[1:] = seq_ids[1:] != seq_ids[:-1]
-        return not bool(positions[starts].any())
+        return int(starts.sum()) <= FRESH_PATH_MAX_SEQS and not bool(positions[starts].any())
 
     def stage_inputs(self, batch: PackedBatch, num_tokens: int, replay: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The batch into the input buffers and the attention metadata built: a replay takes the bucket's prep

@@ -78,9 +78,22 @@ def test_the_path_is_a_function_of_the_batch_and_its_padding(deepseek, configs, 
     assert engine.fresh_path(*two, 32) and not engine.fresh_path(*two, 20)  # padded to the bucket vs unpadded
     later = (seqs, torch.tensor(list(range(12)) + list(range(3, 11))))
     assert not engine.fresh_path(*later, 32)  # the second sequence has KV cached before it
+    many = torch.arange(fresh.FRESH_PATH_MAX_SEQS + 1).repeat_interleave(2)  # one sequence too many, two rows each
+    assert not engine.fresh_path(many, torch.tensor([0, 1]).repeat(len(many) // 2), len(many) + 32)
+    assert engine.fresh_path(many[2:], torch.tensor([0, 1]).repeat(len(many) // 2 - 1), len(many) + 32)
     llama = load_model(json.loads((configs / "meta-llama__Llama-3.1-8B-Instruct.json").read_text()), tiny=True)
     dense = make_engine(llama.model, "piecewise")
     assert dense.backend.fresh_min is None and not dense.fresh_path(*two, 32)
+
+
+@pytest.mark.parametrize("lengths", [[5, 3, 4], [16], [1] * 6, [2, 9]])
+@pytest.mark.parametrize("pad", [0, 7])
+def test_sequence_bounds_are_the_runs_then_the_padding_at_a_fixed_length(lengths, pad):
+    seq = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)] + [torch.full((pad,), -2)])
+    runs = lengths + ([pad] if pad else [])
+    want = [0] + torch.tensor(runs).cumsum(0).tolist()
+    got = fresh.sequence_bounds(seq, max_seqs=6).tolist()
+    assert len(got) == 6 + 2 and got == want + [want[-1]] * (len(got) - len(want))
 
 
 def test_fresh_and_absorbed_agree_over_an_fp8_latent_cache(deepseek, fresh_from):
@@ -204,8 +217,7 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
                                                                           fresh_from):
     """From fresh_min up, piecewise and full record the op once per path (breakable chooses in its hole); a fresh
     prefill, a small one, a prefill over a cached prefix and a decode step each replay bitwise what eager computes at
-    the same padding; the fresh path agrees with the cache-reading one (MLA absorbed, varlen's gather) within bf16
-    kernel noise."""
+    the same padding; the fresh path is as near float32 as the cache-reading one (MLA absorbed, varlen's gather)."""
     import copy
 
     from pcg_core import CaptureConfig, Engine, EngineConfig
@@ -224,6 +236,9 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
 
     fresh_from(10**6)
     cache_reading = build("disabled")
+    reference = Engine(copy.deepcopy(net).float(), EngineConfig(device="cuda", dtype="float32", attention="sdpa",
+                                                                kv_cache=kv_cache, kv_slots=1024,
+                                                                capture=CaptureConfig(backend="disabled", max_tokens=256)))
     fresh_from(128)
     engine = build(backend)
     ladder = engine.config.capture.ladder
@@ -232,7 +247,7 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
     assert all(not isinstance(k, tuple) or k[0] >= 128 for k in engine.backend.entries)
     for lengths, start in (([100, 37, 20], 0), ([3, 7], 0), ([150], 0), ([64, 90], 40), ([1] * 9, 60)):
         outs = []
-        for e in (engine, cache_reading):
+        for e in (engine, cache_reading, reference):
             e.cache.reset()
             b = PackedBatch([], [], [], [])
             for i, n in enumerate(lengths):
@@ -248,5 +263,10 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
         replay = engine.forward(b).clone()
         eager = engine.forward(b, eager=True).clone()
         assert torch.equal(replay, eager), (lengths, start, (replay.float() - eager.float()).abs().max())
+        # both paths held to float32 (the cache-reading one): bf16 moves a tiny MoE's hidden states by several percent
+        # on either path (DeepSeek-V3 on the CPU: 5.5% absorbed, 8.1% expanded, 6.1% apart), so the fresh one may
+        # be no further from it than twice the cache-reading one's distance, plus 1%
+        want = reference.forward(outs[2], pad_to=bucket, eager=True)
         other = cache_reading.forward(outs[1], pad_to=bucket, eager=True).float()
-        assert ((eager.float() - other).norm() / other.norm()).item() < 2e-2, (lengths, start)
+        err, err_other = (((x.float() - want).norm() / want.norm()).item() for x in (eager, other))
+        assert err <= 2 * err_other + 1e-2, (lengths, start, err, err_other)
