@@ -46,10 +46,12 @@ NOT_COUNTED: tuple[str, ...] = (Status.EAGER_FAIL, Status.UNSUPPORTED, Status.SK
 NOT_RETRIED: tuple[str, ...] = (*PASSING, Status.UNSUPPORTED, Status.SKIPPED, Status.EAGER_FAIL, Status.EAGER_NONDETERMINISTIC)
 
 # A cell is one point of these axes.
-AXES = ("model", "quant", "attention", "parallel", "graph", "compiler", "kv_cache")
+AXES = ("model", "quant", "attention", "parallel", "graph", "compiler", "kv_cache", "engine")
 # Axes added after runs were stored, with the value every cell had before: a record without the axis holds it, and
 # a cell at that value keeps the key it had before the axis existed (so stored runs still read and compare).
-AXIS_DEFAULTS: dict[str, str] = {"kv_cache": "auto"}
+AXIS_DEFAULTS: dict[str, str] = {"kv_cache": "auto", "engine": "pcg"}
+# The runtimes a cell can put under graphs: pcg's own engine, or an SGLang server (harness/sglang/).
+ENGINES = ("pcg", "sglang")
 
 _VARIANT = re.compile(r"^(full|tiny|trim:([1-9][0-9]*))$")
 VARIANT_GRAMMAR = "full, tiny or trim:N (N ≥ 1)"

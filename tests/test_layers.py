@@ -21,6 +21,7 @@ FLOORS: dict[str, int] = {
     "harness.safe_yaml": 1,  # the bounded YAML reader of matrices and model cards
     "harness.cards": 2, "harness.shape": 2,  # model cards; a model's shape from its config (widths, parameters)
     "harness.cell": 3,
+    "harness.sglang": 3,  # another engine's cell: SGLang's servers, beside pcg's cell runner
     "harness.matrix": 4,
     "harness.store": 5,
     "harness.reports": 6,

@@ -105,6 +105,8 @@ def _check_runtime(spec: CellSpec) -> None:
     """A quantization or parallel mode the runtime lacks, or an attention backend that cannot run here (or cannot
     run what the model card says it exercises), ends the cell as the matrix pre-check would have, before the model
     is loaded; running the unquantized single-GPU cell instead would pass under the wrong name."""
+    if spec.engine != "pcg":  # the matrix's pre-check and `pcgh cell` send those to their engine's own runner
+        raise Stop(Status.UNSUPPORTED, f"run_cell runs pcg's engine; an {spec.engine} cell runs under harness/{spec.engine}/")
     card = find_card(spec.model)
     features = card.features if card else ()
     reason = (quant_unsupported_reason(spec.quant, features=features, real_weights=spec.weights == "real")

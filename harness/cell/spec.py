@@ -30,6 +30,7 @@ class CellSpec:
     compiler: str = "eager"
     quant: str = "none"  # quantization scheme; run_cell ends a scheme the runtime lacks as unsupported
     parallel: str = "tp1"  # parallel mode; likewise
+    engine: str = "pcg"  # the runtime under test: pcg's engine, or an SGLang server (harness/sglang/)
     kv_cache: str = "auto"  # what the KV cache stores: auto (the model's dtype) or fp8_e4m3 (pcg_core.known)
     seed: int = 0
     max_new_tokens: int = 8

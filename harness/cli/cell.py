@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from harness.cell.spec import CPU_MAX_TOKENS, GPU_MAX_TOKENS
 from harness.cli.args import DefaultsShown, bounded_int, positive_float, positive_int, seed_int, share_float
+from harness.outcome import ENGINES
 from pcg_core.known import COMPILERS, DTYPE_NAMES, KNOWN_QUANTIZATION, KV_CACHE_DTYPES, MAX_TOKENS, world_size
 from pcg_core.quant.schemes import registry as quant_registry
 from pcg_core.registry import CAPTURE_BACKENDS
@@ -63,6 +64,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache", "--kv_cache", dest="kv_cache", choices=KV_CACHE_DTYPES, default="auto",
                    help="what the KV cache stores: auto (the model's dtype) or fp8_e4m3 (FP8 with per-layer K/V scales: "
                         "the checkpoint's, or calibrated on the prompts for synthetic weights)")
+    p.add_argument("--engine", choices=ENGINES, default="pcg",
+                   help="the runtime under test: pcg's engine, or SGLang servers (graphs on against off)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", choices=DTYPE_NAMES, help="default: float32 on cpu, bfloat16 on cuda")
     p.add_argument("--max-tokens", type=bounded_int(1, MAX_TOKENS, "a token count"),
@@ -107,7 +110,8 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
     return CellSpec(model=args.model, graph=args.graph, attention=args.attention, device=args.device, dtype=args.dtype,
                     layers=args.layers, tiny=args.tiny, weights=args.weights,
                     max_tokens=args.max_tokens,
-                    compiler=args.compiler, quant=args.quant, parallel=args.parallel, kv_cache=args.kv_cache, seed=args.seed,
+                    compiler=args.compiler, quant=args.quant, parallel=args.parallel, kv_cache=args.kv_cache,
+                    engine=args.engine, seed=args.seed,
                     max_new_tokens=args.max_new_tokens, top_k=args.top_k, logprob_tol=args.logprob_tol,
                     peaked=not args.flat_weights, memory_share=args.memory_share)
 
@@ -117,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)
     ranks = world_size(spec.parallel)  # checked by _parallel already
-    if args.repeats == 1 and ranks == 1:
+    if spec.engine == "sglang":
+        outcome = _sglang(spec, ranks)
+    elif args.repeats == 1 and ranks == 1:
         outcome = run_cell(spec)
     else:  # fresh processes: each repeat one, or a parallel cell one per rank
         outcome = _run_repeated(spec, args.repeats, ranks)
@@ -126,6 +132,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(spec, outcome)
     return EXIT_PASS if outcome.passed else EXIT_FAIL
+
+
+def _sglang(spec: CellSpec, ranks: int) -> CellOutcome:
+    """An SGLang cell: its servers are not started yet (harness/sglang/precheck.py says why it cannot run here)."""
+    import torch
+
+    from harness.outcome import CellOutcome, Status
+    from harness.sglang.precheck import NOT_RUN_YET, sglang_reason
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return CellOutcome(status=Status.UNSUPPORTED, reason=sglang_reason(spec, ranks, gpus) or NOT_RUN_YET)
 
 
 def _run_repeated(spec: CellSpec, repeats: int, ranks: int = 1) -> CellOutcome:
@@ -142,7 +159,7 @@ def _run_repeated(spec: CellSpec, repeats: int, ranks: int = 1) -> CellOutcome:
     from harness.outcome import CellOutcome, Status, cell_key
 
     axes = {"model": spec.model, "quant": spec.quant, "attention": spec.attention, "parallel": spec.parallel,
-            "graph": spec.graph, "compiler": spec.compiler, "kv_cache": spec.kv_cache}
+            "graph": spec.graph, "compiler": spec.compiler, "kv_cache": spec.kv_cache, "engine": spec.engine}
     cell = Cell(cell_key(axes), axes, spec, Defaults().timeout_s)
     gpus = None
     if spec.device.startswith("cuda") and ranks > 1:

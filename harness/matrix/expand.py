@@ -86,6 +86,7 @@ def spec_for(matrix: Matrix, axes: dict[str, str], overrides: list[Override] | N
         quant=axes["quant"],
         parallel=axes["parallel"],
         kv_cache=axes["kv_cache"],
+        engine=axes["engine"],
         seed=d.seed,
         max_new_tokens=max_new,
         top_k=d.top_k,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cards import CARDS_DIR, ModelCard, find_card
-from harness.outcome import AXES, ModelRef
+from harness.outcome import AXES, ENGINES, ModelRef
 from pcg_core.known import COMPILERS, KNOWN_QUANTIZATION, KV_CACHE_DTYPES, PLANNED_ATTENTION, parse_parallel
 from pcg_core.quant.schemes import registry as quant_registry
 
@@ -78,6 +78,7 @@ def axis_checkers() -> dict[str, Checker]:
         "quant": _in("quantization scheme", quant),
         "parallel": _parallel,
         "kv_cache": _in("KV cache dtype", list(KV_CACHE_DTYPES)),
+        "engine": _in("engine", list(ENGINES)),
     }
 
 

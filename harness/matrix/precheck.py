@@ -23,6 +23,10 @@ def precheck(cell: Cell, caps: dict[str, Any], cards: dict[str, ModelCard | None
                                        parallel_unsupported_reason, quant_unsupported_reason, split_op_capture_reason)
 
     a = cell.axes
+    if a.get("engine", "pcg") == "sglang":  # SGLang's own kernels and model code: pcg's capabilities say nothing
+        from harness.sglang.precheck import sglang_reason
+
+        return sglang_reason(cell.spec, cell.ranks, caps["cuda_devices"])
     card_id = ModelRef.parse(a["model"]).card
     if card_id not in cards:
         cards[card_id] = find_card(card_id)

@@ -70,6 +70,7 @@ class Axes(_Strict):
     graph: list[str] = Field(default_factory=lambda: ["piecewise"], min_length=1)
     compiler: list[str] = Field(default_factory=lambda: ["eager"], min_length=1)
     kv_cache: list[str] = Field(default_factory=lambda: ["auto"], min_length=1)
+    engine: list[str] = Field(default_factory=lambda: ["pcg"], min_length=1)
 
     @field_validator("quant")
     @classmethod

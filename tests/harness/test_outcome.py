@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from harness.metrics import CellMetrics
-from harness.outcome import AXES, NOT_COUNTED, PASSING, STATUSES, CellOutcome, CellRecord, ModelRef, Status, cell_key
+from harness.outcome import AXES, AXIS_DEFAULTS, NOT_COUNTED, PASSING, STATUSES, CellOutcome, CellRecord, ModelRef, Status, cell_key
 
 AXES_OK = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": "full",
            "compiler": "eager"}
@@ -68,7 +68,7 @@ def test_record_needs_every_axis_and_a_known_status():
         CellRecord(key="k", axes=AXES_OK, status="pass", atempt=2)
     r = CellRecord.of(cell_key(AXES_OK), AXES_OK, CellOutcome(status="pass"), attempt=2, log="x")
     assert r.attempt == 2 and r.model.card == "qwen3-0.6b" and r.passed
-    assert r.key == "|".join(f"{a}={AXES_OK[a]}" for a in AXES if a != "kv_cache")  # auto: the key from before the axis
+    assert r.key == "|".join(f"{a}={AXES_OK[a]}" for a in AXES if a not in AXIS_DEFAULTS)  # the key from before those axes
     assert r.axes["kv_cache"] == "auto"  # a record without the axis (stored before it) reads as its default
 
 
@@ -100,12 +100,20 @@ def test_metrics_written_by_the_old_untyped_cell_still_read():
     assert m.process.cell_s == 40.1  # the old metrics' duration_s: run_cell's own time
 
 
-def test_kv_cache_axis_keeps_the_keys_and_records_stored_before_it():
-    """kv_cache=auto cells keep the key they had before the axis; other values add it; an old row reads as auto."""
-    old = {a: AXES_OK[a] for a in AXES_OK if a != "kv_cache"}
-    assert cell_key({**old, "kv_cache": "auto"}) == cell_key(old) and "kv_cache" not in cell_key(old)
-    assert cell_key({**old, "kv_cache": "fp8_e4m3"}).endswith("|kv_cache=fp8_e4m3")
+@pytest.mark.parametrize("axis,default,other", [("kv_cache", "auto", "fp8_e4m3"), ("engine", "pcg", "sglang")])
+def test_an_axis_added_later_keeps_the_keys_and_records_stored_before_it(axis, default, other):
+    """A cell at the axis's default keeps the key it had before the axis; other values add it; an old row reads as
+    the default."""
+    old = {a: AXES_OK[a] for a in AXES_OK if a not in AXIS_DEFAULTS}
+    assert cell_key({**old, axis: default}) == cell_key(old) and f"{axis}=" not in cell_key(old)
+    assert cell_key({**old, axis: other}).endswith(f"|{axis}={other}")
     row = {"key": cell_key(old), "axes": old, "status": "pass", "attempt": 1, "metrics": {}}
-    assert CellRecord.read(row).axes == {**old, "kv_cache": "auto"}
+    assert CellRecord.read(row).axes[axis] == default
+
+
+def test_a_record_of_an_old_row_has_every_axis_and_no_other():
+    old = {a: AXES_OK[a] for a in AXES_OK if a not in AXIS_DEFAULTS}
+    row = {"key": cell_key(old), "axes": old, "status": "pass", "attempt": 1, "metrics": {}}
+    assert CellRecord.read(row).axes == {**old, **AXIS_DEFAULTS}
     with pytest.raises(ValidationError, match="axes must have exactly"):
-        CellRecord(key="k", axes={**old, "kv_cache": "auto", "kv": "x"}, status="pass")
+        CellRecord(key="k", axes={**old, **AXIS_DEFAULTS, "kv": "x"}, status="pass")

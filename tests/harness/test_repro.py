@@ -43,7 +43,7 @@ def _every_value_off_default(attention: str) -> Matrix:
                      "tolerances": {"logprob": 0.002}, "flat_weights": True, "memory_share": 0.25},
         "axes": {"model": ["qwen3-0.6b:tiny", "qwen3-8b:trim:2", "qwen3-8b:full"], "quant": ["none", "fp8"],
                  "attention": ["sdpa", attention], "parallel": ["tp1", "tp2"], "graph": ["piecewise", "breakable", "full"],
-                 "compiler": ["eager", "inductor"], "kv_cache": ["auto", "fp8_e4m3"]},
+                 "compiler": ["eager", "inductor"], "kv_cache": ["auto", "fp8_e4m3"], "engine": ["pcg", "sglang"]},
         "overrides": {"qwen3-8b:*": {"tolerances": {"logprob": 0.25}, "max_tokens": 128, "max_new_tokens": 3,
                                      "dtype": "bfloat16"}},
     })
@@ -123,5 +123,5 @@ def test_repro_is_exact_and_quotes_what_the_shell_would_split():
     cmd = repro_command(axes, CellMetrics(device="cpu", dtype="float32", seed=0, logprob_tol=0.001),
                         [CellMetrics(max_tokens=64, top_k=5), CellMetrics(max_tokens=32, max_new_tokens=8)])
     assert cmd == ("pcgh cell --model 'my model' --layers 2 --weights synthetic --quant none --attention sdpa "
-                   "--parallel tp1 --graph piecewise --compiler eager --kv-cache auto --device cpu --dtype float32 --max-tokens 64 "
+                   "--parallel tp1 --graph piecewise --compiler eager --kv-cache auto --engine pcg --device cpu --dtype float32 --max-tokens 64 "
                    "--max-new-tokens 8 --seed 0 --top-k 5 --logprob-tol 0.001")  # the first fallback that has it wins

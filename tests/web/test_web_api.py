@@ -113,7 +113,8 @@ def test_cell_history_flips_and_repro(client: TestClient, seeded: Seeded) -> Non
     assert [h["run_id"] for h in body["history"]] == seeded.run_ids
     assert body["flips"] == 2 and body["flaky"] is True
     assert body["repro"] == ("pcgh cell --model qwen3-0.6b --tiny --weights synthetic --quant none --attention sdpa "
-                             "--parallel tp1 --graph breakable --compiler eager --kv-cache auto --device cpu --dtype float32 --max-tokens 64")
+                             "--parallel tp1 --graph breakable --compiler eager --kv-cache auto --engine pcg --device cpu "
+                             "--dtype float32 --max-tokens 64")
     assert body["history"][1]["speedup"] is None and body["history"][1]["capture_s"] == pytest.approx(1.0)
     assert body["history"][0]["speedups"] == {"8": 1.85, "32": 2.22}
     older = client.get("/api/cell", params={"key": k, "run": seeded.run_ids[1]}).json()
@@ -127,7 +128,7 @@ def test_cell_retry_trim_variant_and_missing(client: TestClient, seeded: Seeded)
     dead = client.get("/api/cell", params={"key": key("qwen3-8b:trim:4", "full")}).json()
     assert dead["status"] == "eager_fail" and dead["metrics"] == {} and dead["flips"] == 0 and dead["flaky"] is False
     assert dead["repro"] == ("pcgh cell --model qwen3-8b --layers 4 --weights synthetic --quant none --attention sdpa "
-                             "--parallel tp1 --graph full --compiler eager --kv-cache auto")
+                             "--parallel tp1 --graph full --compiler eager --kv-cache auto --engine pcg")
     assert client.get("/api/cell", params={"key": "model=nope"}).status_code == 404
     r = client.get("/api/cell", params={"key": key("qwen3-8b:trim:4", "full"), "run": 99})
     assert r.status_code == 404 and "run 99 has no result" in r.json()["detail"]

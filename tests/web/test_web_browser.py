@@ -94,7 +94,7 @@ def test_cell_page_shows_history_plots_and_repro(tab: Tab, tmp_path) -> None:
     assert page.locator("#flaky").is_visible()
     assert page.locator("#repro").inner_text() == ("pcgh cell --model qwen3-0.6b --tiny --weights synthetic --quant none "
                                                    "--attention sdpa --parallel tp1 --graph breakable --compiler eager "
-                                                   "--kv-cache auto --device cpu --dtype float32 --max-tokens 64")
+                                                   "--kv-cache auto --engine pcg --device cpu --dtype float32 --max-tokens 64")
     plots = page.locator("figure.plot")
     assert plots.count() == 3
     # speedup: 8 and 32 tokens in runs 1 and 3, a gap at the failed run 2 (points, no line across it)

@@ -33,7 +33,7 @@ T0 = datetime(2026, 1, 1, 2, 0, tzinfo=UTC)
 
 def axes(model: str, graph: str, attention: str = "sdpa") -> dict[str, str]:
     return {"model": model, "quant": "none", "attention": attention, "parallel": "tp1", "graph": graph,
-            "compiler": "eager", "kv_cache": "auto"}
+            "compiler": "eager", "kv_cache": "auto", "engine": "pcg"}
 
 
 def key(model: str, graph: str, attention: str = "sdpa") -> str:

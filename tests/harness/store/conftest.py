@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 AXES = {"model": "qwen3-0.6b:tiny", "quant": "none", "attention": "sdpa", "parallel": "tp1", "graph": "piecewise", "compiler": "eager",
-        "kv_cache": "auto"}
+        "kv_cache": "auto", "engine": "pcg"}
 
 
 @pytest.fixture
