@@ -135,14 +135,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _sglang(spec: CellSpec, ranks: int) -> CellOutcome:
-    """An SGLang cell: its servers are not started yet (harness/sglang/precheck.py says why it cannot run here)."""
+    """An SGLang cell in this process (its servers are processes of their own), unless it cannot run here."""
+    import tempfile
+    from pathlib import Path
+
     import torch
 
     from harness.outcome import CellOutcome, Status
-    from harness.sglang.precheck import NOT_RUN_YET, sglang_reason
+    from harness.sglang.cell import run_sglang_cell
+    from harness.sglang.precheck import sglang_reason
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return CellOutcome(status=Status.UNSUPPORTED, reason=sglang_reason(spec, ranks, gpus) or NOT_RUN_YET)
+    if reason := sglang_reason(spec, ranks, gpus):
+        return CellOutcome(status=Status.UNSUPPORTED, reason=reason)
+    with tempfile.TemporaryDirectory(prefix="pcg-sglang-") as work:
+        return run_sglang_cell(spec, Path(work))
 
 
 def _run_repeated(spec: CellSpec, repeats: int, ranks: int = 1) -> CellOutcome:

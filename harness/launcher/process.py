@@ -66,7 +66,7 @@ def launch(cell: Cell, log_path: Path, gpu: int | Sequence[int] | None, attempt:
     gpus = _gpu_list(gpu)
     if gpus is not None and len(gpus) != cell.ranks:
         raise ValueError(f"cell {cell.key} runs as {cell.ranks} rank(s), one per GPU; it was handed GPUs {gpus}")
-    if cell.ranks > 1:
+    if cell.processes > 1:
         ranked, log_text, duration = launch_ranks(cell, log_path, cell.ranks, gpus, groups)
         ranked.duration_s = duration
         ranked.metrics.process.gpus = len(gpus) if gpus is not None else None

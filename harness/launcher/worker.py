@@ -15,6 +15,11 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.cell import CellSpec
+    from harness.outcome import CellOutcome
 
 PHASE_MARK = "PCG-PHASE"
 PARENT_FD_ENV = "PCG_WORKER_PARENT_FD"  # the read end of the runner's pipe (its fd number in the worker)
@@ -45,6 +50,21 @@ def watch_parent() -> threading.Thread | None:
     return thread
 
 
+def _other_engine(spec: CellSpec) -> CellOutcome:
+    """An SGLang cell: its two servers on the GPUs this worker holds, their logs after the verdict in this log."""
+    import tempfile
+
+    from harness.sglang.cell import run_sglang_cell
+
+    with tempfile.TemporaryDirectory(prefix="pcg-sglang-") as work:
+        try:
+            return run_sglang_cell(spec, Path(work))
+        finally:
+            for log in sorted(Path(work).glob("*.log")):
+                print(f"--- {log.name} (its last 20,000 characters) ---\n{log.read_text(errors='replace')[-20_000:]}",
+                      flush=True)
+
+
 def main() -> int:
     watch_parent()  # started already, as the package was imported (harness/launcher/__init__.py); this one is a no-op
     from harness.cell import CellSpec, run_cell
@@ -60,7 +80,7 @@ def main() -> int:
 
     try:
         load_plugins()
-        outcome = run_cell(spec, on_phase=phase)
+        outcome = run_cell(spec, on_phase=phase) if spec.engine == "pcg" else _other_engine(spec)
     except ConfigError as e:
         outcome = CellOutcome(status=Status.FAIL_RUN, reason=f"bad input: {e}")
     tmp = out.with_suffix(".tmp")

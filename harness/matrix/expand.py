@@ -33,6 +33,12 @@ class Cell:
             return 1
 
     @property
+    def processes(self) -> int:
+        """Workers the launcher starts: one per rank for pcg's engine; one for an SGLang cell, whose server starts
+        its own rank processes on the GPUs the worker holds."""
+        return 1 if self.spec.engine == "sglang" else self.ranks
+
+    @property
     def gpus(self) -> int | None:
         """GPUs of one host the cell holds: one per rank on CUDA; None on a CPU."""
         return self.ranks if self.spec.device.startswith("cuda") else None

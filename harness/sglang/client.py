@@ -28,12 +28,14 @@ def parse_graph_passes(text: str) -> GraphPasses:
     """The prefill counters of a Prometheus text page; a page without them (a server started without
     --enable-metrics, or not SGLang) is an error: no proof is not a proof of replay."""
     found: dict[str, float] = {}
+    declared = False  # a counter no forward has moved yet has no samples, but the page declares it
     for family in text_string_to_metric_families(text):
+        declared |= family.name == GRAPH_PASSES.removesuffix("_total")
         for sample in family.samples:
             if sample.name == GRAPH_PASSES:
                 mode = sample.labels.get("mode", "")
                 found[mode] = found.get(mode, 0.0) + sample.value
-    if not found:
+    if not declared:
         raise ValueError(f"the server's {METRICS} has no {GRAPH_PASSES} (started without --enable-metrics?)")
     return GraphPasses(found.get("prefill_cuda_graph", 0.0), found.get("prefill_none", 0.0))
 
@@ -48,6 +50,9 @@ class SGLangClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
         self.http.close()
 
     def healthy(self) -> bool:

@@ -8,6 +8,7 @@ A forward counts as a graph pass only where the engine holds CUDA graphs and rep
 
 from __future__ import annotations
 
+import argparse
 import threading
 
 from fastapi import FastAPI, HTTPException
@@ -69,3 +70,62 @@ def _result(o: SequenceOutput, top_k: int) -> GenerateResult:
                     output_token_logprobs=triples(o.output_logprobs, o.output_ids),
                     input_top_logprobs=[None, *tops[:-1]], output_top_logprobs=out_tops)
     return GenerateResult(output_ids=o.output_ids, meta_info=meta)
+
+
+# `python -m harness.sglang.pcg_server FLAGS`: the launch_server flags an SGLang cell gives its servers, served by
+# pcg's engine (SGLang's backend names mapped back to pcg's; its dummy weights as pcg's synthetic ones, seeded).
+_BACK = {"torch_native": "sdpa", "flex_attention": "flex", "fa3": "varlen"}
+_PREFILL = {"full": "full", "breakable": "breakable", "disabled": "disabled"}
+
+
+def parse_flags(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m harness.sglang.pcg_server",
+                                description="pcg's engine behind SGLang's native API, from launch_server's flags")
+    p.add_argument("--model-path", required=True, help="a folder holding config.json")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--random-seed", type=int, default=0)
+    p.add_argument("--attention-backend", choices=sorted(_BACK), default="torch_native")
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--load-format", choices=["dummy", "auto"], default="auto")
+    p.add_argument("--cuda-graph-backend-prefill", choices=sorted(_PREFILL), default="disabled")
+    p.add_argument("--cuda-graph-max-bs-prefill", type=int, default=None)
+    p.add_argument("--cuda-graph-backend-decode", default="disabled", help="pcg's graphs serve both phases: ignored")
+    p.add_argument("--skip-tokenizer-init", action="store_true", help="always: token ids in and out")
+    p.add_argument("--enable-metrics", action="store_true", help="always on")
+    return p.parse_args(argv)
+
+
+def engine_from_flags(a: argparse.Namespace) -> Engine:
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from pcg_core import CaptureConfig, EngineConfig, load_model
+
+    config = json.loads((Path(a.model_path) / "config.json").read_text())
+    if a.load_format == "auto" and not any(Path(a.model_path).glob("*.safetensors")):
+        raise SystemExit(f"{a.model_path}: no weights; --load-format dummy serves the config with synthetic weights")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    lm = load_model(config if a.load_format == "dummy" else a.model_path, weights="synthetic" if a.load_format == "dummy"
+                    else "real", dtype=getattr(torch, a.dtype), device=device, seed=a.random_seed)
+    max_tokens = a.cuda_graph_max_bs_prefill or (64 if device == "cpu" else 4096)
+    return Engine(lm.model, EngineConfig(device=device, dtype=a.dtype, attention=_BACK[a.attention_backend],
+                                         kv_cache=a.kv_cache_dtype,
+                                         capture=CaptureConfig(backend=_PREFILL[a.cuda_graph_backend_prefill],
+                                                               max_tokens=max_tokens)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    import uvicorn
+
+    a = parse_flags(sys.argv[1:] if argv is None else argv)
+    uvicorn.run(make_app(engine_from_flags(a)), host=a.host, port=a.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -81,6 +81,8 @@ def test_sglangs_metrics_page_reads_and_a_page_without_them_is_no_proof():
     assert parse_graph_passes(page) == GraphPasses(prefill_graph=7.0, prefill_eager=1.0)
     with pytest.raises(ValueError, match="enable-metrics"):
         parse_graph_passes("# nothing here\nprocess_cpu_seconds_total 1.0\n")
+    declared = "# HELP sglang:cuda_graph_passes_total Total\n# TYPE sglang:cuda_graph_passes_total counter\n"
+    assert parse_graph_passes(declared) == GraphPasses()  # declared, no forward yet
 
 
 def test_an_answer_short_of_prompt_logprobs_is_an_error_naming_it():

@@ -4,7 +4,7 @@ sglang 0.5.23's own ServerArgs parser for every SGLang cell of the nightly matri
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
+import sys
 
 import pytest
 
@@ -66,11 +66,11 @@ def test_the_precheck_says_why_an_sglang_cell_does_not_run_here(monkeypatch):
     assert "CUDA GPU" in sglang_reason(_spec(device="cpu"), 1, 0)
     import harness.sglang.precheck as pre
 
-    monkeypatch.setattr(pre.importlib.util, "find_spec", lambda name: None)
-    assert "not installed" in sglang_reason(_spec(), 1, 8)
-    monkeypatch.setattr(pre.importlib.util, "find_spec", lambda name: SimpleNamespace(origin="sglang/__init__.py"))
+    monkeypatch.setenv("PCG_SGLANG_PYTHON", sys.executable)  # pcg's own: no sglang in it
+    assert "not installed for" in sglang_reason(_spec(), 1, 8)
+    monkeypatch.setattr(pre, "sglang_installed", lambda python: True)
     assert sglang_reason(_spec(parallel="tp2"), 2, 1).startswith("needs 2 GPUs")
-    assert sglang_reason(_spec(), 1, 1) == pre.NOT_RUN_YET  # the servers are not started yet: never a silent pass
+    assert sglang_reason(_spec(), 1, 1) is None  # it runs
 
 
 def test_the_matrix_precheck_sends_sglang_cells_to_sglangs_own():
