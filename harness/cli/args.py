@@ -21,10 +21,22 @@ def add_db(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", type=db_arg, help=DB_HELP)
 
 
+EXECUTORS = ("local", "ray")
+
+
+def executor_arg(text: str) -> str:
+    """--executor, or its default $PCG_EXECUTOR (argparse checks a string default through `type`, not `choices`)."""
+    if text not in EXECUTORS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an executor: {' or '.join(EXECUTORS)} (--executor, or "
+                                         "its default $PCG_EXECUTOR)")
+    return text
+
+
 def add_executor(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--executor", choices=("local", "ray"), default="local",
-                   help="where cells run: this machine (default), or a Ray cluster, each attempt a task on a node "
-                        "with the cell's GPUs (pip install 'pcg[ray]')")
+    p.add_argument("--executor", type=executor_arg, default=os.environ.get("PCG_EXECUTOR") or "local",
+                   metavar="{local,ray}",
+                   help="where cells run: this machine, or a Ray cluster, each attempt a task on a node with the "
+                        "cell's GPUs (pip install 'pcg[ray]'); default: $PCG_EXECUTOR, else local")
     p.add_argument("--address", help="with --executor ray: the cluster's address (host:port or ray://…; default: "
                                      "$RAY_ADDRESS, else a Ray started on this machine for the run)")
 

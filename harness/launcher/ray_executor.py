@@ -44,6 +44,8 @@ def connect(address: str | None, jobs: int = 1) -> None:
     ray = _ray()
     if ray.is_initialized():
         return
+    if os.environ.get("RAY_ADDRESS") == "":  # a CI variable left unset: no cluster named
+        del os.environ["RAY_ADDRESS"]
     local = address is None and not os.environ.get("RAY_ADDRESS")
     try:
         ray.init(address=address, num_cpus=jobs if local else None, include_dashboard=False, log_to_driver=False,
