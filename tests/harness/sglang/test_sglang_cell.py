@@ -133,3 +133,22 @@ def test_the_launcher_runs_an_sglang_cell_as_one_worker_that_starts_its_servers(
     record = launch(cell, tmp_path / "cell.log", None)
     assert record.status == Status.EAGER_FAIL and "No module named 'sglang'" in record.reason
     assert "--- reference.log" in record.log and "PCG-SGLANG reference:" in record.log
+
+
+def test_a_server_never_healthy_is_torn_down_with_its_children(tmp_path):
+    """A server that never answers /health (here: a process that starts a child and sleeps) is killed, its whole
+    process group, when the wait times out."""
+    from pathlib import Path
+
+    from harness.sglang.server import running_server
+
+    pids = tmp_path / "pids"
+    script = (f"import os, subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+              f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}'); time.sleep(600)")
+    with pytest.raises(TimeoutError, match="not healthy after 3 s"):
+        with running_server([], 1, tmp_path / "s.log", 3, command=(sys.executable, "-c", script)):
+            pass
+    for pid in map(int, pids.read_text().split()):
+        stat = Path(f"/proc/{pid}/stat")
+        # gone, or a zombie left for an init that does not reap (a container's): dead either way
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
