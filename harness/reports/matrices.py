@@ -46,6 +46,12 @@ def pair_name(row_axis: str, col_axis: str) -> str:
     return f"{row_axis}_x_{col_axis}"
 
 
+def pivot_row(axis: str, value: Any, engine: Any) -> Any:
+    """A row's label: a model whose cells ran on another engine than pcg's (SGLang) is a row of its own,
+    `model [sglang]`, so that its verdicts never mix with pcg's in an entry."""
+    return f"{value} [{engine}]" if axis == "model" and engine not in (None, "pcg") else value
+
+
 def support_grid(cells: Iterable[tuple[Any, Any, str]]) -> tuple[list[str], list[str], dict[tuple[str, str], str]]:
     """(row values, column values, symbol per pair that occurs) from (row value, column value, status) triples,
     values as text, naturally sorted: the pivot without pandas (the text summary prints it as is)."""
@@ -61,7 +67,8 @@ def support_matrix(frame: pd.DataFrame, row_axis: str, col_axis: str) -> pd.Data
     """One pivot of symbols; ❓ where the combination never occurs."""
     import pandas as pd
 
-    index, columns, symbols = support_grid(zip(frame[row_axis], frame[col_axis], frame["status"]) if len(frame) else ())
+    rows = [pivot_row(row_axis, v, e) for v, e in zip(frame[row_axis], frame["engine"])]
+    index, columns, symbols = support_grid(zip(rows, frame[col_axis], frame["status"]) if len(frame) else ())
     out = pd.DataFrame(SYMBOLS["untested"], index=pd.Index(index, name=row_axis, dtype=object),
                        columns=pd.Index(columns, name=col_axis, dtype=object), dtype=object)
     for (r, c), symbol in symbols.items():

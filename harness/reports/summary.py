@@ -15,7 +15,7 @@ from typing import Any, cast
 from harness.outcome import NOT_COUNTED, PASSING, CellRecord
 from harness.reports.frame import result_rows, token_columns
 from harness.reports.markdown import one_line, table
-from harness.reports.matrices import LEGEND, PAIRS, SYMBOLS, support_grid
+from harness.reports.matrices import LEGEND, PAIRS, SYMBOLS, pivot_row, support_grid
 from harness.reports.run_info import fmt_duration, run_field, run_label, wall_time
 from harness.store.rows import RunRow
 from harness.reports.stats import fmt_rate, fmt_speedup, is_failing, totals
@@ -138,7 +138,8 @@ def _not_counted(frame: Rows) -> str:
 def _matrices(frame: Rows) -> str:
     parts = ["## Support matrices", LEGEND]
     for row_axis, col_axis in PAIRS:  # the pivots of matrices.support_matrices, printed without a frame
-        index, columns, symbols = support_grid((r[row_axis], r[col_axis], r["status"]) for r in frame)
+        index, columns, symbols = support_grid((pivot_row(row_axis, r[row_axis], r.get("engine")), r[col_axis], r["status"])
+                                               for r in frame)
         parts.append(f"### {row_axis} × {col_axis}")
         rows = [(i, *(symbols.get((i, c), SYMBOLS["untested"]) for c in columns)) for i in index]
         parts.append(table([row_axis, *columns], rows) if index and columns else "No cells.")

@@ -73,3 +73,14 @@ def test_aggregation_across_other_axes(row):
     m = support_matrices(rows)["model_x_graph"]
     assert m.loc[M1].to_dict() == {"breakable": "➖", "full": "❌", "piecewise": "⚠"}
 
+
+
+def test_another_engines_cells_are_rows_of_their_own(row):
+    """SGLang's verdicts never mix with pcg's in an entry: a failing SGLang breakable cell leaves pcg's ✅."""
+    rows = [row("a", "pass", graph="breakable"), row("b", "fail_capture", graph="breakable", engine="sglang")]
+    m = support_matrices(rows)["model_x_graph"]
+    assert m.loc[M1, "breakable"] == "✅" and m.loc[f"{M1} [sglang]", "breakable"] == "❌"
+    from harness.reports.summary import summary_markdown
+
+    graphs = summary_markdown(None, rows).split("### model × graph")[1]
+    assert f"{M1} [sglang]" in graphs and "❌" in graphs and "✅" in graphs
