@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -103,6 +104,10 @@ class PieceRunner(torch.nn.Module):
         elif ctx.mode is CaptureMode.CAPTURE:
             assert ctx.bucket is not None  # a capture is of one bucket
             return self._capture(ctx.bucket, ctx.attn_metadata, args) if self.split else self._record(ctx.bucket, args)
+        elif ctx.mode is CaptureMode.WARMUP and self.split and ctx.bucket is not None:
+            for fresh in self.variants(ctx.bucket)[1:]:  # every other variant warmed on the warm-up's real inputs,
+                with _variant(ctx.attn_metadata, fresh):  # then the plain one, whose output the pieces after read
+                    self.fn(*args)
         return self.fn(*args)
 
     def _record(self, key: GraphKey, args: tuple[Any, ...]) -> Any:
@@ -117,12 +122,8 @@ class PieceRunner(torch.nn.Module):
         with their outputs weakly held, let them land on memory a later piece reads)."""
         out = self._record(graph_key(bucket, False), args)
         for fresh in self.variants(bucket)[1:]:
-            md.fresh_path = fresh
-            try:
-                self.fn(*args)  # its warm-up (the plain variant's was the warm-up forward's)
+            with _variant(md, fresh):
                 other = self._record(graph_key(bucket, fresh), args)
-            finally:
-                md.fresh_path = False
             if _data_ptrs(other) != _data_ptrs(out):  # split ops write into `out` arguments and return nothing
                 raise RuntimeError(f"piecewise: split op variant {graph_key(bucket, fresh)} returned its output "
                                    "elsewhere than its plain variant, where the pieces after it read")
@@ -131,6 +132,16 @@ class PieceRunner(torch.nn.Module):
     def key(self, bucket: int, fresh_path: bool) -> GraphKey:
         """A split op's graphs are kept per variant; a piece's per bucket."""
         return graph_key(bucket, self.split and fresh_path)
+
+
+@contextmanager
+def _variant(md: Any, fresh: bool) -> Iterator[None]:
+    """The forward's metadata at another variant for the block (the engine decides it per forward otherwise)."""
+    md.fresh_path = fresh
+    try:
+        yield
+    finally:
+        md.fresh_path = False
 
 
 def _data_ptrs(out: Any) -> list[int]:
