@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pcg_core.engine import SequenceOutput
 
-GENERATE, HEALTH, METRICS = "/generate", "/health", "/metrics"
+GENERATE, HEALTH, METRICS, FLUSH = "/generate", "/health", "/metrics", "/flush_cache"
 GRAPH_PASSES = "sglang:cuda_graph_passes_total"  # its `mode` label: prefill_cuda_graph, prefill_none, decode_…
 
 

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+import httpx
+
 from harness.cards import find_card
 from harness.cell.judge.tolerances import LOGPROB_TOL
 from harness.cell.prompts import Case, prompt_suite
@@ -30,6 +32,8 @@ from pcg_core.engine import SequenceOutput
 from pcg_core.model.loader import shrink_config
 
 Outputs = dict[str, list[SequenceOutput]]
+# A server that died, never became healthy, broke a connection, answered an error or something not SGLang's API
+SERVER_ERRORS = (ServerDied, TimeoutError, OSError, httpx.HTTPError, ValueError)
 # Synthetic weights in these schemes need the checkpoint's quantization_config in the config SGLang reads.
 QUANT_CONFIGS: dict[str, dict | None] = {
     "none": None,
@@ -72,6 +76,7 @@ def _run_suite(client: SGLangClient, cases: list[Case], top_k: int,
     """Each case's rounds as requests in order (a later round reuses what the server cached of an earlier one);
     `passes`, when given, gets each case's prefill forwards by how they ran."""
     out: Outputs = {}
+    client.flush_cache()
     for case in cases:
         before = client.graph_passes() if passes is not None else None
         got: list[SequenceOutput] = []
@@ -113,13 +118,13 @@ def run_sglang_cell(spec: CellSpec, workdir: Path, health_timeout_s: float = 900
     try:
         with serve(False) as server:
             ref, ref_again = _run_suite(server, cases, spec.top_k), _run_suite(server, cases, spec.top_k)
-    except (ServerDied, TimeoutError, OSError) as e:
+    except SERVER_ERRORS as e:
         return _ended(Status.EAGER_FAIL, f"the reference server (prefill graphs disabled): {e}", metrics, t0)
     passes: dict[str, GraphPasses] = {}
     try:
         with serve(True) as server:
             cand = _run_suite(server, cases, spec.top_k, passes)
-    except (ServerDied, TimeoutError, OSError) as e:
+    except SERVER_ERRORS as e:
         return _ended(Status.FAIL_CAPTURE, f"the candidate server (prefill {spec.graph}): {e}", metrics, t0)
     status, reason, judgement = judge_sglang(cases, ref, ref_again, cand, passes, largest, tol)
     for name, value in asdict(judgement).items():

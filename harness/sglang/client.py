@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.sglang.api import GENERATE, GRAPH_PASSES, HEALTH, METRICS, GenerateRequest, GenerateResult, SamplingParams
+from harness.sglang.api import (FLUSH, GENERATE, GRAPH_PASSES, HEALTH, METRICS, GenerateRequest, GenerateResult,
+                                SamplingParams)
 from pcg_core.engine import SequenceOutput
 
 
@@ -81,6 +82,10 @@ class SGLangClient:
         if len(results) != len(prompts):
             raise ValueError(f"{GENERATE} answered {len(results)} sequences for {len(prompts)} prompts")
         return [GenerateResult.model_validate(x).to_output(p) for x, p in zip(results, prompts)]
+
+    def flush_cache(self) -> None:
+        """Drop what the server's prefix cache holds, so a second run of the suite computes what the first did."""
+        self.http.post(FLUSH).raise_for_status()
 
     def graph_passes(self) -> GraphPasses:
         r = self.http.get(METRICS)

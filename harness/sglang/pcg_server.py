@@ -15,7 +15,8 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from harness.sglang.api import GENERATE, GRAPH_PASSES, HEALTH, METRICS, GenerateRequest, GenerateResult, MetaInfo, triples
+from harness.sglang.api import (FLUSH, GENERATE, GRAPH_PASSES, HEALTH, METRICS, GenerateRequest, GenerateResult, MetaInfo,
+                                triples)
 from pcg_core.engine import Engine, SequenceOutput
 
 
@@ -35,6 +36,10 @@ def make_app(engine: Engine) -> FastAPI:
     @app.get(HEALTH)
     def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.post(FLUSH)
+    def flush() -> dict[str, str]:
+        return {"status": "ok"}  # every generate() starts from an empty cache
 
     @app.get(METRICS, response_class=PlainTextResponse)
     def metrics() -> str:
