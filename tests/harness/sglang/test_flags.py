@@ -73,11 +73,13 @@ def test_the_precheck_says_why_an_sglang_cell_does_not_run_here(monkeypatch):
     assert sglang_reason(_spec(), 1, 1) is None  # it runs
 
 
-def test_the_matrix_precheck_sends_sglang_cells_to_sglangs_own():
+def test_the_matrix_precheck_sends_sglang_cells_to_sglangs_own(monkeypatch, tmp_path):
     cells = [c for c in expand(load_matrix("harness/configs/nightly.yaml"), filters=[{"engine": "sglang"}])]
     assert cells and all(c.axes["engine"] == "sglang" and c.axes["graph"] in ("full", "breakable") for c in cells)
     caps = {"cuda_devices": 0}  # nothing pcg's capability table says applies to SGLang's kernels
-    assert all("CUDA" in precheck(c, caps, {}) or "not installed" in precheck(c, caps, {}) for c in cells)
+    monkeypatch.setenv("PCG_SGLANG_PYTHON", str(tmp_path / "no-python"))
+    assert {precheck(c, caps, {}) for c in cells} == {sglang_reason(cells[0].spec, 1, 0)}
+    assert "not installed for" in sglang_reason(cells[0].spec, 1, 0)
 
 
 def _nightly_sglang_argvs(tmp_path) -> list[tuple[str, list[str]]]:
