@@ -78,7 +78,7 @@ def _run_suite(client: SGLangClient, cases: list[Case], top_k: int,
     out: Outputs = {}
     client.flush_cache()
     for case in cases:
-        before = client.graph_passes() if passes is not None else None
+        before = client.graph_passes() if passes is not None else GraphPasses()
         got: list[SequenceOutput] = []
         for prompts, new, _, _ in case.round_parts():
             outs: list[SequenceOutput | None] = [None] * len(prompts)
@@ -88,7 +88,7 @@ def _run_suite(client: SGLangClient, cases: list[Case], top_k: int,
                     outs[i] = o
             got += [o for o in outs if o is not None]
         out[case.name] = got
-        if passes is not None and before is not None:
+        if passes is not None:
             passes[case.name] = client.graph_passes().since(before)
     return out
 

@@ -9,7 +9,9 @@ A forward counts as a graph pass only where the engine holds CUDA graphs and rep
 from __future__ import annotations
 
 import argparse
+import json
 import threading
+from pathlib import Path
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import PlainTextResponse
@@ -103,9 +105,6 @@ def parse_flags(argv: list[str]) -> argparse.Namespace:
 
 
 def engine_from_flags(a: argparse.Namespace) -> Engine:
-    import json
-    from pathlib import Path
-
     import torch
 
     from pcg_core import CaptureConfig, EngineConfig, load_model

@@ -4,6 +4,7 @@ sglang 0.5.23's own ServerArgs parser for every SGLang cell of the nightly matri
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -58,7 +59,7 @@ def test_the_two_servers_differ_only_in_their_prefill_graphs():
 def test_axes_sglang_has_no_flags_for_are_refused_saying_which(change, words):
     spec = _spec(**change)
     assert words in unsupported_reason(spec)
-    with pytest.raises(ValueError, match="SGLang|sglang|compiler"):
+    with pytest.raises(ValueError, match=re.escape(words)):
         server_flags(spec, "/m", 1, True)
 
 
