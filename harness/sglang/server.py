@@ -53,20 +53,43 @@ def running_server(flags: Sequence[str], port: int, log_path: Path, health_timeo
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM to the server's process group, SIGKILL to what is left after `grace_s`."""
+    """SIGTERM to the server's process group, SIGKILL to what is left after `grace_s`; returns once no process of
+    the group is left running (a member killed but not yet scheduled to die would still hold its GPU memory)."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             break
+        deadline = time.monotonic() + wait
         try:
             proc.wait(timeout=wait)
-            os.killpg(proc.pid, 0)  # the leader is gone; are others of its group left?
         except subprocess.TimeoutExpired:
             continue
-        except ProcessLookupError:
+        while _group_running(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _group_running(proc.pid):
             break
     proc.wait()
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group `pgid` is alive and not a zombie. A zombie is dead (its memory freed) but still
+    answers `killpg(pgid, 0)`; a container's init may never reap the children a dead leader leaves it."""
+    proc_root = Path("/proc")
+    if not proc_root.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in proc_root.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone while we looked
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def _tail(path: Path, chars: int = 1500) -> str:

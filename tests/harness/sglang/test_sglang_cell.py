@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import json
 import sys
+import time
 
 import pytest
 
@@ -145,10 +146,30 @@ def test_a_server_never_healthy_is_torn_down_with_its_children(tmp_path):
     pids = tmp_path / "pids"
     script = (f"import os, subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
               f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}'); time.sleep(600)")
-    with pytest.raises(TimeoutError, match="not healthy after 3 s"):
-        with running_server([], 1, tmp_path / "s.log", 3, command=(sys.executable, "-c", script)):
+    with pytest.raises(TimeoutError, match="not healthy after 8 s"):
+        with running_server([], 1, tmp_path / "s.log", 8, command=(sys.executable, "-c", script)):
             pass
     for pid in map(int, pids.read_text().split()):
         stat = Path(f"/proc/{pid}/stat")
         # gone, or a zombie left for an init that does not reap (a container's): dead either way
         assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
+
+
+def test_stop_group_returns_once_a_child_ignoring_sigterm_is_dead(tmp_path):
+    """A scheduler process that ignores SIGTERM outlives its leader; stop_group kills it and returns only when no
+    process of the group is left running (checked through /proc, where a zombie is dead)."""
+    import subprocess
+
+    from harness.sglang.server import _group_running, stop_group
+
+    pids = tmp_path / "pids"
+    child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    script = (f"import os, subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(1); "
+              f"open({str(pids)!r}, 'w').write(str(c.pid)); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not pids.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _group_running(proc.pid)
+    stop_group(proc, grace_s=1.0)
+    assert not _group_running(proc.pid)
