@@ -96,9 +96,12 @@ def parallel_gpus(parallel: str) -> int:
 # dpN: N ranks attending over their own sequences, MoE blocks over every rank's tokens
 # (pcg_core.distributed.data_parallel); epN: the same, each rank holding 1/N of the routed experts whole.
 PP_DEGREES = DP_DEGREES = (2, 4)  # proved on four gloo ranks (tests/harness/cell/test_run_cell_four_ranks.py)
+# Pipeline stages that each run another mode over a group of their own (pcg_core.distributed.stage_groups): two
+# stages of TP2, of DP2 attention, of EP2 by all-to-all, of TP2 with whole experts (the same four-rank test).
+PP_STAGED = ("tp2-pp2", "pp2-dp2", "pp2-ep2", "tp2-pp2-ep2")
 PARALLEL = {m: parallel_gpus(m) for m in (*(f"tp{n}" for n in TP_DEGREES), *(f"tp{n}-ep{n}" for n in TP_DEGREES if n > 1),
                                           *(f"pp{n}" for n in PP_DEGREES), *(f"dp{n}" for n in DP_DEGREES),
-                                          *(f"ep{n}" for n in DP_DEGREES))}
+                                          *(f"ep{n}" for n in DP_DEGREES), *PP_STAGED)}
 # Graph modes a parallel kind cannot run under, and why (the matrix pre-check and a cell asked directly say it alike).
 PARALLEL_GRAPH_LIMITS = {("pp", "full"): "pipeline stages hand their hidden state on between graphs (send/recv are "
                                          "never recorded), and full records the whole forward in one graph"}
@@ -133,8 +136,10 @@ def checkpoint_limits(quant: str) -> dict[str, str]:
 
 _NOT_YET = {"ep": "expert parallelism over more ranks than TP with TP > 1 is not run yet; tpN-epN spreads whole "
                   "experts over the N TP ranks, epN over N data-parallel attention ranks (all-to-all dispatch)",
-            "pp": "pipeline parallelism combined with other kinds is not run yet (ppN alone is)",
-            "dp": "data-parallel attention combined with other kinds is not run yet (dpN alone is)"}
+            "pp": f"pipeline parallelism runs alone (ppN) or as two stages of another mode ({', '.join(PP_STAGED)}); "
+                  "this combination is not run yet",
+            "dp": "data-parallel attention combined with tensor parallelism is not run yet (dpN alone is, and as "
+                  "pipeline stages: pp2-dp2)"}
 
 
 def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL, graph: str | None = None) -> str | None:

@@ -13,6 +13,7 @@ from pcg_core.config import EngineConfig
 from pcg_core.capture.registry import get_capture_backend
 from pcg_core.distributed import ParallelGroup, env_world_size, init_from_env, shard_model
 from pcg_core.distributed.data_parallel import data_parallel_model
+from pcg_core.distributed.group import stage_groups
 from pcg_core.distributed.pipeline import pipeline_model
 from pcg_core.distributed.quant import emulate_row_shards, scheme_for_shards
 from pcg_core.distributed.shard import shard_experts_by_index
@@ -42,17 +43,29 @@ def parallel_group(spec: CellSpec) -> ParallelGroup | None:
 
 def keep_rank_part(model: PreTrainedModel, group: ParallelGroup, spec: CellSpec) -> str | None:
     """Cut `model` (built whole, the same on every rank) down to this rank's part for parallel mode spec.parallel, in
-    place: pipeline stages, data-parallel attention with expert parallelism beside it (epN alone: each rank's
-    experts reached by all-to-all dispatch, or, under a capture backend that records every op in one graph, by the
+    place: pipeline stages (ppN alone, or each stage a group of its own running the rest of the mode: tp2-pp2 is two
+    stages of TP2), then data-parallel attention with expert parallelism beside it (epN alone: each rank's experts
+    reached by all-to-all dispatch, or, under a capture backend that records every op in one graph, by the
     all-gather form, whose shapes are static), or tensor-parallel shards (tpN-epN: whole experts per rank). Returns
     how the experts are reached ("all_to_all", "all_gather", "all_reduce"; None: no experts spread)."""
     mode = parse_parallel(spec.parallel)
+    stages = mode.pop("pp", 1)
+    if stages > 1:
+        if stages == group.size:
+            pipeline_model(model, group)
+            return None
+        stage, pipe = stage_groups(group, stages)
+        dispatch = _stage_part(model, stage, mode, spec.graph)
+        pipeline_model(model, pipe)
+        return dispatch
+    return _stage_part(model, group, mode, spec.graph)
+
+
+def _stage_part(model: PreTrainedModel, group: ParallelGroup, mode: dict[str, int], graph: str) -> str | None:
+    """keep_rank_part within one pipeline stage (the whole world where there is none): `mode` without pp."""
     ep = mode.get("ep", 1)
-    if mode.get("pp", 1) > 1:
-        pipeline_model(model, group)
-        return None
     if mode.get("dp", 1) > 1 or mode.get("tp", 1) < ep:
-        one_graph = bool(getattr(get_capture_backend(spec.graph), "requires_capturable_attention"))  # full
+        one_graph = bool(getattr(get_capture_backend(graph), "requires_capturable_attention"))  # full
         all_to_all = ep > 1 and not one_graph
         data_parallel_model(model, group, gather_moe=not all_to_all)
         if ep > 1:

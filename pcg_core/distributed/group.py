@@ -95,6 +95,20 @@ def register_group(group: dist.ProcessGroup) -> ParallelGroup:
                          backend=dist.get_backend(group))
 
 
+def stage_groups(world: ParallelGroup, stages: int) -> tuple[ParallelGroup, ParallelGroup]:
+    """(this rank's stage group, its pipeline group) for a world of `stages` pipeline stages: ranks are laid out stage
+    by stage (stage s holds world ranks s·n … s·n + n − 1, n = world size / stages, as vLLM and Megatron lay out PP
+    outermost), so a stage group is n consecutive ranks (its TP, DP or EP collectives) and a pipeline group the ranks
+    at the same place of every stage (the hand-off between stages). Every rank makes every group, in one order, as
+    torch's new_group requires; each is registered by name like the world."""
+    if stages < 1 or world.size % stages:
+        raise ValueError(f"{stages} pipeline stages do not divide a world of {world.size} ranks")
+    n = world.size // stages
+    stage, _ = dist.new_subgroups_by_enumeration([[s * n + i for i in range(n)] for s in range(stages)], timeout=TIMEOUT)
+    pipe, _ = dist.new_subgroups_by_enumeration([[s * n + i for s in range(stages)] for i in range(n)], timeout=TIMEOUT)
+    return register_group(stage), register_group(pipe)
+
+
 def get_group(name: str) -> dist.ProcessGroup:
     """The group registered under `name` (init_from_env); a KeyError names the registered ones."""
     try:

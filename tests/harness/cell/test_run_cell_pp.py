@@ -105,4 +105,6 @@ def test_the_pre_check_names_what_pp_cannot_run_under():
     assert parallel_unsupported_reason("pp2", graph="piecewise") is None
     assert parallel_unsupported_reason("pp2", graph="breakable") is None
     assert "between graphs" in parallel_unsupported_reason("pp2", graph="full")
-    assert "combined with other kinds" in parallel_unsupported_reason("tp2-pp2")
+    assert parallel_unsupported_reason("tp2-pp2", graph="breakable") is None
+    assert "between graphs" in parallel_unsupported_reason("tp2-pp2", graph="full")
+    assert "as two stages of another mode" in parallel_unsupported_reason("pp2-dp4")
