@@ -96,12 +96,16 @@ def parallel_gpus(parallel: str) -> int:
 # dpN: N ranks attending over their own sequences, MoE blocks over every rank's tokens
 # (pcg_core.distributed.data_parallel); epN: the same, each rank holding 1/N of the routed experts whole.
 PP_DEGREES = DP_DEGREES = (2, 4)  # proved on four gloo ranks (tests/harness/cell/test_run_cell_four_ranks.py)
-# Pipeline stages that each run another mode over a group of their own (pcg_core.distributed.stage_groups): two
-# stages of TP2, of DP2 attention, of EP2 by all-to-all, of TP2 with whole experts (the same four-rank test).
+# Modes of several kinds (pcg_core.distributed.mesh_groups lays their ranks out): two pipeline stages each running
+# another mode over a stage group of its own (TP2, DP2 attention, EP2 by all-to-all, TP2 with whole experts); TP2
+# attention in two data-parallel groups, the experts split by TP, by expert index within each TP group, or over all
+# four ranks (tp2-ep4: the attention replicated as two DP groups, as vLLM's EP = TP × DP). Four gloo ranks each
+# (tests/harness/cell/test_run_cell_four_ranks.py).
 PP_STAGED = ("tp2-pp2", "pp2-dp2", "pp2-ep2", "tp2-pp2-ep2")
+TP_DP = ("tp2-dp2", "tp2-dp2-ep2", "tp2-dp2-ep4", "tp2-ep4")
 PARALLEL = {m: parallel_gpus(m) for m in (*(f"tp{n}" for n in TP_DEGREES), *(f"tp{n}-ep{n}" for n in TP_DEGREES if n > 1),
                                           *(f"pp{n}" for n in PP_DEGREES), *(f"dp{n}" for n in DP_DEGREES),
-                                          *(f"ep{n}" for n in DP_DEGREES), *PP_STAGED)}
+                                          *(f"ep{n}" for n in DP_DEGREES), *PP_STAGED, *TP_DP)}
 # Graph modes a parallel kind cannot run under, and why (the matrix pre-check and a cell asked directly say it alike).
 PARALLEL_GRAPH_LIMITS = {("pp", "full"): "pipeline stages hand their hidden state on between graphs (send/recv are "
                                          "never recorded), and full records the whole forward in one graph"}
@@ -134,12 +138,12 @@ def checkpoint_limits(quant: str) -> dict[str, str]:
     return dict(QUANT_CHECKPOINT_LIMITS)
 
 
-_NOT_YET = {"ep": "expert parallelism over more ranks than TP with TP > 1 is not run yet; tpN-epN spreads whole "
-                  "experts over the N TP ranks, epN over N data-parallel attention ranks (all-to-all dispatch)",
+_NOT_YET = {"ep": "expert parallelism over more ranks than TP with TP > 1 runs as tp2-ep4 only; tpN-epN spreads "
+                  "whole experts over the N TP ranks, epN over N data-parallel attention ranks (all-to-all dispatch)",
             "pp": f"pipeline parallelism runs alone (ppN) or as two stages of another mode ({', '.join(PP_STAGED)}); "
                   "this combination is not run yet",
-            "dp": "data-parallel attention combined with tensor parallelism is not run yet (dpN alone is, and as "
-                  "pipeline stages: pp2-dp2)"}
+            "dp": f"data-parallel attention combined with other kinds runs as {', '.join(TP_DP[:3])} and pp2-dp2; "
+                  "this combination is not run yet"}
 
 
 def parallel_unsupported_reason(parallel: str, supported: Iterable[str] = PARALLEL, graph: str | None = None) -> str | None:

@@ -13,12 +13,12 @@ from pcg_core.config import EngineConfig
 from pcg_core.capture.registry import get_capture_backend
 from pcg_core.distributed import ParallelGroup, env_world_size, init_from_env, shard_model
 from pcg_core.distributed.data_parallel import data_parallel_model
-from pcg_core.distributed.group import stage_groups
+from pcg_core.distributed.group import Mesh, mesh_groups
 from pcg_core.distributed.pipeline import pipeline_model
 from pcg_core.distributed.quant import emulate_row_shards, scheme_for_shards
 from pcg_core.distributed.shard import shard_experts_by_index
 from pcg_core.engine import Engine, SequenceOutput
-from pcg_core.errors import ConfigError
+from pcg_core.errors import ConfigError, UnsupportedModel
 from pcg_core.known import parse_parallel, world_size
 from pcg_core.model import load_model
 from pcg_core.quant import get_scheme, quantize_model
@@ -43,36 +43,43 @@ def parallel_group(spec: CellSpec) -> ParallelGroup | None:
 
 def keep_rank_part(model: PreTrainedModel, group: ParallelGroup, spec: CellSpec) -> str | None:
     """Cut `model` (built whole, the same on every rank) down to this rank's part for parallel mode spec.parallel, in
-    place: pipeline stages (ppN alone, or each stage a group of its own running the rest of the mode: tp2-pp2 is two
-    stages of TP2), then data-parallel attention with expert parallelism beside it (epN alone: each rank's experts
-    reached by all-to-all dispatch, or, under a capture backend that records every op in one graph, by the
-    all-gather form, whose shapes are static), or tensor-parallel shards (tpN-epN: whole experts per rank). Returns
-    how the experts are reached ("all_to_all", "all_gather", "all_reduce"; None: no experts spread)."""
+    place. Pipeline stages (ppN alone, or each stage a group of its own running the rest of the mode: tp2-pp2 is two
+    stages of TP2); within a stage: data-parallel attention with expert parallelism beside it (epN alone: each rank's
+    experts reached by all-to-all dispatch, or, under a capture backend that records every op in one graph, by the
+    all-gather form, whose shapes are static), tensor-parallel shards (tpN-epN: whole experts per rank), or both
+    (tp2-dp2, tp2-ep4: TP attention in data-parallel groups). Returns how the experts are reached ("all_to_all",
+    "all_gather", "all_reduce"; None: no experts spread)."""
     mode = parse_parallel(spec.parallel)
-    stages = mode.pop("pp", 1)
-    if stages > 1:
-        if stages == group.size:
-            pipeline_model(model, group)
-            return None
-        stage, pipe = stage_groups(group, stages)
-        dispatch = _stage_part(model, stage, mode, spec.graph)
-        pipeline_model(model, pipe)
-        return dispatch
-    return _stage_part(model, group, mode, spec.graph)
+    stages = mode.get("pp", 1)
+    if stages == group.size:
+        pipeline_model(model, group)
+        return None
+    mesh = mesh_groups(group, stages, mode.get("tp", 1))
+    dispatch = _stage_part(model, mesh, mode, spec.graph)
+    if mesh.pipe is not None:
+        pipeline_model(model, mesh.pipe)
+    return dispatch
 
 
-def _stage_part(model: PreTrainedModel, group: ParallelGroup, mode: dict[str, int], graph: str) -> str | None:
-    """keep_rank_part within one pipeline stage (the whole world where there is none): `mode` without pp."""
-    ep = mode.get("ep", 1)
-    if mode.get("dp", 1) > 1 or mode.get("tp", 1) < ep:
+def _stage_part(model: PreTrainedModel, mesh: Mesh, mode: dict[str, int], graph: str) -> str | None:
+    """keep_rank_part within one pipeline stage (the whole world where there is none)."""
+    tp, ep, stage = mode.get("tp", 1), mode.get("ep", 1), mesh.stage
+    if mesh.tp is not None and mesh.dp is not None:  # TP attention in DP groups; experts by TP, by TP group or over all
+        if ep not in (1, tp, stage.size):
+            raise UnsupportedModel(f"tp{tp}-ep{ep}: experts spread over {ep} of a stage's {stage.size} ranks (neither "
+                                   f"the TP group's {tp} nor all of them) is not run yet")
+        shard_model(model, mesh.tp, expert_parallel=ep > 1, expert_group=mesh.tp if ep == tp else stage)
+        data_parallel_model(model, mesh.dp, gather_moe=True)
+        return None if ep == 1 else "all_reduce" if ep == tp else "all_gather"
+    if mode.get("dp", 1) > 1 or tp < ep:
         one_graph = bool(getattr(get_capture_backend(graph), "requires_capturable_attention"))  # full
         all_to_all = ep > 1 and not one_graph
-        data_parallel_model(model, group, gather_moe=not all_to_all)
+        data_parallel_model(model, stage, gather_moe=not all_to_all)
         if ep > 1:
-            shard_experts_by_index(model, group, dispatch=all_to_all)
+            shard_experts_by_index(model, stage, dispatch=all_to_all)
             return "all_to_all" if all_to_all else "all_gather"
         return None
-    shard_model(model, group, expert_parallel=ep > 1)
+    shard_model(model, stage, expert_parallel=ep > 1)
     return "all_reduce" if ep > 1 else None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import torch
@@ -95,18 +95,41 @@ def register_group(group: dist.ProcessGroup) -> ParallelGroup:
                          backend=dist.get_backend(group))
 
 
-def stage_groups(world: ParallelGroup, stages: int) -> tuple[ParallelGroup, ParallelGroup]:
-    """(this rank's stage group, its pipeline group) for a world of `stages` pipeline stages: ranks are laid out stage
-    by stage (stage s holds world ranks s·n … s·n + n − 1, n = world size / stages, as vLLM and Megatron lay out PP
-    outermost), so a stage group is n consecutive ranks (its TP, DP or EP collectives) and a pipeline group the ranks
-    at the same place of every stage (the hand-off between stages). Every rank makes every group, in one order, as
-    torch's new_group requires; each is registered by name like the world."""
-    if stages < 1 or world.size % stages:
-        raise ValueError(f"{stages} pipeline stages do not divide a world of {world.size} ranks")
+@dataclass(frozen=True)
+class Mesh:
+    """This rank's groups in a world laid out pipeline stage by stage, and inside a stage data-parallel group by
+    group of consecutive tensor-parallel ranks (rank = stage·n + d·tp + t, n ranks a stage: PP outermost and TP
+    innermost, as vLLM and Megatron lay them out). `stage`: the ranks of this rank's stage (the world without PP);
+    `pipe`: the ranks at its place in every stage (the hand-off), None without PP; `tp` and `dp`: within the stage,
+    this rank's TP ranks and the ranks at its place in every TP group, None unless the stage has both (tp2-dp2)."""
+
+    stage: ParallelGroup
+    pipe: ParallelGroup | None = None
+    tp: ParallelGroup | None = None
+    dp: ParallelGroup | None = None
+
+
+def mesh_groups(world: ParallelGroup, stages: int, tp: int) -> Mesh:
+    """The Mesh of this rank for `stages` pipeline stages of TP degree `tp`. Every rank makes every group, in one
+    order, as torch's new_group requires (a rank that made only its own would hang the others); each is registered
+    by name like the world."""
+    if stages < 1 or world.size % stages or (world.size // stages) % tp:
+        raise ValueError(f"{stages} pipeline stages of tp{tp} do not divide a world of {world.size} ranks")
     n = world.size // stages
-    stage, _ = dist.new_subgroups_by_enumeration([[s * n + i for i in range(n)] for s in range(stages)], timeout=TIMEOUT)
-    pipe, _ = dist.new_subgroups_by_enumeration([[s * n + i for s in range(stages)] for i in range(n)], timeout=TIMEOUT)
-    return register_group(stage), register_group(pipe)
+    dps = n // tp
+
+    def make(ranks: list[list[int]]) -> ParallelGroup:
+        mine, _ = dist.new_subgroups_by_enumeration(ranks, timeout=TIMEOUT)
+        return register_group(mine)
+
+    mesh = Mesh(stage=world)
+    if stages > 1:
+        mesh = Mesh(stage=make([[s * n + j for j in range(n)] for s in range(stages)]),
+                    pipe=make([[s * n + j for s in range(stages)] for j in range(n)]))
+    if tp > 1 and dps > 1:
+        mesh = replace(mesh, tp=make([[s * n + d * tp + t for t in range(tp)] for s in range(stages) for d in range(dps)]),
+                       dp=make([[s * n + d * tp + t for d in range(dps)] for s in range(stages) for t in range(tp)]))
+    return mesh
 
 
 def get_group(name: str) -> dist.ProcessGroup:

@@ -131,11 +131,13 @@ def _is_experts(m: torch.nn.Module) -> bool:
     return isinstance(w, torch.Tensor) and w.dim() == 3 and hasattr(m, "num_experts")
 
 
-def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: bool = False) -> TensorParallel:
+def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: bool = False,
+                expert_group: ParallelGroup | None = None) -> TensorParallel:
     """Shard `model` (built whole, the same weights on every rank) for `group` in place; returns the record, also
     set on the model as `pcg_tensor_parallel`. A model the plan does not cover raises UnsupportedModel with why.
     `expert_parallel` (tpN-epN): fused experts split by expert index, whole experts per rank, instead of every
-    expert by its intermediate size; a model without experts is refused."""
+    expert by its intermediate size, over `expert_group` where given (tp2-ep4: TP2 attention in two data-parallel
+    groups, the experts over all four ranks), else over `group`; a model without experts is refused."""
     if tensor_parallel_of(model) is not None:
         raise ValueError(f"{type(model).__name__} is already sharded (pcg_tensor_parallel is set); shard a model once")
     config = model.config
@@ -146,8 +148,8 @@ def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: b
         raise UnsupportedModel(f"tp{group.size}: transformers' plan has styles pcg does not apply yet: {'; '.join(bad)}")
     decoder = model.get_decoder()
     if expert_parallel and not any(_is_experts(m) for m in decoder.modules()):
-        raise UnsupportedModel(f"ep{group.size}: {type(model).__name__} has no routed experts to spread (expert "
-                               "parallelism is for MoE models)")
+        raise UnsupportedModel(f"ep{(expert_group or group).size}: {type(model).__name__} has no routed experts to "
+                               "spread (expert parallelism is for MoE models)")
     text = config.get_text_config()
     kv_total = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     # More ranks than KV heads: each KV head is kept whole by tp / kv ranks (those whose query heads read it), as
@@ -157,7 +159,10 @@ def shard_model(model: PreTrainedModel, group: ParallelGroup, expert_parallel: b
     reduces = 0
     for name, m in list(decoder.named_modules()):
         if _is_experts(m):
-            (_experts_by_index if expert_parallel else _experts)(m, group, name)
+            if expert_parallel:
+                _experts_by_index(m, expert_group or group, name)
+            else:
+                _experts(m, group, name)
             reduces += 1
             continue
         style = style_for(plan, name)

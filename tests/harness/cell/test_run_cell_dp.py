@@ -163,5 +163,5 @@ def test_the_pre_check_runs_dp2_and_ep2_alone():
     assert parallel_unsupported_reason("dp2", graph="piecewise") is None
     assert parallel_unsupported_reason("ep2", graph="breakable") is None
     assert "data-parallel attention 8 is not run yet" in parallel_unsupported_reason("dp8")
-    assert "data-parallel attention combined with tensor parallelism" in parallel_unsupported_reason("tp2-dp2")
+    assert "data-parallel attention combined with other kinds" in parallel_unsupported_reason("tp4-dp2")
     assert parallel_unsupported_reason("pp2-dp2", graph="piecewise") is None

@@ -84,4 +84,5 @@ def test_the_nightly_fits_80_gib_gpus_and_its_parallel_cells_carry_their_gpu_cou
     cells = plan_module.plan(NIGHTLY, RunOptions()).cells
     assert not [c.key for c in cells if (c.unsupported or "").startswith("needs")]
     gpus = {c.axes["parallel"]: c.gpus for c in cells}
-    assert gpus == {"tp1": 1, "tp2": 2, "tp2-ep2": 2, "pp2": 2, "dp2": 2, "ep2": 2, "tp2-pp2": 4, "pp2-ep2": 4}
+    assert gpus == {"tp1": 1, "tp2": 2, "tp2-ep2": 2, "pp2": 2, "dp2": 2, "ep2": 2, "tp2-pp2": 4, "pp2-ep2": 4,
+                    "tp2-dp2": 4, "tp2-ep4": 4}

@@ -57,15 +57,16 @@ def test_all_reduce_is_a_split_op_and_the_table_says_where_it_runs():
 def test_parallel_modes_are_a_rule_and_the_reasons_name_what_is_missing():
     assert PARALLEL == {"tp1": 1, "tp2": 2, "tp4": 4, "tp8": 8, "tp2-ep2": 2, "tp4-ep4": 4, "tp8-ep8": 8, "pp2": 2,
                         "pp4": 4, "dp2": 2, "dp4": 4, "ep2": 2, "ep4": 4, "tp2-pp2": 4, "pp2-dp2": 4,
-                        "pp2-ep2": 4, "tp2-pp2-ep2": 4} and parallel_gpus("tp2-pp2-dp2-ep8") == 8 * 2
+                        "pp2-ep2": 4, "tp2-pp2-ep2": 4, "tp2-dp2": 4, "tp2-dp2-ep2": 4, "tp2-dp2-ep4": 4,
+                        "tp2-ep4": 4} and parallel_gpus("tp2-pp2-dp2-ep8") == 8 * 2
     assert parallel_unsupported_reason("tp2") is None and parallel_unsupported_reason("tp8") is None
     assert "tensor parallelism 16 is not run yet" in parallel_unsupported_reason("tp16")
     assert parallel_unsupported_reason("pp2") is None and PARALLEL["pp2"] == 2
     assert "pipeline parallelism 8 is not run yet" in parallel_unsupported_reason("pp8")
     assert parallel_unsupported_reason("tp2-pp2") is None and "this combination is not run yet" in parallel_unsupported_reason("tp4-pp2")
-    assert "data-parallel attention" in parallel_unsupported_reason("tp2-dp2")
+    assert parallel_unsupported_reason("tp2-dp2") is None and "data-parallel attention" in parallel_unsupported_reason("tp4-dp2")
     assert parallel_unsupported_reason("tp2-ep2") is None and PARALLEL["tp2-ep2"] == 2
-    assert "more ranks than TP with TP > 1" in parallel_unsupported_reason("tp2-ep4")
+    assert parallel_unsupported_reason("tp2-ep4") is None and "more ranks than TP with TP > 1" in parallel_unsupported_reason("tp2-ep8")
     assert parallel_unsupported_reason("ep2") is None and "expert parallelism 8 is not run yet" in parallel_unsupported_reason("ep8")
 
 
