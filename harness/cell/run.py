@@ -101,22 +101,26 @@ def recorded_settings(spec: CellSpec) -> CellMetrics:
                        logprob_tol=spec.logprob_tol, peaked=spec.peaked, memory_share=spec.memory_share)
 
 
-def _check_runtime(spec: CellSpec) -> None:
-    """A quantization or parallel mode the runtime lacks, or an attention backend that cannot run here (or cannot
-    run what the model card says it exercises), ends the cell as the matrix pre-check would have, before the model
-    is loaded; running the unquantized single-GPU cell instead would pass under the wrong name."""
+def runtime_reason(spec: CellSpec) -> str | None:
+    """Why the runtime cannot run `spec` (a quantization or parallel mode it lacks, an attention backend that cannot
+    run here or cannot run what the model card says it exercises), or None: what the matrix pre-check would say,
+    known before a model is loaded or a rank started."""
     if spec.engine != "pcg":  # the matrix's pre-check and `pcgh cell` send those to their engine's own runner
-        raise Stop(Status.UNSUPPORTED, f"run_cell runs pcg's engine; an {spec.engine} cell runs under harness/{spec.engine}/")
+        return f"run_cell runs pcg's engine; an {spec.engine} cell runs under harness/{spec.engine}/"
     card = find_card(spec.model)
     features = card.features if card else ()
     reason = (quant_unsupported_reason(spec.quant, features=features, real_weights=spec.weights == "real")
               or ((card.no_checkpoint_reason(spec.quant) or card.checkpoint_reason(spec.quant))
                   if card and spec.weights == "real" else None)
               or parallel_unsupported_reason(spec.parallel, graph=spec.graph))
-    if not reason:
-        reason = (attention_unsupported_reason(spec.attention, spec.device, features)
-                  or kv_cache_unsupported_reason(spec.kv_cache, spec.attention))
-    if reason:
+    return reason or attention_unsupported_reason(spec.attention, spec.device, features) or \
+        kv_cache_unsupported_reason(spec.kv_cache, spec.attention)
+
+
+def _check_runtime(spec: CellSpec) -> None:
+    """A cell the runtime cannot run ends as the matrix pre-check would have, before the model is loaded; running
+    the unquantized single-GPU cell instead would pass under the wrong name."""
+    if reason := runtime_reason(spec):
         raise Stop(Status.UNSUPPORTED, reason)
 
 

@@ -118,12 +118,13 @@ def spec_from_args(args: argparse.Namespace) -> CellSpec:
 
 def run(args: argparse.Namespace) -> int:
     from harness.cell import run_cell
+    from harness.cell.run import runtime_reason
 
     spec = spec_from_args(args)
     ranks = world_size(spec.parallel)  # checked by _parallel already
     if spec.engine == "sglang":
         outcome = _sglang(spec, ranks)
-    elif args.repeats == 1 and ranks == 1:
+    elif args.repeats == 1 and (ranks == 1 or runtime_reason(spec)):  # refused here, before any rank is started
         outcome = run_cell(spec)
     else:  # fresh processes: each repeat one, or a parallel cell one per rank
         outcome = _run_repeated(spec, args.repeats, ranks)
