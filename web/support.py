@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 
 from harness.outcome import AXES, CellRecord
 from harness.reports.markdown import one_line
+from harness.reports.matrices import pivot_row
 from harness.reports.stats import natural_key, status_class
 
 SUMMARY_AXES = ("model", "quant", "attention", "parallel")
@@ -128,14 +129,18 @@ def support(rows: Sequence[CellRecord], run_id: int) -> Support:
     """The run's support summary, in one pass over its cells plus one over the failing and unsupported ones."""
     out = Support(Tally())
     per_axis: dict[str, dict[str, Tally]] = {a: {} for a in SUMMARY_AXES}
+    filters: dict[str, dict[str, dict[str, str]]] = {a: {} for a in SUMMARY_AXES}  # each value's matrix filter
     failing, not_supported = [], []
     for r in rows:
         out.tally.add(r.status)
+        engine = r.axes.get("engine")
         for a in SUMMARY_AXES:
-            v = str(r.axes.get(a))
+            v = str(pivot_row(a, r.axes.get(a), engine))  # an SGLang cell's model is `model [sglang]`: never mixed
             t = per_axis[a].get(v)
             if t is None:
                 t = per_axis[a][v] = Tally()
+                shown = {a: str(r.axes.get(a))}
+                filters[a][v] = shown if v == shown[a] else {**shown, "engine": str(engine)}
             t.add(r.status)
         c = status_class(r.status)
         if c == "not_run":
@@ -143,7 +148,7 @@ def support(rows: Sequence[CellRecord], run_id: int) -> Support:
         elif c == "fail":
             failing.append(r)
     for a, values in per_axis.items():
-        out.by_axis[a] = [AxisValue(a, v, values[v], matrix_href(run_id, **{a: v}))
+        out.by_axis[a] = [AxisValue(a, v, values[v], matrix_href(run_id, **filters[a][v]))
                           for v in sorted(values, key=natural_key)]
     varying = {a for a in AXES if len({str(r.axes.get(a)) for r in rows}) > 1}  # the others say nothing
     ns, fl = _groups(not_supported, run_id, varying), _groups(failing, run_id, varying)

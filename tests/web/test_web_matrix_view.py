@@ -193,3 +193,17 @@ def test_the_api_gives_the_support_summary_the_page_shows(sqlite_client: TestCli
     hidden = sqlite_client.get("/api/matrix?run=3&unsupported=hide").json()
     assert (hidden["shown"], hidden["hidden"], hidden["total"]) == (22, 2, 24)
     assert sqlite_client.get("/api/matrix?run=3").json()["shown"] == 24  # the API shows every cell by default
+
+
+def test_an_sglang_cell_s_model_is_a_summary_row_of_its_own_linking_to_its_engine() -> None:
+    """pcg's and SGLang's verdicts on one model never share a tally: `model [sglang]` is its own row, its link
+    filters on the engine too."""
+    rows = [CellRecord(key="a", axes=axes("m:tiny", "full"), status="pass"),
+            CellRecord(key="b", axes={**axes("m:tiny", "full"), "engine": "sglang"}, status="fail_capture", reason="x")]
+    by_model = {v.value: v for v in support(rows, 7).by_axis["model"]}
+    assert set(by_model) == {"m:tiny", "m:tiny [sglang]"}
+    assert (by_model["m:tiny"].tally.passing, by_model["m:tiny"].tally.failing) == (1, 0)
+    assert (by_model["m:tiny [sglang]"].tally.passing, by_model["m:tiny [sglang]"].tally.failing) == (0, 1)
+    q = parse_qs(urlparse(by_model["m:tiny [sglang]"].href).query)
+    assert q["model"] == ["m:tiny"] and q["engine"] == ["sglang"]
+    assert "engine" not in parse_qs(urlparse(by_model["m:tiny"].href).query)
