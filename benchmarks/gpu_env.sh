@@ -3,6 +3,9 @@
 # machine's facts written to $OUT/env.txt.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+# NVLink multicast off in NCCL, PyTorch and NVSHMEM, always (the device machines' rule: a program using it can put a
+# host's shared GPUs out of service); exported here, so every cell, rank and torchrun below inherits it.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if compgen -G ".whl/*.whl" >/dev/null; then
   # once per machine: device scripts started side by side must not reinstall under each other's imports
   [[ -f /tmp/site/.installed ]] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \

@@ -11,6 +11,7 @@
 #   FRESH=1 bash benchmarks/gpu_nightly.sh starts tonight's run (later calls resume it)
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast off (gpu_env.sh)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=$PWD:/tmp/site || exit 1
 OUT=${OUT:-out}; mkdir -p "$OUT" .nightly
