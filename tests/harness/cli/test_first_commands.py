@@ -85,7 +85,7 @@ assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch 
     assert len(typo) == 1 and "field axes.graph.0: unknown capture backend 'piecewize'; did you mean 'piecewise'?" in typo[0]
     assert any("key.yaml:10: field defaults.tmeout_s: unknown key 'tmeout_s'; did you mean 'timeout_s'?" in e for e in errors)
     assert any(e.startswith("pcgh run: error: ") and "configs: is a folder, not a matrix file; e.g. "
-               f"{ROOT / 'harness' / 'configs' / 'smoke.yaml'} (files there: full.yaml, nightly.yaml, quick.yaml, smoke.yaml)" in e
+               f"{ROOT / 'harness' / 'configs' / 'smoke.yaml'} (files there: full.yaml, multi_gpu.yaml, nightly.yaml, quick.yaml, smoke.yaml)" in e
                for e in errors), errors
     assert any("tier 'dens' is not in matrix 'smoke'; did you mean 'dense'?" in e for e in errors)
     # the nightly matrix joins requested models to its model axis: its other axes are checked at once all the same
