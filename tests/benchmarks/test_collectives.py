@@ -21,7 +21,7 @@ def test_collectives_benchmark_runs_on_a_world_of_one(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert list(result["rows"]) == ["full, unsharded", "piecewise", "breakable", "full"]
-    assert result["ranks"] == 1 and result["all_reduces"] == 2 * 2 + 0  # 2 layers: o_proj and down_proj each
+    assert result["ranks"] == 1 and result["all_reduces"] == 4  # 2 layers: o_proj and down_proj each
     for name in ("piecewise", "breakable", "full"):
         assert all(result["rows"][name]["bitwise_equal_eager"].values()), name
     assert "| piecewise |" in run.stdout and "× full (captured)" in run.stdout

@@ -107,3 +107,17 @@ def test_modes_of_several_kinds_pass_on_four_ranks_and_ranks_in_the_wrong_group_
         assert status == Status.PASS, (model, parallel, graph, reason)
         assert tp1_diff is not None and tp1_diff < 1e-5, (model, parallel, graph, tp1_diff)
         assert how == DISPATCH[parallel], (parallel, how)
+
+
+def test_experts_over_neither_the_tp_group_nor_the_whole_stage_are_refused_before_any_group_is_used():
+    """tp2-dp4-ep4 (8 ranks): experts over 4 of 8, which is neither the TP group (2) nor every rank of the stage (8);
+    refused with the reason, never sharded half-way (no process group is touched: the groups here are only records)."""
+    from pcg_core.errors import UnsupportedModel
+    from pcg_core.distributed.group import Mesh
+
+    def group(rank: int, size: int) -> ParallelGroup:
+        return ParallelGroup(rank, size, f"fake{size}", "gloo")
+
+    mesh = Mesh(stage=group(0, 8), tp=group(0, 2), dp=group(0, 4))
+    with pytest.raises(UnsupportedModel, match="experts spread over 4 of a stage's 8 ranks"):
+        cell_parallel._stage_part(None, mesh, {"tp": 2, "dp": 4, "ep": 4}, "piecewise")
