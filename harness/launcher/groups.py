@@ -13,7 +13,9 @@ waited for and taken down.
   close_fds): when the runner dies, SIGKILL included, the worker's watchdog sees EOF and kills its group
   (worker.py). PR_SET_PDEATHSIG is not used: it fires when the *thread* that forked the worker exits, and its
   SIGKILL would beat the watchdog, leaving the worker's children behind;
-- each live worker has a record in the run's log folder until it is reaped (orphans.py), for a resume to find.
+- each live worker has a record in the run's log folder until it is reaped (orphans.py), for a resume to find;
+- a CPU cell's worker is forked from a pre-imported zygote where one can serve (zygote.py: the same guarantees,
+  its group killed and reaped by the zygote, its parent), else started as an interpreter of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -29,10 +32,13 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from harness.launcher import zygote
 from harness.launcher.orphans import WorkerRecord, drop_record, start_time, write_record
 from harness.launcher.worker import PARENT_FD_ENV, TOKEN_ENV
+from harness.launcher.zygote import ForkedWorker
 
 _FATAL = (signal.SIGTERM, signal.SIGHUP)  # fatal by default, so they would skip every `finally`
+Worker = subprocess.Popen | ForkedWorker
 
 
 class Cancelled(Exception):
@@ -61,9 +67,19 @@ def _kill_group(pgid: int) -> None:
         pass  # already gone (on macOS a group of zombies answers EPERM)
 
 
-def _exit_status(proc: subprocess.Popen) -> int | None:
+def _kill(proc: Worker) -> None:
+    """The worker's group: killed here, or by the zygote for a forked worker (it alone knows whether it reaped it)."""
+    if isinstance(proc, ForkedWorker):
+        proc.kill_group()
+    else:
+        _kill_group(proc.pid)
+
+
+def _exit_status(proc: Worker) -> int | None:
     """The worker's return code once it has exited (negative: the signal that killed it), None while it runs;
     without reaping it (WNOWAIT), as _exited. Where there is no waitid, poll() reaps."""
+    if isinstance(proc, ForkedWorker):
+        return proc.exit_status()
     if not hasattr(os, "waitid"):
         return proc.poll()
     try:
@@ -85,9 +101,11 @@ class RankEnd:
     killed_after: int | None = None  # the rank whose bad end made the runner kill this one
 
 
-def _exited(proc: subprocess.Popen) -> bool:
+def _exited(proc: Worker) -> bool:
     """Whether the worker has exited, without reaping it (WNOWAIT): until it is reaped its pid, and so its group's
     id, cannot be given to another process. Where there is no waitid, poll() reaps (a far smaller window)."""
+    if isinstance(proc, ForkedWorker):
+        return proc.exit_status() is not None
     if not hasattr(os, "waitid"):
         return proc.poll() is not None
     try:
@@ -103,30 +121,49 @@ class WorkerGroups:
         self.records = records  # where worker records go (the run's log folder); None: nowhere
         self._read, self._write = os.pipe()  # both non-inheritable; workers get the read end through pass_fds
         self._lock = threading.Lock()
-        self._live: dict[int, subprocess.Popen] = {}
+        self._live: dict[int, Worker] = {}
         self._closed = False
         self._runner_start = start_time(os.getpid())
         self._handlers: dict[int, Any] = {}
 
     def spawn(self, args: list[str], env: dict[str, str], stdout: IO[str], cell: str | None = None,
-              rank: int | None = None) -> subprocess.Popen:
+              rank: int | None = None, fork: bool = False) -> Worker:
         """Start a worker (stdin a text pipe, stderr into stdout) as the leader of a new session. cell, rank: which
-        rank of which cell it is, when the cell runs as several (its record says so, for a resume's report)."""
+        rank of which cell it is, when the cell runs as several (its record says so, for a resume's report).
+        fork: a CPU cell's worker (`python -m module …` or `python script …`), forked from a zygote where one can
+        serve."""
         token = uuid.uuid4().hex
+        env = {**env, PARENT_FD_ENV: str(self._read), TOKEN_ENV: token}
+        parent = self._zygote(args, env) if fork else None
         with self._lock:  # close() either sees this worker or makes it never start
             if self._closed:
                 raise Cancelled("the runner is shutting down")
-            proc = subprocess.Popen(
-                [*args, token], stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.STDOUT, text=True,
-                env={**env, PARENT_FD_ENV: str(self._read), TOKEN_ENV: token},
-                start_new_session=True, close_fds=True, pass_fds=(self._read,),
-            )
+            proc: Worker | None = None
+            if parent is not None:
+                try:
+                    proc = parent.spawn([*args, token], env, stdout, self._read)
+                except zygote.Unavailable:
+                    proc = None  # an interpreter of its own, below
+            if proc is None:
+                proc = subprocess.Popen(
+                    [*args, token], stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.STDOUT, text=True,
+                    env=env, start_new_session=True, close_fds=True, pass_fds=(self._read,),
+                )
             self._live[proc.pid] = proc
             if self.records is not None:
-                write_record(self.records, WorkerRecord(proc.pid, token, os.getpid(), self._runner_start, cell, rank))
+                start = proc.start if isinstance(proc, ForkedWorker) else None
+                write_record(self.records, WorkerRecord(proc.pid, token, os.getpid(), self._runner_start, cell, rank,
+                                                        start))
         return proc
 
-    def wait(self, proc: subprocess.Popen, timeout: float | None) -> tuple[int, bool]:
+    def _zygote(self, args: list[str], env: dict[str, str]) -> zygote.Zygote | None:
+        """This process's zygote for env (zygote.pool: started on first use, its imports seconds), or None: forking
+        is off here, this interpreter is not the one asked for, or no zygote can serve env."""
+        if not zygote.enabled() or not args or args[0] != sys.executable or self._closed:
+            return None
+        return zygote.pool.get(env)
+
+    def wait(self, proc: Worker, timeout: float | None) -> tuple[int, bool]:
         """Wait for a worker to end (up to `timeout` seconds), kill its group, reap it: (returncode, timed_out).
 
         Raises Cancelled when close() was called meanwhile: the worker was killed by the runner, not by its cell.
@@ -139,7 +176,7 @@ class WorkerGroups:
                 break
             time.sleep(delay)
             delay = min(2 * delay, 0.05)
-        _kill_group(proc.pid)  # the worker's leftovers on a normal end; all of it on a timeout or close
+        _kill(proc)  # the worker's leftovers on a normal end; all of it on a timeout or close
         returncode = proc.wait()
         with self._lock:
             self._live.pop(proc.pid, None)
@@ -149,7 +186,7 @@ class WorkerGroups:
                 raise Cancelled("the runner is shutting down")
         return returncode, timed_out
 
-    def wait_all(self, procs: list[subprocess.Popen], timeout: float | None) -> list[RankEnd]:
+    def wait_all(self, procs: list[Worker], timeout: float | None) -> list[RankEnd]:
         """Wait for the ranks of one cell (up to `timeout` seconds for all of them), then kill every rank's group
         and reap them all: how each ended, in rank order.
 
@@ -174,7 +211,7 @@ class WorkerGroups:
             time.sleep(delay)
             delay = min(2 * delay, 0.05)
         for proc in procs:  # every group first, so that no rank waits on a peer while another is reaped
-            _kill_group(proc.pid)
+            _kill(proc)
         ends = []
         for i, proc in enumerate(procs):
             code = proc.wait()
@@ -189,10 +226,10 @@ class WorkerGroups:
                 raise Cancelled("the runner is shutting down")
         return ends
 
-    def discard(self, procs: list[subprocess.Popen]) -> None:
+    def discard(self, procs: list[Worker]) -> None:
         """Kill and reap workers whose cell cannot go on (a rank of it could not be started)."""
         for proc in procs:
-            _kill_group(proc.pid)
+            _kill(proc)
         for proc in procs:
             proc.wait()
             with self._lock:
@@ -204,8 +241,8 @@ class WorkerGroups:
         """Kill every live worker's group and start no more. Safe to call again (it kills again)."""
         with self._lock:
             self._closed = True
-            for pid in list(self._live):
-                _kill_group(pid)
+            for proc in list(self._live.values()):
+                _kill(proc)
             for fd in (self._write, self._read):
                 if fd >= 0:
                     os.close(fd)  # with the write end gone, any worker that missed the kill kills itself

@@ -39,6 +39,9 @@ class WorkerRecord:
     # which cell's ranks it killed. Every rank is a worker of its own (a session, a token, a record); None: one rank.
     cell: str | None = None
     rank: int | None = None
+    # The worker's start time, for a worker forked from a zygote (zygote.py): its /proc environ is the zygote's and
+    # holds no token, so it is known by pid and start time (what it started carries the token as usual).
+    start: str | None = None
 
     @classmethod
     def mine(cls, pid: int, token: str, cell: str | None = None, rank: int | None = None) -> WorkerRecord:
@@ -138,11 +141,14 @@ def reap_orphans(folder: Path, wait_s: float = 5.0) -> list[int]:
     stale = {r.token: r for r in records if not (alive(r.runner_pid) and start_time(r.runner_pid) == r.runner_start)}
     if not stale:
         return []
+    forked = {r.pid: r for r in stale.values() if r.start is not None}
     me = os.getpid()
     killed = []
     for pid in _candidates(list(stale.values())):
         token = _token_of(pid) if pid != me else None
         rec = stale.get(token) if token is not None else None
+        if rec is None and pid in forked and start_time(pid) == forked[pid].start:
+            rec = forked[pid]
         if rec is None or not alive(pid):
             continue
         try:

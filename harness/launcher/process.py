@@ -81,7 +81,7 @@ def launch(cell: Cell, log_path: Path, gpu: int | Sequence[int] | None, attempt:
         env.setdefault("OMP_NUM_THREADS", str(threads))
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = groups.spawn([sys.executable, *ranks.WORKER, str(result_path)], env, log)
+        proc = groups.spawn([sys.executable, *ranks.WORKER, str(result_path)], env, log, fork=gpus is None)
         assert proc.stdin is not None  # spawned with stdin=PIPE
         try:
             proc.stdin.write(json.dumps(asdict(cell.spec)))

@@ -167,7 +167,7 @@ def launch_ranks(cell: Cell, log_path: Path, world: int, gpus: Sequence[int] | N
                 env = rank_env(dict(os.environ) if base_env is None else base_env, r, world, port, gpus)
                 with open(rank_logs[r], "w") as log:  # the child holds its own descriptor
                     proc = groups.spawn([sys.executable, *WORKER, str(results[r])], env, log,
-                                        cell=cell.key, rank=r)
+                                        cell=cell.key, rank=r, fork=gpus is None)
                 procs.append(proc)
                 assert proc.stdin is not None  # spawned with stdin=PIPE
                 try:

@@ -179,8 +179,9 @@ def test_sigterm_stops_a_suite_that_runs_the_runner_in_process(tmp_path, plugin_
         assert store.run(1).status == "interrupted"
 
 
-# A stand-in for the worker's slow start-up imports (torch: seconds, more under load): in a cell worker (it has the
-# runner's pipe in its environment), importing harness.launcher.plan says so and takes two minutes.
+# A stand-in for the slow start-up imports (torch: seconds, more under load) of a cell worker or of the zygote that
+# forks CPU workers (either has the runner's pipe in its environment): importing harness.launcher.plan says so and
+# takes two minutes.
 _SLOW_START = """
 import os, sys, time
 from pathlib import Path
@@ -193,18 +194,20 @@ class _SlowPlan:
             time.sleep(120)
         return None
 
-if os.environ.get("PCG_WORKER_PARENT_FD"):
+if os.environ.get("PCG_WORKER_PARENT_FD") or os.environ.get("PCG_ZYGOTE_WATCH_FD"):
     sys.meta_path.insert(0, _SlowPlan)
 """
 
 
-def test_a_runner_killed_while_its_worker_starts_leaves_no_worker(tmp_path):
-    """SIGKILL `pcgh run` while its worker is still importing: the worker is gone within a second or two (its
-    watchdog was up before the imports), not once they are done (~7 s on a loaded 2-core CI)."""
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_a_runner_killed_while_its_worker_starts_leaves_no_worker(tmp_path, fork):
+    """SIGKILL `pcgh run` while its worker (fork 0) or the zygote that forks it (fork 1) is still importing: it is
+    gone within a second or two (its watchdog was up before the imports), not once they are done (~7 s on a loaded
+    2-core CI)."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(_SLOW_START)
-    env = {**os.environ, "PCG_TEST_DIR": str(tmp_path),
+    env = {**os.environ, "PCG_TEST_DIR": str(tmp_path), "PCG_FORK_WORKERS": fork,
            "PYTHONPATH": os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     runner = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(_matrix(tmp_path, ["breakable"])),
                                "--db", str(tmp_path / "r.db"), "--logs", str(tmp_path / "logs")],

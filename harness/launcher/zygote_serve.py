@@ -1,0 +1,179 @@
+"""The zygote process (zygote.py says why and what it keeps): its imports, then a loop that forks a worker per
+request, kills a worker's group before reaping it and reports each exit, until its owner is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+import traceback
+from typing import Any
+
+from harness.launcher.worker import PARENT_FD_ENV, stop_watching_imports
+
+MSG_BYTES = 1 << 20  # the largest message either side sends (a request holds the worker's environment)
+
+
+def _preimport() -> None:
+    """What every cell worker imports before its cell (harness/launcher/worker.py's main)."""
+    import harness.cell  # noqa: F401
+    import harness.cell.run  # noqa: F401
+    import harness.outcome  # noqa: F401
+    import pcg_core.errors  # noqa: F401
+    import pcg_core.plugins  # noqa: F401
+
+
+def kill_worker(pid: int) -> None:
+    """The worker's group, and the worker itself (a worker killed before its setsid has no group yet)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _child(req: dict[str, Any], fds: list[int], own: tuple[int, ...]) -> None:
+    """In the forked worker: become what an exec'd worker is, run argv, exit with its code. Never returns. fds: its
+    stdin, its log, its runner's watch pipe; own: the zygote's descriptors, closed here (what its imports opened
+    stays open, as they left it)."""
+    code = 1
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.dup2(fds[0], 0)
+        os.dup2(fds[1], 1)
+        os.dup2(fds[1], 2)
+        for fd in {*own, fds[0], fds[1]} - {0, 1, 2}:
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update({**req["env"], PARENT_FD_ENV: str(fds[2])})  # the runner's pipe, as numbered here
+        from harness.launcher.worker import watch_parent
+        watch_parent()  # the worker's watchdog, as an exec'd worker starts it when it imports harness.launcher
+        import runpy
+
+        argv = req["argv"][1:]  # after the interpreter
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            import atexit
+
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(sock: socket.socket, watch_fd: int) -> int:
+    """Fork a worker per request, kill and reap, report exits; end with the process that owns the zygote (its pipe
+    or the socket closed), killing the workers it still has."""
+    wake_r, wake_w = os.pipe()
+    for fd in (wake_r, wake_w):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel = selectors.DefaultSelector()
+    for f in (sock, wake_r, watch_fd):
+        sel.register(f, selectors.EVENT_READ)
+    live: set[int] = set()
+
+    def reap() -> None:
+        for pid in sorted(live):
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                continue
+            kill_worker(pid)  # its group before the worker is reaped: the group id cannot have been recycled yet
+            _, status = os.waitpid(pid, 0)
+            live.discard(pid)
+            sock.send(json.dumps({"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+
+    try:
+        while True:
+            for key, _ in sel.select(timeout=1.0):
+                if key.fileobj == watch_fd and not os.read(watch_fd, 64):
+                    return 0  # the owner is gone
+                if key.fileobj == wake_r:
+                    while True:
+                        try:
+                            if not os.read(wake_r, 512):
+                                break
+                        except BlockingIOError:
+                            break
+                if key.fileobj is sock:
+                    data, fds, _, _ = socket.recv_fds(sock, MSG_BYTES, 4)
+                    if not data:
+                        return 0  # the owner closed us
+                    req = json.loads(data)
+                    if req["op"] == "kill":
+                        if req["pid"] in live:
+                            kill_worker(req["pid"])
+                        continue
+                    if threading.active_count() != 1:  # a fork would copy another thread's locks, held
+                        sock.send(json.dumps({"op": "error", "id": req["id"], "error": "threads"}).encode())
+                        continue
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(req, fds, (sock.fileno(), wake_r, wake_w, watch_fd))
+                    for fd in fds:
+                        os.close(fd)
+                    live.add(pid)
+                    sock.send(json.dumps({"op": "started", "id": req["id"], "pid": pid,
+                                          "start": _start(pid)}).encode())
+            reap()
+    except (BrokenPipeError, ConnectionResetError):
+        return 0
+    finally:
+        for pid in live:
+            kill_worker(pid)
+        for pid in live:
+            os.waitpid(pid, 0)
+
+
+def _start(pid: int) -> str | None:
+    from harness.launcher.orphans import start_time
+
+    return start_time(pid)
+
+
+def main() -> int:
+    """The zygote: its imports under the watch thread harness.launcher started (an owner killed meanwhile ends it),
+    then one thread only, forking."""
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    try:
+        try:
+            _preimport()
+        finally:
+            watch_fd = stop_watching_imports()
+        import torch
+
+        if torch.cuda.is_initialized():
+            raise RuntimeError("CUDA was initialized at import: a fork would share it")
+        if threading.active_count() != 1:
+            raise RuntimeError(f"{threading.active_count()} threads after the imports: a fork would copy their locks")
+    except Exception as e:  # noqa: BLE001 — any failure means: no zygote, workers start as interpreters
+        sock.send(json.dumps({"op": "error", "error": f"{type(e).__name__}: {e}"}).encode())
+        return 1
+    sock.send(json.dumps({"op": "ready"}).encode())
+    return serve(sock, watch_fd)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
