@@ -4,7 +4,9 @@
 - process.py — one attempt of one cell in a child process → a CellRecord
 - ranks.py — a cell of several ranks (a parallel mode): one worker per rank with torch's env:// variables
 - gpus.py — the host's GPUs, handed to cells k at a time (one per rank), cells of different sizes side by side
-- worker.py — the child: CellSpec on stdin, CellOutcome file out, phase markers on stderr, a watchdog on its runner
+- worker.py — the child: CellSpec on stdin, CellOutcome file out, phase markers on stderr
+- watch.py — every worker's watchdog on its runner, and the names runner and workers share
+- zygote.py, zygote_serve.py — CPU workers forked from a pre-imported parent, one per process and environment
 - groups.py — the workers' process groups: started, waited for and killed by the runner (SIGTERM included)
 - orphans.py — worker records in the run's logs; a resume kills what an earlier runner left behind
 - classify.py — a child that died without an outcome, in the judge's words
@@ -14,11 +16,11 @@
 - environment.py — the provenance recorded with each run
 
 A cell worker (`python -m harness.launcher.worker`) imports this package before its own module runs: its watchdog on
-the runner starts here, before the imports below (torch: seconds, more on a loaded machine), or a runner killed
+the runner starts here (watch.py), before the imports below (torch: seconds, more on a loaded machine), or a runner killed
 meanwhile would leave it running until they are done.
 """
 
-from harness.launcher.worker import watch_parent
+from harness.launcher.watch import watch_parent
 
 watch_parent()  # in a runner's worker only (it has the runner's pipe); nothing elsewhere
 from harness.launcher.plan import Plan, RunOptions, plan  # noqa: E402

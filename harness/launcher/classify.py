@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import signal
 
-from harness.launcher.worker import PHASE_MARK
+from harness.launcher.watch import PHASE_MARK
 from harness.outcome import Status
 
 # A child that died without an outcome crashed in its phase: a failure, retried. Never eager_fail, whatever the

@@ -32,9 +32,9 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from harness.launcher import zygote
+import harness.launcher.zygote as zygote
 from harness.launcher.orphans import WorkerRecord, drop_record, start_time, write_record
-from harness.launcher.worker import PARENT_FD_ENV, TOKEN_ENV
+from harness.launcher.watch import PARENT_FD_ENV, TOKEN_ENV
 from harness.launcher.zygote import ForkedWorker
 
 _FATAL = (signal.SIGTERM, signal.SIGHUP)  # fatal by default, so they would skip every `finally`

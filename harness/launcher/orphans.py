@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.launcher.worker import TOKEN_ENV
+from harness.launcher.watch import TOKEN_ENV
 
 _PROC = Path("/proc")
 

@@ -35,7 +35,7 @@ import tempfile
 import threading
 from typing import IO, Any
 
-from harness.launcher.worker import PARENT_FD_ENV, TOKEN_ENV, ZYGOTE_FD_ENV
+from harness.launcher.watch import PARENT_FD_ENV, TOKEN_ENV, ZYGOTE_FD_ENV
 from harness.launcher.zygote_serve import MSG_BYTES, kill_worker
 
 # The keys a request's environment may differ in from its zygote's: read when the worker runs, never at import.

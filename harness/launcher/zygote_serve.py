@@ -13,7 +13,8 @@ import threading
 import traceback
 from typing import Any
 
-from harness.launcher.worker import PARENT_FD_ENV, stop_watching_imports
+from harness.launcher.orphans import start_time
+from harness.launcher.watch import PARENT_FD_ENV, stop_watching_imports
 
 MSG_BYTES = 1 << 20  # the largest message either side sends (a request holds the worker's environment)
 
@@ -52,7 +53,7 @@ def _child(req: dict[str, Any], fds: list[int], own: tuple[int, ...]) -> None:
             os.close(fd)
         os.environ.clear()
         os.environ.update({**req["env"], PARENT_FD_ENV: str(fds[2])})  # the runner's pipe, as numbered here
-        from harness.launcher.worker import watch_parent
+        from harness.launcher.watch import watch_parent
         watch_parent()  # the worker's watchdog, as an exec'd worker starts it when it imports harness.launcher
         import runpy
 
@@ -87,57 +88,23 @@ def serve(sock: socket.socket, watch_fd: int) -> int:
     wake_r, wake_w = os.pipe()
     for fd in (wake_r, wake_w):
         os.set_blocking(fd, False)
-    signal.set_wakeup_fd(wake_w)
+    signal.set_wakeup_fd(wake_w)  # SIGCHLD wakes the select below
     signal.signal(signal.SIGCHLD, lambda *_: None)
     sel = selectors.DefaultSelector()
     for f in (sock, wake_r, watch_fd):
         sel.register(f, selectors.EVENT_READ)
     live: set[int] = set()
-
-    def reap() -> None:
-        for pid in sorted(live):
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-                continue
-            kill_worker(pid)  # its group before the worker is reaped: the group id cannot have been recycled yet
-            _, status = os.waitpid(pid, 0)
-            live.discard(pid)
-            sock.send(json.dumps({"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
-
+    own = (sock.fileno(), wake_r, wake_w, watch_fd)
     try:
         while True:
             for key, _ in sel.select(timeout=1.0):
                 if key.fileobj == watch_fd and not os.read(watch_fd, 64):
                     return 0  # the owner is gone
                 if key.fileobj == wake_r:
-                    while True:
-                        try:
-                            if not os.read(wake_r, 512):
-                                break
-                        except BlockingIOError:
-                            break
-                if key.fileobj is sock:
-                    data, fds, _, _ = socket.recv_fds(sock, MSG_BYTES, 4)
-                    if not data:
-                        return 0  # the owner closed us
-                    req = json.loads(data)
-                    if req["op"] == "kill":
-                        if req["pid"] in live:
-                            kill_worker(req["pid"])
-                        continue
-                    if threading.active_count() != 1:  # a fork would copy another thread's locks, held
-                        sock.send(json.dumps({"op": "error", "id": req["id"], "error": "threads"}).encode())
-                        continue
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    pid = os.fork()
-                    if pid == 0:
-                        _child(req, fds, (sock.fileno(), wake_r, wake_w, watch_fd))
-                    for fd in fds:
-                        os.close(fd)
-                    live.add(pid)
-                    sock.send(json.dumps({"op": "started", "id": req["id"], "pid": pid,
-                                          "start": _start(pid)}).encode())
-            reap()
+                    _drain(wake_r)
+                if key.fileobj is sock and not _request(sock, live, own):
+                    return 0  # the owner closed us
+            _reap(sock, live)
     except (BrokenPipeError, ConnectionResetError):
         return 0
     finally:
@@ -147,10 +114,50 @@ def serve(sock: socket.socket, watch_fd: int) -> int:
             os.waitpid(pid, 0)
 
 
-def _start(pid: int) -> str | None:
-    from harness.launcher.orphans import start_time
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
-    return start_time(pid)
+
+def _request(sock: socket.socket, live: set[int], own: tuple[int, ...]) -> bool:
+    """Serve one request (a kill, a fork); False once the owner has closed the socket."""
+    data, fds, _, _ = socket.recv_fds(sock, MSG_BYTES, 4)
+    if not data:
+        return False
+    req = json.loads(data)
+    if req["op"] == "kill":
+        if req["pid"] in live:  # not yet reaped: its group id is still its own
+            kill_worker(req["pid"])
+        return True
+    if threading.active_count() != 1:  # a fork would copy another thread's locks, held
+        for fd in fds:
+            os.close(fd)
+        sock.send(json.dumps({"op": "error", "id": req["id"], "error": "the zygote has threads"}).encode())
+        return True
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _child(req, fds, own)
+    for fd in fds:
+        os.close(fd)
+    live.add(pid)
+    sock.send(json.dumps({"op": "started", "id": req["id"], "pid": pid, "start": start_time(pid)}).encode())
+    return True
+
+
+def _reap(sock: socket.socket, live: set[int]) -> None:
+    """Each exited worker: its group killed, then reaped (the group id cannot have been recycled before), reported."""
+    for pid in sorted(live):
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            continue
+        kill_worker(pid)
+        _, status = os.waitpid(pid, 0)
+        live.discard(pid)
+        sock.send(json.dumps({"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
 
 
 def main() -> int:

@@ -26,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-# The real worker's watchdog and phase marker, from its file: importing harness.launcher would import the runner
+# The real worker's watchdog and phase marker, from their file: importing harness.launcher would import the runner
 # (torch: seconds), which the planted worker exists to avoid.
-_spec = importlib.util.spec_from_file_location("_cell_worker", Path(__file__).parents[3] / "harness/launcher/worker.py")
+_spec = importlib.util.spec_from_file_location("_cell_watch", Path(__file__).parents[3] / "harness/launcher/watch.py")
 _worker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_worker)
 PHASE_MARK, watch_parent = _worker.PHASE_MARK, _worker.watch_parent

@@ -19,7 +19,7 @@ from harness.launcher import RunOptions, plan, run_matrix
 from harness.launcher.classify import classify_death
 from harness.launcher.groups import WorkerGroups
 from harness.launcher.orphans import WorkerRecord, alive, read_records, write_record
-from harness.launcher.worker import PHASE_MARK, TOKEN_ENV
+from harness.launcher.watch import PHASE_MARK, TOKEN_ENV
 from harness.launcher.runner import run_logs
 from harness.outcome import CellRecord, Status
 from harness.store import Store
