@@ -96,10 +96,9 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         life, self._life = os.pipe()  # the zygote watches `life`; this process alone holds the write end
         self._log = tempfile.TemporaryFile()  # its own output: why it could not start, if it could not
-        self.env = base_env(env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "harness.launcher.zygote_serve", str(theirs.fileno())],
-            env={**self.env, ZYGOTE_FD_ENV: str(life)}, stdin=subprocess.DEVNULL, stdout=self._log,
+            env={**base_env(env), ZYGOTE_FD_ENV: str(life)}, stdin=subprocess.DEVNULL, stdout=self._log,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, pass_fds=(theirs.fileno(), life))
         theirs.close()
         os.close(life)

@@ -102,9 +102,14 @@ def test_a_resume_finds_a_forked_worker_by_its_start_time(tmp_path, worker):
         assert proc.pid in killed
         assert proc.wait(timeout=10) == -signal.SIGKILL
         assert _gone_within([child], 5) == []
-        # a recycled pid (same pid, another start time) is left alone
-        write_record(folder, rec.__class__(**{**rec.__dict__, "pid": os.getpid(), "start": "1"}))
-        assert reap_orphans(folder) == []
+        # a recycled pid (a process on the recorded pid that started at another time, without the token) is left alone
+        stranger = subprocess.Popen(["sleep", "60"])
+        try:
+            write_record(folder, rec.__class__(**{**rec.__dict__, "pid": stranger.pid, "start": "1"}))
+            assert reap_orphans(folder) == [] and stranger.poll() is None
+        finally:
+            stranger.kill()
+            stranger.wait()
 
 
 def test_a_dead_zygote_takes_its_workers_and_the_runner_goes_on(tmp_path, worker):
