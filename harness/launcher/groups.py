@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import harness.launcher.zygote as zygote
 from harness.launcher.orphans import WorkerRecord, drop_record, start_time, write_record
-from harness.launcher.watch import PARENT_FD_ENV, TOKEN_ENV
+from harness.launcher.watch import PARENT_FD_ENV, TOKEN_ENV, kill_worker
 from harness.launcher.zygote import ForkedWorker
 
 _FATAL = (signal.SIGTERM, signal.SIGHUP)  # fatal by default, so they would skip every `finally`
@@ -60,19 +60,12 @@ class Terminated(SystemExit):
         os.kill(os.getpid(), self.signum)
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # already gone (on macOS a group of zombies answers EPERM)
-
-
 def _kill(proc: Worker) -> None:
     """The worker's group: killed here, or by the zygote for a forked worker (it alone knows whether it reaped it)."""
     if isinstance(proc, ForkedWorker):
         proc.kill_group()
     else:
-        _kill_group(proc.pid)
+        kill_worker(proc.pid)
 
 
 def _exit_status(proc: Worker) -> int | None:

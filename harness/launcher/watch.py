@@ -20,6 +20,16 @@ ZYGOTE_FD_ENV = "PCG_ZYGOTE_WATCH_FD"  # the same pipe, in a zygote (zygote.py):
 _zygote_watch: tuple[threading.Thread, threading.Event, int] | None = None
 
 
+def kill_worker(pid: int) -> None:
+    """A worker's process group (its pgid is its pid: a session of its own), and the worker itself (a forked worker
+    killed before its setsid has no group yet). Already gone is fine (on macOS a group of zombies answers EPERM)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def _die() -> None:
     # Our own session (the runner starts us with one): the group is this process and what it started.
     if os.getpgrp() == os.getpid():

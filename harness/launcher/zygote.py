@@ -35,8 +35,8 @@ import tempfile
 import threading
 from typing import IO, Any
 
-from harness.launcher.watch import PARENT_FD_ENV, TOKEN_ENV, ZYGOTE_FD_ENV
-from harness.launcher.zygote_serve import MSG_BYTES, kill_worker
+from harness.launcher.watch import PARENT_FD_ENV, TOKEN_ENV, ZYGOTE_FD_ENV, kill_worker
+from harness.launcher.zygote_serve import MSG_BYTES
 
 # The keys a request's environment may differ in from its zygote's: read when the worker runs, never at import.
 PER_WORKER_KEYS = frozenset({PARENT_FD_ENV, TOKEN_ENV, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
@@ -262,9 +262,6 @@ class _Pool:
                 print(f"pcgh: CPU workers start as interpreters of their own (no zygote: {e})"[:600], file=sys.stderr)
                 return None
             return made
-
-    def __len__(self) -> int:
-        return len(self._zygotes)
 
     def close(self) -> None:
         with self._lock:

@@ -14,7 +14,7 @@ import traceback
 from typing import Any
 
 from harness.launcher.orphans import start_time
-from harness.launcher.watch import PARENT_FD_ENV, stop_watching_imports
+from harness.launcher.watch import PARENT_FD_ENV, kill_worker, stop_watching_imports, watch_parent
 
 MSG_BYTES = 1 << 20  # the largest message either side sends (a request holds the worker's environment)
 
@@ -26,15 +26,6 @@ def _preimport() -> None:
     import harness.outcome  # noqa: F401
     import pcg_core.errors  # noqa: F401
     import pcg_core.plugins  # noqa: F401
-
-
-def kill_worker(pid: int) -> None:
-    """The worker's group, and the worker itself (a worker killed before its setsid has no group yet)."""
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _child(req: dict[str, Any], fds: list[int], own: tuple[int, ...]) -> None:
@@ -53,7 +44,6 @@ def _child(req: dict[str, Any], fds: list[int], own: tuple[int, ...]) -> None:
             os.close(fd)
         os.environ.clear()
         os.environ.update({**req["env"], PARENT_FD_ENV: str(fds[2])})  # the runner's pipe, as numbered here
-        from harness.launcher.watch import watch_parent
         watch_parent()  # the worker's watchdog, as an exec'd worker starts it when it imports harness.launcher
         import runpy
 
