@@ -54,17 +54,21 @@ def fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: Atten
     return _sdpa(q, k, v, md, scale)
 
 
-def sequence_bounds(seq_ids: torch.Tensor, max_seqs: int = FRESH_PATH_MAX_SEQS) -> torch.Tensor:
+def sequence_bounds(seq_ids: torch.Tensor, max_seqs: int = FRESH_PATH_MAX_SEQS,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """cu_seqlens [max_seqs + 2] int32 of the runs of equal ids in seq_ids [T] (the sequences, then the padding);
     runs past the last are empty (cu repeats), so the length is fixed whatever the batch. The forward holds at most
-    max_seqs sequences (Engine.fresh_path sees to it): rows of a run past max_seqs + 1 would be counted in the last."""
+    max_seqs sequences (Engine.fresh_path sees to it): rows of a run past max_seqs + 1 would be counted in the last.
+    out: a static buffer to write (the engine's, once per forward: AttentionMetadata.fresh_bounds)."""
     t = seq_ids.shape[0]
     starts = torch.ones(t, dtype=torch.int32, device=seq_ids.device)
     starts[1:] = (seq_ids[1:] != seq_ids[:-1]).to(torch.int32)
     run = torch.cumsum(starts, 0).clamp_(max=max_seqs + 1)  # 1-based run index of each row (int64: cumsum widens)
     counts = torch.zeros(max_seqs + 2, dtype=torch.int32, device=seq_ids.device)
     counts.index_add_(0, run, starts.new_ones(t))
-    return torch.cumsum(counts, 0, dtype=torch.int32)
+    if out is None:
+        return torch.cumsum(counts, 0, dtype=torch.int32)
+    return torch.cumsum(counts, 0, dtype=torch.int32, out=out)
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -72,7 +76,7 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetad
     t, dv = q.shape[0], v.shape[-1]
     if dv < q.shape[-1]:
         v = F.pad(v, (0, q.shape[-1] - dv))
-    cu = sequence_bounds(md.seq_ids)
+    cu = md.fresh_bounds if md.fresh_bounds is not None else sequence_bounds(md.seq_ids)
     out = _flash_attn(q, k, v, cu, cu, t, t, scale=scale, **_CAUSAL)  # no aux asked: one tensor
     return cast(torch.Tensor, out)[..., :dv]
 

@@ -29,6 +29,10 @@ class AttentionMetadata:
     # host by the engine (Engine.fresh_path), the same way for a graph and for its eager reference at that padding;
     # graphs that record split ops keep one variant per value (forward_context.graph_key).
     fresh_path: bool = False
+    # cu_seqlens of the forward's sequences, then its padding ([FRESH_PATH_MAX_SEQS + 2] int32, attention/fresh.py's
+    # sequence_bounds), built once per forward with the upload where a split op has a fresh path over them (MLA);
+    # None: each call builds its own.
+    fresh_bounds: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,8 @@ class Engine:
         self.attn_backend = attn_cls(self.cache, config.capture.max_tokens)
         # None unless the model has linear layers
         self.linear_state = make_linear_state(model.config, config, tp.group.size if tp is not None else 1)
-        self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device)
+        mla = mla_installed(model)
+        self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device, fresh_bounds=mla)
         # A VLM: its vision front end runs eagerly into static buffers the captured text decoder reads.
         self.vision = VisionInputs(model, config.capture.max_tokens, self.device) if VisionInputs.wanted(model) else None
         self.decoder = model.get_decoder()
@@ -122,7 +123,7 @@ class Engine:
         self.backend = make_capture_backend(config.capture, self._body, self.device, self._dummy_inputs, self.attn_backend)
         # The smallest forward that takes the split ops' fresh-sequence paths (None: neither the model nor the
         # attention backend has one); graphs that record split ops get a variant for them from this bucket up.
-        fresh = mla_installed(model) or attn_cls.fresh_path
+        fresh = mla or attn_cls.fresh_path
         self.backend.fresh_min = FRESH_PATH_MIN_TOKENS if fresh else None
         self.prep = PrepGraphs(self.inputs, self.attn_backend, self.device)
         with torch.inference_mode(False), torch.no_grad():

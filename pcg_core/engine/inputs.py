@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pcg_core.attention.fresh import FRESH_PATH_MAX_SEQS, sequence_bounds
 from pcg_core.attention.metadata import AttentionMetadata
 from pcg_core.attention.kv_cache import KVCache
 
@@ -52,10 +53,13 @@ class InputBuffers:
     upload has read the staging buffer (`uploaded`, an event recorded after each upload or replay).
     """
 
-    def __init__(self, capacity: int, cache: KVCache, device: torch.device):
+    def __init__(self, capacity: int, cache: KVCache, device: torch.device, fresh_bounds: bool = False):
+        """fresh_bounds: the upload also builds the sequences' cu_seqlens (AttentionMetadata.fresh_bounds), once per
+        forward instead of once per layer, for a model whose split ops have a fresh path over them (MLA)."""
         self.capacity = capacity
         self.cache = cache
         self.device = device
+        self.fresh_bounds = fresh_bounds
         cuda = device.type == "cuda"
         self._host = torch.zeros(4, max(capacity, 1), dtype=torch.int64, pin_memory=cuda)
         self._dev = self._alloc(capacity) if capacity > 0 else None
@@ -63,11 +67,14 @@ class InputBuffers:
 
     def _alloc(self, n: int) -> dict[str, torch.Tensor]:
         d = self.device
-        return {
+        bufs = {
             "rows": torch.zeros(4, n, dtype=torch.int64, device=d),  # input_ids, positions, slot_mapping, seq_ids
             "seq_ids": torch.zeros(n, dtype=torch.int32, device=d),
             "valid": torch.zeros(n, dtype=torch.bool, device=d),
         }
+        if self.fresh_bounds:
+            bufs["bounds"] = torch.zeros(FRESH_PATH_MAX_SEQS + 2, dtype=torch.int32, device=d)
+        return bufs
 
     def stage(self, batch: PackedBatch, num_tokens: int) -> StagedBatch:
         """Write `batch` padded to `num_tokens` rows into the staging buffer (host only); the metadata's device
@@ -104,6 +111,7 @@ class InputBuffers:
             valid=bufs["valid"][:num_tokens],
             host_seq_ids=host[3, :n],
             host_positions=host[1, :n],
+            fresh_bounds=bufs.get("bounds"),
         )
         return StagedBatch(md, rows[0], rows, src)
 
@@ -117,6 +125,8 @@ class InputBuffers:
             staged.rows[i].copy_(staged.host[i], non_blocking=True)
         md.seq_ids.copy_(staged.rows[3])
         torch.ge(md.seq_ids, 0, out=md.valid)
+        if md.fresh_bounds is not None:
+            sequence_bounds(md.seq_ids, out=md.fresh_bounds)
 
     def fill(self, batch: PackedBatch, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """stage + upload: write `batch` padded to `num_tokens` rows; returns (input_ids, positions, metadata)."""

@@ -96,6 +96,22 @@ def test_sequence_bounds_are_the_runs_then_the_padding_at_a_fixed_length(lengths
     assert len(got) == 6 + 2 and got == want + [want[-1]] * (len(got) - len(want))
 
 
+def test_an_mla_engine_builds_the_bounds_once_per_forward_in_one_static_buffer(deepseek, configs):
+    """The upload writes the forward's cu_seqlens (what every layer's FlashAttention call reads on CUDA) into one
+    buffer, the same for any batch as building them from the uploaded sequence ids; a model without MLA has none."""
+    engine = make_engine(deepseek.model, "piecewise", max_tokens=128, kv_slots=1024)
+    where = set()
+    for lengths in ([37, 11, 23], [5], [1] * (fresh.FRESH_PATH_MAX_SEQS + 8), [2, 60]):
+        batch = engine.prefill_batch(prompts_of(lengths, deepseek.config.vocab_size))
+        md = engine.stage_inputs(batch, engine.bucket_for(len(batch)), replay=False)[2]
+        assert md.fresh_bounds is not None and md.fresh_bounds.tolist() == fresh.sequence_bounds(md.seq_ids).tolist()
+        where.add(md.fresh_bounds.data_ptr())
+    assert len(where) == 1
+    llama = load_model(json.loads((configs / "meta-llama__Llama-3.1-8B-Instruct.json").read_text()), tiny=True)
+    dense = make_engine(llama.model, "piecewise")
+    assert dense.stage_inputs(dense.prefill_batch([[5, 6, 7]]), 8, replay=False)[2].fresh_bounds is None
+
+
 def test_fresh_and_absorbed_agree_over_an_fp8_latent_cache(deepseek, fresh_from):
     """With an FP8 KV cache the expansion reads the latent rows back as the cache holds them, so the expanded and
     absorbed forms attend over the same rounded numbers (float32: summation order apart); attending over the

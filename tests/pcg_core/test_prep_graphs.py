@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pcg_helpers import make_engine, prompts_of, tiny_model
+from pcg_helpers import CONFIGS, make_engine, prompts_of, tiny_model
 
 from pcg_core.attention.flex import FlexBackend
 from pcg_core.attention.kv_cache import KVCache
@@ -109,6 +109,8 @@ def test_no_prep_graphs_without_cuda():
 def _snapshot(engine, md):
     """Every buffer the decoder's graphs read for this forward: inputs, and the attention backend's metadata."""
     out = [t.clone() for t in (md.slot_mapping, md.positions, md.seq_ids, md.valid, engine.inputs._dev["rows"])]
+    if md.fresh_bounds is not None:  # an MLA model's cu_seqlens, built with the upload
+        out.append(md.fresh_bounds.clone())
     backend = engine.attn_backend
     if hasattr(backend, "mask"):
         out.append(backend.mask.clone())
@@ -136,10 +138,15 @@ def _prep_matches_eager(engine, batches, bucket) -> bool:
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
 @pytest.mark.parametrize("backend", ["full", "breakable"])
 @pytest.mark.parametrize("planted", [False, True], ids=["prep-replayed", "planted-not-replayed"])
-def test_gpu_prep_graph_replay_equals_the_eager_metadata(attention, backend, planted, monkeypatch):
-    from pcg_core import CaptureConfig, Engine, EngineConfig
+@pytest.mark.parametrize("arch", ["qwen3", "deepseek-v3"])
+def test_gpu_prep_graph_replay_equals_the_eager_metadata(arch, attention, backend, planted, monkeypatch):
+    from pcg_core import CaptureConfig, Engine, EngineConfig, load_model
 
-    lm = tiny_model("qwen3", dtype=torch.bfloat16, device="cuda")
+    if arch == "deepseek-v3":  # MLA: the upload also builds the sequences' bounds (AttentionMetadata.fresh_bounds)
+        lm = load_model(CONFIGS / "deepseek-ai__DeepSeek-V3.json", tiny=True, layers=2, dtype=torch.bfloat16,
+                        device="cuda")
+    else:
+        lm = tiny_model(arch, dtype=torch.bfloat16, device="cuda")
     engine = Engine(lm.model, EngineConfig(device="cuda", dtype="bfloat16", attention=attention, kv_slots=1024,
                                            capture=CaptureConfig(backend=backend, max_tokens=256)))
     assert engine.prep.enabled and set(engine.prep.graphs) == set(engine.config.capture.ladder)
