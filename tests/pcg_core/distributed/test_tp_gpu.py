@@ -51,13 +51,15 @@ def test_all_reduce_of_a_world_of_one_under_each_backend_equals_eager(world_of_o
     _graph_equals_eager(lm, backend)
 
 
-@pytest.mark.parametrize("backend", ["piecewise", "breakable"])
-@pytest.mark.parametrize("kind", ["pp", "dp", "ep", "ep_all_to_all"])
+@pytest.mark.parametrize("backend,kind", [(b, k) for b in ("piecewise", "breakable") for k in ("pp", "dp", "ep", "ep_all_to_all")]
+                         + [("full", "dp"), ("full", "ep")])
 def test_pipeline_and_data_parallel_ops_of_a_world_of_one_equal_eager(world_of_one, backend, kind):
     """The N-rank code paths of pp/dp/ep on NCCL with one rank: the last stage's broadcast (pp), the MoE blocks' gather
     and the output's (dp), the experts' all-reduce beside them (ep) or their all-to-all dispatch (NCCL's
     all_to_all_single with sizes read on the host) run between the graphs, bitwise equal to eager at the same
-    padding; full is refused for pp by the pre-check, and pcg::pipeline_pass_ raises inside a capture."""
+    padding. Under full the gathers and the all-reduce are recorded in its one graph (shapes fixed by the agreed
+    bucket; a cell under full reaches its experts by the gather form, harness/cell/parallel.py); full is refused for
+    pp by the pre-check, and pcg::pipeline_pass_ and the all-to-all dispatch raise inside a capture (below)."""
     from pcg_core.distributed.data_parallel import data_parallel_model
     from pcg_core.distributed.pipeline import pipeline_model
     from pcg_core.distributed.shard import shard_experts_by_index
