@@ -39,12 +39,17 @@ def _inputs(t: int, w: dict, dtype: torch.dtype, device: str, seed: int = 0) -> 
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, device=device) * scale).to(dtype)
 
-    return {
+    x = {
         "q_nope": rnd(t, w["heads"], w["nope"]), "q_rot": rnd(t, w["heads"], w["rope"]),
         "c": rnd(t, w["rank"]), "k_rot": rnd(t, w["rope"]),
         "w_uk": rnd(w["heads"], w["nope"], w["rank"], scale=w["rank"] ** -0.5),
         "w_uv": rnd(w["heads"], w["v"], w["rank"], scale=w["rank"] ** -0.5),
     }
+    # what pcg's op is handed (the model holds them so): kv_b_proj's weight per head, keys' rows then values', and
+    # the latent row the cache keeps
+    x["w_kv"] = torch.cat([x["w_uk"], x["w_uv"]], dim=1)
+    x["rows"] = torch.cat([x["c"], x["k_rot"]], dim=-1)
+    return x
 
 
 def absorbed(x: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
@@ -78,9 +83,7 @@ def pcg_fresh(x: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
     dev = x["c"].device
     md = AttentionMetadata(t, t, torch.zeros(t, dtype=torch.int64, device=dev), torch.arange(t, device=dev),
                            torch.zeros(t, dtype=torch.int32, device=dev), torch.ones(t, dtype=torch.bool, device=dev))
-    w_kv = torch.cat([x["w_uk"], x["w_uv"]], dim=1)  # kv_b_proj's rows per head: keys' then values'
-    rows = torch.cat([x["c"], x["k_rot"]], dim=-1)
-    return expanded_attention(x["q_nope"], x["q_rot"], rows, w_kv, md, scale)
+    return expanded_attention(x["q_nope"], x["q_rot"], x["rows"], x["w_kv"], md, scale)
 
 
 def measure(tokens: list[int], w: dict, dtype: torch.dtype, device: str, repeat: int) -> list[dict]:

@@ -18,6 +18,7 @@ full keep a graph of the op per variant (forward_context.graph_key), breakable's
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from pcg_core.attention.backend import write_kv, zero_padding
 from pcg_core.attention.fresh import fresh_attention
@@ -52,10 +53,12 @@ def expanded_attention(q_nope: torch.Tensor, q_rot: torch.Tensor, rows: torch.Te
     """The expanded form over the forward's own latent rows [T, rank + rope]: per-head keys [W_UK c, k_rot] and
     values W_UV c, each sequence causal over itself → [T, H, v] (padding rows: anything)."""
     nope, rank, heads = q_nope.shape[-1], w_kv.shape[-1], q_nope.shape[1]
-    w_uk, w_uv = w_kv[:, :nope], w_kv[:, nope:]
     c, k_rot = rows[:, :rank], rows[:, rank:]
-    keys = torch.cat([torch.einsum("tr,hnr->thn", c, w_uk), k_rot[:, None, :].expand(-1, heads, -1)], dim=-1)
-    values = torch.einsum("tr,hvr->thv", c, w_uv)
+    # one GEMM over kv_b_proj's whole weight, as the module itself runs it (per-head einsums over the key and value
+    # halves would copy each half of the weight first: neither is a [H·n, rank] view)
+    kv = F.linear(c, w_kv.reshape(-1, rank)).view(rows.shape[0], heads, -1)  # [T, H, nope + v]
+    keys = torch.cat([kv[..., :nope], k_rot[:, None, :].expand(-1, heads, -1)], dim=-1)
+    values = kv[..., nope:]
     return fresh_attention(torch.cat([q_nope, q_rot], dim=-1), keys, values, md, scale)
 
 
