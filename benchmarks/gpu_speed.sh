@@ -39,7 +39,7 @@ if [[ " $phases " == *" flexcall "* ]]; then
   timeout 300 python3 "$here/flex_call.py" --json "$OUT/flex_call.json" 2>&1 | tee "$OUT/flex_call.txt" | tail -20
 fi
 if [[ " $phases " == *" mla "* ]]; then
-  timeout 300 python3 "$here/mla_prefill.py" --json "$OUT/mla_prefill.json" 2>&1 | tee "$OUT/mla_prefill.txt" | tail -15
+  timeout 300 python3 "$here/mla_prefill.py" --profile 2048 --json "$OUT/mla_prefill.json" 2>&1 | tee "$OUT/mla_prefill.txt" | tail -45
 fi
 if [[ " $phases " == *" pools "* ]]; then
   NAME=pools CELL_JOBS=1 LIST_TIMEOUT=${POOLS_TIMEOUT:-540} bash "$here/gpu_cells.sh" "$here/lists/speed-pools.txt" | tail -12

@@ -86,7 +86,8 @@ def pcg_fresh(x: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
     return expanded_attention(x["q_nope"], x["q_rot"], x["rows"], x["w_kv"], md, scale)
 
 
-def measure(tokens: list[int], w: dict, dtype: torch.dtype, device: str, repeat: int) -> list[dict]:
+def measure(tokens: list[int], w: dict, dtype: torch.dtype, device: str, repeat: int,
+            profile_at: int | None = None) -> list[dict]:
     scale = (w["nope"] + w["rope"]) ** -0.5
     rows = []
     for t in tokens:
@@ -94,6 +95,11 @@ def measure(tokens: list[int], w: dict, dtype: torch.dtype, device: str, repeat:
         a, e, f = absorbed(x, scale), expanded(x, scale), pcg_fresh(x, scale)
         rel = max(float((o.float() - e.float()).norm() / e.float().norm()) for o in (a, f))
         row = {"tokens": t, "rel_diff": rel}
+        if t == profile_at and device.startswith("cuda"):  # where the GPU time goes, kernel by kernel
+            from benchmarks.prefill import profile_forward
+
+            row["profile"] = {name: profile_forward(lambda fn=fn: fn(x, scale), torch.device(device))
+                              for name, fn in (("expanded", expanded), ("pcg_fresh", pcg_fresh))}
         if device.startswith("cuda"):
             row["absorbed_ms"] = median_ms(lambda: absorbed(x, scale), torch.device(device), warmup=3, repeat=repeat)
             row["expanded_ms"] = median_ms(lambda: expanded(x, scale), torch.device(device), warmup=3, repeat=repeat)
@@ -114,10 +120,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--tokens", type=int, nargs="+", default=None)
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--profile", type=int, default=None, metavar="TOKENS",
+                   help="also print the GPU kernels of expanded and pcg fresh at this token count")
     a = p.parse_args(argv)
     dtype = getattr(torch, a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"))
     tokens = a.tokens or ([16, 64] if a.tiny else [64, 128, 512, 2048, 4096])
-    rows = measure(tokens, TINY if a.tiny else WIDTHS, dtype, a.device, a.repeat)
+    rows = measure(tokens, TINY if a.tiny else WIDTHS, dtype, a.device, a.repeat, a.profile)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     for r in rows:
         ms = (f"absorbed {r['absorbed_ms']:.3f} ms, expanded {r['expanded_ms']:.3f} ms, pcg fresh {r['pcg_fresh_ms']:.3f} ms; "
@@ -127,6 +135,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"{r['tokens']:>6} tokens: {ms}; relative difference {r['rel_diff']:.2e}")
         if not r["rel_diff"] <= tol:
             raise SystemExit(f"absorbed and expanded differ by {r['rel_diff']:.3g} > {tol:g} at {r['tokens']} tokens")
+    for r in rows:
+        for name, prof in r.get("profile", {}).items():
+            print(f"\n{r['tokens']} tokens, {name}: {prof['kernels']} kernels, {prof['gpu_ms']:.3f} GPU ms")
+            for k in prof["top"]:
+                print(f"  {k['us']:9.1f} us  ×{k['count']:<3} {k['name']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -24,10 +24,11 @@ from pcg_core.attention.metadata import AttentionMetadata
 # The smallest forward that takes a fresh-sequence path (AttentionMetadata.fresh_path). Below it MLA stays absorbed
 # (the expansion GEMMs over every row then cost about what the 576-wide attention saves) and varlen gathers (a
 # handful of rows); buckets below it get one graph variant only. 128 is the intended value, but the path is OFF
-# (None) until it is right on CUDA: on the H100 (benchmarks/results/2026-12-06-h100-fresh-paths/) its graph variants
-# replayed up to 5.4 off eager (DeepSeek-V3 under every capture backend, Llama on varlen under piecewise), and the
-# fresh MLA prefill took 12.5 ms at 2048 tokens against transformers' expanded 0.81 ms. tests/pcg_core/
-# test_fresh_paths.py turns it on (fresh_from) and is the reproduction.
+# (None) until its GPU test passes whole and it pays: on the H100, 2026-12-06, graph variants replayed up to 5.4 off
+# eager and the fresh MLA prefill was 15× transformers' expanded form at 2048 tokens; 2026-12-07
+# (benchmarks/results/2026-12-07-h100-fresh-paths-ref/) every replay was bitwise equal to eager, but full never
+# recorded the fresh variant (fixed since, not yet run on a GPU) and the prefill was still 2.1× expanded.
+# tests/pcg_core/test_fresh_paths.py turns it on (fresh_from) and is the reproduction.
 FRESH_PATH_MIN_TOKENS: int | None = None
 # The most sequences a forward on the fresh path holds (more: the cache-reading path). FlashAttention's varlen grid
 # is (query blocks of the longest sequence) × (sequences) × heads, and a graph fixes both counts: the bounds hold

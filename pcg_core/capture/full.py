@@ -32,6 +32,9 @@ class FullBackend(PiecewiseBackend):
     def records_split_ops(self) -> bool:
         return True  # in the one graph
 
+    def capture_passes(self, bucket: int) -> tuple[bool, ...]:
+        return self.variants(bucket)  # a pass per variant: each is the whole forward (not piecewise's one pass)
+
     def setup(self) -> None:
         if self._traced():
             super().setup()

@@ -3,6 +3,7 @@ rows. MLA's expanded prefill (pcg_core/attention/mla_op.py: per-head keys and va
 every other forward absorbed) held to transformers' own forward, to the absorbed form (eager at every bucket edge
 with it: test_mla.py), its faults planted; varlen's read of the forward's own K and V instead of a gather (GPU)."""
 
+import copy
 import json
 
 import pytest
@@ -70,6 +71,21 @@ def test_below_the_threshold_and_after_a_prefix_it_stays_absorbed(deepseek, fres
     assert len(expanded_calls) == 2 * deepseek.config.num_hidden_layers
 
 
+@pytest.mark.parametrize("backend", ["piecewise", "breakable", "full"])
+def test_every_graph_a_forward_looks_up_has_a_capture_pass(deepseek, backend, fresh_from):
+    """The key a replay looks up (bucket, and the variant where the backend records split ops) is one a capture pass
+    at that bucket stores: a missing variant would not fail, it would run eagerly at every fresh forward (found on
+    the H100: full recorded one pass per bucket, so its fresh prefills never replayed). CPU: the plan alone."""
+    fresh_from(128)
+    engine = make_engine(deepseek.model, backend, max_tokens=256)
+    graphs = engine.backend
+    for bucket in engine.config.capture.ladder:
+        stored = {graphs.key(bucket, fresh) for fresh in graphs.capture_passes(bucket)}
+        looked_up = {graphs.key(bucket, fresh) for fresh in (False, bucket >= 128)}  # fresh_path needs ≥ fresh_min
+        assert looked_up <= stored, (bucket, stored)
+        assert len(graphs.capture_passes(bucket)) == (2 if backend == "full" and bucket >= 128 else 1)
+
+
 def test_the_path_is_a_function_of_the_batch_and_its_padding(deepseek, configs, fresh_from):
     fresh_from(32)
     engine = make_engine(deepseek.model, "piecewise")
@@ -116,7 +132,6 @@ def test_fresh_and_absorbed_agree_over_an_fp8_latent_cache(deepseek, fresh_from)
     """With an FP8 KV cache the expansion reads the latent rows back as the cache holds them, so the expanded and
     absorbed forms attend over the same rounded numbers (float32: summation order apart); attending over the
     unrounded rows instead is an FP8 step away."""
-    import copy
 
     from pcg_core import CaptureConfig, Engine, EngineConfig
     from pcg_core.engine.kv_scales import calibrate_kv_scales, set_kv_scales
@@ -221,6 +236,20 @@ def test_flash_fresh_attention_matches_the_masked_sdpa(t, dtype, heads, qk, v):
     assert ((flash.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+def _transformers_hidden(lm, prompts: list[list[int]]) -> torch.Tensor:
+    """transformers' own forward of each prompt alone (its SDPA attention, eager experts) on lm's weights and dtype:
+    the final hidden states, packed back to back like the engine's rows."""
+    from transformers import AutoModelForCausalLM
+
+    device = next(lm.model.parameters()).device
+    own = AutoModelForCausalLM.from_config(copy.deepcopy(lm.config), attn_implementation="sdpa",
+                                           experts_implementation="eager", dtype=lm.model.dtype).eval()
+    own.load_state_dict(lm.model.state_dict())
+    own.to(device)
+    with torch.no_grad():
+        return torch.cat([own.model(input_ids=torch.tensor([p], device=device)).last_hidden_state[0] for p in prompts])
+
+
 GPU_MODELS = {"deepseek-v3": "deepseek-ai__DeepSeek-V3.json", "llama": "meta-llama__Llama-3.1-8B-Instruct.json"}
 
 
@@ -233,8 +262,8 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
                                                                           fresh_from):
     """From fresh_min up, piecewise and full record the op once per path (breakable chooses in its hole); a fresh
     prefill, a small one, a prefill over a cached prefix and a decode step each replay bitwise what eager computes at
-    the same padding; the fresh path is as near float32 as the cache-reading one (MLA absorbed, varlen's gather)."""
-    import copy
+    the same padding; the fresh path is as near float32 as the cache-reading one (MLA absorbed, varlen's gather)
+    or transformers' own forward."""
 
     from pcg_core import CaptureConfig, Engine, EngineConfig
     from pcg_core.engine.inputs import PackedBatch
@@ -248,12 +277,12 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
 
     def build(b):
         return Engine(net, EngineConfig(device="cuda", dtype="bfloat16", attention=attention, kv_cache=kv_cache,
-                                        kv_slots=1024, capture=CaptureConfig(backend=b, max_tokens=256)))
+                                        kv_slots=2048, capture=CaptureConfig(backend=b, max_tokens=256)))
 
     fresh_from(10**6)
     cache_reading = build("disabled")
     reference = Engine(copy.deepcopy(net).float(), EngineConfig(device="cuda", dtype="float32", attention="sdpa",
-                                                                kv_cache=kv_cache, kv_slots=1024,
+                                                                kv_cache=kv_cache, kv_slots=2048,
                                                                 capture=CaptureConfig(backend="disabled", max_tokens=256)))
     fresh_from(128)
     engine = build(backend)
@@ -280,9 +309,14 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
         eager = engine.forward(b, eager=True).clone()
         assert torch.equal(replay, eager), (lengths, start, (replay.float() - eager.float()).abs().max())
         # both paths held to float32 (the cache-reading one): bf16 moves a tiny MoE's hidden states by several percent
-        # on either path (DeepSeek-V3 on the CPU: 5.5% absorbed, 8.1% expanded, 6.1% apart), so the fresh one may
-        # be no further from it than twice the cache-reading one's distance, plus 1%
+        # on either path, so the fresh one may be no further from it than twice the cache-reading one's distance or
+        # than transformers' own bf16 forward of each sequence (the model as written: DeepSeek-V3's expanded form
+        # lies 4.2% from float32 on the H100 where the absorbed one lies 1.4%; pcg's fresh path lies where it does,
+        # as on the CPU), plus 1%
         want = reference.forward(outs[2], pad_to=bucket, eager=True)
         other = cache_reading.forward(outs[1], pad_to=bucket, eager=True).float()
         err, err_other = (((x.float() - want).norm() / want.norm()).item() for x in (eager, other))
-        assert err <= 2 * err_other + 1e-2, (lengths, start, err, err_other)
+        own = _transformers_hidden(lm, [prompts_of([n], lm.config.vocab_size, seed=i)[0] for i, n in enumerate(lengths)]) \
+            if start == 0 else other
+        err_own = ((own.float() - want).norm() / want.norm()).item()
+        assert err <= max(2 * err_other, err_own) + 1e-2, (lengths, start, err, err_other, err_own)
