@@ -101,6 +101,10 @@ class GraphBackend(CaptureBackend):
     """
 
     pads = True
+    # A forward whose key has no entry runs `run_padded` with no graph at all (full, breakable): every key a forward
+    # may look up must then have been captured. Piecewise keeps graphs in its pieces as well, so a bucket without a
+    # whole-forward plan still replays them.
+    entry_per_key: ClassVar[bool] = True
 
     def __init__(self, body: Body, config: CaptureConfig, device: torch.device, make_inputs: MakeInputs,
                  attn_backend: AttentionBackend | None = None):
@@ -170,10 +174,23 @@ class GraphBackend(CaptureBackend):
                 self.pool.abort()
                 raise
             torch.cuda.synchronize(self.device)
+        if missing := self.missing_entries():
+            raise RuntimeError(f"capture backend {self.name!r} captured no graph for {missing[:4]}: those forwards would "
+                               "run eagerly under a graph backend, and graph = eager would hold trivially")
         self.stats.capture_s = time.perf_counter() - t0
         torch.cuda.empty_cache()
         self.stats.graph_pool_bytes = max(0, torch.cuda.memory_reserved(self.device) - reserved0)
         self.stats.graphs_captured = self.pool.graphs_captured
+
+    def missing_entries(self) -> list[GraphKey]:
+        """The keys a forward may look up (each bucket; from fresh_min up, its fresh variant too) that no capture
+        stored, where a miss would run with no graph (`entry_per_key`)."""
+        if not self.entry_per_key:
+            return []
+        low = self.fresh_min
+        looked_up = {self.key(b, fresh) for b in self.config.ladder
+                     for fresh in ((False, True) if low is not None and b >= low else (False,))}
+        return sorted((k for k in looked_up if k not in self.entries), key=str)
 
     def _capture_bucket(self, bucket: int, fresh_path: bool = False) -> None:
         input_ids, positions, ctx = self.make_inputs(bucket)

@@ -22,6 +22,7 @@ from pcg_core.forward_context import CaptureMode
 class FullBackend(PiecewiseBackend):
     name = "full"
     requires_capturable_attention = True  # the base class refuses other attention backends with a ConfigError
+    entry_per_key = True  # one graph per key, no pieces of its own: a miss would run eagerly
 
     def _traced(self) -> bool:
         return self.config.compiler == "inductor"

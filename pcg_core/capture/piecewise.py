@@ -151,6 +151,7 @@ def _data_ptrs(out: Any) -> list[int]:
 @register_capture_backend
 class PiecewiseBackend(GraphBackend):
     name = "piecewise"
+    entry_per_key = False  # a bucket without a whole-forward plan (an eager split op) still replays its pieces
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

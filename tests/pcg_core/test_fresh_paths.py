@@ -84,6 +84,15 @@ def test_every_graph_a_forward_looks_up_has_a_capture_pass(deepseek, backend, fr
         looked_up = {graphs.key(bucket, fresh) for fresh in (False, bucket >= 128)}  # fresh_path needs ≥ fresh_min
         assert looked_up <= stored, (bucket, stored)
         assert len(graphs.capture_passes(bucket)) == (2 if backend == "full" and bucket >= 128 else 1)
+    # what prepare() checks on CUDA after capturing: stored as the passes store them, nothing is missing; a variant
+    # dropped is named
+    graphs.entries = {graphs.key(b, fresh): object() for b in engine.config.capture.ladder
+                      for fresh in graphs.capture_passes(b)}
+    assert graphs.missing_entries() == []
+    if graphs.entry_per_key:
+        dropped = graphs.key(256, True)
+        del graphs.entries[dropped]
+        assert graphs.missing_entries() == [dropped]
 
 
 def test_the_path_is_a_function_of_the_batch_and_its_padding(deepseek, configs, fresh_from):
