@@ -6,7 +6,8 @@ token count alone, so a graph can record it. The packed rows of one sequence are
 last (engine/inputs.py), so the sequences' boundaries are where the sequence id changes.
 - CUDA, half precision: FlashAttention-2 through torch's varlen_attn, cu_seqlens counted on the device (padding
   rows form one more sequence, whose output is zeroed after). FlashAttention-2 wants one head width for keys and
-  values, so the values are padded with zeros to the keys' width and the output cut back.
+  values, so the values are padded with zeros to the keys' width and the output cut back. Or (FRESH_KERNEL
+  "efficient") torch's memory-efficient kernel over the same bounds, which takes the values at their own width.
 - Anywhere else (the CPU, float32): SDPA with the block-diagonal causal mask.
 """
 
@@ -36,6 +37,11 @@ FRESH_PATH_MIN_TOKENS: int | None = None
 # T² blocks: pcg's fresh MLA prefill of 2048 tokens took 12.5 ms on the H100, 15× the expanded form.
 FRESH_PATH_MAX_SEQS = 32
 
+# The CUDA kernel of the fresh path: "flash" (FlashAttention-2, values padded to the keys' width) or "efficient"
+# (torch's memory-efficient varlen kernel, values as they are). benchmarks/mla_prefill.py times both at DeepSeek-V3's
+# widths (192/128) beside transformers' expanded form; the faster one on the H200 is the default.
+FRESH_KERNEL = "flash"
+
 _flash_attn: Callable[..., Any] | None
 try:
     from torch.nn.attention.varlen import varlen_attn
@@ -48,10 +54,14 @@ except ImportError:  # a torch without it: the SDPA path
 
 
 def fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
-    """q, k [T, H, Dqk], v [T, H, Dv] → [T, H, Dv]; padding rows hold anything (the caller zeroes them)."""
-    if _flash_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        return _flash(q, k, v, md, scale)
+                    scale: float, kernel: str | None = None) -> torch.Tensor:
+    """q, k [T, H, Dqk], v [T, H, Dv] → [T, H, Dv]; padding rows hold anything (the caller zeroes them).
+    kernel: the CUDA kernel, FRESH_KERNEL unless given (a benchmark's choice)."""
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        if (kernel or FRESH_KERNEL) == "efficient":
+            return _efficient(q, k, v, md, scale)
+        if _flash_attn is not None:
+            return _flash(q, k, v, md, scale)
     return _sdpa(q, k, v, md, scale)
 
 
@@ -80,6 +90,15 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetad
     cu = md.fresh_bounds if md.fresh_bounds is not None else sequence_bounds(md.seq_ids)
     out = _flash_attn(q, k, v, cu, cu, t, t, scale=scale, **_CAUSAL)  # no aux asked: one tensor
     return cast(torch.Tensor, out)[..., :dv]
+
+
+def _efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    t = q.shape[0]
+    cu = md.fresh_bounds if md.fresh_bounds is not None else sequence_bounds(md.seq_ids)
+    # [1, T, H, D] with the sequences' bounds; mask type 1: causal from each sequence's first row (queries = keys)
+    out = torch.ops.aten._efficient_attention_forward(q[None], k[None], v[None], None, cu, cu, t, t, 0.0, 1, False,
+                                                      scale=scale)[0]
+    return cast(torch.Tensor, out)[0]
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:

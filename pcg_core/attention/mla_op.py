@@ -49,9 +49,9 @@ def _mla_attention(q_nope: torch.Tensor, q_rot: torch.Tensor, latent: torch.Tens
 
 
 def expanded_attention(q_nope: torch.Tensor, q_rot: torch.Tensor, rows: torch.Tensor, w_kv: torch.Tensor,
-                       md: AttentionMetadata, scale: float) -> torch.Tensor:
+                       md: AttentionMetadata, scale: float, kernel: str | None = None) -> torch.Tensor:
     """The expanded form over the forward's own latent rows [T, rank + rope]: per-head keys [W_UK c, k_rot] and
-    values W_UV c, each sequence causal over itself → [T, H, v] (padding rows: anything)."""
+    values W_UV c, each sequence causal over itself → [T, H, v] (padding rows: anything). kernel: fresh_attention's."""
     nope, rank, heads = q_nope.shape[-1], w_kv.shape[-1], q_nope.shape[1]
     c, k_rot = rows[:, :rank], rows[:, rank:]
     # one GEMM over kv_b_proj's whole weight, as the module itself runs it (per-head einsums over the key and value
@@ -59,7 +59,7 @@ def expanded_attention(q_nope: torch.Tensor, q_rot: torch.Tensor, rows: torch.Te
     kv = F.linear(c, w_kv.reshape(-1, rank)).view(rows.shape[0], heads, -1)  # [T, H, nope + v]
     keys = torch.cat([kv[..., :nope], k_rot[:, None, :].expand(-1, heads, -1)], dim=-1)
     values = kv[..., nope:]
-    return fresh_attention(torch.cat([q_nope, q_rot], dim=-1), keys, values, md, scale)
+    return fresh_attention(torch.cat([q_nope, q_rot], dim=-1), keys, values, md, scale, kernel)
 
 
 @torch.library.custom_op("pcg::mla_attention", mutates_args=("out",))

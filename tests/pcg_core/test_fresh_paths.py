@@ -227,8 +227,12 @@ def test_without_a_fault_the_same_check_holds(deepseek, fresh_from):
 @pytest.mark.parametrize("t", [128, 300])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("heads,qk,v", [(4, 24, 16), (16, 192, 128)])  # tiny; DeepSeek-V3's widths
-def test_flash_fresh_attention_matches_the_masked_sdpa(t, dtype, heads, qk, v):
-    pytest.importorskip("torch.nn.attention.varlen")
+@pytest.mark.parametrize("kernel", ["flash", "efficient"])
+def test_fresh_attention_kernels_match_the_masked_sdpa_and_replay_bitwise(t, dtype, heads, qk, v, kernel):
+    """Each CUDA kernel of the fresh path (FRESH_KERNEL) against the masked SDPA in float32, over sequences of odd
+    lengths and padding; recorded in a CUDA graph, its replay bitwise equal to the eager call."""
+    if kernel == "flash":
+        pytest.importorskip("torch.nn.attention.varlen")
     from pcg_core.attention.metadata import AttentionMetadata
 
     dt = getattr(torch, dtype)
@@ -240,9 +244,21 @@ def test_flash_fresh_attention_matches_the_masked_sdpa(t, dtype, heads, qk, v):
     md = AttentionMetadata(t, n, torch.zeros(t, dtype=torch.int64, device="cuda"), pos, seq, seq >= 0)
     q, k = (torch.randn(t, heads, qk, device="cuda", generator=g, dtype=dt) for _ in range(2))
     val = torch.randn(t, heads, v, device="cuda", generator=g, dtype=dt)
-    flash, ref = fresh._flash(q, k, val, md, qk ** -0.5)[:n], fresh._sdpa(q.float(), k.float(), val.float(), md, qk ** -0.5)[:n]
-    assert flash.shape == (n, heads, v)
-    assert ((flash.float() - ref).norm() / ref.norm()).item() < 1e-2
+    got = fresh.fresh_attention(q, k, val, md, qk ** -0.5, kernel)[:n]
+    ref = fresh._sdpa(q.float(), k.float(), val.float(), md, qk ** -0.5)[:n]
+    assert got.shape == (n, heads, v)
+    assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fresh.fresh_attention(q, k, val, md, qk ** -0.5, kernel)  # warm-up off the default stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recorded = fresh.fresh_attention(q, k, val, md, qk ** -0.5, kernel)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(recorded[:n], got)
 
 
 def _transformers_hidden(lm, prompts: list[list[int]]) -> torch.Tensor:
