@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.cell.timing import median_ms
+from pcg_core.attention.fresh import FreshKernel
 from pcg_core.attention.metadata import AttentionMetadata
 from pcg_core.attention.mla_op import expanded_attention
 
@@ -77,7 +78,7 @@ def expanded(x: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
     return o[0].transpose(0, 1)
 
 
-def pcg_fresh(x: dict[str, torch.Tensor], scale: float, kernel: str = "flash") -> torch.Tensor:
+def pcg_fresh(x: dict[str, torch.Tensor], scale: float, kernel: FreshKernel = "flash") -> torch.Tensor:
     """[T, H, v]: what pcg's split op runs for a fresh prefill (pcg_core/attention/mla_op.py: the expansion, then
     FlashAttention-2 over the sequence's own rows on CUDA), one sequence of T tokens."""
     t = x["c"].shape[0]

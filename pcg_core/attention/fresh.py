@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +40,8 @@ FRESH_PATH_MAX_SEQS = 32
 # The CUDA kernel of the fresh path: "flash" (FlashAttention-2, values padded to the keys' width) or "efficient"
 # (torch's memory-efficient varlen kernel, values as they are). benchmarks/mla_prefill.py times both at DeepSeek-V3's
 # widths (192/128) beside transformers' expanded form; the faster one on the H200 is the default.
-FRESH_KERNEL = "flash"
+FreshKernel = Literal["flash", "efficient"]
+FRESH_KERNEL: FreshKernel = "flash"
 
 _flash_attn: Callable[..., Any] | None
 try:
@@ -54,7 +55,7 @@ except ImportError:  # a torch without it: the SDPA path
 
 
 def fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
-                    scale: float, kernel: str | None = None) -> torch.Tensor:
+                    scale: float, kernel: FreshKernel | None = None) -> torch.Tensor:
     """q, k [T, H, Dqk], v [T, H, Dv] → [T, H, Dv]; padding rows hold anything (the caller zeroes them).
     kernel: the CUDA kernel, FRESH_KERNEL unless given (a benchmark's choice)."""
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
@@ -82,19 +83,24 @@ def sequence_bounds(seq_ids: torch.Tensor, max_seqs: int = FRESH_PATH_MAX_SEQS,
     return torch.cumsum(counts, 0, dtype=torch.int32, out=out)
 
 
+def _bounds(md: AttentionMetadata) -> torch.Tensor:
+    """The forward's cu_seqlens: built once with the upload (the engine's), else here."""
+    return md.fresh_bounds if md.fresh_bounds is not None else sequence_bounds(md.seq_ids)
+
+
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
     assert _flash_attn is not None  # fresh_attention's condition
     t, dv = q.shape[0], v.shape[-1]
     if dv < q.shape[-1]:
         v = F.pad(v, (0, q.shape[-1] - dv))
-    cu = md.fresh_bounds if md.fresh_bounds is not None else sequence_bounds(md.seq_ids)
+    cu = _bounds(md)
     out = _flash_attn(q, k, v, cu, cu, t, t, scale=scale, **_CAUSAL)  # no aux asked: one tensor
     return cast(torch.Tensor, out)[..., :dv]
 
 
 def _efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
     t = q.shape[0]
-    cu = md.fresh_bounds if md.fresh_bounds is not None else sequence_bounds(md.seq_ids)
+    cu = _bounds(md)
     # [1, T, H, D] with the sequences' bounds; mask type 1: causal from each sequence's first row (queries = keys)
     out = torch.ops.aten._efficient_attention_forward(q[None], k[None], v[None], None, cu, cu, t, t, 0.0, 1, False,
                                                       scale=scale)[0]

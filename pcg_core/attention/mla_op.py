@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from pcg_core.attention.backend import write_kv, zero_padding
-from pcg_core.attention.fresh import fresh_attention
+from pcg_core.attention.fresh import FreshKernel, fresh_attention
 from pcg_core.attention.metadata import AttentionMetadata, LayerParams
 from pcg_core.attention.op import call_backend, check_layer
 from pcg_core.forward_context import get_forward_context
@@ -49,7 +49,7 @@ def _mla_attention(q_nope: torch.Tensor, q_rot: torch.Tensor, latent: torch.Tens
 
 
 def expanded_attention(q_nope: torch.Tensor, q_rot: torch.Tensor, rows: torch.Tensor, w_kv: torch.Tensor,
-                       md: AttentionMetadata, scale: float, kernel: str | None = None) -> torch.Tensor:
+                       md: AttentionMetadata, scale: float, kernel: FreshKernel | None = None) -> torch.Tensor:
     """The expanded form over the forward's own latent rows [T, rank + rope]: per-head keys [W_UK c, k_rot] and
     values W_UV c, each sequence causal over itself → [T, H, v] (padding rows: anything). kernel: fresh_attention's."""
     nope, rank, heads = q_nope.shape[-1], w_kv.shape[-1], q_nope.shape[1]

@@ -112,8 +112,12 @@ class Engine:
         self.attn_backend = attn_cls(self.cache, config.capture.max_tokens)
         # None unless the model has linear layers
         self.linear_state = make_linear_state(model.config, config, tp.group.size if tp is not None else 1)
+        # The smallest forward that takes the split ops' fresh-sequence paths (None: neither the model nor the
+        # attention backend has one, or the paths are off); graphs that record split ops get a variant from it up.
         mla = mla_installed(model)
-        self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device, fresh_bounds=mla)
+        fresh_min = FRESH_PATH_MIN_TOKENS if mla or attn_cls.fresh_path else None
+        self.inputs = InputBuffers(config.capture.max_tokens, self.cache, self.device,
+                                   fresh_bounds=mla and fresh_min is not None)
         # A VLM: its vision front end runs eagerly into static buffers the captured text decoder reads.
         self.vision = VisionInputs(model, config.capture.max_tokens, self.device) if VisionInputs.wanted(model) else None
         self.decoder = model.get_decoder()
@@ -121,10 +125,7 @@ class Engine:
         self.on_forward: ForwardListener | None = None
         # The capture backend (self.attn_backend is attention's); it also checks the backend name.
         self.backend = make_capture_backend(config.capture, self._body, self.device, self._dummy_inputs, self.attn_backend)
-        # The smallest forward that takes the split ops' fresh-sequence paths (None: neither the model nor the
-        # attention backend has one); graphs that record split ops get a variant for them from this bucket up.
-        fresh = mla or attn_cls.fresh_path
-        self.backend.fresh_min = FRESH_PATH_MIN_TOKENS if fresh else None
+        self.backend.fresh_min = fresh_min
         self.prep = PrepGraphs(self.inputs, self.attn_backend, self.device)
         with torch.inference_mode(False), torch.no_grad():
             self.backend.prepare()

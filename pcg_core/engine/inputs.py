@@ -55,7 +55,7 @@ class InputBuffers:
 
     def __init__(self, capacity: int, cache: KVCache, device: torch.device, fresh_bounds: bool = False):
         """fresh_bounds: the upload also builds the sequences' cu_seqlens (AttentionMetadata.fresh_bounds), once per
-        forward instead of once per layer, for a model whose split ops have a fresh path over them (MLA)."""
+        forward instead of once per layer, for a model whose split ops take a fresh path over them (MLA, the path on)."""
         self.capacity = capacity
         self.cache = cache
         self.device = device

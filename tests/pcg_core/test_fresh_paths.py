@@ -121,9 +121,14 @@ def test_sequence_bounds_are_the_runs_then_the_padding_at_a_fixed_length(lengths
     assert len(got) == 6 + 2 and got == want + [want[-1]] * (len(got) - len(want))
 
 
-def test_an_mla_engine_builds_the_bounds_once_per_forward_in_one_static_buffer(deepseek, configs):
-    """The upload writes the forward's cu_seqlens (what every layer's FlashAttention call reads on CUDA) into one
-    buffer, the same for any batch as building them from the uploaded sequence ids; a model without MLA has none."""
+def test_an_mla_engine_builds_the_bounds_once_per_forward_in_one_static_buffer(deepseek, configs, fresh_from):
+    """The upload writes the forward's cu_seqlens (what every layer's fresh kernel reads on CUDA) into one buffer,
+    the same for any batch as building them from the uploaded sequence ids; a model without MLA has none, nor an MLA
+    model with the fresh paths off."""
+    fresh_from(None)
+    off = make_engine(deepseek.model, "piecewise")
+    assert off.stage_inputs(off.prefill_batch([[5, 6, 7]]), 8, replay=False)[2].fresh_bounds is None
+    fresh_from(128)
     engine = make_engine(deepseek.model, "piecewise", max_tokens=128, kv_slots=1024)
     where = set()
     for lengths in ([37, 11, 23], [5], [1] * (fresh.FRESH_PATH_MAX_SEQS + 8), [2, 60]):

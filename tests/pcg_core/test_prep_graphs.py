@@ -142,7 +142,10 @@ def _prep_matches_eager(engine, batches, bucket) -> bool:
 def test_gpu_prep_graph_replay_equals_the_eager_metadata(arch, attention, backend, planted, monkeypatch):
     from pcg_core import CaptureConfig, Engine, EngineConfig, load_model
 
-    if arch == "deepseek-v3":  # MLA: the upload also builds the sequences' bounds (AttentionMetadata.fresh_bounds)
+    if arch == "deepseek-v3":  # MLA, fresh paths on: the upload also builds the sequences' bounds (fresh_bounds)
+        from pcg_core.engine import engine as engine_module
+
+        monkeypatch.setattr(engine_module, "FRESH_PATH_MIN_TOKENS", 128)
         lm = load_model(CONFIGS / "deepseek-ai__DeepSeek-V3.json", tiny=True, layers=2, dtype=torch.bfloat16,
                         device="cuda")
     else:
@@ -150,6 +153,7 @@ def test_gpu_prep_graph_replay_equals_the_eager_metadata(arch, attention, backen
     engine = Engine(lm.model, EngineConfig(device="cuda", dtype="bfloat16", attention=attention, kv_slots=1024,
                                            capture=CaptureConfig(backend=backend, max_tokens=256)))
     assert engine.prep.enabled and set(engine.prep.graphs) == set(engine.config.capture.ladder)
+    assert (engine.inputs._dev.get("bounds") is not None) == (arch == "deepseek-v3")
     if planted:  # the graph is never replayed: the buffers keep the last batch's metadata
         monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: None)
     # batches that change page layout and lengths between forwards of one bucket (128 tokens)
