@@ -191,16 +191,22 @@ def plant_stale_positions(engine, monkeypatch):
     return calls
 
 
-def transformers_prompt_logprobs(lm, prompt: list[int]) -> list[float]:
-    """The prompt logprobs of transformers' own modules as written (eager attention, eager experts; DeepSeek's
-    expanded MLA), built from lm's config with lm's weights and dtype: the reference a model port is held to."""
+def transformers_twin(lm, attn_implementation: str = "eager"):
+    """transformers' own modules as written (eager experts; DeepSeek's expanded MLA), built from lm's config with
+    lm's weights, dtype and device: the reference a model port is held to."""
     import copy
 
     from transformers import AutoModelForCausalLM
 
-    ref = AutoModelForCausalLM.from_config(copy.deepcopy(lm.config), attn_implementation="eager",
+    ref = AutoModelForCausalLM.from_config(copy.deepcopy(lm.config), attn_implementation=attn_implementation,
                                            experts_implementation="eager", dtype=lm.model.dtype).eval()
     ref.load_state_dict(lm.model.state_dict())
+    return ref.to(next(lm.model.parameters()).device)
+
+
+def transformers_prompt_logprobs(lm, prompt: list[int]) -> list[float]:
+    """The prompt logprobs of transformers' own forward (transformers_twin, eager attention)."""
+    ref = transformers_twin(lm)
     with torch.no_grad():
         lp = torch.log_softmax(ref(input_ids=torch.tensor([prompt])).logits[0].float(), -1)
     return lp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].tolist()

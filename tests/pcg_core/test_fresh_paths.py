@@ -12,7 +12,7 @@ import torch
 from pcg_core import load_model
 from pcg_core.attention import fresh, mla_op
 from pcg_core.engine import engine as engine_module
-from pcg_helpers import make_engine, prompts_of, transformers_prompt_logprobs
+from pcg_helpers import make_engine, prompts_of, transformers_prompt_logprobs, transformers_twin
 
 PROMPTS = [list(range(3, 40)), list(range(50, 61)), list(range(7, 30))]  # 71 tokens, three sequences
 
@@ -247,8 +247,14 @@ def test_fresh_attention_kernels_match_the_masked_sdpa_and_replay_bitwise(t, dty
     seq = torch.cat([torch.full((k,), i, dtype=torch.int32) for i, k in enumerate(lengths)] + [torch.full((t - n,), -2, dtype=torch.int32)]).cuda()
     pos = torch.cat([torch.arange(k) for k in lengths] + [torch.zeros(t - n, dtype=torch.int64)]).cuda()
     md = AttentionMetadata(t, n, torch.zeros(t, dtype=torch.int64, device="cuda"), pos, seq, seq >= 0)
-    q, k = (torch.randn(t, heads, qk, device="cuda", generator=g, dtype=dt) for _ in range(2))
-    val = torch.randn(t, heads, v, device="cuda", generator=g, dtype=dt)
+    # scales that vary by head and by token, with outlier tokens (as real queries and keys have): uniform inputs give
+    # flat attention, where a wrong causal edge or a sequence leak moves the output least
+    head_scale = torch.logspace(-0.5, 0.5, heads, device="cuda")[:, None]
+    token_scale = torch.rand(t, 1, 1, device="cuda", generator=g) + 0.5
+    token_scale[torch.randperm(t, device="cuda", generator=g)[: max(1, t // 50)]] *= 6  # outlier keys and values
+    q = (torch.randn(t, heads, qk, device="cuda", generator=g) * head_scale).to(dt)
+    k = (torch.randn(t, heads, qk, device="cuda", generator=g) * head_scale * token_scale).to(dt)
+    val = (torch.randn(t, heads, v, device="cuda", generator=g) * token_scale).to(dt)
     got = fresh.fresh_attention(q, k, val, md, qk ** -0.5, kernel)[:n]
     ref = fresh._sdpa(q.float(), k.float(), val.float(), md, qk ** -0.5)[:n]
     assert got.shape == (n, heads, v)
@@ -266,16 +272,10 @@ def test_fresh_attention_kernels_match_the_masked_sdpa_and_replay_bitwise(t, dty
     assert torch.equal(recorded[:n], got)
 
 
-def _transformers_hidden(lm, prompts: list[list[int]]) -> torch.Tensor:
-    """transformers' own forward of each prompt alone (its SDPA attention, eager experts) on lm's weights and dtype:
-    the final hidden states, packed back to back like the engine's rows."""
-    from transformers import AutoModelForCausalLM
-
-    device = next(lm.model.parameters()).device
-    own = AutoModelForCausalLM.from_config(copy.deepcopy(lm.config), attn_implementation="sdpa",
-                                           experts_implementation="eager", dtype=lm.model.dtype).eval()
-    own.load_state_dict(lm.model.state_dict())
-    own.to(device)
+def _transformers_hidden(own, prompts: list[list[int]]) -> torch.Tensor:
+    """transformers' own forward (a transformers_twin) of each prompt alone: the final hidden states, packed back to
+    back like the engine's rows."""
+    device = next(own.parameters()).device
     with torch.no_grad():
         return torch.cat([own.model(input_ids=torch.tensor([p], device=device)).last_hidden_state[0] for p in prompts])
 
@@ -314,6 +314,7 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
     reference = Engine(copy.deepcopy(net).float(), EngineConfig(device="cuda", dtype="float32", attention="sdpa",
                                                                 kv_cache=kv_cache, kv_slots=2048,
                                                                 capture=CaptureConfig(backend="disabled", max_tokens=256)))
+    twin = transformers_twin(lm, "sdpa")  # built once: each fresh batch's sequences run through it alone
     fresh_from(128)
     engine = build(backend)
     ladder = engine.config.capture.ladder
@@ -346,7 +347,7 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
         want = reference.forward(outs[2], pad_to=bucket, eager=True)
         other = cache_reading.forward(outs[1], pad_to=bucket, eager=True).float()
         err, err_other = (((x.float() - want).norm() / want.norm()).item() for x in (eager, other))
-        own = _transformers_hidden(lm, [prompts_of([n], lm.config.vocab_size, seed=i)[0] for i, n in enumerate(lengths)]) \
+        own = _transformers_hidden(twin, [prompts_of([n], lm.config.vocab_size, seed=i)[0] for i, n in enumerate(lengths)]) \
             if start == 0 else other
         err_own = ((own.float() - want).norm() / want.norm()).item()
         assert err <= max(2 * err_other, err_own) + 1e-2, (lengths, start, err, err_other, err_own)
