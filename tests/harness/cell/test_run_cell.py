@@ -36,7 +36,9 @@ def test_cell_json_passes_on_tiny_moe(graph, capsys):
     assert set(m.latency.latency_ms) == {8, 32} and all(v > 0 for v in m.latency.speedup.values())
     assert set(m.process.phase_s) == {"load", "eager", "reference", "capture", "run", "latency"}  # where the cell's time went
     assert m.judge.reference.status == "pass" and m.judge.reference.positions > 0  # eager held to transformers' forward
-    assert all(v >= 0 for v in m.process.phase_s.values()) and sum(m.process.phase_s.values()) <= m.process.cell_s + 1e-3
+    # each phase and the total are rounded to the millisecond: the sum may overshoot by half a millisecond per rounding
+    rounding = 5e-4 * (len(m.process.phase_s) + 1)
+    assert all(v >= 0 for v in m.process.phase_s.values()) and sum(m.process.phase_s.values()) <= m.process.cell_s + rounding
 
 
 def test_cell_on_a_config_not_tested_elsewhere(tmp_path):
