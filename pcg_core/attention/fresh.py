@@ -6,8 +6,9 @@ token count alone, so a graph can record it. The packed rows of one sequence are
 last (engine/inputs.py), so the sequences' boundaries are where the sequence id changes.
 - CUDA, half precision: FlashAttention-2 through torch's varlen_attn, cu_seqlens counted on the device (padding
   rows form one more sequence, whose output is zeroed after). FlashAttention-2 wants one head width for keys and
-  values, so the values are padded with zeros to the keys' width and the output cut back. Or (FRESH_KERNEL
-  "efficient") torch's memory-efficient kernel over the same bounds, which takes the values at their own width.
+  values, so the values are padded with zeros to the keys' width and the output cut back. Or (FRESH_KERNEL)
+  torch's memory-efficient kernel or cuDNN's ragged attention over the same bounds, which take the values at their
+  own width.
 - Anywhere else (the CPU, float32): SDPA with the block-diagonal causal mask.
 """
 
@@ -37,10 +38,13 @@ FRESH_PATH_MIN_TOKENS: int | None = None
 # T² blocks: pcg's fresh MLA prefill of 2048 tokens took 12.5 ms on the H100, 15× the expanded form.
 FRESH_PATH_MAX_SEQS = 32
 
-# The CUDA kernel of the fresh path: "flash" (FlashAttention-2, values padded to the keys' width) or "efficient"
-# (torch's memory-efficient varlen kernel, values as they are). benchmarks/mla_prefill.py times both at DeepSeek-V3's
-# widths (192/128) beside transformers' expanded form; the faster one on the H200 is the default.
-FreshKernel = Literal["flash", "efficient"]
+# The CUDA kernel of the fresh path: "flash" (FlashAttention-2, values padded to the keys' width), "efficient"
+# (torch's memory-efficient varlen kernel, values as they are) or "cudnn" (cuDNN's attention over ragged rows, as
+# torch's nested tensors and varlen_attn's cuDNN backend call it; Hopper kernels, values as they are). FlashAttention-2
+# and the memory-efficient kernel launch a block per (query block of the longest sequence × sequence slot × head): with
+# FRESH_PATH_MAX_SEQS slots, most of them empty. benchmarks/mla_prefill.py times each at DeepSeek-V3's widths (192/128)
+# beside transformers' expanded form; the fastest on the H200 is the default.
+FreshKernel = Literal["flash", "efficient", "cudnn"]
 FRESH_KERNEL: FreshKernel = "flash"
 
 _flash_attn: Callable[..., Any] | None
@@ -59,8 +63,11 @@ def fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: Atten
     """q, k [T, H, Dqk], v [T, H, Dv] → [T, H, Dv]; padding rows hold anything (the caller zeroes them).
     kernel: the CUDA kernel, FRESH_KERNEL unless given (a benchmark's choice)."""
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        if (kernel or FRESH_KERNEL) == "efficient":
+        chosen = kernel or FRESH_KERNEL
+        if chosen == "efficient":
             return _efficient(q, k, v, md, scale)
+        if chosen == "cudnn":
+            return _cudnn(q, k, v, md, scale)
         if _flash_attn is not None:
             return _flash(q, k, v, md, scale)
     return _sdpa(q, k, v, md, scale)
@@ -105,6 +112,15 @@ def _efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionM
     out = torch.ops.aten._efficient_attention_forward(q[None], k[None], v[None], None, cu, cu, t, t, 0.0, 1, False,
                                                       scale=scale)[0]
     return cast(torch.Tensor, out)[0]
+
+
+def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    t = q.shape[0]
+    cu = _bounds(md)
+    # [T, H, D] rows with the sequences' bounds, causal from each sequence's first row; the log-sum-exp asked for as
+    # torch's own varlen_attn asks (the combination its cuDNN backend runs)
+    out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, t, t, True, 0.0, True, False, scale=scale)[0]
+    return cast(torch.Tensor, out)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:

@@ -183,6 +183,22 @@ def test_the_prefill_benchmark_times_one_function_two_ways(capsys):
     assert rows[0]["values_read_per_token"] == {"absorbed": 40, "expanded": 4 * (16 + 8 + 16)}
 
 
+def test_a_kernel_that_fails_in_the_prefill_benchmark_is_reported_and_the_others_still_run(monkeypatch, capsys):
+    """A fresh kernel this GPU or torch refuses (cuDNN's ragged attention on an older cuDNN, say) must not cost the
+    device call the other forms' timings: it is recorded with its error and printed."""
+    from benchmarks import mla_prefill
+
+    def refused(x, scale):
+        raise RuntimeError("cuDNN Frontend error: no valid engine configs\nmore detail")
+
+    monkeypatch.setitem(mla_prefill.FORMS, "refused", refused)
+    monkeypatch.setattr(mla_prefill, "CPU_FORMS", (*mla_prefill.CPU_FORMS, "refused"))
+    rows = mla_prefill.main(["--tiny", "--device", "cpu", "--tokens", "16"])
+    assert rows[0]["errors"] == {"refused": "cuDNN Frontend error: no valid engine configs"}
+    assert rows[0]["rel_diff"] < 1e-4  # the forms that ran were still compared
+    assert "refused failed: cuDNN Frontend error" in capsys.readouterr().out
+
+
 def test_a_linear_calibration_never_ran_gets_a_nan_static_scale_not_a_made_up_one():
     """MLA's absorbed kv_b_proj is never called, so a static scheme's calibration sees no input for it: its scale
     is NaN (a call would show at once), while its weight is still absorbed dequantized."""
