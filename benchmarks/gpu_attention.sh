@@ -10,7 +10,7 @@
 source "$(dirname "$0")/gpu_env.sh"
 phases=${*:-tests micro bench}
 tests() {
-  files=tests/pcg_core/test_attention_backends.py
+  files=tests/pcg_core/attention/test_attention_backends.py
   [[ " $phases " == *" all "* ]] && files=tests/pcg_core
   timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -m gpu -x $files 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25
 }

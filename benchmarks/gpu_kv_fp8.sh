@@ -2,7 +2,7 @@
 # Issue 37 (b) on the device: the FP8 KV cache's nightly cells at trims, judged (graph = eager bitwise at the same
 # padding; the reference layer against transformers with K/V rounded to FP8), and their latency beside the same
 # cells with the 16-bit KV cache. Phases (default all): tests fp8 auto table
-#   tests — pytest -m gpu tests/pcg_core/test_kv_cache_fp8.py (every backend × capture backend, replay = eager bitwise)
+#   tests — pytest -m gpu tests/pcg_core/attention/test_kv_cache_fp8.py (every backend × capture backend, replay = eager bitwise)
 #   fp8   — benchmarks/lists/kv-fp8.txt (the nightly's kv_fp8 tier: 18 cells) through gpu_cells.sh
 #   auto  — the same cells with kv_cache auto
 #   table — one row per cell: both statuses, the same-padding difference, the reference layer, KV bytes per token and
@@ -14,7 +14,7 @@ source "$(dirname "$0")/gpu_env.sh"
 phases=${*:-tests fp8 auto table}
 here=$(dirname "$0")
 if [[ " $phases " == *" tests "* ]]; then
-  timeout 240 python3 -m pytest -q -m gpu tests/pcg_core/test_kv_cache_fp8.py 2>&1 | tee "$OUT/kv_fp8_tests.txt" | tail -8
+  timeout 240 python3 -m pytest -q -m gpu tests/pcg_core/attention/test_kv_cache_fp8.py 2>&1 | tee "$OUT/kv_fp8_tests.txt" | tail -8
 fi
 if [[ " $phases " == *" fp8 "* ]]; then
   NAME=kv_fp8 CELL_JOBS=${CELL_JOBS:-6} LIST_TIMEOUT=${LIST_TIMEOUT:-540} bash "$here/gpu_cells.sh" "$here/lists/kv-fp8.txt" | tail -22

@@ -10,7 +10,7 @@ source "$(dirname "$0")/gpu_env.sh"
 phases=${*:-tests next}
 here=$(dirname "$0")
 if [[ " $phases " == *" tests "* ]]; then
-  timeout 300 python3 -m pytest -q -m gpu tests/pcg_core/distributed/test_tp_gpu.py tests/pcg_core/test_qwen3_next_gpu.py \
+  timeout 300 python3 -m pytest -q -m gpu tests/pcg_core/distributed/test_tp_gpu.py tests/pcg_core/linear_attention/test_qwen3_next_gpu.py \
     2>&1 | tee "$OUT/new_gpu_tests.txt" | tail -8
 fi
 if [[ " $phases " == *" next "* ]]; then

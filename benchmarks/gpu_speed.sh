@@ -2,8 +2,8 @@
 # Issue 38 on the device: the prep graphs' GPU tests, then issue 38's table re-measured side by side in one run per
 # shape (benchmarks/prefill.py prints each target with ✓/✗ last). Phases (default: tests dense); each fits one
 # device call of 600 s:
-#   tests — pytest -m gpu tests/pcg_core/test_prep_graphs.py tests/pcg_core/test_gpu.py
-#           tests/pcg_core/test_fresh_paths.py (prep replay = eager metadata bit for bit, planted not-replayed graph
+#   tests — pytest -m gpu tests/pcg_core/engine/test_prep_graphs.py tests/pcg_core/test_gpu.py
+#           tests/pcg_core/attention/test_fresh_paths.py (prep replay = eager metadata bit for bit, planted not-replayed graph
 #           caught; every capture backend's replay = eager; MLA's expanded prefill and varlen's fresh read, both
 #           graph variants = eager)
 #   dense — Qwen3-0.6B shape, 28 layers, bf16, the default ladder to 4096: flex, sdpa, varlen × full, breakable,
@@ -21,8 +21,8 @@ here=$(dirname "$0")
 cfg=harness/models/configs
 tok=8,32,128,512,2048
 if [[ " $phases " == *" tests "* ]]; then
-  timeout 300 python3 -m pytest -q -m gpu tests/pcg_core/test_prep_graphs.py tests/pcg_core/test_gpu.py \
-    tests/pcg_core/test_fresh_paths.py 2>&1 \
+  timeout 300 python3 -m pytest -q -m gpu tests/pcg_core/engine/test_prep_graphs.py tests/pcg_core/test_gpu.py \
+    tests/pcg_core/attention/test_fresh_paths.py 2>&1 \
     | tee "$OUT/speed_tests.txt" | tail -6
 fi
 if [[ " $phases " == *" dense "* ]]; then

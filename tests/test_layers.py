@@ -187,3 +187,21 @@ def test_a_planted_61_line_function_is_caught():
 
 def test_a_planted_501_line_module_is_caught():
     assert long_module("x = 0\n" * 501) == 501 and long_module("x = 0\n" * 500) is None
+
+
+def rooms_without_source(tests: Path, root: Path) -> list[str]:
+    """Test folders with no source folder of the same path: the tests mirror the source tree room by room
+    (docs/testing.md), so a reader finds a module's tests by its path."""
+    return sorted(str(d.relative_to(tests)) for d in tests.rglob("*")
+                  if d.is_dir() and d.name != "__pycache__" and not (root / d.relative_to(tests)).is_dir())
+
+
+def test_the_tests_mirror_the_source_rooms():
+    assert rooms_without_source(ROOT / "tests", ROOT) == []
+
+
+def test_a_planted_room_without_source_is_caught(tmp_path):
+    (tmp_path / "src" / "pcg_core" / "attention").mkdir(parents=True)
+    (tmp_path / "tests" / "pcg_core" / "attention").mkdir(parents=True)
+    (tmp_path / "tests" / "pcg_core" / "kernels").mkdir()  # no pcg_core/kernels
+    assert rooms_without_source(tmp_path / "tests", tmp_path / "src") == ["pcg_core/kernels"]

@@ -30,7 +30,7 @@ from pcg_core.attention.metadata import AttentionMetadata
 # eager and the fresh MLA prefill was 15× transformers' expanded form at 2048 tokens; 2026-12-07
 # (benchmarks/results/2026-12-07-h100-fresh-paths-ref/) every replay was bitwise equal to eager, but full never
 # recorded the fresh variant (fixed since, not yet run on a GPU) and the prefill was still 2.1× expanded.
-# tests/pcg_core/test_fresh_paths.py turns it on (fresh_from) and is the reproduction.
+# tests/pcg_core/attention/test_fresh_paths.py turns it on (fresh_from) and is the reproduction.
 FRESH_PATH_MIN_TOKENS: int | None = None
 # The most sequences a forward on the fresh path holds (more: the cache-reading path). FlashAttention's varlen grid
 # is (query blocks of the longest sequence) × (sequences) × heads, and a graph fixes both counts: the bounds hold

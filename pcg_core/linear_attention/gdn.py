@@ -95,5 +95,5 @@ def chunked_rule(q, k, v, g, beta, state):
 
 def gated_delta_rule(q, k, v, g, beta, state):
     """One sequence's stretch: chunked above one token, recurrent for one (decode batches go through decode_rule, all
-    sequences at once); the two agree to float32 rounding (tests/pcg_core/test_qwen3_next.py)."""
+    sequences at once); the two agree to float32 rounding (tests/pcg_core/linear_attention/test_qwen3_next.py)."""
     return recurrent_rule(q, k, v, g, beta, state) if q.shape[0] == 1 else chunked_rule(q, k, v, g, beta, state)
