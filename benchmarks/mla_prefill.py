@@ -100,7 +100,9 @@ def pcg_fresh(kernel: FreshKernel, max_seqs: int = FRESH_PATH_MAX_SEQS) -> Calla
 
     def run(x: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
         t, device = x["c"].shape[0], str(x["c"].device)
-        md = built.get((t, device)) or built.setdefault((t, device), fresh_metadata(t, device, max_seqs))
+        if (t, device) not in built:
+            built[t, device] = fresh_metadata(t, device, max_seqs)
+        md = built[t, device]
         return expanded_attention(x["q_nope"], x["q_rot"], x["rows"], x["w_kv"], md, scale, kernel)
 
     return run

@@ -86,6 +86,20 @@ def test_least_recently_used_leaves_are_evicted_for_new_prompts_and_a_reset_empt
     assert pc.pages == [] and pc.match(list(range(100, 106))).length == 0
 
 
+def _shared_prefix_rounds(engine: Engine):
+    """The prompt suite's shared-prefix case run on `engine` (8 prompts in rounds, 2 new tokens each), after checking
+    how much of each prompt came from the cache: whole pages, half a page, a page boundary inside the prefix, none."""
+    from harness.cell.prompts import run_case, shared_prefix_case
+
+    g = torch.Generator().manual_seed(1)
+    case = shared_prefix_case(engine.cache.page_size, list(engine.config.capture.ladder),
+                              lambda n: tuple(torch.randint(0, 1000, (n,), generator=g).tolist()), 8)
+    outs = run_case(engine, case, 2)
+    ps = engine.cache.page_size
+    assert [o.cached_tokens for o in outs] == [0, 0, 2 * ps, 2 * ps + ps // 2, 0, ps - 3, 2 * ps + 7, 3 * ps + 4]
+    return case, outs
+
+
 @pytest.mark.parametrize("arch,attention,graph", [
     ("qwen3", "sdpa", "disabled"), ("qwen3", "flex", "disabled"), ("qwen3", "sdpa", "piecewise"),
     ("qwen3", "flex", "breakable"), ("qwen3", "sdpa", "full"), ("gpt-oss", "sdpa", "disabled"),
@@ -94,18 +108,12 @@ def test_least_recently_used_leaves_are_evicted_for_new_prompts_and_a_reset_empt
 def test_a_cached_prefix_computes_what_the_whole_prompt_computes(arch, attention, graph):
     """Round 2 and 3 prompts start from round 1's (and round 2's) pages; each sequence matches the same prompt run
     alone from position 0, in float32, to summation-order noise; and the graph matches eager bit for bit."""
-    from harness.cell.prompts import run_case, shared_prefix_case
+    from harness.cell.prompts import run_case
 
     lm = (load_model(config_path("qwen3").parent / "deepseek-ai__DeepSeek-V3.json", tiny=True, dtype=torch.float32,
                      device="cpu", seed=0) if arch == "deepseek-v3" else tiny_model(arch))
     cfg = EngineConfig(attention=attention, capture=CaptureConfig(backend=graph, max_tokens=64), kv_slots=4096)
-    engine = Engine(lm.model, cfg)
-    g = torch.Generator().manual_seed(1)
-    case = shared_prefix_case(engine.cache.page_size, list(cfg.capture.ladder),
-                              lambda n: tuple(torch.randint(0, 1000, (n,), generator=g).tolist()), 8)
-    outs = run_case(engine, case, 2)
-    ps = engine.cache.page_size
-    assert [o.cached_tokens for o in outs] == [0, 0, 2 * ps, 2 * ps + ps // 2, 0, ps - 3, 2 * ps + 7, 3 * ps + 4]
+    case, outs = _shared_prefix_rounds(Engine(lm.model, cfg))
     if graph != "disabled":
         eager = run_case(Engine(lm.model, EngineConfig(attention=attention, capture=CaptureConfig(backend="disabled",
                                                        max_tokens=64), kv_slots=4096)), case, 2)
@@ -200,18 +208,10 @@ def test_flex_mask_mod_and_block_mask_read_shared_pages_as_the_block_tables_say(
 def test_gpu_a_cached_prefix_computes_what_the_whole_prompt_computes(attention, graph):
     """The shared-prefix rounds on CUDA, at Qwen3-0.6B's widths (4 layers, bf16), under graphs: each sequence's prompt
     logprobs against the same prompt computed whole, eagerly, to the judge's bf16 bound."""
-    from harness.cell.prompts import run_case, shared_prefix_case
-
     lm = load_model(config_path("qwen3"), tiny=False, layers=4, dtype=torch.bfloat16, device="cuda", seed=0)
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention=attention,
                        capture=CaptureConfig(backend=graph, max_tokens=256), kv_slots=8192)
-    engine = Engine(lm.model, cfg)
-    g = torch.Generator().manual_seed(1)
-    case = shared_prefix_case(engine.cache.page_size, list(cfg.capture.ladder),
-                              lambda n: tuple(torch.randint(0, 1000, (n,), generator=g).tolist()), 8)
-    outs = run_case(engine, case, 2)
-    ps = engine.cache.page_size
-    assert [o.cached_tokens for o in outs] == [0, 0, 2 * ps, 2 * ps + ps // 2, 0, ps - 3, 2 * ps + 7, 3 * ps + 4]
+    case, outs = _shared_prefix_rounds(Engine(lm.model, cfg))
     alone = Engine(lm.model, EngineConfig(device="cuda", dtype="bfloat16", attention=attention,
                                           capture=CaptureConfig(backend="disabled", max_tokens=256), kv_slots=8192))
     for o, p, n in zip(outs, case.prompts, case.new_tokens):
