@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 47 on the device: the FP8 block layouts over K-block counts, the 8-bit and shape GPU tests, and cells under
-# the judge's reference layer. Phases (default all): layout tests before after seeds
+# the judge's reference layer. Phases (default: layout tests before after seeds; `experts` on request)
 #   layout — benchmarks/fp8_block_layout.py (old vs new weight-scale layout, K/128 = 1…20; W4AFP8's block GEMM)
+#   experts — benchmarks/reference_experts.py (the experts' reference, every expert vs the routed ones: the twin's)
 #   tests  — pytest -m gpu on the 8-bit kernel tests, the shape tests and an HF fp8 checkpoint at hidden 896
 #   before — Qwen2.5-0.5B (24 layers) × fp8_block × piecewise with the old layout planted (PCG_PLUGINS)
 #   after  — the same cell with the fix, under piecewise, breakable and full
@@ -12,6 +13,10 @@ phases=${*:-layout tests before after seeds}
 here=$(dirname "$0")
 if [[ " $phases " == *" layout "* ]]; then
   timeout 120 python3 "$here/fp8_block_layout.py" 2>&1 | tee "$OUT/fp8_block_layout.txt" | tail -8
+fi
+if [[ " $phases " == *" experts "* ]]; then
+  timeout 120 python3 "$here/reference_experts.py" --tokens 2 8 16 256 --json "$OUT/reference_experts.json" 2>&1 \
+    | tee "$OUT/reference_experts.txt" | tail -6
 fi
 if [[ " $phases " == *" tests "* ]]; then
   timeout 240 python3 -m pytest -q -m gpu tests/pcg_core/quant/kernels/test_quant_gpu.py tests/pcg_core/quant/kernels/test_quant_shapes_gpu.py \

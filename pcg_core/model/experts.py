@@ -33,13 +33,14 @@ def _dense_masked_experts(self, hidden_states: torch.Tensor, top_k_index: torch.
 def quantized_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                       top_k_weights: torch.Tensor) -> torch.Tensor:
     """Experts quantized in place (pcg_core.quant.layers.experts): the grouped path on CUDA in bf16, the reference
-    elsewhere and in a reference twin (`reference_math`, pcg_core.quant.twin). Shared by every experts module that
-    holds transformers' layout (transformers' and our own)."""
+    elsewhere and in a reference twin (`reference_math`, pcg_core.quant.twin: eager only, so the reference runs the
+    routed experts alone). Shared by every experts module that holds transformers' layout (transformers' and our own)."""
     kernel = hidden_states.device.type == "cuda" and hidden_states.dtype == torch.bfloat16
     emulated = getattr(module, "row_shards", 1) > 1  # the reference rounds per row-parallel shard (quant_experts.py)
-    if kernel and not getattr(module, "reference_math", False) and not emulated:
+    twin = getattr(module, "reference_math", False)
+    if kernel and not twin and not emulated:
         return grouped_quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)
-    return quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+    return quantized_experts_forward(module, hidden_states, top_k_index, top_k_weights, routed=twin)
 
 
 def pcg_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,8 @@ import torch
 
 from pcg_core.quant.layers import experts as quant_experts
 from pcg_core.split_ops import rebind_copies
-from pcg_core.quant.layers.expert_layout import add_bias, canonical_weight, expert_count, first_projection, gate
+from pcg_core.quant.layers.expert_layout import (add_bias, add_rows, canonical_weight, expert_rows, first_projection,
+                                                 gate, rows_of)
 from pcg_core.quant.layers.fp4_linear import Fp4Linear
 from pcg_core.quant.layers.int4_linear import Int4Linear
 from pcg_core.quant.layers.linear import QuantLinear, reference_forward, scheme_of
@@ -126,8 +127,8 @@ def float_twin(model: M) -> M:
 
 def reference_twin(model: M, float32: bool = False) -> M:
     """The model with every kernel replaced by the math it is held to, sharing every tensor (none copied):
-    quantized linears run their reference (`reference_forward`), quantized experts their dense reference
-    (`reference_math` set), unquantized experts routed_float_experts_forward. With `float32` every other module
+    quantized linears run their reference (`reference_forward`), quantized experts their reference over the routed
+    experts alone (`reference_math` set: expert_layout.expert_rows), unquantized experts routed_float_experts_forward. With `float32` every other module
     reads its half-precision parameters as float32 too: the reference without half-precision rounding, to measure
     how much that rounding alone moves it. Why: a kernel that is wrong in eager is wrong under graphs alike, so
     graph = eager cannot see it; the judge's reference layer (harness/cell/judge/reference.py) holds eager to this."""
@@ -167,17 +168,13 @@ def routed_float_experts_forward(module: torch.nn.Module, hidden_states: torch.T
                                  top_k_weights: torch.Tensor) -> torch.Tensor:
     """The float experts these (quantized or not) stand for, in float32: each routed expert's tokens through its
     weights in float32 (dequantized: experts.expert_weight), biases added, the module's own gate or activation, no
-    activation quantizer; each token's experts summed in expert order (ids outside the experts skipped). Eager only
-    (the routed experts read on the host)."""
+    activation quantizer; each token's experts summed in expert order (expert_rows, routed: eager only)."""
     first, gated = first_projection(module)
     x = hidden_states.float()
     out = torch.zeros_like(x)
-    for e in torch.unique(top_k_index).tolist():
-        if not 0 <= e < expert_count(module):  # a slot routed nowhere (as the dense reference ignores it)
-            continue
-        tokens, slots = torch.nonzero(top_k_index == e, as_tuple=True)
-        h = add_bias(x[tokens] @ _expert_weight(module, first, e).t(), module, first, e)
+    for e, rows, weight in expert_rows(module, top_k_index, top_k_weights, routed=True):
+        h = add_bias(rows_of(x, rows) @ _expert_weight(module, first, e).t(), module, first, e)
         h = gate(module, h, gated)
         y = add_bias(h @ _expert_weight(module, "down_proj", e).t(), module, "down_proj", e)
-        out.index_add_(0, tokens, y * top_k_weights[tokens, slots, None].float())
+        add_rows(out, rows, y * weight.float())
     return out.to(hidden_states.dtype)

@@ -11,7 +11,7 @@ gpt-oss's interleave): its own `_apply_gate` reads them, as it does unquantized.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -82,3 +82,39 @@ def dequantize_by_chunks(dequantize: Callable[[slice], torch.Tensor], experts: i
         chunk = slice(start, min(start + step, experts))
         out[chunk] = dequantize(chunk)
     return out
+
+
+def expert_rows(module: torch.nn.Module, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                routed: bool) -> Iterator[tuple[int, torch.Tensor | None, torch.Tensor]]:
+    """The experts' reference loop: (e, rows, weight [R, 1]) per expert it runs, in expert order. Every expert on
+    every token (rows None), weighted 0 where not routed: static shapes, sync-free, capturable (the engine's own
+    eager path off the GPU kernels). `routed`: only the experts some token routes to, each on its routed rows
+    (ids outside the experts skipped) — the same numbers for every row, as each expert's math (activation
+    quantizer included) is row-local and an unrouted expert added 0, at a fraction of the work (~130 experts of
+    launches per layer and token were most of a quantized MoE cell's reference layer on the GPU); it reads the
+    routing on the host, so eager only: twins (pcg_core.quant.twin)."""
+    n = expert_count(module)
+    if not routed:
+        for e in range(n):
+            yield e, None, (top_k_weights * (top_k_index == e)).sum(dim=-1, keepdim=True)  # 0 if not routed
+        return
+    # the (token, slot) pairs sorted by expert, stably (each expert's rows in token order), and read on the host once
+    ids, k = top_k_index.reshape(-1), top_k_index.shape[-1]
+    order = torch.argsort(ids, stable=True)
+    experts, counts = torch.unique_consecutive(ids[order], return_counts=True)
+    for e, pairs in zip(experts.tolist(), torch.split(order, counts.tolist())):
+        if 0 <= e < n:  # a slot routed nowhere (as the dense loop ignores it)
+            yield e, pairs // k, top_k_weights.reshape(-1)[pairs, None]
+
+
+def rows_of(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """x's rows an expert of expert_rows runs on: all of them, or the routed ones."""
+    return x if rows is None else x[rows]
+
+
+def add_rows(out: torch.Tensor, rows: torch.Tensor | None, y: torch.Tensor) -> None:
+    """out += y, y holding every row of out (rows None) or the routed rows (each once per expert)."""
+    if rows is None:
+        out += y
+    else:
+        out.index_add_(0, rows, y)

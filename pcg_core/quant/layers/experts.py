@@ -32,8 +32,8 @@ from typing import cast
 import torch
 
 import pcg_core.quant.kernels.moe_gemm as moe_gemm
-from pcg_core.quant.layers.expert_layout import (add_bias, canonical_weight, dequantize_by_chunks, expert_count, first_projection,
-                                                 gate, held_scheme, in_out)
+from pcg_core.quant.layers.expert_layout import (add_bias, add_rows, canonical_weight, dequantize_by_chunks, expert_count,
+                                                 expert_rows, first_projection, gate, held_scheme, in_out, rows_of)
 from pcg_core.quant.schemes.fp4 import Fp4Scheme
 from pcg_core.quant.layers.fp4_experts import (fp4_dequantized, fp4_expert_weights, fp4_experts_forward,
                                         grouped_fp4_experts_forward)
@@ -205,26 +205,27 @@ def _project(x: torch.Tensor, module: torch.nn.Module, name: str, e: int, k: sli
 
 
 def quantized_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                              top_k_weights: torch.Tensor) -> torch.Tensor:
+                              top_k_weights: torch.Tensor, routed: bool = False) -> torch.Tensor:
     """The reference: every expert on every token weighted by its routing weight (0 where not routed), each
-    projection in float32 (_project) plus its bias, the module's own gate or activation in the input dtype."""
+    projection in float32 (_project) plus its bias, the module's own gate or activation in the input dtype.
+    `routed`: only the routed experts on their routed rows, the same numbers (expert_rows; eager only)."""
     if isinstance(held_scheme(module), Fp4Scheme):  # FP4 experts hold their own layout (fp4_experts.py)
-        return fp4_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+        return fp4_experts_forward(module, hidden_states, top_k_index, top_k_weights, routed)
     first, gated = first_projection(module)
     # `row_shards` (pcg_core.distributed.quant_experts.emulate_expert_row_shards): the down projection's input rounded
     # per K slice and each slice's partial sum taken to the model's dtype before they are added, as that many
     # row-parallel ranks compute it
     parts = getattr(module, "row_shards", 1)
     outs = [torch.zeros_like(hidden_states, dtype=torch.float32) for _ in range(parts)]
-    for e in range(expert_count(module)):
-        weight = (top_k_weights * (top_k_index == e)).sum(dim=-1, keepdim=True)  # [T, 1], 0 if not routed
-        h = add_bias(_project(hidden_states, module, first, e), module, first, e).to(hidden_states.dtype)
+    for e, rows, weight in expert_rows(module, top_k_index, top_k_weights, routed):
+        x = rows_of(hidden_states, rows)
+        h = add_bias(_project(x, module, first, e), module, first, e).to(hidden_states.dtype)
         proj = gate(module, h, gated)
         step = proj.shape[-1] // parts
         for r in range(parts):
             k = slice(r * step, (r + 1) * step) if parts > 1 else slice(None)
             down = _project(proj[:, k], module, "down_proj", e, k)
-            outs[r] += (add_bias(down, module, "down_proj", e) if r == 0 else down) * weight.float()
+            add_rows(outs[r], rows, (add_bias(down, module, "down_proj", e) if r == 0 else down) * weight.float())
     out = outs[0].to(hidden_states.dtype)
     for partial in outs[1:]:
         out = out + partial.to(hidden_states.dtype)

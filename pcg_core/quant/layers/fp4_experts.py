@@ -28,8 +28,8 @@ import torch
 import pcg_core.quant.kernels.moe_gemm as moe_gemm
 from pcg_core.errors import UnsupportedModel
 from pcg_core.quant.schemes.e2m1 import e2m1_table, pack_e2m1, unpack_e2m1
-from pcg_core.quant.layers.expert_layout import (add_bias, canonical_weight, dequantize_by_chunks, expert_count, first_projection,
-                                                 gate, held_scheme, in_out)
+from pcg_core.quant.layers.expert_layout import (add_bias, add_rows, canonical_weight, dequantize_by_chunks, expert_count,
+                                                 expert_rows, first_projection, gate, held_scheme, in_out, rows_of)
 from pcg_core.quant.schemes.fp4 import (FP4_SCHEMES, MXFP4_BLOCK, NVFP4_BLOCK, Fp4Scheme, Fp4Weight, interleave_gate_up,
                                 mxfp4_experts_pack, mxfp4_experts_weight,
                                 quantize_mxfp4, quantize_nvfp4)
@@ -269,18 +269,18 @@ def _fp4_dequantized(module: torch.nn.Module, name: str, dtype: torch.dtype, sel
 
 
 def fp4_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                        top_k_weights: torch.Tensor) -> torch.Tensor:
+                        top_k_weights: torch.Tensor, routed: bool = False) -> torch.Tensor:
     """The reference: every expert on every token, weights dequantized in float32, biases added in float32, the
-    module's own gate (`_apply_gate`: gpt-oss's clamped, interleaved swiglu) or activation in the input dtype."""
+    module's own gate (`_apply_gate`: gpt-oss's clamped, interleaved swiglu) or activation in the input dtype.
+    `routed`: only the routed experts on their routed rows, the same numbers (expert_rows; eager only)."""
     first, gated = first_projection(module)
     x = hidden_states.float()
     out = torch.zeros_like(hidden_states, dtype=torch.float32)
-    for e in range(expert_count(module)):
-        weight = (top_k_weights * (top_k_index == e)).sum(dim=-1, keepdim=True)  # [T, 1], 0 if not routed
-        h = add_bias(x @ fp4_dequantized(module, first, torch.float32, e).t(), module, first, e).to(hidden_states.dtype)
-        proj = gate(module, h, gated)
+    for e, rows, weight in expert_rows(module, top_k_index, top_k_weights, routed):
+        h = add_bias(rows_of(x, rows) @ fp4_dequantized(module, first, torch.float32, e).t(), module, first, e)
+        proj = gate(module, h.to(hidden_states.dtype), gated)
         y = add_bias(proj.float() @ fp4_dequantized(module, "down_proj", torch.float32, e).t(), module, "down_proj", e)
-        out += y * weight.float()
+        add_rows(out, rows, y * weight.float())
     return out.to(hidden_states.dtype)
 
 
