@@ -8,7 +8,7 @@ module at real widths, side by side in one run.
 Why: on the H100 (2026-12-07) the reference layer took 175–213 s of a ~300 s Qwen3-30B-A3B:4 quantized cell, most
 of it transformers' forwards of short sequences (the 256-sequence concurrency case, twice) through a reference that
 ran all 128 experts per layer and token batch. Prints per token count the experts routed, both times and their
-ratio, and checks that both compute the same (relative 1e-5 in float32)."""
+ratio, and checks that both compute the same (relative 1e-3 in float32, 1e-2 in bf16)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     a = p.parse_args(argv)
     dtype = getattr(torch, a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"))
     rows = measure(a.scheme, a.tokens, a.device, dtype, a.repeat, a.config)
-    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    # float32: a GEMM over fewer rows may sum in another order, and that can turn an 8-bit activation's rounding step
+    # (2.2e-5 measured at 16 tokens); a wrong row moves the output by ~1
+    tol = 1e-3 if dtype == torch.float32 else 1e-2
     for r in rows:
         print(f"{r['tokens']:>5} tokens, {r['experts_routed']:>3}/{r['experts']} experts routed: every expert "
               f"{r['dense']:.1f} ms, routed {r['routed']:.1f} ms ({r['speedup']:.1f}×); relative difference "

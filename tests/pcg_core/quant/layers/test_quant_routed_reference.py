@@ -21,6 +21,14 @@ from pcg_core.quant.schemes.w8a8 import get_scheme
 from pcg_core.quant.twin import reference_twin
 
 SCHEMES = ["fp8_per_tensor", "fp8_per_token", "fp8_block", "int8_w8a8", "awq", "gptq", "w4a8", "nvfp4"]
+# Relative (norm) difference allowed between the two loops in float32: a GEMM over fewer rows may sum in another
+# order, and a 1e-7 change can turn an 8-bit activation's rounding step (here ~1e-7 everywhere; at Qwen3-30B-A3B's
+# widths, fp8_block, 2.2e-5 at 16 tokens and 1.4e-4 at 64: benchmarks/reference_experts.py). A wrong row moves it by ~1.
+SAME = 1e-4
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
 
 
 def _quantized(name: str):
@@ -63,8 +71,7 @@ def test_the_routed_reference_computes_what_every_expert_on_every_token_does(nam
     routed = quantized_experts_forward(mod, x, idx, w, routed=True)
     want = sorted(e for e in set(idx.flatten().tolist()) if e >= 0)
     assert seen == want and len(want) < mod.num_experts  # only the routed experts, in expert order
-    assert dense.abs().max() > 0
-    assert torch.allclose(routed, dense, rtol=1e-5, atol=1e-6 * float(dense.abs().max())), name
+    assert dense.abs().max() > 0 and _rel(routed, dense) < SAME, name
 
 
 def test_a_routed_reference_reading_the_wrong_rows_is_told_apart(monkeypatch):
@@ -75,7 +82,7 @@ def test_a_routed_reference_reading_the_wrong_rows_is_told_apart(monkeypatch):
     real = quant_experts.rows_of
     monkeypatch.setattr(quant_experts, "rows_of", lambda t, rows: real(t, None if rows is None else (rows + 1) % t.shape[0]))
     shifted = quantized_experts_forward(mod, x, idx, w, routed=True)
-    assert not torch.allclose(shifted, dense, rtol=1e-5, atol=1e-6 * float(dense.abs().max()))
+    assert _rel(shifted, dense) > 100 * SAME
 
 
 @pytest.mark.parametrize("name", ["fp8_block", "gptq", "nvfp4"])
@@ -90,4 +97,4 @@ def test_a_reference_twin_runs_the_routed_experts_alone_and_the_model_every_expe
     seen.clear()
     model_out = pcg_experts_forward(mod, x, idx, w)
     assert seen == list(range(mod.num_experts))
-    assert torch.allclose(twin_out, model_out, rtol=1e-5, atol=1e-6 * float(model_out.abs().max()))
+    assert _rel(twin_out, model_out) < SAME
