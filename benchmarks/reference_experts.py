@@ -20,10 +20,9 @@ from transformers import AutoConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
 from harness.cell.timing import median_ms
-from pcg_core.quant.layers.experts import quantize_experts, quantize_experts_int4, quantized_experts_forward
+from pcg_core.quant.layers.experts import quantize_experts, quantized_experts_forward
 from pcg_core.quant.layers.fp4_experts import quantize_experts_fp4
 from pcg_core.quant.schemes.fp4 import FP4_SCHEMES
-from pcg_core.quant.schemes.int4 import Int4Scheme
 from pcg_core.quant.schemes.w8a8 import get_scheme
 
 CONFIG = "harness/models/configs/Qwen__Qwen3-30B-A3B.json"
@@ -40,9 +39,7 @@ def experts_module(scheme_name: str, device: str, config: str = CONFIG) -> tuple
     scheme = get_scheme(scheme_name)
     if scheme_name in FP4_SCHEMES:
         quantize_experts_fp4(mod, scheme)
-    elif isinstance(scheme, Int4Scheme):
-        quantize_experts_int4(mod, scheme)
-    else:
+    else:  # 8-bit and int4 (quantize_experts hands int4 on); static schemes' input scales from these absmaxes
         quantize_experts(mod, scheme, input_absmax={"gate_up": 4.0, "down": 4.0})
     return mod.to(device), cfg.num_experts_per_tok
 

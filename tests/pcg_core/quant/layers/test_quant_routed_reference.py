@@ -13,10 +13,9 @@ from pcg_helpers import routed_experts
 from pcg_core.model.experts import pcg_experts_forward
 from pcg_core.quant.layers import experts as quant_experts
 from pcg_core.quant.layers import fp4_experts
-from pcg_core.quant.layers.experts import quantize_experts, quantize_experts_int4, quantized_experts_forward
+from pcg_core.quant.layers.experts import quantize_experts, quantized_experts_forward
 from pcg_core.quant.layers.fp4_experts import quantize_experts_fp4
 from pcg_core.quant.schemes.fp4 import FP4_SCHEMES
-from pcg_core.quant.schemes.int4 import Int4Scheme
 from pcg_core.quant.schemes.w8a8 import get_scheme
 from pcg_core.quant.twin import reference_twin
 
@@ -38,9 +37,7 @@ def _quantized(name: str):
     scheme = get_scheme(name)
     if name in FP4_SCHEMES:
         quantize_experts_fp4(mod, scheme)
-    elif isinstance(scheme, Int4Scheme):
-        quantize_experts_int4(mod, scheme)
-    else:
+    else:  # 8-bit and int4 (quantize_experts hands int4 on); static schemes' input scales from these absmaxes
         quantize_experts(mod, scheme, input_absmax={"gate_up": 4.0, "down": 4.0})
     idx = idx % (mod.num_experts - 3)  # the last three experts routed nothing
     idx[0, 1] = -1
