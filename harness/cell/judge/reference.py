@@ -142,31 +142,61 @@ def _nudge(module: torch.nn.Module, args, out: torch.Tensor) -> torch.Tensor:
     return out * (1 + sign * 2.0**-23)
 
 
+# A forward of the reference holds at most this many tokens: sequences of one length run as one batch of unpadded rows
+# (a concurrency case's hundreds of short sequences in a few forwards instead of one each).
+BATCH_TOKENS = 2048
+_Next = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 @torch.no_grad()
-def _hf_next_token(twin: PreTrainedModel, seq: list[int], device: torch.device,
-                   images: Sequence[Image] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """transformers' forward of seq[:-1] (one sequence, unpadded, no cache): for every position the logprob of the
-    next token of seq, the argmax and its logprob (float32, CPU). With images (a VLM), the whole multimodal model:
-    its own vision tower, placeholder merge, get_rope_index and deepstack, none of pcg's pre-process."""
-    ids = torch.tensor(seq[:-1], device=device)[None]
-    if images:
-        inner = getattr(twin, "model")  # the VLM's multimodal model (vision tower, merge, rope index)
-        hidden = inner(input_ids=ids, use_cache=False,
-                       pixel_values=torch.cat([im.pixel_values for im in images]).to(device),
-                       image_grid_thw=torch.tensor([im.grid_thw for im in images], device=device),
-                       mm_token_type_ids=(ids == twin.config.image_token_id).int()).last_hidden_state[0]
-    else:
-        hidden = twin.get_decoder()(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=device)[None],
-                                    use_cache=False).last_hidden_state[0]
-    targets = torch.tensor(seq[1:], device=device)
+def _hf_next_tokens(twin: PreTrainedModel, seqs: Sequence[list[int]], device: torch.device,
+                    images: Sequence[Sequence[Image] | None]) -> list[_Next]:
+    """transformers' forward of each seq[:-1] (unpadded, no cache): for every position the logprob of the next token
+    of seq, the argmax and its logprob (float32, CPU), per sequence. Text sequences of one length share a forward
+    (rows of one batch, no padding, each row its own causal attention: what one sequence at a time computes, in
+    another GEMM shape). With images (a VLM), one sequence at a time through the whole multimodal model: its own
+    vision tower, placeholder merge, get_rope_index and deepstack, none of pcg's pre-process."""
+    out: list[_Next | None] = [None] * len(seqs)
+    by_length: dict[int, list[int]] = {}
+    for k, (seq, ims) in enumerate(zip(seqs, images)):
+        if ims:
+            ids = torch.tensor(seq[:-1], device=device)[None]
+            inner = getattr(twin, "model")  # the VLM's multimodal model (vision tower, merge, rope index)
+            hidden = inner(input_ids=ids, use_cache=False,
+                           pixel_values=torch.cat([im.pixel_values for im in ims]).to(device),
+                           image_grid_thw=torch.tensor([im.grid_thw for im in ims], device=device),
+                           mm_token_type_ids=(ids == twin.config.image_token_id).int()).last_hidden_state
+            out[k] = _next_of(twin, hidden, [seq], device)[0]
+        else:
+            by_length.setdefault(len(seq), []).append(k)
+    for n, ks in by_length.items():
+        per = max(1, BATCH_TOKENS // max(1, n - 1))
+        for s in range(0, len(ks), per):
+            part = ks[s : s + per]
+            ids = torch.tensor([seqs[k][:-1] for k in part], device=device)
+            positions = torch.arange(ids.shape[1], device=device)[None].expand(len(part), -1)
+            hidden = twin.get_decoder()(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
+            for k, r in zip(part, _next_of(twin, hidden, [seqs[k] for k in part], device)):
+                out[k] = r
+    assert all(r is not None for r in out)
+    return out  # type: ignore[return-value]
+
+
+def _next_of(twin: PreTrainedModel, hidden: torch.Tensor, seqs: list[list[int]], device: torch.device) -> list[_Next]:
+    """Per row of hidden [rows, positions, H]: each position's logprob of its sequence's next token, the argmax and
+    its logprob, through the LM head a chunk of positions at a time."""
+    rows, n = hidden.shape[:2]
+    flat = hidden.reshape(rows * n, -1)
+    targets = torch.tensor([seq[1:] for seq in seqs], device=device).reshape(-1)
     chosen, argmax, top = [], [], []
-    for s in range(0, hidden.shape[0], LOGITS_CHUNK):
-        lp = torch.log_softmax(head_logits(twin.get_output_embeddings(), hidden[s : s + LOGITS_CHUNK]), dim=-1)
+    for s in range(0, flat.shape[0], LOGITS_CHUNK):
+        lp = torch.log_softmax(head_logits(twin.get_output_embeddings(), flat[s : s + LOGITS_CHUNK]), dim=-1)
         chosen.append(lp.gather(1, targets[s : s + LOGITS_CHUNK, None])[:, 0])
         best = lp.max(dim=-1)
         argmax.append(best.indices)
         top.append(best.values)
-    return torch.cat(chosen).cpu(), torch.cat(argmax).cpu(), torch.cat(top).cpu()
+    parts = [torch.cat(x).cpu().reshape(rows, n) for x in (chosen, argmax, top)]
+    return [(parts[0][r], parts[1][r], parts[2][r]) for r in range(rows)]
 
 
 def _transformers_positions(model: PreTrainedModel, dtype: str, cases: list[Case],
@@ -193,22 +223,27 @@ def _transformers_positions(model: PreTrainedModel, dtype: str, cases: list[Case
         if dtype == "float32" and kv_scales else []
     pos = _Positions([], [], [], [], chance=[] if chances else None)
     try:
-        for name, i, o, images in seqs:
-            seq = o.prompt_ids + o.output_ids
-            eager = [*(o.prompt_logprobs or []), *o.output_logprobs]
-            skip = o.cached_tokens  # positions a prefix cache gave it: eager computed them in an earlier sequence
-            if len(eager) != len(seq) - 1 - skip:  # eager's own output is malformed: wrong, not unmeasurable
-                raise MalformedEager(f"{name}[{i}]: pcg's eager gave {len(eager)} logprobs for the {len(seq) - 1 - skip} "
+        for name, i, o, _ in seqs:
+            skip, n = o.cached_tokens, len(o.prompt_ids) + len(o.output_ids) - 1
+            got = len(o.prompt_logprobs or []) + len(o.output_logprobs)
+            if got != n - skip:  # eager's own output is malformed: wrong, not unmeasurable
+                raise MalformedEager(f"{name}[{i}]: pcg's eager gave {got} logprobs for the {n - skip} "
                                      f"positions of its prompt and output (prefix-cached: {skip})")
-            lp32, arg32, top32 = _hf_next_token(ref32, seq, device, images)
-            lp16 = _hf_next_token(ref16, seq, device, images)[0]
+        full = [o.prompt_ids + o.output_ids for _, _, o, _ in seqs]
+        ims = [images for *_, images in seqs]
+        r32 = _hf_next_tokens(ref32, full, device, ims)
+        r16 = _hf_next_tokens(ref16, full, device, ims)
+        moved = [_hf_next_tokens(c, full, device, ims) for c in chances]
+        for k, ((name, i, o, _), seq) in enumerate(zip(seqs, full)):
+            skip = o.cached_tokens  # positions a prefix cache gave it: eager computed them in an earlier sequence
+            (lp32, arg32, top32), lp16 = r32[k], r16[k][0]
             base = len(pos.eager)
-            pos.eager += eager
+            pos.eager += [*(o.prompt_logprobs or []), *o.output_logprobs]
             pos.ref32 += lp32[skip:].tolist()
             pos.ref16 += lp16[skip:].tolist()
             if chances and pos.chance is not None:  # torch.maximum keeps a NaN: it fails
-                moved = [(_hf_next_token(c, seq, device, images)[0] - lp32).abs() for c in chances]
-                pos.chance += functools.reduce(torch.maximum, moved)[skip:].tolist()
+                far = functools.reduce(torch.maximum, [(m[k][0] - lp32).abs() for m in moved])
+                pos.chance += far[skip:].tolist()
             pos.where += [f"{name}[{i}] position {p}" for p in range(skip, len(seq) - 1)]
             start = len(o.prompt_ids) - 1
             for t, token in enumerate(o.output_ids):

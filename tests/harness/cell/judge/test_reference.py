@@ -105,7 +105,7 @@ def test_a_reference_that_cannot_run_says_not_measured_and_keeps_the_verdict(mon
     def refuse(*a, **k):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (planted)")
 
-    monkeypatch.setattr(reference, "_hf_next_token", refuse)
+    monkeypatch.setattr(reference, "_hf_next_tokens", refuse)
     r = _cell()
     assert r.status == "pass" and r.metrics.judge.reference.status == "not_measured"
     assert "reference layer: not measured: OutOfMemoryError" in r.reason
@@ -144,3 +144,37 @@ def test_the_float32_runs_use_the_cells_attention_where_it_computes_float32_else
 
     assert float32_attention("flex") == "flex" and float32_attention("sdpa") == "sdpa"
     assert float32_attention("varlen") == "sdpa"  # FlashAttention has no float32 kernel (seen on the H200)
+
+
+@pytest.mark.parametrize("config,quant", [("Qwen__Qwen3-0.6B.json", "none"), ("Qwen__Qwen3-30B-A3B.json", "none"),
+                                          ("Qwen__Qwen3-30B-A3B.json", "fp8_block"), ("Qwen__Qwen3-30B-A3B.json", "awq"),
+                                          ("Qwen__Qwen3-Next-80B-A3B-Instruct.json", "none"),
+                                          ("openai__gpt-oss-120b.json", "nvfp4")])
+def test_sequences_of_one_length_batched_give_what_one_at_a_time_gives(monkeypatch, config, quant):
+    """The reference runs text sequences of one length as rows of one forward (BATCH_TOKENS a forward): each row's
+    logprobs, argmax and top logprob must be what that sequence alone gives — a batch that mixed rows (positions
+    counted across the batch, a target taken from the next row) would not be."""
+    from pathlib import Path
+
+    import harness.cell.judge.reference as reference
+    from pcg_core import load_model
+    from pcg_core.quant import get_scheme, quantize_model
+
+    configs = Path(reference.__file__).resolve().parents[2] / "models" / "configs"
+    loaded = load_model(configs / config, tiny=True, layers=2, seed=3).model
+    if quant != "none":  # the reference twin's kernels as their reference math, routed experts on their rows
+        quantize_model(loaded, get_scheme(quant))
+    model = reference._hf_twin(loaded, True, reference._attention_implementation(loaded))
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.get_text_config().vocab_size
+    lengths = [5, 9, 5, 5, 2, 9, 5, 17]
+    seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+    monkeypatch.setattr(reference, "BATCH_TOKENS", 8)  # length-5 sequences two to a forward: three forwards for four
+    batched = reference._hf_next_tokens(model, seqs, torch.device("cpu"), [None] * len(seqs))
+    monkeypatch.setattr(reference, "BATCH_TOKENS", 1)
+    alone = reference._hf_next_tokens(model, seqs, torch.device("cpu"), [None] * len(seqs))
+    for seq, b, a in zip(seqs, batched, alone):
+        assert all(x.shape == (len(seq) - 1,) for x in b)
+        torch.testing.assert_close(b[0], a[0], rtol=0, atol=1e-5)
+        assert torch.equal(b[1], a[1]) or (b[2] - a[2]).abs().max() < 1e-5  # argmax: equal, or a tie
+        torch.testing.assert_close(b[2], a[2], rtol=0, atol=1e-5)
