@@ -5,8 +5,8 @@ backend that is wrong in eager is wrong under graphs alike and passes (the FP8 b
 a multiple of 4). This layer holds eager to references that share none of pcg's fast paths:
 
 - **transformers**: pcg's eager prompt and output logprobs against transformers' own forward of the same weights
-  (its attention implementation, MLA unabsorbed, one sequence at a time, unpadded, teacher-forced on eager's greedy
-  tokens), every kernel replaced by the math it is held to (pcg_core.quant.twin.reference_twin), in float32. The
+  (its attention implementation, MLA unabsorbed, unpadded: sequences of one length as rows of one batch,
+  teacher-forced on eager's greedy tokens), every kernel replaced by the math it is held to (pcg_core.quant.twin.reference_twin), in float32. The
   bounds come from that reference's own noise, times NOISE_MULT, never under a per-dtype floor: in half precision
   the same forward in the cell's dtype; in float32 transformers' other attention implementation (or a rounding-step
   nudge). Mean and max |Δlogprob| over positions are both held; a greedy token that is not the reference's argmax
