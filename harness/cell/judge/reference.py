@@ -4,14 +4,14 @@ The graph's layers (2 to 5) compare the graph candidate with pcg's own eager run
 backend that is wrong in eager is wrong under graphs alike and passes (the FP8 block GEMM did, for every K/128 not
 a multiple of 4). This layer holds eager to references that share none of pcg's fast paths:
 
-- **transformers**: pcg's eager prompt and output logprobs against transformers' own forward of the same weights
-  (its attention implementation, MLA unabsorbed, unpadded: sequences of one length as rows of one batch,
-  teacher-forced on eager's greedy tokens), every kernel replaced by the math it is held to (pcg_core.quant.twin.reference_twin), in float32. The
-  bounds come from that reference's own noise, times NOISE_MULT, never under a per-dtype floor: in half precision
-  the same forward in the cell's dtype; in float32 transformers' other attention implementation (or a rounding-step
-  nudge). Mean and max |Δlogprob| over positions are both held; a greedy token that is not the reference's argmax
-  must be a near-tie. Float32 with an FP8 KV cache: each position past what a chance FP8 turn does there
-  (kv_reference.py's chance twins). Float32 cells whose activations are quantized are held on the float twin
+- **transformers**: pcg's eager prompt and output logprobs against transformers' own forward of the same weights (its
+  attention implementation, MLA unabsorbed, unpadded: sequences of one length as rows of one batch, teacher-forced on
+  eager's greedy tokens), every kernel replaced by the math it is held to (pcg_core.quant.twin.reference_twin), in
+  float32. The bounds come from that reference's own noise, times NOISE_MULT, never under a per-dtype floor: in half
+  precision the same forward in the cell's dtype; in float32 transformers' other attention implementation (or a
+  rounding-step nudge). Mean and max |Δlogprob| over positions are both held; a greedy token that is not the
+  reference's argmax must be a near-tie. Float32 with an FP8 KV cache: each position past what a chance FP8 turn does
+  there (kv_reference.py's chance twins). Float32 cells whose activations are quantized are held on the float twin
   instead (their quantizers turn 1e-7 into whole rounding steps, chaotically), their quantized layers by the kernel
   check.
 - **kernels** (quantized cells): on synthetic bf16 weights the output distribution is flat enough that a garbage
@@ -156,7 +156,7 @@ def _hf_next_tokens(twin: PreTrainedModel, seqs: Sequence[list[int]], device: to
     (rows of one batch, no padding, each row its own causal attention: what one sequence at a time computes, in
     another GEMM shape). With images (a VLM), one sequence at a time through the whole multimodal model: its own
     vision tower, placeholder merge, get_rope_index and deepstack, none of pcg's pre-process."""
-    out: list[_Next | None] = [None] * len(seqs)
+    out: dict[int, _Next] = {}
     by_length: dict[int, list[int]] = {}
     for k, (seq, ims) in enumerate(zip(seqs, images)):
         if ims:
@@ -178,8 +178,7 @@ def _hf_next_tokens(twin: PreTrainedModel, seqs: Sequence[list[int]], device: to
             hidden = twin.get_decoder()(input_ids=ids, position_ids=positions, use_cache=False).last_hidden_state
             for k, r in zip(part, _next_of(twin, hidden, [seqs[k] for k in part], device)):
                 out[k] = r
-    assert all(r is not None for r in out)
-    return out  # type: ignore[return-value]
+    return [out[k] for k in range(len(seqs))]
 
 
 def _next_of(twin: PreTrainedModel, hidden: torch.Tensor, seqs: list[list[int]], device: torch.device) -> list[_Next]:
