@@ -11,11 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.cards import find_card
 from harness.cell import CellSpec, run_cell
 from harness.cell.judge.reference import reference_cases
 from harness.cell.prompts import prompt_suite
 from pcg_core.attention.sdpa import SdpaBackend
-from pcg_core.quant import QuantLinear
+from pcg_core.model import load_model
+from pcg_core.quant import QuantLinear, get_scheme, quantize_model
 from pcg_core.quant.layers.int4_linear import Int4Linear
 from pcg_core.quant.schemes.nibbles import dequantize_codes, unpack_nibbles
 from pcg_core.quant.schemes.w8a8 import reference_linear
@@ -146,22 +148,18 @@ def test_the_float32_runs_use_the_cells_attention_where_it_computes_float32_else
     assert float32_attention("varlen") == "sdpa"  # FlashAttention has no float32 kernel (seen on the H200)
 
 
-@pytest.mark.parametrize("config,quant", [("Qwen__Qwen3-0.6B.json", "none"), ("Qwen__Qwen3-30B-A3B.json", "none"),
-                                          ("Qwen__Qwen3-30B-A3B.json", "fp8_block"), ("Qwen__Qwen3-30B-A3B.json", "awq"),
-                                          ("Qwen__Qwen3-Next-80B-A3B-Instruct.json", "none"),
-                                          ("openai__gpt-oss-120b.json", "nvfp4")])
-def test_sequences_of_one_length_batched_give_what_one_at_a_time_gives(monkeypatch, config, quant):
+@pytest.mark.parametrize("model,quant", [("qwen3-0.6b", "none"), ("qwen3-30b-a3b", "none"), ("qwen3-30b-a3b", "fp8_block"),
+                                         ("qwen3-30b-a3b", "awq"), ("qwen3-next-80b-a3b", "none"),
+                                         ("gpt-oss-120b", "nvfp4")])
+def test_sequences_of_one_length_batched_give_what_one_at_a_time_gives(monkeypatch, model, quant):
     """The reference runs text sequences of one length as rows of one forward (BATCH_TOKENS a forward): each row's
-    logprobs, argmax and top logprob must be what that sequence alone gives — a batch that mixed rows (positions
-    counted across the batch, a target taken from the next row) would not be."""
-    from pathlib import Path
-
+    logprobs, argmax and top logprob must be what that sequence alone gives — a batch that mixed rows (a target
+    taken from another row) would not be."""
     import harness.cell.judge.reference as reference
-    from pcg_core import load_model
-    from pcg_core.quant import get_scheme, quantize_model
 
-    configs = Path(reference.__file__).resolve().parents[2] / "models" / "configs"
-    loaded = load_model(configs / config, tiny=True, layers=2, seed=3).model
+    card = find_card(model)
+    assert card is not None
+    loaded = load_model(card.config, tiny=True, layers=2, seed=3).model
     if quant != "none":  # the reference twin's kernels as their reference math, routed experts on their rows
         quantize_model(loaded, get_scheme(quant))
     model = reference._hf_twin(loaded, True, reference._attention_implementation(loaded))
@@ -169,7 +167,7 @@ def test_sequences_of_one_length_batched_give_what_one_at_a_time_gives(monkeypat
     vocab = model.config.get_text_config().vocab_size
     lengths = [5, 9, 5, 5, 2, 9, 5, 17]
     seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
-    monkeypatch.setattr(reference, "BATCH_TOKENS", 8)  # length-5 sequences two to a forward: three forwards for four
+    monkeypatch.setattr(reference, "BATCH_TOKENS", 8)  # the four of length 5 two to a forward, the longer ones alone
     batched = reference._hf_next_tokens(model, seqs, torch.device("cpu"), [None] * len(seqs))
     monkeypatch.setattr(reference, "BATCH_TOKENS", 1)
     alone = reference._hf_next_tokens(model, seqs, torch.device("cpu"), [None] * len(seqs))
