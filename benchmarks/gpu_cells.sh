@@ -3,7 +3,9 @@
 # one file have come back unreadable), gathered into $OUT/${NAME:-cells}.jsonl, .err and .md at the end.
 # Each line of the list file: model:layers (or model:tiny) attention graph [compiler [quant [max_tokens [kv_cache]]]]
 # The list stops after ${LIST_TIMEOUT:-540} s (cells not started are lost, running ones killed) so that the gathering
-# below always runs: the device brings back only a few files, never the per-cell ones. Cells that ran out of GPU
+# below always runs: the device brings back only a few files, never the per-cell ones. A cell is not started when
+# fewer than ${CELL_MIN_S:-0} s of the list's time are left (killed at the end, it would hold the device for nothing:
+# set it to a cell's usual time, so the call ends early instead). Cells that ran out of GPU
 # memory while others ran are tried again alone in the time left (RETRY_OOM=0: not); a retried cell's record
 # replaces the first one.
 # Usage on the GPU machine, from the repo root: bash benchmarks/gpu_cells.sh LIST_FILE
@@ -14,6 +16,9 @@ mkdir -p "$OUT/$name"
 run_cell() {
   i=$1 spec=$2 attention=$3 graph=$4 compiler=${5:-eager} quant=${6:-none} tokens=${7:-256} kv=${8:-auto}
   model=${spec%%:*}; layers=${spec##*:}
+  if (( $(date +%s) + ${CELL_MIN_S:-0} > DEADLINE )); then
+    echo "cell $i ($spec $attention $graph $compiler $quant $kv): not started, under ${CELL_MIN_S:-0} s left"; return 0
+  fi
   if [[ $layers == tiny ]]; then size=(--tiny); else size=(--layers "$layers"); fi
   t0=$SECONDS
   timeout ${CELL_TIMEOUT:-500} python3 -m harness.cli cell --model "$model" "${size[@]}" --attention "$attention" \
@@ -27,6 +32,7 @@ export -f run_cell; export OUT name
 # the next list; killing by name (`pkill -f "harness.cli cell"`) took down another list's cells run side by side.
 run_list() {  # LIST_FILE JOBS SECONDS
   (( $3 > 0 )) || return 0
+  export DEADLINE=$(( $(date +%s) + $3 ))
   setsid -w bash -c 'echo $$ > "$0"; exec timeout "$1" xargs -P "$2" -L 1 bash -c '"'"'run_cell "$@"'"'"' _ < "$3"' \
     "$OUT/$name.pgid" "$3" "$2" "$1"
   # by session: each cell's own `timeout` puts it in a process group of its own, never in a session of its own
