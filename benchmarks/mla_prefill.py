@@ -113,7 +113,7 @@ def pcg_fresh(kernel: FreshKernel, max_seqs: int = FRESH_PATH_MAX_SEQS) -> Calla
 FORMS: dict[str, Callable[[dict, float], torch.Tensor]] = {
     "absorbed": absorbed, "expanded": expanded,
     "pcg fresh flash": pcg_fresh("flash"), "pcg fresh efficient": pcg_fresh("efficient"),
-    "pcg fresh cudnn": pcg_fresh("cudnn"), "pcg fresh flash, 1 slot": pcg_fresh("flash", 1),
+    "pcg fresh flash, 1 slot": pcg_fresh("flash", 1),
 }
 CPU_FORMS = ("absorbed", "expanded", "pcg fresh flash")  # off CUDA every kernel is the masked SDPA
 

@@ -7,8 +7,7 @@ last (engine/inputs.py), so the sequences' boundaries are where the sequence id 
 - CUDA, half precision: FlashAttention-2 through torch's varlen_attn, cu_seqlens counted on the device (padding
   rows form one more sequence, whose output is zeroed after). FlashAttention-2 wants one head width for keys and
   values, so the values are padded with zeros to the keys' width and the output cut back. Or (FRESH_KERNEL)
-  torch's memory-efficient kernel or cuDNN's ragged attention over the same bounds, which take the values at their
-  own width.
+  torch's memory-efficient kernel over the same bounds, which takes the values at their own width.
 - Anywhere else (the CPU, float32): SDPA with the block-diagonal causal mask.
 """
 
@@ -23,28 +22,28 @@ import torch.nn.functional as F
 
 from pcg_core.attention.metadata import AttentionMetadata
 
-# The smallest forward that takes a fresh-sequence path (AttentionMetadata.fresh_path). Below it MLA stays absorbed
-# (the expansion GEMMs over every row then cost about what the 576-wide attention saves) and varlen gathers (a
-# handful of rows); buckets below it get one graph variant only. 128 is the intended value, but the path is OFF
-# (None) until its GPU test passes whole and it pays: on the H100, 2026-12-06, graph variants replayed up to 5.4 off
-# eager and the fresh MLA prefill was 15× transformers' expanded form at 2048 tokens; 2026-12-07
-# (benchmarks/results/2026-12-07-h100-fresh-paths-ref/) every replay was bitwise equal to eager, but full never
-# recorded the fresh variant (fixed since, not yet run on a GPU) and the prefill was still 2.1× expanded.
-# tests/pcg_core/attention/test_fresh_paths.py turns it on (fresh_from) and is the reproduction.
-FRESH_PATH_MIN_TOKENS: int | None = None
+# The smallest forward that takes a fresh-sequence path (AttentionMetadata.fresh_path); None turns the paths off.
+# Below it MLA stays absorbed and varlen gathers (a handful of rows); buckets below it get one graph variant only.
+# 512: the smallest measured size where MLA's expanded prefill beats the absorbed one. On the H100, 2026-12-07
+# (benchmarks/results/2026-12-07e-h100-cells-fresh/, one layer at DeepSeek-V3's widths): absorbed / pcg fresh
+# 0.31 / 0.36 ms at 128 tokens, 0.64 / 0.46 at 512, 5.94 / 1.55 at 2048 (transformers' expanded form 0.82); every
+# graph variant of tests/pcg_core/attention/test_fresh_paths.py replayed bitwise equal to eager, the kernel within
+# its bound of the float32 masked SDPA.
+FRESH_PATH_MIN_TOKENS: int | None = 512
 # The most sequences a forward on the fresh path holds (more: the cache-reading path). FlashAttention's varlen grid
 # is (query blocks of the longest sequence) × (sequences) × heads, and a graph fixes both counts: the bounds hold
 # this many sequences and the padding, whatever the batch. Bounds of one per token (T sequences, most empty) made
 # T² blocks: pcg's fresh MLA prefill of 2048 tokens took 12.5 ms on the H100, 15× the expanded form.
 FRESH_PATH_MAX_SEQS = 32
 
-# The CUDA kernel of the fresh path: "flash" (FlashAttention-2, values padded to the keys' width), "efficient"
-# (torch's memory-efficient varlen kernel, values as they are) or "cudnn" (cuDNN's attention over ragged rows, as
-# torch's nested tensors and varlen_attn's cuDNN backend call it; Hopper kernels, values as they are). FlashAttention-2
-# and the memory-efficient kernel launch a block per (query block of the longest sequence × sequence slot × head): with
-# FRESH_PATH_MAX_SEQS slots, most of them empty. benchmarks/mla_prefill.py times each at DeepSeek-V3's widths (192/128)
-# beside transformers' expanded form; the fastest on the H200 is the default.
-FreshKernel = Literal["flash", "efficient", "cudnn"]
+# The CUDA kernel of the fresh path: "flash" (FlashAttention-2, values padded to the keys' width) or "efficient"
+# (torch's memory-efficient varlen kernel, values as they are). Both launch a block per (query block of the longest
+# sequence × sequence slot × head): with FRESH_PATH_MAX_SEQS slots, most of them empty. benchmarks/mla_prefill.py
+# times each at DeepSeek-V3's widths (192/128) beside transformers' expanded form: on the H100 efficient is faster to
+# 512 tokens, flash from 2048 (1.55 against 1.84 ms), where the prefill's time goes. cuDNN's ragged attention (what
+# varlen_attn's cuDNN backend calls) is not here: recorded in a CUDA graph it invalidates the capture, and eagerly it
+# took 48-71 ms a call (2026-12-07e).
+FreshKernel = Literal["flash", "efficient"]
 FRESH_KERNEL: FreshKernel = "flash"
 
 _flash_attn: Callable[..., Any] | None
@@ -66,8 +65,6 @@ def fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: Atten
         chosen = kernel or FRESH_KERNEL
         if chosen == "efficient":
             return _efficient(q, k, v, md, scale)
-        if chosen == "cudnn":
-            return _cudnn(q, k, v, md, scale)
         if _flash_attn is not None:
             return _flash(q, k, v, md, scale)
     return _sdpa(q, k, v, md, scale)
@@ -112,15 +109,6 @@ def _efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionM
     out = torch.ops.aten._efficient_attention_forward(q[None], k[None], v[None], None, cu, cu, t, t, 0.0, 1, False,
                                                       scale=scale)[0]
     return cast(torch.Tensor, out)[0]
-
-
-def _cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
-    t = q.shape[0]
-    cu = _bounds(md)
-    # [T, H, D] rows with the sequences' bounds, causal from each sequence's first row; the log-sum-exp asked for as
-    # torch's own varlen_attn asks (the combination its cuDNN backend runs)
-    out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, t, t, True, 0.0, True, False, scale=scale)[0]
-    return cast(torch.Tensor, out)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
