@@ -225,7 +225,7 @@ def test_without_a_fault_the_same_check_holds(deepseek, fresh_from):
         assert max(_gap(o.prompt_logprobs, want), _gap(o.output_logprobs[:-1], want[len(prompt) - 1 :])) < 1e-4
 
 
-# On the GPU: FlashAttention-2's path against the SDPA one, and graphs = eager bitwise with both variants ----------
+# On the GPU: each fresh kernel against the SDPA one, and graphs = eager bitwise with both variants ---------------
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
