@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import torch
 
     from pcg_core.attention.backend import AttentionBackend
-    from pcg_core.attention.metadata import AttentionMetadata
+    from pcg_core.attention.metadata import AttentionMetadata, FreshPath
 
 
 class CaptureMode(StrEnum):
@@ -68,11 +68,11 @@ class ForwardContext:
 GraphKey = int | tuple[int, str]
 
 
-def graph_key(bucket: int, fresh_path: bool) -> GraphKey:
-    """What a graph that records split ops is kept under: its bucket, and for the variant captured with the split ops'
-    fresh-sequence paths (AttentionMetadata.fresh_path) the bucket tagged "fresh". The plain bucket stays the key of
-    the one variant every model has."""
-    return (bucket, "fresh") if fresh_path else bucket
+def graph_key(bucket: int, fresh_path: FreshPath) -> GraphKey:
+    """What a graph that records split ops is kept under: its bucket, and for a variant captured with the split ops'
+    fresh-sequence paths (AttentionMetadata.fresh_path) the bucket tagged with that path. The plain bucket stays the
+    key of the one variant every model has."""
+    return (bucket, fresh_path) if fresh_path else bucket
 
 
 _CURRENT: ForwardContext | None = None

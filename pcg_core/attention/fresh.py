@@ -4,6 +4,9 @@ from the cache (MLA's expanded prefill, pcg_core/attention/mla_op.py).
 Every step is device work on the forward's static metadata (sequence ids, positions), with shapes set by the
 token count alone, so a graph can record it. The packed rows of one sequence are contiguous and padding rows come
 last (engine/inputs.py), so the sequences' boundaries are where the sequence id changes.
+- One sequence (AttentionMetadata.fresh_path "one"): plain causal attention over every row — exact for the real
+  rows, which start at row 0 and see no padding — through a dense kernel (cuDNN's first on CUDA: on Hopper it takes
+  MLA's 192/128 head widths at a third of FlashAttention-2's varlen time).
 - CUDA, half precision: FlashAttention-2 through torch's varlen_attn, cu_seqlens counted on the device (padding
   rows form one more sequence, whose output is zeroed after). FlashAttention-2 wants one head width for keys and
   values, so the values are padded with zeros to the keys' width and the output cut back. Or (FRESH_KERNEL)
@@ -19,6 +22,7 @@ from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pcg_core.attention.metadata import AttentionMetadata
 
@@ -60,7 +64,9 @@ except ImportError:  # a torch without it: the SDPA path
 def fresh_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata,
                     scale: float, kernel: FreshKernel | None = None) -> torch.Tensor:
     """q, k [T, H, Dqk], v [T, H, Dv] → [T, H, Dv]; padding rows hold anything (the caller zeroes them).
-    kernel: the CUDA kernel, FRESH_KERNEL unless given (a benchmark's choice)."""
+    kernel: the CUDA kernel of the packed path, FRESH_KERNEL unless given (a benchmark's choice)."""
+    if md.fresh_path == "one":
+        return _one(q, k, v, scale)
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         chosen = kernel or FRESH_KERNEL
         if chosen == "efficient":
@@ -109,6 +115,19 @@ def _efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionM
     out = torch.ops.aten._efficient_attention_forward(q[None], k[None], v[None], None, cu, cu, t, t, 0.0, 1, False,
                                                       scale=scale)[0]
     return cast(torch.Tensor, out)[0]
+
+
+# The dense kernels of the one-sequence path, in the order tried: cuDNN's (Hopper), then the others SDPA has
+_ONE_KERNELS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One sequence from row 0, the padding after it: causal attention over all T rows (a padding row attends to the
+    sequence and to the padding before it, and is zeroed by the caller; a real row sees neither)."""
+    with sdpa_kernel(_ONE_KERNELS, set_priority=True):
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                           is_causal=True, scale=scale)
+    return o[0].transpose(0, 1)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:

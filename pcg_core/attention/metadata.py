@@ -10,8 +10,16 @@ never by reading device tensors back.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+
+# The split ops' fresh-sequence path a forward takes (AttentionMetadata.fresh_path): "" none, the cache-reading path;
+# "packed": every sequence causal over its own rows, bounded by cu_seqlens (attention/fresh.py); "one": one sequence
+# from row 0 with the padding after it, where plain causal attention over every row of the forward is exact for the
+# real rows (a padding row sees them, they see no padding row), so a dense kernel takes it — cuDNN's on Hopper,
+# where FlashAttention-2's varlen kernel is 3× slower at MLA's head widths (docs/attention.md).
+FreshPath = Literal["", "packed", "one"]
 
 
 @dataclass
@@ -24,11 +32,11 @@ class AttentionMetadata:
     valid: torch.Tensor  # [T] bool: False on padding rows
     host_seq_ids: torch.Tensor | None = None  # [num_actual] int64 on the CPU
     host_positions: torch.Tensor | None = None  # [num_actual] int64 on the CPU
-    # Take split ops' fresh-sequence paths (MLA's expanded prefill, pcg_core/attention/mla_op.py): no real sequence
-    # of this forward has KV cached before it, and the forward is wide enough for the path to pay. Decided on the
-    # host by the engine (Engine.fresh_path), the same way for a graph and for its eager reference at that padding;
-    # graphs that record split ops keep one variant per value (forward_context.graph_key).
-    fresh_path: bool = False
+    # The split ops' fresh-sequence path (MLA's expanded prefill, pcg_core/attention/mla_op.py; FreshPath): taken
+    # where no real sequence of this forward has KV cached before it and the forward is wide enough for it to pay.
+    # Decided on the host by the engine (Engine.fresh_path), the same way for a graph and for its eager reference at
+    # that padding; graphs that record split ops keep one variant per value (forward_context.graph_key).
+    fresh_path: FreshPath = ""
     # cu_seqlens of the forward's sequences, then its padding ([FRESH_PATH_MAX_SEQS + 2] int32, attention/fresh.py's
     # sequence_bounds), built once per forward with the upload where a split op has a fresh path over them (MLA);
     # None: each call builds its own.

@@ -24,6 +24,7 @@ from pcg_core.forward_context import CaptureMode, ForwardContext, GraphKey, grap
 
 if TYPE_CHECKING:
     from pcg_core.attention.backend import AttentionBackend
+    from pcg_core.attention.metadata import FreshPath
 
 Body = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 MakeInputs = Callable[[int], "tuple[torch.Tensor, torch.Tensor, ForwardContext]"]
@@ -56,8 +57,9 @@ class CaptureBackend(ABC):
         self.make_inputs = make_inputs
         self.stats = CaptureStats(backend=self.name, buckets=config.ladder if self.pads else [])
         # Set by the engine before prepare(): the smallest forward that takes the split ops' fresh-sequence paths
-        # (AttentionMetadata.fresh_path), None where the model has none.
+        # (AttentionMetadata.fresh_path), None where the model has none, and the paths a forward from there may take.
         self.fresh_min: int | None = None
+        self.fresh_paths: tuple[FreshPath, ...] = ()
 
     @abstractmethod
     def prepare(self) -> None:
@@ -135,16 +137,21 @@ class GraphBackend(CaptureBackend):
         fresh-sequence path) is frozen in them, and each bucket from fresh_min up gets a graph per choice."""
         return False
 
-    def key(self, bucket: int, fresh_path: bool) -> GraphKey:
+    def key(self, bucket: int, fresh_path: FreshPath) -> GraphKey:
         """The entry a forward at `bucket` replays."""
-        return graph_key(bucket, fresh_path and self.records_split_ops())
+        return graph_key(bucket, fresh_path if self.records_split_ops() else "")
 
-    def variants(self, bucket: int) -> tuple[bool, ...]:
-        """The fresh_path values captured at `bucket`."""
+    def looked_up(self, bucket: int) -> tuple[FreshPath, ...]:
+        """The fresh_path values a forward at `bucket` may have: the plain one, and from fresh_min up the paths."""
         low = self.fresh_min
-        return (False, True) if low is not None and bucket >= low and self.records_split_ops() else (False,)
+        return ("", *self.fresh_paths) if low is not None and bucket >= low else ("",)
 
-    def capture_passes(self, bucket: int) -> tuple[bool, ...]:
+    def variants(self, bucket: int) -> tuple[FreshPath, ...]:
+        """The fresh_path values captured at `bucket`: every one a forward may have where the graphs record split ops
+        (the plain one first), else the plain one."""
+        return self.looked_up(bucket) if self.records_split_ops() else ("",)
+
+    def capture_passes(self, bucket: int) -> tuple[FreshPath, ...]:
         """The fresh_path values of the capture passes at `bucket`: a pass per variant, unless the backend records
         them all in one (piecewise)."""
         return self.variants(bucket)
@@ -183,16 +190,14 @@ class GraphBackend(CaptureBackend):
         self.stats.graphs_captured = self.pool.graphs_captured
 
     def missing_entries(self) -> list[GraphKey]:
-        """The keys a forward may look up (each bucket; from fresh_min up, its fresh variant too) that no capture
+        """The keys a forward may look up (each bucket; from fresh_min up, its fresh variants too) that no capture
         stored, where a miss would run with no graph (`entry_per_key`)."""
         if not self.entry_per_key:
             return []
-        low = self.fresh_min
-        looked_up = {self.key(b, fresh) for b in self.config.ladder
-                     for fresh in ((False, True) if low is not None and b >= low else (False,))}
+        looked_up = {self.key(b, fresh) for b in self.config.ladder for fresh in self.looked_up(b)}
         return sorted((k for k in looked_up if k not in self.entries), key=str)
 
-    def _capture_bucket(self, bucket: int, fresh_path: bool = False) -> None:
+    def _capture_bucket(self, bucket: int, fresh_path: FreshPath = "") -> None:
         input_ids, positions, ctx = self.make_inputs(bucket)
         ctx.attn_metadata.fresh_path = fresh_path
         ctx.mode = CaptureMode.WARMUP

@@ -10,12 +10,17 @@ bucket: fused kernels, and a single launch per forward. With "eager" the decoder
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from pcg_core.capture.graphs import weak_ref
 from pcg_core.capture.piecewise import PiecewiseBackend, ReplayPlan
 from pcg_core.capture.registry import register_capture_backend
 from pcg_core.forward_context import CaptureMode
+
+if TYPE_CHECKING:
+    from pcg_core.attention.metadata import FreshPath
 
 
 @register_capture_backend
@@ -33,7 +38,7 @@ class FullBackend(PiecewiseBackend):
     def records_split_ops(self) -> bool:
         return True  # in the one graph
 
-    def capture_passes(self, bucket: int) -> tuple[bool, ...]:
+    def capture_passes(self, bucket: int) -> tuple[FreshPath, ...]:
         return self.variants(bucket)  # a pass per variant: each is the whole forward (not piecewise's one pass)
 
     def setup(self) -> None:

@@ -17,7 +17,7 @@ import operator
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.fx.passes.split_module import split_module
@@ -27,6 +27,9 @@ from pcg_core.capture.graphs import GraphPool, weak_ref
 from pcg_core.capture.registry import register_capture_backend
 from pcg_core.forward_context import CaptureMode, GraphKey, get_forward_context, graph_key, set_forward_context
 from pcg_core.split_ops import is_split_node, uncapturable_split_op_in
+
+if TYPE_CHECKING:
+    from pcg_core.attention.metadata import FreshPath
 
 
 def split_at_split_ops(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[str], list[str]]:
@@ -83,13 +86,13 @@ class PieceRunner(torch.nn.Module):
     while an observer watches the attention inputs (a diagnosis wants to see every layer)."""
 
     def __init__(self, fn: Any, index: int, pool: GraphPool, split: bool = False,
-                 variants: Callable[[int], tuple[bool, ...]] | None = None):
+                 variants: Callable[[int], tuple[FreshPath, ...]] | None = None):
         super().__init__()
         self.fn = fn
         self.index = index
         self.pool = pool
         self.split = split
-        self.variants = variants or (lambda bucket: (False,))
+        self.variants = variants or (lambda bucket: ("",))
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, Any]] = {}
 
     def forward(self, *args: Any) -> Any:
@@ -120,7 +123,7 @@ class PieceRunner(torch.nn.Module):
         one graph, so each variant must read and write where they do, and while this pass runs everything live in
         the forward is held, which keeps a variant's temporaries off it (a later pass, replaying the pieces' graphs
         with their outputs weakly held, let them land on memory a later piece reads)."""
-        out = self._record(graph_key(bucket, False), args)
+        out = self._record(graph_key(bucket, ""), args)
         for fresh in self.variants(bucket)[1:]:
             with _variant(md, fresh):
                 other = self._record(graph_key(bucket, fresh), args)
@@ -129,19 +132,19 @@ class PieceRunner(torch.nn.Module):
                                    "elsewhere than its plain variant, where the pieces after it read")
         return out
 
-    def key(self, bucket: int, fresh_path: bool) -> GraphKey:
+    def key(self, bucket: int, fresh_path: FreshPath) -> GraphKey:
         """A split op's graphs are kept per variant; a piece's per bucket."""
-        return graph_key(bucket, self.split and fresh_path)
+        return graph_key(bucket, fresh_path if self.split else "")
 
 
 @contextmanager
-def _variant(md: Any, fresh: bool) -> Iterator[None]:
+def _variant(md: Any, fresh: FreshPath) -> Iterator[None]:
     """The forward's metadata at another variant for the block (the engine decides it per forward otherwise)."""
     md.fresh_path = fresh
     try:
         yield
     finally:
-        md.fresh_path = False
+        md.fresh_path = ""
 
 
 def _data_ptrs(out: Any) -> list[int]:
@@ -230,15 +233,15 @@ class PiecewiseBackend(GraphBackend):
         assert self.split_gm is not None  # compiled before any forward
         return self.split_gm(*self._args(input_ids, positions))[0]
 
-    def capture_passes(self, bucket: int) -> tuple[bool, ...]:
-        return (False,)  # one pass: the split ops' runners record each variant back to back (PieceRunner._capture)
+    def capture_passes(self, bucket: int) -> tuple[FreshPath, ...]:
+        return ("",)  # one pass: the split ops' runners record each variant back to back (PieceRunner._capture)
 
     def capture(self, bucket, input_ids, positions, ctx) -> ReplayPlan | None:
         out = self.run_padded(input_ids, positions)
         for fresh in self.variants(bucket)[1:]:  # the other variants' plans; the plain one is the caller's to keep
             if (graphs := self._graphs_in_call_order(bucket, fresh)) is not None:
                 self.entries[self.key(bucket, fresh)] = ReplayPlan(graphs, weak_ref(out))
-        graphs = self._graphs_in_call_order(bucket, False)
+        graphs = self._graphs_in_call_order(bucket, "")
         return None if graphs is None else ReplayPlan(graphs, weak_ref(out))
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
@@ -252,7 +255,7 @@ class PiecewiseBackend(GraphBackend):
     def records_split_ops(self) -> bool:
         return self._graph_attention()
 
-    def _graphs_in_call_order(self, bucket: int, fresh_path: bool = False) -> tuple[torch.cuda.CUDAGraph, ...] | None:
+    def _graphs_in_call_order(self, bucket: int, fresh_path: FreshPath = "") -> tuple[torch.cuda.CUDAGraph, ...] | None:
         """Every submodule's graph for `bucket` (the split ops' at `fresh_path`'s variant) in the order the split
         module calls them, or None where one of them runs eagerly (an uncapturable split op) or the split module does
         more than call them."""

@@ -16,7 +16,7 @@ import torch
 
 from pcg_core.attention import KVCache, get_attention_backend
 from pcg_core.attention.kv_cache import KVCacheFull
-from pcg_core.attention.metadata import AttentionMetadata
+from pcg_core.attention.metadata import AttentionMetadata, FreshPath
 from pcg_core.attention.fresh import FRESH_PATH_MAX_SEQS, FRESH_PATH_MIN_TOKENS
 from pcg_core.capture import make_capture_backend
 from pcg_core.capture.stats import CaptureStats
@@ -126,6 +126,8 @@ class Engine:
         # The capture backend (self.attn_backend is attention's); it also checks the backend name.
         self.backend = make_capture_backend(config.capture, self._body, self.device, self._dummy_inputs, self.attn_backend)
         self.backend.fresh_min = fresh_min
+        # MLA's op takes a dense kernel for a forward of one sequence ("one"); varlen's own-rows read is one path
+        self.backend.fresh_paths = () if fresh_min is None else ("packed", "one") if mla else ("packed",)
         self.prep = PrepGraphs(self.inputs, self.attn_backend, self.device)
         with torch.inference_mode(False), torch.no_grad():
             self.backend.prepare()
@@ -219,18 +221,22 @@ class Engine:
         hidden = self._forward(local, bucket or widest, eager or bucket is None, observer, decode, probe)
         return dp.gather(hidden[: bucket or widest], rows)
 
-    def fresh_path(self, seq_ids: torch.Tensor, positions: torch.Tensor, num_tokens: int) -> bool:
-        """Whether a forward of these rows (host tensors, packed by sequence) padded to `num_tokens` takes the split
-        ops' fresh-sequence paths (AttentionMetadata.fresh_path): the model or attention backend has them, the
+    def fresh_path(self, seq_ids: torch.Tensor, positions: torch.Tensor, num_tokens: int) -> FreshPath:
+        """The split ops' fresh-sequence path (AttentionMetadata.fresh_path) a forward of these rows (host tensors,
+        packed by sequence) padded to `num_tokens` takes: one where the model or attention backend has them, the
         forward is at least `fresh_min` wide, holds at most FRESH_PATH_MAX_SEQS sequences, and every sequence in it
-        starts at position 0 (nothing of it cached: not a decode step, a later chunk or a prefix hit). A function of
-        the rows and the padding alone, so an eager reference at a graph's padding decides alike."""
+        starts at position 0 (nothing of it cached: not a decode step, a later chunk or a prefix hit) — "one" for a
+        single sequence where the backend distinguishes it, else "packed". A function of the rows and the padding
+        alone, so an eager reference at a graph's padding decides alike."""
         low = self.backend.fresh_min
         if low is None or num_tokens < low or not len(seq_ids):
-            return False
+            return ""
         starts = torch.ones(len(seq_ids), dtype=torch.bool)
         starts[1:] = seq_ids[1:] != seq_ids[:-1]
-        return int(starts.sum()) <= FRESH_PATH_MAX_SEQS and not bool(positions[starts].any())
+        count = int(starts.sum())
+        if count > FRESH_PATH_MAX_SEQS or bool(positions[starts].any()):
+            return ""
+        return "one" if count == 1 and "one" in self.backend.fresh_paths else "packed"
 
     def stage_inputs(self, batch: PackedBatch, num_tokens: int, replay: bool) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The batch into the input buffers and the attention metadata built: a replay takes the bucket's prep

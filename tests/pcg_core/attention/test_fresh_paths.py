@@ -30,10 +30,10 @@ def fresh_from(monkeypatch):
 
 @pytest.fixture
 def expanded_calls(monkeypatch):
-    """How many times the expanded form ran (fresh_attention called from the op)."""
+    """Each time the expanded form ran (fresh_attention called from the op): its rows and its path."""
     calls = []
     real = mla_op.fresh_attention
-    monkeypatch.setattr(mla_op, "fresh_attention", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    monkeypatch.setattr(mla_op, "fresh_attention", lambda *a: calls.append((a[0].shape[0], a[3].fresh_path)) or real(*a))
     return calls
 
 
@@ -46,15 +46,16 @@ def _gap(a, b):
 
 
 @pytest.mark.parametrize("backend", ["disabled", "piecewise", "breakable", "full"])
-def test_fresh_prefill_is_expanded_and_matches_transformers(deepseek, backend, fresh_from, expanded_calls):
-    """Three packed fresh sequences: the prefill expanded (decode absorbed), each sequence's prompt logprobs
-    transformers' own within float32 summation order."""
+@pytest.mark.parametrize("prompts,path", [(PROMPTS, "packed"), (PROMPTS[:1], "one")])
+def test_fresh_prefill_is_expanded_and_matches_transformers(deepseek, backend, prompts, path, fresh_from, expanded_calls):
+    """Three packed fresh sequences, and one alone (the dense path): the prefill expanded (decode absorbed), each
+    sequence's prompt logprobs transformers' own within float32 summation order."""
     fresh_from(1)
     engine = make_engine(deepseek.model, backend)
-    got = _prompt_logprobs(engine, PROMPTS)
+    got = _prompt_logprobs(engine, prompts)
     layers = deepseek.config.num_hidden_layers
-    assert len(expanded_calls) == layers, expanded_calls  # the prefill only: decode steps read the cache
-    for prompt, lp in zip(PROMPTS, got):
+    assert [p for _, p in expanded_calls] == [path] * layers, expanded_calls  # the prefill only: decode reads the cache
+    for prompt, lp in zip(prompts, got):
         assert _gap(lp, transformers_prompt_logprobs(deepseek, prompt)) < 1e-4
 
 
@@ -81,16 +82,17 @@ def test_every_graph_a_forward_looks_up_has_a_capture_pass(deepseek, backend, fr
     graphs = engine.backend
     for bucket in engine.config.capture.ladder:
         stored = {graphs.key(bucket, fresh) for fresh in graphs.capture_passes(bucket)}
-        looked_up = {graphs.key(bucket, fresh) for fresh in (False, bucket >= 128)}  # fresh_path needs ≥ fresh_min
+        # a fresh path needs ≥ fresh_min; MLA's op tells one sequence from several
+        looked_up = {graphs.key(bucket, fresh) for fresh in (("", "packed", "one") if bucket >= 128 else ("",))}
         assert looked_up <= stored, (bucket, stored)
-        assert len(graphs.capture_passes(bucket)) == (2 if backend == "full" and bucket >= 128 else 1)
+        assert len(graphs.capture_passes(bucket)) == (3 if backend == "full" and bucket >= 128 else 1)
     # what prepare() checks on CUDA after capturing: stored as the passes store them, nothing is missing; a variant
     # dropped is named
     graphs.entries = {graphs.key(b, fresh): object() for b in engine.config.capture.ladder
                       for fresh in graphs.capture_passes(b)}
     assert graphs.missing_entries() == []
     if graphs.entry_per_key:
-        dropped = graphs.key(256, True)
+        dropped = graphs.key(256, "one")
         del graphs.entries[dropped]
         assert graphs.missing_entries() == [dropped]
 
@@ -100,15 +102,19 @@ def test_the_path_is_a_function_of_the_batch_and_its_padding(deepseek, configs, 
     engine = make_engine(deepseek.model, "piecewise")
     seqs = torch.tensor([0] * 12 + [1] * 8)
     two = (seqs, torch.tensor(list(range(12)) + list(range(8))))
-    assert engine.fresh_path(*two, 32) and not engine.fresh_path(*two, 20)  # padded to the bucket vs unpadded
+    assert engine.fresh_path(*two, 32) == "packed" and engine.fresh_path(*two, 20) == ""  # padded to the bucket or not
+    assert engine.fresh_path(seqs[:12], two[1][:12], 32) == "one"  # the first sequence alone
     later = (seqs, torch.tensor(list(range(12)) + list(range(3, 11))))
-    assert not engine.fresh_path(*later, 32)  # the second sequence has KV cached before it
+    assert engine.fresh_path(*later, 32) == ""  # the second sequence has KV cached before it
+    assert engine.fresh_path(seqs[12:], later[1][12:], 32) == ""  # and alone too
     many = torch.arange(fresh.FRESH_PATH_MAX_SEQS + 1).repeat_interleave(2)  # one sequence too many, two rows each
-    assert not engine.fresh_path(many, torch.tensor([0, 1]).repeat(len(many) // 2), len(many) + 32)
-    assert engine.fresh_path(many[2:], torch.tensor([0, 1]).repeat(len(many) // 2 - 1), len(many) + 32)
+    assert engine.fresh_path(many, torch.tensor([0, 1]).repeat(len(many) // 2), len(many) + 32) == ""
+    assert engine.fresh_path(many[2:], torch.tensor([0, 1]).repeat(len(many) // 2 - 1), len(many) + 32) == "packed"
+    engine.backend.fresh_paths = ("packed",)  # a backend whose fresh path is one for any count (varlen's own rows)
+    assert engine.fresh_path(seqs[:12], two[1][:12], 32) == "packed"
     llama = load_model(json.loads((configs / "meta-llama__Llama-3.1-8B-Instruct.json").read_text()), tiny=True)
     dense = make_engine(llama.model, "piecewise")
-    assert dense.backend.fresh_min is None and not dense.fresh_path(*two, 32)
+    assert dense.backend.fresh_min is None and dense.backend.fresh_paths == () and dense.fresh_path(*two, 32) == ""
 
 
 @pytest.mark.parametrize("lengths", [[5, 3, 4], [16], [1] * 6, [2, 9]])
@@ -186,13 +192,31 @@ def _masked_sdpa(rule):
     return sdpa
 
 
+def _dense_one(causal: bool):
+    """fresh._one with or without its causal mask."""
+
+    def one(q, k, v, scale):
+        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                             v.transpose(0, 1)[None], is_causal=causal, scale=scale)
+        return o[0].transpose(0, 1)
+
+    return one
+
+
 @pytest.mark.parametrize("fault", ["sequences see each other", "one position ahead", "rope keys dropped",
-                                   "latent not cached"])
+                                   "latent not cached", "one sequence sees ahead", "the dense path for several"])
 def test_planted_fresh_path_faults_are_caught(deepseek, fault, fresh_from, monkeypatch):
     """What a wrong expanded prefill gets wrong: each moves some sequence's logprobs (prompt, or the decode steps
     that read what the prefill cached) off transformers' forward."""
     fresh_from(1)
-    if fault == "sequences see each other":
+    prompts = PROMPTS
+    if fault == "one sequence sees ahead":  # the one-sequence path without its causal mask
+        prompts = PROMPTS[:1]
+        monkeypatch.setattr(fresh, "_one", _dense_one(causal=False))
+    elif fault == "the dense path for several":  # the engine takes "one" for a packed batch: sequences see each other
+        real = engine_module.Engine.fresh_path
+        monkeypatch.setattr(engine_module.Engine, "fresh_path", lambda *a: real(*a) and "one")
+    elif fault == "sequences see each other":
         monkeypatch.setattr(fresh, "_sdpa", _masked_sdpa(lambda s, p: torch.ones(len(s), len(s), dtype=torch.bool).tril()))
     elif fault == "one position ahead":
         monkeypatch.setattr(fresh, "_sdpa", _masked_sdpa(lambda s, p: (s[:, None] == s[None, :]) & (p[None, :] <= p[:, None] + 1)))
@@ -207,20 +231,21 @@ def test_planted_fresh_path_faults_are_caught(deepseek, fault, fresh_from, monke
         monkeypatch.setattr(mla_op.torch, "cat", cat)
     else:
         monkeypatch.setattr(mla_op, "write_kv", lambda *a: None)
-    outs = make_engine(deepseek.model, "disabled").generate(PROMPTS, max_new_tokens=3, prompt_logprobs=True)
+    outs = make_engine(deepseek.model, "disabled").generate(prompts, max_new_tokens=3, prompt_logprobs=True)
     gaps = []
-    for prompt, o in zip(PROMPTS, outs):
+    for prompt, o in zip(prompts, outs):
         # transformers over prompt + outputs: its prompt logprobs, then the decode steps' own
         want = transformers_prompt_logprobs(deepseek, prompt + o.output_ids[:-1])
         gaps.append(max(_gap(o.prompt_logprobs, want), _gap(o.output_logprobs[:-1], want[len(prompt) - 1 :])))
     assert max(gaps) > 1e-3, (fault, gaps)
 
 
-def test_without_a_fault_the_same_check_holds(deepseek, fresh_from):
-    """The planted faults' check on the unplanted path: every sequence within float32 summation order."""
+@pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[:1]])
+def test_without_a_fault_the_same_check_holds(deepseek, prompts, fresh_from):
+    """The planted faults' check on the unplanted paths (packed, one): every sequence within float32 summation order."""
     fresh_from(1)
-    outs = make_engine(deepseek.model, "disabled").generate(PROMPTS, max_new_tokens=3, prompt_logprobs=True)
-    for prompt, o in zip(PROMPTS, outs):
+    outs = make_engine(deepseek.model, "disabled").generate(prompts, max_new_tokens=3, prompt_logprobs=True)
+    for prompt, o in zip(prompts, outs):
         want = transformers_prompt_logprobs(deepseek, prompt + o.output_ids[:-1])
         assert max(_gap(o.prompt_logprobs, want), _gap(o.output_logprobs[:-1], want[len(prompt) - 1 :])) < 1e-4
 
@@ -232,21 +257,24 @@ def test_without_a_fault_the_same_check_holds(deepseek, fresh_from):
 @pytest.mark.parametrize("t", [128, 300])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("heads,qk,v", [(4, 24, 16), (16, 192, 128)])  # tiny; DeepSeek-V3's widths
-@pytest.mark.parametrize("kernel", ["flash", "efficient"])
+@pytest.mark.parametrize("kernel", ["flash", "efficient", "one"])
 def test_fresh_attention_kernels_match_the_masked_sdpa_and_replay_bitwise(t, dtype, heads, qk, v, kernel):
-    """Each CUDA kernel of the fresh path (FRESH_KERNEL) against the masked SDPA in float32, over sequences of odd
-    lengths and padding; recorded in a CUDA graph, its replay bitwise equal to the eager call."""
+    """Each CUDA kernel of the fresh path (FRESH_KERNEL's over packed sequences of odd lengths; the dense one over a
+    single sequence, fresh_path "one") against the masked SDPA in float32, with padding after; recorded in a CUDA
+    graph, its replay bitwise equal to the eager call."""
     if kernel == "flash":
         pytest.importorskip("torch.nn.attention.varlen")
     from pcg_core.attention.metadata import AttentionMetadata
 
     dt = getattr(torch, dtype)
     g = torch.Generator(device="cuda").manual_seed(t)
-    lengths = [t // 2 - 9, 1, t // 3, 5]  # the rest padding
+    lengths = [t - 9] if kernel == "one" else [t // 2 - 9, 1, t // 3, 5]  # the rest padding
     n = sum(lengths)
     seq = torch.cat([torch.full((k,), i, dtype=torch.int32) for i, k in enumerate(lengths)] + [torch.full((t - n,), -2, dtype=torch.int32)]).cuda()
     pos = torch.cat([torch.arange(k) for k in lengths] + [torch.zeros(t - n, dtype=torch.int64)]).cuda()
-    md = AttentionMetadata(t, n, torch.zeros(t, dtype=torch.int64, device="cuda"), pos, seq, seq >= 0)
+    md = AttentionMetadata(t, n, torch.zeros(t, dtype=torch.int64, device="cuda"), pos, seq, seq >= 0,
+                           fresh_path="one" if kernel == "one" else "packed")
+    kernel = None if kernel == "one" else kernel
     # scales that vary by head and by token, with outlier tokens (as real queries and keys have): uniform inputs give
     # flat attention, where a wrong causal edge or a sequence leak moves the output least
     head_scale = torch.logspace(-0.5, 0.5, heads, device="cuda")[:, None]
@@ -318,8 +346,9 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
     fresh_from(128)
     engine = build(backend)
     ladder = engine.config.capture.ladder
+    paths = ("packed", "one") if model == "deepseek-v3" else ("packed",)  # MLA's op tells one sequence from several
     if backend != "breakable":
-        assert {(b, "fresh") for b in ladder if b >= 128} <= set(engine.backend.entries)
+        assert {(b, p) for b in ladder if b >= 128 for p in paths} <= set(engine.backend.entries)
     assert all(not isinstance(k, tuple) or k[0] >= 128 for k in engine.backend.entries)
     for lengths, start in (([100, 37, 20], 0), ([3, 7], 0), ([150], 0), ([64, 90], 40), ([1] * 9, 60)):
         outs = []
@@ -335,7 +364,8 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
             outs.append(b)
         b = outs[0]
         bucket = engine.bucket_for(len(b))
-        assert engine.fresh_path(torch.tensor(b.seq_ids), torch.tensor(b.positions), bucket) == (start == 0 and bucket >= 128)
+        path = "" if start or bucket < 128 else paths[-1] if len(lengths) == 1 else "packed"
+        assert engine.fresh_path(torch.tensor(b.seq_ids), torch.tensor(b.positions), bucket) == path
         replay = engine.forward(b).clone()
         eager = engine.forward(b, eager=True).clone()
         assert torch.equal(replay, eager), (lengths, start, (replay.float() - eager.float()).abs().max())

@@ -93,12 +93,13 @@ def test_replay_plan_lists_every_graph_in_call_order_or_none():
     assert backend._graphs_in_call_order(8) == tuple(f"graph{i}" for i in range(len(names)))
     assert backend._graphs_in_call_order(16) is None
     # a split op's fresh-path variant (MLA's expanded prefill) is a graph of its own; the pieces' are shared
-    assert backend._graphs_in_call_order(8, fresh_path=True) is None
+    assert backend._graphs_in_call_order(8, fresh_path="packed") is None
     for i, r in enumerate(getattr(backend.split_gm, n) for n in names):
         if r.split:
-            r.graphs[(8, "fresh")] = (f"fresh{i}", None)
-    assert backend._graphs_in_call_order(8, fresh_path=True) == tuple(
-        f"{'fresh' if getattr(backend.split_gm, n).split else 'graph'}{i}" for i, n in enumerate(names))
+            r.graphs[(8, "packed")] = (f"packed{i}", None)
+    assert backend._graphs_in_call_order(8, fresh_path="packed") == tuple(
+        f"{'packed' if getattr(backend.split_gm, n).split else 'graph'}{i}" for i, n in enumerate(names))
+    assert backend._graphs_in_call_order(8, fresh_path="one") is None  # each variant's own graphs, none borrowed
 
     off = make_engine(lm.model, "disabled")
     assert (off.stats.pieces, off.stats.submodules, off.stats.buckets) == (0, 0, [])
