@@ -1,0 +1,52 @@
+"""`pcgh cell` killed by SIGTERM (`timeout`, a device call's cell list running out of time) leaves where it was on
+record: every thread's stack on stderr, then death by the signal as before."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+# pcgh with the cell itself replaced by one that says it started, then hangs (as a cell stuck in a kernel would)
+HANGING_CELL = """
+import sys, time
+import harness.cell
+
+def hang(spec):
+    print("cell started", file=sys.stderr, flush=True)
+    time.sleep(600)
+
+harness.cell.run_cell = hang
+from harness.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_a_cell_killed_by_sigterm_writes_its_stacks_then_dies_of_the_signal(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", HANGING_CELL, "cell", "--model", "qwen3-0.6b", "--tiny", "--graph",
+                             "piecewise", "--device", "cpu", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()
+    assert first == "cell started\n", first + proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, err[-2000:])
+    assert out == ""  # no outcome claimed for a cell that did not finish
+    # where it hung, innermost first: the hanging cell, called from pcgh cell's run
+    assert "most recent call first" in err and "in hang" in err and "harness/cli/cell.py" in err, err[-2000:]
+
+
+def test_a_cell_that_ends_takes_its_stack_writer_away(monkeypatch):
+    """In process: armed while the cell runs, gone once it has ended (faulthandler.unregister says whether there was
+    one), so a SIGTERM later in the process is what it was before."""
+    import argparse
+    import faulthandler
+
+    import harness.cli.cell as cell_cli
+
+    seen = []
+    monkeypatch.setattr(cell_cli, "_run", lambda args: seen.append(signal.getsignal(signal.SIGTERM)) or 0)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert cell_cli.run(argparse.Namespace()) == 0 and seen == [signal.SIG_DFL]  # a C-level writer: Python's own stays
+    assert faulthandler.unregister(signal.SIGTERM) is False
