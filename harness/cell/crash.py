@@ -1,6 +1,6 @@
 """How a crash ends a cell: the status (OOM where running out of memory is what failed) and a reason naming every
-error of the chain; the traceback goes to the cell's log (stderr), so a cell that failed on a device with no
-debugger says where, not only what."""
+error of the chain (on CUDA, with the device memory free at the crash); the traceback goes to the cell's log
+(stderr), so a cell that failed on a device with no debugger says where, not only what."""
 
 from __future__ import annotations
 
@@ -50,4 +50,19 @@ def crash(status: Status, e: BaseException) -> Stop:
     reason = parts[0] + "".join(f"; {'raised from' if caused else 'raised while handling'} {p}"
                                 for p, (_, caused) in zip(parts[1:], chain[1:]))
     traceback.print_exception(e, file=sys.stderr)
-    return Stop(Status.OOM if oom else status, reason[:2000])
+    room = "" if oom else _device_room()
+    return Stop(Status.OOM if oom else status, reason[: 2000 - len(room)] + room)
+
+
+def _device_room() -> str:
+    """How much device memory was free when a cell crashed on CUDA, for the reason: a library that fails to allocate
+    may say only "internal error" (cuDNN's CUDNN_STATUS_INTERNAL_ERROR, loading its run-time compiled attention
+    kernel while three cells filled an H100, 2026-12-07f), and the free memory beside it tells that failure from a
+    shape the kernel refuses. Empty on a CPU, or where CUDA cannot say any more."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return ""
+    try:
+        free, total = torch.cuda.mem_get_info()
+    except RuntimeError:  # the context itself broken by the crash
+        return ""
+    return f" [device memory free at the crash: {free / 2**30:.1f} of {total / 2**30:.1f} GiB]"
