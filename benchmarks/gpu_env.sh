@@ -13,12 +13,14 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=$PWD:/tmp/site
 fi
 OUT=${OUT:-out}; mkdir -p "$OUT"
-# Triton's and Inductor's caches in one folder, seeded from a carried .whl/compile-cache.tgz (an earlier call's, same
-# image): a fresh machine otherwise spends its first cells' 40-70 s compiling the same kernels again. Both caches
-# key entries by source, compiler and device, so a stale entry is a miss, never a wrong kernel.
+# Triton's and Inductor's caches in one folder, seeded from a carried .whl/compile-cache.* (an earlier call's
+# gpu_cells.sh pack, same image; .tar.xz, or the older .tgz): a fresh machine otherwise spends its first cells' 40-70 s
+# compiling the same kernels again (a DeepSeek-V3 flex breakable cell's run phase took 354 s cold on the H100,
+# 2026-12-07f; on the CPU the tiny one's cell takes 64 s cold, 9 warm). Both caches key entries by source, compiler
+# and device, so a stale entry is a miss, never a wrong kernel.
 export PCG_COMPILE_CACHE=${PCG_COMPILE_CACHE:-/tmp/pcg-compile-cache}
 export TRITON_CACHE_DIR=$PCG_COMPILE_CACHE/triton TORCHINDUCTOR_CACHE_DIR=$PCG_COMPILE_CACHE/inductor
 mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR"
-if [[ -f .whl/compile-cache.tgz ]]; then tar -xzf .whl/compile-cache.tgz -C "$PCG_COMPILE_CACHE" || true; fi
+for f in .whl/compile-cache.*; do [[ -f $f ]] && { tar -xf "$f" -C "$PCG_COMPILE_CACHE" || true; }; done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/env.txt"
