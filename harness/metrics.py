@@ -263,6 +263,10 @@ class ProcessMetrics(StoredModel):
     cell_s: float | None = Field(default=None, validation_alias=AliasChoices("cell_s", "duration_s"))
     # Seconds in each phase run_cell reports (load, eager, capture, run, latency): where a cell's time goes.
     phase_s: dict[str, float] = Field(default_factory=dict)
+    # The most device memory the cell's process reserved through torch's allocator (max_memory_reserved; the CUDA
+    # context and the libraries' own workspaces come on top, ~1 GiB): what a device call running cells side by side
+    # must leave it. None: a CPU cell or a row from before.
+    peak_gpu_bytes: int | None = None
 
 
 GROUPS: dict[str, type[StoredModel]] = {"settings": CellSettings, "quant": QuantMetrics, "capture": CaptureMetrics,

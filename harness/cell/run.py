@@ -372,4 +372,6 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
     reason = _with_notes(metrics, spec, reason)
     close_phase()
     metrics.process.cell_s = round(time.perf_counter() - t0, 3)
+    if spec.device.startswith("cuda") and torch.cuda.is_initialized():
+        metrics.process.peak_gpu_bytes = torch.cuda.max_memory_reserved(spec.device)
     return CellOutcome(status=status, reason=reason, metrics=metrics, duration_s=metrics.process.cell_s)

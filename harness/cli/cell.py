@@ -133,7 +133,8 @@ def _stacks_on_term() -> Iterator[None]:
     thread's Python stack to stderr, then ends the process as before: where a cell hung is then on record. (A
     Mixtral-8x7B nvfp4 cell ran 430 s on the H100 and was killed with nothing written, 2026-12-07f.) Only over the
     default action: a handler someone else installed stays theirs."""
-    armed = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    armed = (threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+             and _has_fileno(sys.stderr))  # faulthandler writes to a file descriptor (not to a test's captured stream)
     if armed:
         faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
     try:
@@ -141,6 +142,13 @@ def _stacks_on_term() -> Iterator[None]:
     finally:
         if armed:
             faulthandler.unregister(signal.SIGTERM)
+
+
+def _has_fileno(stream: object) -> bool:
+    try:
+        return isinstance(stream.fileno(), int)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the latter
+        return False
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@ record: every thread's stack on stderr, then death by the signal as before."""
 
 from __future__ import annotations
 
+import io
 import signal
 import subprocess
 import sys
@@ -39,14 +40,20 @@ def test_a_cell_killed_by_sigterm_writes_its_stacks_then_dies_of_the_signal(tmp_
 
 def test_a_cell_that_ends_takes_its_stack_writer_away(monkeypatch):
     """In process: armed while the cell runs, gone once it has ended (faulthandler.unregister says whether there was
-    one), so a SIGTERM later in the process is what it was before."""
+    one), so a SIGTERM later in the process is what it was before; not armed over a stream with no file descriptor
+    (a test's captured stderr)."""
     import argparse
     import faulthandler
 
     import harness.cli.cell as cell_cli
 
-    seen = []
-    monkeypatch.setattr(cell_cli, "_run", lambda args: seen.append(signal.getsignal(signal.SIGTERM)) or 0)
+    monkeypatch.setattr(sys, "stderr", sys.__stderr__)  # a real file descriptor, as pcgh has
+    monkeypatch.setattr(cell_cli, "_run", lambda args: 0)
+    assert cell_cli.run(argparse.Namespace()) == 0
+    assert faulthandler.unregister(signal.SIGTERM) is False  # taken away on the way out
+    armed = []  # while the cell runs: there to take away
+    monkeypatch.setattr(cell_cli, "_run", lambda args: armed.append(faulthandler.unregister(signal.SIGTERM)) or 0)
+    assert cell_cli.run(argparse.Namespace()) == 0 and armed == [True]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    assert cell_cli.run(argparse.Namespace()) == 0 and seen == [signal.SIG_DFL]  # a C-level writer: Python's own stays
-    assert faulthandler.unregister(signal.SIGTERM) is False
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert cell_cli.run(argparse.Namespace()) == 0 and armed == [True, False]
