@@ -145,9 +145,10 @@ def _stacks_on_term() -> Iterator[None]:
 
 
 def _has_fileno(stream: object) -> bool:
+    fileno = getattr(stream, "fileno", None)
     try:
-        return isinstance(stream.fileno(), int)  # type: ignore[attr-defined]
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the latter
+        return fileno is not None and isinstance(fileno(), int)
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
         return False
 
 
