@@ -42,9 +42,11 @@ run_list() {  # LIST_FILE JOBS SECONDS
 t_start=$SECONDS
 grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' > "$OUT/$name.todo"
 run_list "$OUT/$name.todo" ${CELL_JOBS:-8} ${LIST_TIMEOUT:-540}
-# Cells that ran out of memory beside others get the GPU to themselves in the time left (a cell's own OOM stays).
-grep -l '"status": *"oom"' "$OUT/$name"/*.json 2>/dev/null | xargs -r -n1 basename | sed 's/\.json$//' | sort -n \
-  | while read -r i; do grep "^$i " "$OUT/$name.todo"; done > "$OUT/$name.oom"
+# Cells that ran out of memory beside others get the GPU to themselves in the time left (a cell's own OOM stays):
+# those whose status says so, and those that crashed with under RETRY_FREE_GIB (2) of device memory free (a library
+# that fails to allocate may say only "internal error": cuDNN's, 2026-12-07f; harness/cell/crash.py notes the room).
+python3 benchmarks/cells_retry.py "$OUT/$name" "${RETRY_FREE_GIB:-2}" | while read -r i; do grep "^$i " "$OUT/$name.todo"; done \
+  > "$OUT/$name.oom"
 if [[ -s $OUT/$name.oom && ${RETRY_OOM:-1} == 1 ]]; then
   echo "$(wc -l < "$OUT/$name.oom") cell(s) ran out of memory beside others: again, one at a time"
   RETRY=1 run_list "$OUT/$name.oom" 1 $(( ${LIST_TIMEOUT:-540} - (SECONDS - t_start) ))
