@@ -10,7 +10,9 @@ that peak, per token of the largest bucket, fitted to the pools the H200 cells m
                                  [MLA: a·heads·(kv_lora_rank + rope dims)]) × the scheme's factor
 
 per capture backend, the widths per GPU (÷ tp). The layer count is not in it: the measured pools of 2- to 28-layer
-models do not grow with depth. Left out: sdpa's plain-math path (soft-cap, sinks), whose scores over the whole cache
+models do not grow with depth. Nor are the split ops' fresh-path variants (a graph per path per bucket from
+FRESH_PATH_MIN_TOKENS): recorded into the same pool, they left DeepSeek-V3:4's full pool at 6,546 MiB with three a
+bucket against 6,930 with one (benchmarks/results/2026-12-07f-h100-one-path/). Left out: sdpa's plain-math path (soft-cap, sinks), whose scores over the whole cache
 make the pool grow with the cache — the estimate is for flex or varlen there.
 """
 
