@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Any list of `pcgh cell` runs on CUDA, ${CELL_JOBS:-8} at a time, one result file per cell (concurrent appends to
-# one file have come back unreadable), gathered into $OUT/${NAME:-cells}.jsonl, .err and .md at the end.
+# Any list of `pcgh cell` runs on CUDA, ${CELL_JOBS:-8} at a time and no more together than the GPU holds by the
+# peaks earlier cells of their kinds recorded (benchmarks/cells_runner.py), one result file per cell (concurrent
+# appends to one file have come back unreadable), gathered into $OUT/${NAME:-cells}.jsonl, .err and .md at the end.
 # Each line of the list file: model:layers (or model:tiny) attention graph [compiler [quant [max_tokens [kv_cache]]]]
 # The list stops after ${LIST_TIMEOUT:-540} s (cells not started are lost, running ones killed) so that the gathering
 # below always runs: the device brings back only a few files, never the per-cell ones. A cell is not started when
@@ -12,7 +13,7 @@
 source "$(dirname "$0")/gpu_env.sh"
 name=${NAME:-cells}
 mkdir -p "$OUT/$name"
-# One cell: list index, then the list line's fields. Exported for the xargs below.
+# One cell: list index, then the list line's fields. Exported for benchmarks/cells_runner.py, which runs them.
 run_cell() {
   i=$1 spec=$2 attention=$3 graph=$4 compiler=${5:-eager} quant=${6:-none} tokens=${7:-256} kv=${8:-auto}
   model=${spec%%:*}; layers=${spec##*:}
@@ -28,17 +29,21 @@ run_cell() {
 }
 export -f run_cell; export OUT name
 # The cells run in a session of their own, killed together when the list's time is up: a list cut by LIST_TIMEOUT
-# leaves its running cells behind (xargs dies, its children do not), and they would hold the GPU's memory under
+# leaves its running cells behind (the runner dies, its children do not), and they would hold the GPU's memory under
 # the next list; killing by name (`pkill -f "harness.cli cell"`) took down another list's cells run side by side.
 run_list() {  # LIST_FILE JOBS SECONDS
   (( $3 > 0 )) || return 0
   export DEADLINE=$(( $(date +%s) + $3 ))
-  setsid -w bash -c 'echo $$ > "$0"; exec timeout "$1" xargs -P "$2" -L 1 bash -c '"'"'run_cell "$@"'"'"' _ < "$3"' \
+  setsid -w bash -c 'echo $$ > "$0"; exec timeout "$1" python3 benchmarks/cells_runner.py "$3" --jobs "$2" ${GPU_GIB:+--gpu-gib "$GPU_GIB"}' \
     "$OUT/$name.pgid" "$3" "$2" "$1"
   # by session: each cell's own `timeout` puts it in a process group of its own, never in a session of its own
   sid=$(cat "$OUT/$name.pgid"); pkill -TERM -s "$sid" && sleep 5; pkill -KILL -s "$sid"
   rm -f "$OUT/$name.pgid"
 }
+# The GPU's memory, for benchmarks/cells_runner.py: cells go side by side only as far as the peaks their kinds recorded
+# in benchmarks/results/ fit in it (none recorded: CELL_JOBS alone limits them, as before)
+GPU_GIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | awk '{print $1 / 1024}')
+export GPU_GIB
 t_start=$SECONDS
 grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' > "$OUT/$name.todo"
 run_list "$OUT/$name.todo" ${CELL_JOBS:-8} ${LIST_TIMEOUT:-540}
