@@ -12,7 +12,7 @@ next call: the packing is measured, never guessed.
 TODO holds gpu_cells.sh's numbered list lines (`i model:layers attention graph [compiler [quant [tokens [kv]]]]`).
 Cells start in list order; one that does not fit beside the running ones waits, and a later one that fits may go
 first (its peak known and within what is left). CMD (default gpu_cells.sh's exported run_cell) is run as
-`CMD FIELD…` for each line.
+`CMD INDEX FIELD…` for each line.
 """
 
 from __future__ import annotations
