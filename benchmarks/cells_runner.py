@@ -87,22 +87,25 @@ def need(cell: Cell, peaks: dict[tuple[str, str, str, str], int]) -> float | Non
 
 
 def pick(waiting: list[Cell], running_gib: list[float], jobs: int, gpu_gib: float | None,
-         peaks: dict[tuple[str, str, str, str], int]) -> list[Cell]:
-    """The waiting cells to start now, in list order, beside running cells planned at `running_gib` (0: unknown):
-    while jobs are free, the head of the list if it fits (a cell of unknown peak fits; on an idle GPU anything
-    fits); once one waits, only later cells whose known peak fits go past it (an unknown one might take the room
-    the waiting one needs)."""
-    chosen: list[Cell] = []
+         peaks: dict[tuple[str, str, str, str], int]) -> list[tuple[Cell, float]]:
+    """The waiting cells to start now, in list order, each with the GiB it is planned with (0: unknown), beside
+    running cells planned at `running_gib`: while jobs are free, the head of the list if it fits (a cell of unknown
+    peak fits; on an idle GPU anything fits); once one waits, only later cells whose known peak fits go past it (an
+    unknown one might take the room the waiting one needs)."""
+    chosen: list[tuple[Cell, float]] = []
     used, count, blocked = sum(running_gib), len(running_gib), False
     for cell in waiting:
         if count >= jobs:
             break
         gib = need(cell, peaks)
-        fits = gpu_gib is None or count == 0 or (gib is not None and used + gib <= gpu_gib) or (gib is None and not blocked)
-        if not fits or (blocked and gib is None):
+        if gib is None:
+            fits = not blocked
+        else:
+            fits = gpu_gib is None or count == 0 or used + gib <= gpu_gib
+        if not fits:
             blocked = True
             continue
-        chosen.append(cell)
+        chosen.append((cell, gib or 0.0))
         used, count = used + (gib or 0.0), count + 1
     return chosen
 
@@ -115,8 +118,8 @@ def run(cells: list[Cell], jobs: int, gpu_gib: float | None, peaks: dict[tuple[s
     while waiting or running:
         for proc in [p for p in running if p.poll() is not None]:
             del running[proc]
-        for cell in pick(waiting, list(running.values()), jobs, gpu_gib, peaks):
-            running[subprocess.Popen([*command, str(cell.index), *cell.fields])] = need(cell, peaks) or 0.0
+        for cell, gib in pick(waiting, list(running.values()), jobs, gpu_gib, peaks):
+            running[subprocess.Popen([*command, str(cell.index), *cell.fields])] = gib
             waiting.remove(cell)
         time.sleep(poll_s)
 

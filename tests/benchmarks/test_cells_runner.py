@@ -45,17 +45,22 @@ def test_the_peaks_are_the_highest_each_kind_recorded_and_a_cell_plans_with_its_
     assert need(cells[2], peaks) is None and need(cells[3], peaks) == 9 * 1.10 + 1.0
 
 
+def _indices(chosen):
+    return [c.index for c, _ in chosen]
+
+
 def test_cells_wait_for_room_and_only_known_ones_go_past_a_waiting_one(tmp_path):
     peaks = _peaks(tmp_path)
     cells = read_todo(TODO.splitlines())
-    idx = lambda chosen: [c.index for c in chosen]  # noqa: E731
-    assert idx(pick(cells, [], 8, 70.0, peaks)) == [1, 4, 5]  # 2 waits (36.2 + 36.2 > 70); 3 unknown stays behind it
-    assert idx(pick(cells, [], 8, 140.0, peaks)) == [1, 2, 3, 4, 5]  # an H200 holds them all
-    assert idx(pick(cells, [], 8, None, peaks)) == [1, 2, 3, 4, 5]  # no memory given: the jobs limit alone
-    assert idx(pick(cells, [], 2, 140.0, peaks)) == [1, 2]
-    assert idx(pick(cells[1:], [36.2], 8, 70.0, peaks)) == [4, 5]
-    assert idx(pick(cells[1:], [65.0, 0.0], 8, 70.0, peaks)) == []  # the unknown 3 does not jump the waiting 2
-    assert idx(pick([Cell(9, ("huge:8", "flex", "full"))], [], 8, 10.0, {("huge:8", "none", "full", "auto"): 99 * GIB})) == [9]
+    assert _indices(pick(cells, [], 8, 70.0, peaks)) == [1, 4, 5]  # 2 waits (36.2 + 36.2 > 70); 3 unknown stays behind it
+    assert _indices(pick(cells, [], 8, 140.0, peaks)) == [1, 2, 3, 4, 5]  # an H200 holds them all
+    assert [g for _, g in pick(cells, [], 8, 140.0, peaks)] == [32 * 1.10 + 1.0, 32 * 1.10 + 1.0, 0.0, 9 * 1.10 + 1.0,
+                                                                  12 * 1.10 + 1.0]  # each as planned (0: unknown)
+    assert _indices(pick(cells, [], 8, None, peaks)) == [1, 2, 3, 4, 5]  # no memory given: the jobs limit alone
+    assert _indices(pick(cells, [], 2, 140.0, peaks)) == [1, 2]
+    assert _indices(pick(cells[1:], [36.2], 8, 70.0, peaks)) == [4, 5]
+    assert _indices(pick(cells[1:], [65.0, 0.0], 8, 70.0, peaks)) == []  # the unknown 3 does not jump the waiting 2
+    assert _indices(pick([Cell(9, ("huge:8", "flex", "full"))], [], 8, 10.0, {("huge:8", "none", "full", "auto"): 99 * GIB})) == [9]
 
 
 def test_run_starts_each_cell_once_and_never_overlaps_two_that_do_not_fit(tmp_path):
