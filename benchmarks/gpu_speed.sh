@@ -15,6 +15,9 @@
 #   flexcall — benchmarks/flex_call.py: a direct flex call's host µs and GPU ms, part by part (dynamo frame and
 #           guards, the config patch, inductor's artifact alone, the eager ops around), and its profile
 # Carry .whl (pydantic, SQLAlchemy).
+# cold compile caches of its own: the build times are issue 38's "built cold" (a cells call before it on the same
+# machine, or a carried .whl/compile-cache, would make them warm)
+export PCG_COMPILE_CACHE=${SPEED_COMPILE_CACHE:-/tmp/pcg-speed-cache-$$} NO_CACHE_SEED=1
 source "$(dirname "$0")/gpu_env.sh"
 phases=${*:-tests flexcall dense}
 here=$(dirname "$0")

@@ -45,3 +45,28 @@ def test_one_cell_on_the_cpu_and_the_compile_caches_carried_between_calls(tmp_pa
     with tarfile.open(pack) as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {"k.cubin", "k.json", "k.ptx"} <= names and not names & {"k.llir", "k.ttir", "k.ttgir", "k.source"}
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_gpu_env_seeds_the_compile_cache_unless_told_to_start_cold(tmp_path, cold):
+    """gpu_env.sh unpacks a carried cache where the kernels look; NO_CACHE_SEED=1 (gpu_speed.sh: issue 38 times the
+    ladder built cold) leaves the cache empty."""
+    (tmp_path / ".whl").mkdir()
+    (tmp_path / "seed" / "triton").mkdir(parents=True)
+    (tmp_path / "seed" / "triton" / "k.cubin").write_bytes(KERNEL["cubin"])
+    with tarfile.open(tmp_path / ".whl" / "compile-cache.tar.xz", "w:xz") as tar:
+        tar.add(tmp_path / "seed" / "triton", arcname="./triton")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PCG_COMPILE_CACHE": str(cache),
+           **({"NO_CACHE_SEED": "1"} if cold else {})}
+    run = subprocess.run(["bash", "-c", f"source {ROOT}/benchmarks/gpu_env.sh"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert (cache / "triton").is_dir(), run.stderr[-2000:]
+    assert (cache / "triton" / "k.cubin").exists() is not cold
+
+
+def test_gpu_speed_starts_cold():
+    """gpu_speed.sh's own cache and no seed, set before gpu_env.sh is sourced."""
+    text = (ROOT / "benchmarks" / "gpu_speed.sh").read_text()
+    cold = text.index("NO_CACHE_SEED=1")
+    assert "PCG_COMPILE_CACHE=" in text[:cold + 20] and cold < text.index("gpu_env.sh\"\n")
