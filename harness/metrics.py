@@ -193,6 +193,11 @@ class CaptureMetrics(StoredModel):
     graph_pool_bytes: int | None = None
     eager_fallbacks: int | None = None
     bucket_hits: dict[int, int] = Field(default_factory=dict)
+    # The candidate's attention kernels compiled for it (flex: one per token count and modifier set), those first
+    # met in the run phase (after capture), and the host seconds building them all: where a cold cell's time goes.
+    attention_kernels: int | None = None
+    attention_kernels_in_run: int | None = None
+    attention_build_s: float | None = None
 
 
 class MemoryMetrics(StoredModel):

@@ -272,6 +272,7 @@ def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Ou
     c.compile_s, c.graph_pool_bytes = st.compile_s, st.graph_pool_bytes
     m.memory.kv_bytes_per_token = graph.cache.bytes_per_token
     m.memory.weights_bytes = weights_bytes(cell.loaded.model)
+    at_capture, _ = graph.attn_backend.kernels_built()
     on_phase("run")
     cell.coverage = CoverageCounter(cell.config.capture.ladder)
     try:
@@ -279,6 +280,8 @@ def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Ou
     except Exception as e:  # noqa: BLE001
         raise crash(Status.FAIL_RUN, e) from e
     c.eager_fallbacks, c.bucket_hits = st.eager_fallbacks, dict(sorted(st.bucket_hits.items()))
+    kernels, build_s = graph.attn_backend.kernels_built()
+    c.attention_kernels, c.attention_kernels_in_run, c.attention_build_s = kernels, kernels - at_capture, round(build_s, 3)
     return graph, cand
 
 

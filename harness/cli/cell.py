@@ -242,6 +242,9 @@ def _print(spec: CellSpec, o: CellOutcome) -> None:
                   f"capture {_num(m.capture.capture_s)}s, pool {_num(pool, '.1f')} MiB, token match {_num(m.judge.token_match, '.3f')}, "
                   f"max logprob diff prompt {m.judge.max_prompt_logprob_diff} output {m.judge.max_output_logprob_diff}, "
                   f"eager fallbacks {m.capture.eager_fallbacks}")
+    if m.capture.attention_kernels:
+        console.print(f"attention kernels built {m.capture.attention_kernels} ({m.capture.attention_kernels_in_run} in the "
+                      f"run phase), {_num(m.capture.attention_build_s)}s")
     if m.coverage is not None:
         console.print(f"coverage: {m.coverage.summary()}")
     if m.process.repeats:

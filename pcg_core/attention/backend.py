@@ -104,6 +104,12 @@ class AttentionBackend(ABC):
                 raise ConfigError(f"attention backend {self.name!r} does not support {f} ({feats.get(f) or 'not declared'}); "
                                   f"use one that does (sdpa supports all of them)", field="attention")
 
+    def kernels_built(self) -> tuple[int, float]:
+        """(kernels this backend compiled for itself so far, host seconds spent building them): what a cell's
+        capture and run phases pay the first time each shape is met (flex: one inductor kernel per token count and
+        modifier set); 0 for a backend that calls ready-made kernels."""
+        return 0, 0.0
+
     # Per forward ---------------------------------------------------------------------------------------------
     def begin_forward(self, md: AttentionMetadata) -> None:
         """Fill this backend's metadata buffers for the batch in `md` (outside any graph)."""

@@ -103,7 +103,7 @@ class FlexBackend(AttentionBackend):
         self._bucket_masks: dict[int, dict[int, BlockMask]] = {}  # tokens → the masks begin_forward last built
         self._windows: list[int] = []  # the sliding windows (0: none) the model's layers use
         self._compiled = self.device.type == "cuda"
-        self._kernels: dict[tuple, object] = {}  # (tokens, window, softcap, temperature, sinks, gqa, …) → compiled call
+        self._kernels: dict[tuple, FlexKernel] = {}  # (tokens, window, softcap, temperature, sinks, gqa, …) → compiled call
         if self._compiled and cache.page_size % KV_TILE:
             raise ConfigError(
                 f"attention backend 'flex' on CUDA needs page_size a multiple of {KV_TILE} (its KV block is a page, and "
@@ -262,6 +262,9 @@ class FlexBackend(AttentionBackend):
         keys, values = c.read(params.layer)
         temp = length_temperature(b.q_pos[:n], params.temperature_len) if params.temperature_len else None
         return attention_math(q, keys, values, mask, params.scale, params.softcap, params.sinks, temp)
+
+    def kernels_built(self) -> tuple[int, float]:
+        return len(self._kernels), sum(k.build_s for k in self._kernels.values())
 
     def _kernel(self, key: tuple):
         fn = self._kernels.get(key)

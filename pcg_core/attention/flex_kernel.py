@@ -13,6 +13,7 @@ dynamo's path, which is always correct; `direct_off` says why.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -65,12 +66,17 @@ class FlexKernel:
         self.plan: list[tuple[str, Any]] | None = None
         self.direct_off = ""
         self.direct_calls = 0
+        self.build_s = 0.0  # host seconds of the first call: dynamo's trace and inductor's compile (a cell reports it)
 
     def __call__(self, q, k, v, *, direct: bool = False, **kw) -> Any:
         if self.plan is not None and direct:
             self.direct_calls += 1
             return self._direct(self.plan, q, k, v, kw["block_mask"])
+        first = self.compile_once.compiled == 0
+        t0 = time.perf_counter()
         out = self.dynamo(q, k, v, **kw)
+        if first:
+            self.build_s = time.perf_counter() - t0
         if self.plan is None and direct and not self.direct_off:
             self._make_plan(q, k, v, kw, out)
         return out

@@ -296,3 +296,28 @@ def test_a_real_quantized_moe_checkpoint_counts_its_experts_as_quantized_layers(
     assert out.metrics.quant.quant_layers == 10
     none = run_cell(CellSpec(str(tmp_path), weights="real", max_tokens=64, max_new_tokens=2))
     assert none.status == Status.UNSUPPORTED and "fp8_per_token" in none.reason
+
+
+def test_the_candidate_s_attention_kernels_are_counted_at_capture_and_in_the_run(monkeypatch):
+    """metrics.capture.attention_*: the candidate's kernels built (here one per token count the flex backend meets, as
+    its compiled kernels are on CUDA), those first met after capture, and their build seconds — read from the
+    candidate's backend, not the eager engine's."""
+    from pcg_core.attention.flex import FlexBackend
+
+    backends: list = []
+    forward = FlexBackend.forward
+
+    def counting(self, q, k, v, out, params, md):
+        if not hasattr(self, "seen"):
+            self.seen = set()
+            backends.append(self)
+        self.seen.add(md.num_tokens)
+        return forward(self, q, k, v, out, params, md)
+
+    monkeypatch.setattr(FlexBackend, "forward", counting)
+    monkeypatch.setattr(FlexBackend, "kernels_built", lambda self: (len(getattr(self, "seen", ())), 0.5 * len(getattr(self, "seen", ()))))
+    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, attention="flex", graph="breakable", max_tokens=32, max_new_tokens=4))
+    c = r.metrics.capture
+    assert r.status == Status.PASS, r.reason
+    assert c.attention_kernels == len(backends[-1].seen) and c.attention_build_s == 0.5 * c.attention_kernels
+    assert 0 < c.attention_kernels_in_run < c.attention_kernels  # capture met the ladder; the run, sizes past it

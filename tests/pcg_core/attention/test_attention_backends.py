@@ -446,6 +446,8 @@ def test_flex_compiled_kernel_matches_its_cpu_math_past_dynamo_without_a_recompi
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     (kernel,) = compiled._kernels.values()
     assert kernel.direct_off == "" and kernel.direct_calls == 3 and kernel.compile_once.compiled == 1
+    built, seconds = compiled.kernels_built()  # what a cell reports: one kernel, its first call's build time
+    assert built == 1 and seconds == kernel.build_s > 0 and plain.kernels_built() == (0, 0.0)
 
 
 @pytest.mark.slow
