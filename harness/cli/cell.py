@@ -155,13 +155,14 @@ def _has_fileno(stream: object) -> bool:
 def _run(args: argparse.Namespace) -> int:
     from harness.cell import run_cell
     from harness.cell.run import runtime_reason
+    from harness.launcher.watch import phase_marks
 
     spec = spec_from_args(args)
     ranks = world_size(spec.parallel)  # checked by _parallel already
     if spec.engine == "sglang":
         outcome = _sglang(spec, ranks)
     elif args.repeats == 1 and (ranks == 1 or runtime_reason(spec)):  # refused here, before any rank is started
-        outcome = run_cell(spec)
+        outcome = run_cell(spec, on_phase=phase_marks())
     else:  # fresh processes: each repeat one, or a parallel cell one per rank
         outcome = _run_repeated(spec, args.repeats, ranks)
     if args.json:  # the outcome, with the spec that produced it

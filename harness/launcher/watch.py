@@ -11,13 +11,28 @@ from __future__ import annotations
 import os
 import select  # here, not in _poll: a lazy import there waits on the import lock its main thread may hold
 import signal
+import sys
 import threading
+import time
+from collections.abc import Callable
 
 PHASE_MARK = "PCG-PHASE"
 PARENT_FD_ENV = "PCG_WORKER_PARENT_FD"  # the read end of the runner's pipe (its fd number in the worker)
 TOKEN_ENV = "PCG_WORKER_TOKEN"  # the worker's identity, inherited by what it starts (orphans.py reads it)
 ZYGOTE_FD_ENV = "PCG_ZYGOTE_WATCH_FD"  # the same pipe, in a zygote (zygote.py): watched only while it imports
 _zygote_watch: tuple[threading.Thread, threading.Event, int] | None = None
+
+
+def phase_marks() -> Callable[[str], None]:
+    """run_cell's on_phase for a cell process: `PCG-PHASE <phase> at <s> s` on stderr as each phase starts (seconds
+    since the cell began), so its log says how far it got and where its time went, also when it is killed
+    (classify.py reads the phase names back)."""
+    start = time.perf_counter()
+
+    def mark(phase: str) -> None:
+        print(f"{PHASE_MARK} {phase} at {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+
+    return mark
 
 
 def kill_worker(pid: int) -> None:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.launcher.watch import PHASE_MARK, watch_parent
+from harness.launcher.watch import phase_marks, watch_parent
 
 if TYPE_CHECKING:
     from harness.cell import CellSpec
@@ -45,12 +45,9 @@ def main() -> int:
     out = Path(sys.argv[1])
     spec = CellSpec(**json.load(sys.stdin))
 
-    def phase(name: str) -> None:
-        print(f"{PHASE_MARK} {name}", file=sys.stderr, flush=True)
-
     try:
         load_plugins()
-        outcome = run_cell(spec, on_phase=phase) if spec.engine == "pcg" else _other_engine(spec)
+        outcome = run_cell(spec, on_phase=phase_marks()) if spec.engine == "pcg" else _other_engine(spec)
     except ConfigError as e:
         outcome = CellOutcome(status=Status.FAIL_RUN, reason=f"bad input: {e}")
     tmp = out.with_suffix(".tmp")

@@ -1,5 +1,5 @@
 """`pcgh cell` killed by SIGTERM (`timeout`, a device call's cell list running out of time) leaves where it was on
-record: every thread's stack on stderr, then death by the signal as before."""
+record: each phase's start and every thread's stack on stderr, then death by the signal as before."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ HANGING_CELL = """
 import sys, time
 import harness.cell
 
-def hang(spec):
+def hang(spec, on_phase):
+    on_phase("load")
     print("cell started", file=sys.stderr, flush=True)
     time.sleep(600)
 
@@ -28,8 +29,8 @@ def test_a_cell_killed_by_sigterm_writes_its_stacks_then_dies_of_the_signal(tmp_
                              "piecewise", "--device", "cpu", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     assert proc.stderr is not None
-    first = proc.stderr.readline()
-    assert first == "cell started\n", first + proc.stderr.read()
+    first = proc.stderr.readline(), proc.stderr.readline()
+    assert first[0].startswith("PCG-PHASE load at ") and first[1] == "cell started\n", "".join(first) + proc.stderr.read()
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM, (proc.returncode, err[-2000:])
@@ -57,3 +58,24 @@ def test_a_cell_that_ends_takes_its_stack_writer_away(monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert cell_cli.run(argparse.Namespace()) == 0 and armed == [True, False]
+
+
+def test_a_cell_s_phases_are_on_stderr_in_order(capsys):
+    """pcgh cell tells stderr when each phase starts, with the seconds since the cell began, in the launcher's workers'
+    marks (classify.py reads the names back); stdout keeps the one JSON outcome."""
+    import json
+
+    from harness.cli import main
+
+    assert main(["cell", "--model", "qwen3-0.6b", "--tiny", "--graph", "piecewise", "--max-tokens", "32",
+                 "--max-new-tokens", "2", "--json"]) == 0
+    out, err = capsys.readouterr()
+    outcome = json.loads(out)
+    lines = [line for line in err.splitlines() if line.startswith("PCG-PHASE ")]
+    phases = [line.split()[1] for line in lines]
+    assert phases == list(outcome["metrics"]["process"]["phase_s"]), err[-2000:]
+    seconds = [float(line.split(" at ")[1].removesuffix(" s")) for line in lines]
+    assert seconds == sorted(seconds)
+    from harness.launcher.classify import last_phase
+
+    assert last_phase(err) == phases[-1] == "latency"  # what the launcher reads from a dead cell's log
