@@ -58,7 +58,8 @@ if [[ -s $OUT/$name.oom && ${RETRY_OOM:-1} == 1 ]]; then
 fi
 rm -f "$OUT/$name.todo" "$OUT/$name.oom"
 cat "$OUT/$name"/*.json > "$OUT/$name.jsonl" 2>/dev/null
-for f in "$OUT/$name"/*.err; do echo "== cell $(basename "$f" .err)"; tail -30 "$f"; done > "$OUT/$name.err"
+# each cell's phase marks (pcgh cell: when each phase began), then its last 80 other lines (a killed cell's stacks)
+for f in "$OUT/$name"/*.err; do echo "== cell $(basename "$f" .err)"; grep "^PCG-PHASE" "$f"; grep -v "^PCG-PHASE" "$f" | tail -80; done > "$OUT/$name.err"
 rm -rf "$OUT/$name"  # the device returns a few files per call: the gathered ones only
 python3 benchmarks/cells_table.py "$OUT/$name.jsonl" | tee "$OUT/$name.md"
 # the compile caches, for the next call to carry as .whl/compile-cache.tar.xz; left out over the device's 16 MiB a file.

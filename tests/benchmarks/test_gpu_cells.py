@@ -39,6 +39,8 @@ def test_one_cell_on_the_cpu_and_the_compile_caches_carried_between_calls(tmp_pa
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     outcome = json.loads((out / "t.jsonl").read_text().splitlines()[0])
     assert outcome["spec"]["model"] == "qwen3-0.6b" and outcome["status"] == "pass", outcome.get("reason")
+    marks = [line.split()[1] for line in (out / "t.err").read_text().splitlines() if line.startswith("PCG-PHASE ")]
+    assert marks == list(outcome["metrics"]["process"]["phase_s"])  # the cell's log: when each phase began
     assert (cache / "triton" / "AAAA" / "k.llir").exists()  # the carried cache was unpacked where the kernels look
     pack = out / "compile-cache.tar.xz"
     assert "compile cache (.)" in run.stdout and pack.stat().st_size <= 15 * 2**20
