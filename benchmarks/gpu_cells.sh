@@ -62,19 +62,5 @@ cat "$OUT/$name"/*.json > "$OUT/$name.jsonl" 2>/dev/null
 for f in "$OUT/$name"/*.err; do echo "== cell $(basename "$f" .err)"; grep "^PCG-PHASE" "$f"; grep -v "^PCG-PHASE" "$f" | tail -80; done > "$OUT/$name.err"
 rm -rf "$OUT/$name"  # the device returns a few files per call: the gathered ones only
 python3 benchmarks/cells_table.py "$OUT/$name.jsonl" | tee "$OUT/$name.md"
-# the compile caches, for the next call to carry as .whl/compile-cache.tar.xz; left out over the device's 16 MiB a file.
-# Both packed with gzip came to 35-78 MiB (2026-12-04b, 2026-12-07f): never back. Triton keeps every IR of a kernel
-# beside its binary, and a cache hit reads only the binary, its metadata and the launcher (TRITON_STORE_BINARY_ONLY's
-# rule; the PTX is kept too): 89 MiB of Triton's cache were 15 MiB of cubins and 38 of LLVM IR (2026-12-07e), and
-# xz took what was left from 11 MiB (gzip, every IR) to 2.3. Then Triton's alone is tried.
-pack=$OUT/compile-cache.tar.xz
-zip=(xz -T0 -6); command -v xz >/dev/null || zip=(gzip)  # gpu_env.sh's tar -xf reads either
-for part in . triton; do
-  tar -cf - --exclude='*.llir' --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.source' -C "$PCG_COMPILE_CACHE" \
-    "$part" 2>/dev/null | "${zip[@]}" > "$pack" || { rm -f "$pack"; continue; }
-  size=$(stat -c %s "$pack")
-  (( size <= 15 * 1024 * 1024 )) && { echo "compile cache ($part) $((size >> 20)) MiB: kept"; break; }
-  echo "compile cache ($part) $((size >> 20)) MiB, over what comes back: not kept" \
-    "($(du -sh "$PCG_COMPILE_CACHE"/* | tr '\n\t' '; '))"
-  rm -f "$pack"
-done
+# the compile caches, for the next call to carry in .whl/ (one file, or parts, or none: see the script)
+bash "$(dirname "$0")/pack_compile_cache.sh"

@@ -22,6 +22,13 @@ export PCG_COMPILE_CACHE=${PCG_COMPILE_CACHE:-/tmp/pcg-compile-cache}
 export TRITON_CACHE_DIR=$PCG_COMPILE_CACHE/triton TORCHINDUCTOR_CACHE_DIR=$PCG_COMPILE_CACHE/inductor
 mkdir -p "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR"
 # NO_CACHE_SEED=1: start cold (gpu_speed.sh: issue 38 times the whole ladder built cold)
-[[ -n ${NO_CACHE_SEED:-} ]] || for f in .whl/compile-cache.*; do [[ -f $f ]] && { tar -xf "$f" -C "$PCG_COMPILE_CACHE" || true; }; done
+if [[ -z ${NO_CACHE_SEED:-} ]]; then
+  for f in .whl/compile-cache.tar.xz .whl/compile-cache.tgz; do
+    [[ -f $f ]] && { tar -xf "$f" -C "$PCG_COMPILE_CACHE" || true; }
+    parts=("$f".part*)  # pack_compile_cache.sh's parts of a pack over one file's limit, in order
+    unzip=(xz -dc); [[ $f == *.tgz ]] && unzip=(gzip -dc)
+    [[ -f ${parts[0]} ]] && { cat "${parts[@]}" | "${unzip[@]}" | tar -xf - -C "$PCG_COMPILE_CACHE" || true; }
+  done
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$OUT/env.txt"

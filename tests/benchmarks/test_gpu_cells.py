@@ -72,3 +72,44 @@ def test_gpu_speed_starts_cold():
     text = (ROOT / "benchmarks" / "gpu_speed.sh").read_text()
     cold = text.index("NO_CACHE_SEED=1")
     assert "PCG_COMPILE_CACHE=" in text[:cold + 20] and cold < text.index("gpu_env.sh\"\n")
+
+
+def _pack(cache: Path, out: Path, parts: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(out), "PCG_COMPILE_CACHE": str(cache), "CACHE_PART_MIB": "1", "CACHE_PARTS": str(parts)}
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / "pack_compile_cache.sh")], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_cache_over_one_file_comes_back_in_parts_and_is_unpacked_whole(tmp_path):
+    """Past one file's limit (1 MiB here, 15 on the device) the pack is split into parts the device can return;
+    gpu_env.sh puts them back together into the cache, byte for byte. Too big for the parts allowed: Triton's alone."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    blob = os.urandom(5 * 2**19)  # 2.5 MiB that xz cannot shrink: three parts of 1 MiB
+    (cache / "inductor" / "fx").mkdir(parents=True)
+    (cache / "inductor" / "fx" / "graph.bin").write_bytes(blob)
+    (cache / "triton" / "AAAA").mkdir(parents=True)
+    (cache / "triton" / "AAAA" / "k.cubin").write_bytes(KERNEL["cubin"])
+    out.mkdir()
+    run = _pack(cache, out, parts=3)
+    assert "kept in 3 parts" in run.stdout, run.stdout + run.stderr
+    parts = sorted(p.name for p in out.iterdir())
+    assert parts == [f"compile-cache.tar.xz.part0{i}" for i in range(3)]
+    assert all((out / p).stat().st_size <= 2**20 for p in parts)
+
+    work = tmp_path / "next-call"  # the next call carries them in .whl/ and starts from them
+    (work / ".whl").mkdir(parents=True)
+    for p in parts:
+        (work / ".whl" / p).write_bytes((out / p).read_bytes())
+    seeded = tmp_path / "seeded"
+    env = {**os.environ, "OUT": str(tmp_path / "out2"), "PCG_COMPILE_CACHE": str(seeded)}
+    subprocess.run(["bash", "-c", f"source {ROOT}/benchmarks/gpu_env.sh"], cwd=work, env=env, capture_output=True,
+                   timeout=120)
+    assert (seeded / "inductor" / "fx" / "graph.bin").read_bytes() == blob
+    assert (seeded / "triton" / "AAAA" / "k.cubin").read_bytes() == KERNEL["cubin"]
+
+    for p in out.iterdir():
+        p.unlink()
+    run = _pack(cache, out, parts=2)  # the whole needs three: Triton's cache alone, in one file
+    assert "compile cache (.) 2 MiB, over what comes back" in run.stdout and "compile cache (triton) 0 MiB: kept" in run.stdout
+    with tarfile.open(out / "compile-cache.tar.xz") as tar:
+        assert {Path(n).name for n in tar.getnames()} >= {"k.cubin"} and not any("graph.bin" in n for n in tar.getnames())
