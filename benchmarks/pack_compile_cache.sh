@@ -22,7 +22,7 @@ for part in . triton; do
   fi
   if (( size <= parts_max * part_bytes )); then
     split -b "$part_bytes" -d -a 2 "$pack" "$pack.part" && rm -f "$pack"
-    echo "compile cache ($part) $((size >> 20)) MiB: kept in $(ls "$pack".part* | wc -l) parts"; exit 0
+    echo "compile cache ($part) $((size >> 20)) MiB: kept in $(( (size + part_bytes - 1) / part_bytes )) parts"; exit 0
   fi
   echo "compile cache ($part) $((size >> 20)) MiB, over what comes back: not kept" \
     "($(du -sh "$PCG_COMPILE_CACHE"/* | tr '\n\t' '; '))"

@@ -314,19 +314,16 @@ def test_the_candidate_s_attention_kernels_are_counted_at_capture_and_in_the_run
         self.seen.add(md.num_tokens)
         return forward(self, q, k, v, out, params, md)
 
-    import harness.cell.run as run_module
+    at_run: list[int] = []  # the candidate's sizes when its run phase starts (run_cell's own phase hook)
 
-    at_run: list[int] = []  # the candidate's sizes when its run phase starts (the coverage counter is made then)
-    counter = run_module.CoverageCounter
-
-    def run_starts(ladder):
-        at_run.append(len(backends[-1].seen))
-        return counter(ladder)
+    def phase(name: str) -> None:
+        if name == "run":
+            at_run.append(len(backends[-1].seen))
 
     monkeypatch.setattr(FlexBackend, "forward", counting)
     monkeypatch.setattr(FlexBackend, "kernels_built", lambda self: (len(getattr(self, "seen", ())), 0.5 * len(getattr(self, "seen", ()))))
-    monkeypatch.setattr(run_module, "CoverageCounter", run_starts)
-    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, attention="flex", graph="breakable", max_tokens=32, max_new_tokens=4))
+    r = run_cell(CellSpec(model="qwen3-0.6b", tiny=True, attention="flex", graph="breakable", max_tokens=32, max_new_tokens=4),
+                 on_phase=phase)
     c = r.metrics.capture
     assert r.status == Status.PASS, r.reason
     assert c.attention_kernels == len(backends[-1].seen) and c.attention_build_s == 0.5 * c.attention_kernels
