@@ -8,7 +8,7 @@ import sys
 from harness.outcome import CellOutcome
 
 TOKENS = (8, 128, 512, 2048)
-PHASES = ("load", "eager", "reference", "capture", "run", "latency")  # harness/cell/run.py's, in order
+PHASES = ("load", "eager", "reference", "capture", "run", "judge", "latency")  # harness/cell/run.py's, in order
 
 
 def _fmt(v: float | None) -> str:
@@ -19,7 +19,7 @@ def main(path: str) -> int:
     lines = [json.loads(line) for line in open(path) if line.strip().startswith("{")]
     print("| model | layers | quant | kv cache | attention | graph | status | reference layer | token match | "
           "max Δlogprob prompt | max Δlogprob output | capture s | trace s | pool MiB | peak GiB | cell s | "
-          "phases s (load/eager/ref/capture/run/latency) | attn kernels (in run), build s | speedup @8 | "
+          "phases s (load/eager/ref/capture/run/judge/latency) | attn kernels (in run), build s | speedup @8 | "
           "@128 | @512 | @2048 | quant Δlogprob vs float | reason |")
     print("|---" * 24 + "|")
     for obj in lines:

@@ -33,7 +33,7 @@ cells() {
   done | xargs -P ${CELL_JOBS:-6} -L 1 bash -c '
     model=${0%%:*}; layers=${0##*:}
     if [[ $layers == tiny ]]; then size=(--tiny); else size=(--layers "$layers"); fi
-    out=$(timeout ${CELL_TIMEOUT:-300} python3 -m harness.cli cell --model "$model" "${size[@]}" --attention "$1" --graph "$2" \
+    out=$(timeout --foreground -k 30 ${CELL_TIMEOUT:-300} python3 -m harness.cli cell --model "$model" "${size[@]}" --attention "$1" --graph "$2" \
       --device cuda --max-tokens ${CELL_MAX_TOKENS:-256} --json 2>> "$OUT/cells.err")
     [[ -n $out ]] && echo "$out" >> "$OUT/cells.jsonl"; true'
   python3 benchmarks/cells_table.py "$OUT/cells.jsonl" | tee "$OUT/cells.md"

@@ -22,7 +22,10 @@ run_cell() {
   fi
   if [[ $layers == tiny ]]; then size=(--tiny); else size=(--layers "$layers"); fi
   t0=$SECONDS
-  timeout ${CELL_TIMEOUT:-500} python3 -m harness.cli cell --model "$model" "${size[@]}" --attention "$attention" \
+  # --foreground: the cell alone gets the SIGTERM. Without it `timeout` sends a second one to the whole process group,
+  # which lands while the cell's first (faulthandler's stack dump, pcgh cell) is still writing and kills it mid-dump
+  # (2026-12-07h: every killed cell's stacks cut off). Its compile workers follow it out; -k: SIGKILL 30 s later.
+  timeout --foreground -k 30 ${CELL_TIMEOUT:-500} python3 -m harness.cli cell --model "$model" "${size[@]}" --attention "$attention" \
     --graph "$graph" --compiler "$compiler" --quant "$quant" --kv-cache "$kv" --device ${DEVICE:-cuda} \
     --max-tokens "$tokens" --json > "$OUT/$name/$i.json" 2> "$OUT/$name/$i.err"
   echo "cell $i ($spec $attention $graph $compiler $quant $kv): rc $?, $((SECONDS - t0)) s${RETRY:+ (alone)}"

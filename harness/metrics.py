@@ -228,9 +228,10 @@ class JudgeMetrics(StoredModel):
     # checked.
     padding_rel_fp32: float | None = None
     padding_check_error: str | None = None  # the float32 check could not run (e.g. out of memory): why
-    # A backend with no float32 kernel (float32 then ran on sdpa): its own padding probe in the cell's dtype, worst
+    # A backend whose float32 check ran on sdpa (padding.float32_attention): its own padding probe in the cell's dtype, worst
     # per-row relative change of real rows' attention output when only padding rows' inputs change (0: exact).
     padding_probe_rel: float | None = None
+    padding_check_s: float | None = None  # seconds those checks took (part of the judge phase; None: not run)
     topk_containment_ok: bool | None = None
     divergences: list[str] = Field(default_factory=list)
     worst_sequence: str | None = None  # the sequence farthest from its own eager reference: case[i] (its Δ logprob)
@@ -266,7 +267,8 @@ class ProcessMetrics(StoredModel):
     rank_statuses: list[str] = Field(default_factory=list)
     # run_cell's own time, load to latency: the record's duration_s adds the worker process around it.
     cell_s: float | None = Field(default=None, validation_alias=AliasChoices("cell_s", "duration_s"))
-    # Seconds in each phase run_cell reports (load, eager, capture, run, latency): where a cell's time goes.
+    # Seconds in each phase run_cell reports (load, eager, reference, capture, run, judge, latency): where a cell's
+    # time goes.
     phase_s: dict[str, float] = Field(default_factory=dict)
     # The most device memory the cell's process reserved through torch's allocator (max_memory_reserved; the CUDA
     # context and the libraries' own workspaces come on top, ~1 GiB): what a device call running cells side by side

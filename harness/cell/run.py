@@ -321,7 +321,7 @@ def _with_notes(metrics: CellMetrics, spec: CellSpec, reason: str) -> str:
 def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> CellOutcome:
     """The cell's outcome; raises ConfigError only for bad input.
 
-    on_phase(name) is told when each phase starts (load, eager, capture, run, latency), so a parent process
+    on_phase(name) is told when each phase starts (load, eager, reference, capture, run, judge, latency), so a parent process
     can tell where a child that died without a result was.
 
     A tensor-parallel cell (parallel tpN) is N processes, each calling run_cell(spec) with RANK, WORLD_SIZE=N,
@@ -359,6 +359,7 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
         _reference(cell, ref)
         phase("capture")
         graph, cand = _candidate(cell, phase)
+        phase("judge")  # the lockstep and the padding checks: on a big MoE in half precision, minutes of their own
         try:
             judgement = judge(cell, eager, graph, ref, cand)
         except Exception as e:  # noqa: BLE001 - the lockstep re-runs the graph: a crash there is the graph's

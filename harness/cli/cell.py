@@ -132,7 +132,9 @@ def _stacks_on_term() -> Iterator[None]:
     """While the cell runs, SIGTERM (`timeout`, a device call's cell list running out of time) first writes every
     thread's Python stack to stderr, then ends the process as before: where a cell hung is then on record. (A
     Mixtral-8x7B nvfp4 cell ran 430 s on the H100 and was killed with nothing written, 2026-12-07f.) Only over the
-    default action: a handler someone else installed stays theirs."""
+    default action: a handler someone else installed stays theirs. Signal the cell once: chaining leaves SIGTERM
+    unblocked in its own handler, so a second one (plain `timeout` signals the child, then its whole group) ends the
+    process mid-dump; benchmarks/gpu_cells.sh uses `timeout --foreground`."""
     armed = (threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
              and _has_fileno(sys.stderr))  # faulthandler writes to a file descriptor (not to a test's captured stream)
     if armed:

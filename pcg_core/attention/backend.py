@@ -45,6 +45,9 @@ class AttentionBackend(ABC):
     # Compute dtypes it runs, and why not the others (a FlashAttention kernel has no float32 one).
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
     why_not_dtype: ClassVar[str] = ""
+    # Device types where it compiles a kernel per shape and dtype (flex on CUDA: inductor, seconds each): a check
+    # that would only run it in another dtype (the judge's float32 runs) uses another backend there.
+    compiled_per_shape: ClassVar[tuple[str, ...]] = ()
     # KV-cache dtypes (pcg_core.known.KV_CACHE_DTYPES) it reads correctly: an FP8 cache only through KVCache.read,
     # which dequantizes; a backend that reads the cache tensors itself declares "auto" alone.
     kv_caches: ClassVar[tuple[str, ...]] = ("auto",)

@@ -91,6 +91,7 @@ class FlexBackend(AttentionBackend):
     kv_caches = ("auto", "fp8_e4m3")  # reads through KVCache.read
     page_size = 128
     prep_capturable = True  # the block mask: device ops into static buffers; BlockMask objects kept per bucket
+    compiled_per_shape = ("cuda",)  # inductor's kernels (FlexKernel); the CPU runs the math (_cpu_math)
 
     def __init__(self, cache, max_tokens):
         super().__init__(cache, max_tokens)
@@ -102,7 +103,7 @@ class FlexBackend(AttentionBackend):
         self._cpu_masks: dict[int, torch.Tensor] = {}  # window → this forward's [T, slots] mask (CPU path)
         self._bucket_masks: dict[int, dict[int, BlockMask]] = {}  # tokens → the masks begin_forward last built
         self._windows: list[int] = []  # the sliding windows (0: none) the model's layers use
-        self._compiled = self.device.type == "cuda"
+        self._compiled = self.device.type in self.compiled_per_shape
         self._kernels: dict[tuple, FlexKernel] = {}  # (tokens, window, softcap, temperature, sinks, gqa, …) → compiled call
         if self._compiled and cache.page_size % KV_TILE:
             raise ConfigError(

@@ -27,6 +27,7 @@ cell runner.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Protocol
 
@@ -148,20 +149,24 @@ def _padding_exact(cell: Cell, graph: Engine, cases: list[Case]) -> bool | None:
     """Is eager's padding exact in float32 (padding.py) for `cases`? True, False (a leak), or None when not asked
     (no case; an unquantized float32 cell, whose eager noise is already float32's) or when the check could not run
     (why in padding_check_error). A quantized cell is checked in any dtype (on its float twin): its quantizers make
-    float32 noisy too. The worst difference measured is kept in padding_rel_fp32. A backend with no float32 kernel
-    ran that check on sdpa, so its own padding is probed too (padding_probe_rel, in the cell's dtype)."""
+    float32 noisy too. The worst difference measured is kept in padding_rel_fp32. A backend that ran that check on
+    sdpa (no float32 kernel, or one compiled per shape: padding.float32_attention) has its own padding probed too
+    (padding_probe_rel, in the cell's dtype); the seconds both took in padding_check_s."""
     quantized = cell.spec.quant != "none" or cell.spec.kv_cache != "auto"
     if not cases or (not quantized and cell.spec.dtype == "float32"):
         return None
     m = cell.metrics
+    t0 = time.perf_counter()
     try:
         rel = float32_padding_rel(cell.loaded.model, graph.config, graph.bucket_for, cases)
         probe = None
-        if float32_attention(graph.config.attention) != graph.config.attention:
+        if float32_attention(graph.config.attention, graph.config.device) != graph.config.attention:
             probe = attention_padding_rel(cell.loaded.model, graph.config, graph.bucket_for, cases)
     except Exception as e:  # noqa: BLE001 - out of memory, a backend without float32: nothing is allowed for
         m.judge.padding_check_error = f"{type(e).__name__}: {e}"[:1000]
         return None
+    finally:
+        m.judge.padding_check_s = round((m.judge.padding_check_s or 0.0) + time.perf_counter() - t0, 3)
     m.judge.padding_rel_fp32 = rel if m.judge.padding_rel_fp32 is None else nan_max([m.judge.padding_rel_fp32, rel])
     if probe is not None:
         m.judge.padding_probe_rel = probe if m.judge.padding_probe_rel is None else nan_max([m.judge.padding_probe_rel, probe])

@@ -338,7 +338,7 @@ def _engine_stages(model: PreTrainedModel, config: EngineConfig, case: Case) -> 
 def _judge_kernels(check: ReferenceCheck, model: PreTrainedModel, config: EngineConfig, case: Case) -> list[str]:
     """Kernels vs reference math per layer (quantized cells), and the scheme's own cost."""
     eager = replace(config, capture=replace(config.capture, backend="disabled"))
-    f32 = replace(eager, dtype="float32", attention=float32_attention(config.attention))
+    f32 = replace(eager, dtype="float32", attention=float32_attention(config.attention, config.device))
     got = _engine_stages(model, eager, case)
     ref = _engine_stages(reference_twin(model), eager, case)
     half = config.dtype != "float32"

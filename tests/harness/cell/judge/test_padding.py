@@ -255,20 +255,22 @@ def test_the_padding_probe_catches_a_backend_whose_padding_reaches_real_rows(mon
 
 @pytest.mark.parametrize("leak", [False, True])
 def test_a_backend_without_float32_is_probed_and_its_leak_fails_the_cell(monkeypatch, leak):
-    """As varlen on the H200 (no float32 kernel): the float32 check runs on another backend (sdpa here), which
-    proves the model's padding but not the cell's backend's; the probe proves that one. Half-precision-only padding
+    """As varlen on the H200 (no float32 kernel) and flex on CUDA (float32 kernels compiled for the check alone): the
+    float32 check runs on another backend (sdpa here), which proves the model's padding but not the cell's
+    backend's; the probe proves that one. Half-precision-only padding
     noise makes the excuse path run; with the backend exact the cell passes saying so, with it leaking it fails."""
     import harness.cell.judge.padding as padding
     import harness.cell.judge.policy as policy
 
     for module in (policy, padding):
-        monkeypatch.setattr(module, "float32_attention", lambda a: "sdpa")
+        monkeypatch.setattr(module, "float32_attention", lambda a, device="cpu": "sdpa")
     _plant(monkeypatch, 0.5, half_only=True)
     if leak:  # through the rows of the call: graph and eager at one padding still agree, only the probe can tell
         _plant_attention_leak(monkeypatch, "flex", "rows")
     r = _cell(attention="flex")
     m = r.metrics
     assert m.judge.padding_rel_fp32 is not None and m.judge.padding_rel_fp32 <= FP32_PADDING_RTOL, m.judge.padding_rel_fp32
+    assert m.judge.padding_check_s is not None and m.judge.padding_check_s > 0 and "judge" in m.process.phase_s
     if leak:
         assert m.judge.padding_probe_rel > PROBE_RTOL and r.status == Status.FAIL_ACCURACY, (m.judge.padding_probe_rel, r.reason)
         assert "padding probe" in r.reason
