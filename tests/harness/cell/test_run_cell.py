@@ -34,7 +34,7 @@ def test_cell_json_passes_on_tiny_moe(graph, capsys):
     assert m.capture.capture_s is not None and m.capture.compile_s is not None and m.capture.graph_pool_bytes is not None
     assert m.judge.max_prompt_logprob_diff is not None and m.judge.max_output_logprob_diff is not None
     assert set(m.latency.latency_ms) == {8, 32} and all(v > 0 for v in m.latency.speedup.values())
-    assert set(m.process.phase_s) == {"load", "eager", "reference", "capture", "run", "latency"}  # where the cell's time went
+    assert set(m.process.phase_s) == {"load", "eager", "reference", "capture", "run", "judge", "latency"}  # where the cell's time went
     assert m.process.peak_gpu_bytes is None  # a CPU cell has no device memory to report
     assert m.judge.reference.status == "pass" and m.judge.reference.positions > 0  # eager held to transformers' forward
     # each phase and the total are rounded to the millisecond: the sum may overshoot by half a millisecond per rounding
