@@ -285,6 +285,16 @@ def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Ou
     return graph, cand
 
 
+def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Outputs) -> tuple[Status, str]:
+    """Layers 3-5 (judge.policy.judge), a phase of its own: the lockstep and the padding checks take minutes on a big
+    MoE in half precision (DeepSeek-V3:4 flex, 2026-12-07), which the run phase's clock used to hold."""
+    try:
+        judgement = judge(cell, eager, graph, ref, cand)
+    except Exception as e:  # noqa: BLE001 - the lockstep re-runs the graph: a crash there is the graph's
+        raise crash(Status.FAIL_RUN, e) from e
+    return judgement.status, judgement.reason
+
+
 def _latency(cell: _Cell, eager: Engine, graph: Engine) -> None:
     """Prefill latency of eager and graph side by side, at each latency token count, in this one process."""
     s = cell.spec
@@ -359,12 +369,8 @@ def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> C
         _reference(cell, ref)
         phase("capture")
         graph, cand = _candidate(cell, phase)
-        phase("judge")  # the lockstep and the padding checks: on a big MoE in half precision, minutes of their own
-        try:
-            judgement = judge(cell, eager, graph, ref, cand)
-        except Exception as e:  # noqa: BLE001 - the lockstep re-runs the graph: a crash there is the graph's
-            raise crash(Status.FAIL_RUN, e) from e
-        status, reason = with_reference(cell.metrics, judgement.status, judgement.reason)
+        phase("judge")
+        status, reason = with_reference(cell.metrics, *_judge(cell, eager, graph, ref, cand))
         phase("latency")
         try:
             _latency(cell, eager, graph)
