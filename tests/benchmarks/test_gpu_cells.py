@@ -113,3 +113,26 @@ def test_a_cache_over_one_file_comes_back_in_parts_and_is_unpacked_whole(tmp_pat
     assert "compile cache (.) 2 MiB, over what comes back" in run.stdout and "compile cache (triton) 0 MiB: kept" in run.stdout
     with tarfile.open(out / "compile-cache.tar.xz") as tar:
         assert {Path(n).name for n in tar.getnames()} >= {"k.cubin"} and not any("graph.bin" in n for n in tar.getnames())
+
+
+@pytest.mark.slow
+def test_a_cell_killed_for_time_leaves_its_whole_stack(tmp_path):
+    """CELL_TIMEOUT ends a cell with one SIGTERM: pcgh cell's stack dump runs to the main thread's outermost frame.
+    Plain `timeout` also signals the process group, and on the GPU machine that second SIGTERM cut every dump short
+    (2026-12-07); by hand, two SIGTERMs 0.5 ms apart cut a faulthandler dump, 2 ms apart did not. On two cores the
+    two signals arrive before the cell runs again and merge into one, so here this shows the gathered log whole,
+    not that race."""
+    for name in ("benchmarks", "harness", "pcg_core"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    out = tmp_path / "out"
+    # two layers at Qwen3-0.6B's widths: a cell that runs on the CPU well past its 15 s
+    (tmp_path / "list.txt").write_text("qwen3-0.6b:2 sdpa piecewise eager none 2048\n")
+    env = {**os.environ, "OUT": str(out), "PCG_COMPILE_CACHE": str(tmp_path / "cache"), "DEVICE": "cpu", "NAME": "t",
+           "CELL_JOBS": "1", "CELL_TIMEOUT": "15", "LIST_TIMEOUT": "120"}
+    run = subprocess.run(["bash", "benchmarks/gpu_cells.sh", "list.txt"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert "rc 124" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]  # timeout's status: the cell was killed
+    err = (out / "t.err").read_text()
+    assert "PCG-PHASE load" in err and "Current thread" in err, err[-3000:]  # killed while armed
+    stack = err[err.index("Current thread"):]
+    assert stack.rstrip().splitlines()[-1].endswith("in _run_module_as_main"), err[-3000:]
