@@ -181,5 +181,6 @@ def probe_note(m: CellMetrics) -> str:
     """The padding probe's part of an excuse's reason (empty where it did not run)."""
     if m.judge.padding_probe_rel is None:
         return ""
-    return (f"; float32 on sdpa, the cell's backend having no float32 kernel, and that backend's padding probe "
+    return (f"; float32 on sdpa in place of the cell's backend (no float32 kernel, or one it would compile for this "
+            f"check alone), and that backend's padding probe "
             f"exact: {m.judge.padding_probe_rel:.3g} ≤ {PROBE_RTOL:g}")
