@@ -228,8 +228,8 @@ class JudgeMetrics(StoredModel):
     # checked.
     padding_rel_fp32: float | None = None
     padding_check_error: str | None = None  # the float32 check could not run (e.g. out of memory): why
-    # A backend whose float32 check ran on sdpa (padding.float32_attention): its own padding probe in the cell's dtype, worst
-    # per-row relative change of real rows' attention output when only padding rows' inputs change (0: exact).
+    # A backend whose float32 check ran on sdpa (padding.float32_attention): its own padding probe in the cell's dtype,
+    # worst per-row relative change of real rows' attention output when only padding rows' inputs change (0: exact).
     padding_probe_rel: float | None = None
     padding_check_s: float | None = None  # seconds those checks took (part of the judge phase; None: not run)
     topk_containment_ok: bool | None = None

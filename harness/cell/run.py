@@ -286,8 +286,8 @@ def _candidate(cell: _Cell, on_phase: Callable[[str], None]) -> tuple[Engine, Ou
 
 
 def _judge(cell: _Cell, eager: Engine, graph: Engine, ref: Outputs, cand: Outputs) -> tuple[Status, str]:
-    """Layers 3-5 (judge.policy.judge), a phase of its own: the lockstep and the padding checks take minutes on a big
-    MoE in half precision (DeepSeek-V3:4 flex, 2026-12-07), which the run phase's clock used to hold."""
+    """Layers 3-5 (judge.policy.judge), a phase of its own: the lockstep and the padding checks take over a minute on a
+    big MoE in half precision (DeepSeek-V3:4 flex on the H100, 2026-12-07), which the run phase's clock used to hold."""
     try:
         judgement = judge(cell, eager, graph, ref, cand)
     except Exception as e:  # noqa: BLE001 - the lockstep re-runs the graph: a crash there is the graph's
@@ -331,8 +331,8 @@ def _with_notes(metrics: CellMetrics, spec: CellSpec, reason: str) -> str:
 def run_cell(spec: CellSpec, on_phase: Callable[[str], None] | None = None) -> CellOutcome:
     """The cell's outcome; raises ConfigError only for bad input.
 
-    on_phase(name) is told when each phase starts (load, eager, reference, capture, run, judge, latency), so a parent process
-    can tell where a child that died without a result was.
+    on_phase(name) is told when each phase starts (load, eager, reference, capture, run, judge, latency), so a
+    parent process can tell where a child that died without a result was.
 
     A tensor-parallel cell (parallel tpN) is N processes, each calling run_cell(spec) with RANK, WORLD_SIZE=N,
     LOCAL_RANK, MASTER_ADDR and MASTER_PORT set: every rank runs every phase in lockstep (the collectives pair up)

@@ -49,12 +49,12 @@ FP32_PADDING_RTOL = 1e-4
 PROBE_RTOL = 1e-6
 
 
-def float32_attention(attention: str, device: str = "cpu") -> str:
+def float32_attention(attention: str, device: str) -> str:
     """The attention backend float32 runs on `device` use: the cell's where it computes float32 from kernels it
     already has, else sdpa, and the cell's backend's padding is then probed on its own (attention_padding_rel, in
     the cell's dtype, on the kernels its graph and eager built). varlen's FlashAttention has no float32 kernel;
-    flex on CUDA compiles one per token count, and its float32 kernels were DeepSeek-V3:4's judge phase on the H100
-    (2026-12-07: past 200 s, against 15 s for its eager phase)."""
+    flex on CUDA compiles one per token count: a Mixtral-8x7B:2 nvfp4 flex cell, whose check compiled them, was
+    killed at 240 s in its judge on the H100; on sdpa and probed it passed in 87 s, its checks 21 s (2026-12-07h)."""
     backend = get_attention_backend(attention)
     own = backend.dtype_reason("float32") is None and device.split(":")[0] not in backend.compiled_per_shape
     return attention if own else "sdpa"

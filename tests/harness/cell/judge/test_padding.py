@@ -263,7 +263,7 @@ def test_a_backend_without_float32_is_probed_and_its_leak_fails_the_cell(monkeyp
     import harness.cell.judge.policy as policy
 
     for module in (policy, padding):
-        monkeypatch.setattr(module, "float32_attention", lambda a, device="cpu": "sdpa")
+        monkeypatch.setattr(module, "float32_attention", lambda a, device: "sdpa")
     _plant(monkeypatch, 0.5, half_only=True)
     if leak:  # through the rows of the call: graph and eager at one padding still agree, only the probe can tell
         _plant_attention_leak(monkeypatch, "flex", "rows")
