@@ -27,8 +27,17 @@ run_cell() {
   # (2026-12-07h: every killed cell's stacks cut off). Its compile workers follow it out; -k: SIGKILL 30 s later.
   timeout --foreground -k 30 ${CELL_TIMEOUT:-500} python3 -m harness.cli cell --model "$model" "${size[@]}" --attention "$attention" \
     --graph "$graph" --compiler "$compiler" --quant "$quant" --kv-cache "$kv" --device ${DEVICE:-cuda} \
-    --max-tokens "$tokens" --json > "$OUT/$name/$i.json" 2> "$OUT/$name/$i.err"
-  echo "cell $i ($spec $attention $graph $compiler $quant $kv): rc $?, $((SECONDS - t0)) s${RETRY:+ (alone)}"
+    --max-tokens "$tokens" --json > "$OUT/$name/$i.json${RETRY:+.again}" 2> "$OUT/$name/$i.err${RETRY:+.again}"
+  rc=$?
+  echo "cell $i ($spec $attention $graph $compiler $quant $kv): rc $rc, $((SECONDS - t0)) s${RETRY:+ (alone)}"
+  # A retry's record replaces the first only where it wrote one and lost no verdict the first had (a whole verdict
+  # whose reference layer alone ran out of memory stays against a retry killed or out of memory); its log follows.
+  if [[ -n ${RETRY:-} ]]; then
+    python3 benchmarks/cells_retry.py --keep "$OUT/$name/$i.json" "$OUT/$name/$i.json.again" \
+      && mv "$OUT/$name/$i.json.again" "$OUT/$name/$i.json"
+    { echo "== again, alone"; cat "$OUT/$name/$i.err.again"; } >> "$OUT/$name/$i.err"
+    rm -f "$OUT/$name/$i.json.again" "$OUT/$name/$i.err.again"
+  fi
 }
 export -f run_cell; export OUT name
 # The cells run in a session of their own, killed together when the list's time is up: a list cut by LIST_TIMEOUT
@@ -50,7 +59,8 @@ export GPU_GIB
 t_start=$SECONDS
 grep -v '^\s*\(#\|$\)' "$1" | nl -w1 -s' ' > "$OUT/$name.todo"
 run_list "$OUT/$name.todo" ${CELL_JOBS:-8} ${LIST_TIMEOUT:-540}
-# Cells that ran out of memory beside others get the GPU to themselves in the time left (a cell's own OOM stays):
+# Cells that ran out of memory beside others get the GPU to themselves in the time left (a cell's own OOM stays),
+# and so do whole verdicts whose reference layer did:
 # those whose status says so, and those that crashed with under RETRY_FREE_GIB (2) of device memory free (a library
 # that fails to allocate may say only "internal error": cuDNN's, 2026-12-07f; harness/cell/crash.py notes the room).
 python3 benchmarks/cells_retry.py "$OUT/$name" "${RETRY_FREE_GIB:-2}" | while read -r i; do grep "^$i " "$OUT/$name.todo"; done \

@@ -136,3 +136,47 @@ def test_a_cell_killed_for_time_leaves_its_whole_stack(tmp_path):
     assert "PCG-PHASE load" in err and "Current thread" in err, err[-3000:]  # killed while armed
     stack = err[err.index("Current thread"):]
     assert stack.rstrip().splitlines()[-1].endswith("in _run_module_as_main"), err[-3000:]
+
+
+FAKE_CLI = '''
+import json, os, pathlib, sys
+model = sys.argv[sys.argv.index("--model") + 1]
+state = pathlib.Path(os.environ["FAKE_STATE"]) / model
+n = int(state.read_text()) if state.exists() else 0
+state.write_text(str(n + 1))
+outcome = json.loads(os.environ["FAKE_PLAN"])[model][n]
+print(f"call {n} of {model}", file=sys.stderr)
+if outcome is None:  # killed before it wrote its outcome
+    sys.exit(137)
+print(json.dumps({"spec": {"model": model}, **outcome}))
+'''
+
+
+def test_a_reference_layer_short_of_memory_runs_again_alone_and_a_lost_retry_keeps_the_first(tmp_path):
+    """gpu_cells.sh with a stand-in `pcgh cell`: a whole verdict whose reference layer ran out of memory beside others
+    runs again alone; the retry's record replaces the first where it has one, and a retry killed before it wrote one
+    leaves the first verdict in place (2026-12-08: gpt-oss-120b:2's reference layer beside two DeepSeek-V3:4 cells)."""
+    (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "__init__.py").write_text("")
+    (tmp_path / "harness" / "cli.py").write_text(FAKE_CLI)
+    ref_oom = {"status": "pass", "reason": "", "metrics": {"judge": {"reference": {
+        "status": "not_measured", "reason": "OutOfMemoryError: CUDA out of memory."}}}}
+    whole = {"status": "pass", "reason": "", "metrics": {"judge": {"reference": {"status": "pass"}}}}
+    plan = {"a": [ref_oom, whole], "b": [ref_oom, None], "c": [whole]}
+    (tmp_path / "list.txt").write_text("a:tiny sdpa full\nb:tiny sdpa full\nc:tiny sdpa full\n")
+    (tmp_path / "state").mkdir()
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PCG_COMPILE_CACHE": str(tmp_path / "cache"), "DEVICE": "cpu", "NAME": "t",
+           "CELL_JOBS": "3", "LIST_TIMEOUT": "120", "FAKE_STATE": str(tmp_path / "state"), "FAKE_PLAN": json.dumps(plan)}
+    run = subprocess.run(["bash", "benchmarks/gpu_cells.sh", "list.txt"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert "2 cell(s) ran out of memory beside others" in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+    calls = {m: int((tmp_path / "state" / m).read_text()) for m in plan}
+    assert calls == {"a": 2, "b": 2, "c": 1}
+    records = {r["spec"]["model"]: r for r in map(json.loads, (out / "t.jsonl").read_text().splitlines())}
+    assert records["a"]["metrics"]["judge"]["reference"]["status"] == "pass"  # the retry's
+    assert records["b"] == {"spec": {"model": "b"}, **ref_oom}  # killed alone: the first verdict stays
+    assert records["c"]["status"] == "pass"
+    log = (out / "t.err").read_text()
+    assert "call 0 of b" in log and "== again, alone" in log and "call 1 of b" in log
