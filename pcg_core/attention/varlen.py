@@ -8,7 +8,10 @@ buffers before the forward. Inside a `full` graph the shapes must be fixed, so t
 (the unused sequences are empty); between graphs (eager, piecewise, breakable) the gather is exact. Either way
 the kernel sees the same cu_seqlens and max lengths, so graph and eager agree bit for bit. A forward of fresh
 sequences (AttentionMetadata.fresh_path: nothing cached before it) gathers nothing: its keys are its own rows,
-cu_seqlens the same for keys as for queries (graphs that record the op keep a variant for it).
+cu_seqlens the same for keys as for queries (graphs that record the op keep a variant for it), and they bound
+FRESH_PATH_MAX_SEQS sequences rather than one per token: FlashAttention launches a block per (query block of the
+longest sequence × sequence × head), and a bucket's worth of empty sequences made that T²/128 blocks — one 2048-token
+prefill of Qwen3-0.6B's shape took 35.9 ms on the H100 against sdpa's 21.7 (2026-12-08).
 
 Causal is bottom-right aligned per sequence: a sequence's query rows are its last positions, as the engine
 packs them (prefill, chunked prefill and decode alike). Sinks via the LSE correction; no soft-cap (FA2 in aten
@@ -24,6 +27,7 @@ import types
 import torch
 
 from pcg_core.attention.backend import AttentionBackend, register_attention_backend, write_kv, zero_padding
+from pcg_core.attention.fresh import FRESH_PATH_MAX_SEQS
 from pcg_core.attention.reference import apply_sinks
 
 _varlen: types.ModuleType | None  # None: a torch without it
@@ -68,6 +72,8 @@ class VarlenBackend(AttentionBackend):
         # The static buffers graphs read; a batch above the largest bucket (eager) gets its own for its forward.
         self._static = self._alloc(self.max_tokens)
         self.cu_q, self.cu_k, self.gather = self._static
+        # A fresh forward's cu_seqlens (queries and keys alike): its sequences, then empty ones, a fixed length
+        self.cu_fresh = torch.zeros(FRESH_PATH_MAX_SEQS + 1, dtype=torch.int32, device=self.device)
         self.total_k = 0
         if "return_aux" in _PARAMS and self.device.type == "cuda":
             lse_heads_first(self.device)
@@ -89,6 +95,9 @@ class VarlenBackend(AttentionBackend):
         cu[:, len(ends) + 1 :] = cu[:, len(ends) : len(ends) + 1]  # empty sequences up to the bucket's count
         self.cu_q[: n + 1].copy_(cu[0], non_blocking=False)
         self.cu_k[: n + 1].copy_(cu[1], non_blocking=False)
+        if md.fresh_path:  # at most FRESH_PATH_MAX_SEQS sequences (Engine.fresh_path sees to it)
+            self.cu_fresh.copy_(cu[0, : FRESH_PATH_MAX_SEQS + 1] if n >= FRESH_PATH_MAX_SEQS else
+                                torch.cat([cu[0], cu[0, -1:].expand(FRESH_PATH_MAX_SEQS - n)]), non_blocking=False)
         self.total_k = 0 if md.fresh_path else int(context.sum()) if len(ends) else 0
         if self.total_k:  # each sequence's slots in position order, from its pages
             ps = c.page_size
@@ -100,9 +109,10 @@ class VarlenBackend(AttentionBackend):
     def forward(self, q, k, v, out, params, md) -> None:
         c, n = self.cache, md.num_tokens
         write_kv(c, params.layer, k, v, md.slot_mapping)
+        cu_q, cu_k = self.cu_q[: n + 1], self.cu_k[: n + 1]
         if md.fresh_path:  # every key is a row of this forward: read as the cache holds it (an FP8 cache's rounding)
             keys, values = c.read(params.layer, md.slot_mapping) if c.quantized else (k, v)
-            max_k = n
+            max_k, cu_q, cu_k = n, self.cu_fresh, self.cu_fresh
         else:
             whole = torch.cuda.is_current_stream_capturing() or self.total_k == 0  # static shapes (or a dummy batch)
             idx = self.gather if whole else self.gather[: self.total_k]
@@ -123,7 +133,7 @@ class VarlenBackend(AttentionBackend):
         assert _varlen is not None  # devices is () without it: the backend is refused before a forward
         if params.sinks is not None:
             kw["return_aux"] = _varlen.AuxRequest(lse=True)
-        res = _varlen.varlen_attn(q, keys, values, self.cu_q[: n + 1], self.cu_k[: n + 1], n, max_k, **kw)
+        res = _varlen.varlen_attn(q, keys, values, cu_q, cu_k, n, max_k, **kw)
         if params.sinks is not None:
             attn, lse = res
             if lse_heads_first(self.device):  # asked in __init__, never first during a capture

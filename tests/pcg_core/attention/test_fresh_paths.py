@@ -4,6 +4,7 @@ every other forward absorbed) held to transformers' own forward, to the absorbed
 with it: test_mla.py), its faults planted; varlen's read of the forward's own K and V instead of a gather (GPU)."""
 
 import copy
+import types
 import json
 
 import pytest
@@ -381,3 +382,60 @@ def test_graphs_keep_a_variant_per_path_and_replay_bitwise_equal_to_eager(config
             if start == 0 else other
         err_own = ((own.float() - want).norm() / want.norm()).item()
         assert err <= max(2 * err_other, err_own) + 1e-2, (lengths, start, err, err_other, err_own)
+
+
+def _stand_in_varlen(calls: list):
+    """torch's varlen_attn as plain math on the CPU: per pair of cu_seqlens entries, that sequence's causal attention
+    (bottom-right aligned, as FlashAttention's), rows in no sequence left as garbage (NaN: the caller zeroes them).
+    Records each call's sequence count and max query length: the kernel's grid."""
+    from pcg_core.attention.reference import attention_math
+
+    def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, window_size=None, is_causal=None, enable_gqa=None,
+                    **_):
+        calls.append((len(cu_q) - 1, max_q))
+        out = torch.full((q.shape[0], q.shape[1], v.shape[-1]), float("nan"), dtype=q.dtype)
+        if q.shape[1] != k.shape[1]:
+            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+        for a, b, c, d in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), cu_k[:-1].tolist(), cu_k[1:].tolist()):
+            if b > a:
+                mask = torch.ones(b - a, d - c, dtype=torch.bool).tril(d - c - (b - a))
+                out[a:b] = attention_math(q[a:b], k[c:d], v[c:d], mask, scale, 0.0, None, None)
+        return out
+
+    return types.SimpleNamespace(varlen_attn=varlen_attn, AuxRequest=None)
+
+
+def test_varlen_fresh_forward_bounds_its_sequences_and_computes_what_the_gather_does(monkeypatch, configs, fresh_from):
+    """varlen's fresh path hands FlashAttention cu_seqlens of FRESH_PATH_MAX_SEQS sequences, not one per token of the
+    bucket (its grid is query blocks × sequences × heads: a bucket's worth of empty sequences made a 2048-token prefill
+    take 1.65× sdpa on the H100, 2026-12-08), and computes what the gather path computes; a stand-in kernel on the CPU
+    (plain math per cu_seqlens pair) shows both."""
+    from pcg_core import CaptureConfig, Engine, EngineConfig
+    from pcg_core.attention import varlen
+    from pcg_core.attention.fresh import FRESH_PATH_MAX_SEQS
+
+    calls: list = []
+    monkeypatch.setattr(varlen, "_varlen", _stand_in_varlen(calls))
+    monkeypatch.setattr(varlen, "_PARAMS", {"window_size", "enable_gqa"})
+    monkeypatch.setattr(varlen.VarlenBackend, "devices", ("cpu",))
+    monkeypatch.setattr(varlen.VarlenBackend, "dtypes", ("float32",))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # a CPU build has no CUDA streams
+    lm = load_model(json.loads((configs / GPU_MODELS["llama"]).read_text()), tiny=True)
+
+    def logprobs(attention: str, fresh: int):
+        fresh_from(fresh)
+        engine = Engine(lm.model, EngineConfig(attention=attention, kv_slots=1024,
+                                               capture=CaptureConfig(backend="disabled", max_tokens=256)))
+        calls.clear()
+        return _prompt_logprobs(engine, PROMPTS)
+
+    want = logprobs("sdpa", 10**6)
+    gathered = logprobs("varlen", 10**6)
+    assert calls and all(seqs == rows for seqs, rows in calls)  # the gather path: one cu entry per row
+    got = logprobs("varlen", 1)
+    layers = lm.config.num_hidden_layers
+    prefill = calls[:layers]
+    assert all(seqs == FRESH_PATH_MAX_SEQS for seqs, _ in prefill), prefill  # bounded, whatever the bucket
+    assert all(seqs == rows for seqs, rows in calls[layers:])  # decode steps read the cache: the gather path
+    for a, b, c in zip(want, gathered, got):
+        assert _gap(a, b) < 1e-4 and _gap(a, c) < 1e-4
