@@ -11,7 +11,10 @@ the host) and GPU ms (CUDA events, medians). The parts:
                  pcg_core/attention/flex_kernel.py)
 - around       — forward's eager ops without the kernel: KV write, cache read, permutes, query pad, zero_padding
 
-    python benchmarks/flex_call.py [--cases decode_8x512,prefill_1x128,prefill_1x2048] [--json OUT]
+    python benchmarks/flex_call.py [--cases decode_8x512,prefill_1x128,prefill_1x2048] [--kernels decoding,main] [--json OUT]
+
+--kernels: flex as it is (`decoding`: inductor's decoding kernel under 128 rows where the head group fits) and with
+its main kernel at every row count (`main`, FlexBackend.decoding_kernel = False), each case under each.
 
 Ends with the torch profiler's top host ops of 20 forward calls. On a CPU it runs the compiled path too (inductor's
 CPU flex): slow, only to check the script.
@@ -35,7 +38,9 @@ from pcg_core.attention.backend import write_kv, zero_padding
 from pcg_core.attention.flex import FlexBackend
 from pcg_core.engine.inputs import InputBuffers
 
-CASES = {"decode_8x512": [(512, 1)] * 8, "prefill_1x128": [(128, 128)], "prefill_1x2048": [(2048, 2048)]}
+CASES = {"decode_8x512": [(512, 1)] * 8, "decode_32x512": [(512, 1)] * 32, "prefill_1x8": [(8, 8)],
+         "prefill_1x32": [(32, 32)], "prefill_1x128": [(128, 128)], "prefill_1x2048": [(2048, 2048)]}
+KERNELS = ("decoding", "main")
 
 
 def host_us(fn, calls: int) -> float:
@@ -55,13 +60,14 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def bench_case(runs, cfg, dtype, device, calls: int, repeat: int) -> dict:
+def bench_case(runs, cfg, dtype, device, calls: int, repeat: int, kernel: str = "decoding") -> dict:
     cache = KVCache(cfg, 8192, dtype, device, page_size=FlexBackend.page_size)
     batch = _batch(cache, runs)
     n = len(batch)
     md = InputBuffers(n, cache, device).fill(batch, n)[2]
     flex = FlexBackend(cache, n)
     flex._compiled = True  # also on a CPU (inductor's CPU flex), to check the script
+    flex.decoding_kernel = kernel == "decoding"
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(n, cfg.num_attention_heads, cfg.head_dim, device=device, dtype=dtype, generator=g)
     k = torch.randn(n, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype, generator=g)
@@ -78,8 +84,8 @@ def bench_case(runs, cfg, dtype, device, calls: int, repeat: int) -> dict:
     query = torch.nn.functional.pad(q.transpose(0, 1).unsqueeze(0), (0, 0, 0, rows - n))
     bm = flex.block_mask(md, 0)
     gqa = q.shape[1] != k.shape[1]
-    kw = {} if flex_module._decode_kernel_fits(rows, q.shape[1] // k.shape[1]) else {
-        "kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}}
+    decoding = flex.decoding_kernel and flex_module._decode_kernel_fits(rows, q.shape[1] // k.shape[1])
+    kw = {} if decoding else {"kernel_options": {"FORCE_USE_FLEX_ATTENTION": True}}
     fn = flex._kernel((rows, 0, 0.0, 0, False, gqa, tuple(sorted(kw.get("kernel_options", {}).items()))))
     call_args = (query, keys, values)
     call_kw = dict(score_mod=None, block_mask=bm, scale=params.scale, enable_gqa=gqa, **kw)
@@ -120,6 +126,7 @@ def bench_case(runs, cfg, dtype, device, calls: int, repeat: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--kernels", default=",".join(KERNELS), help="decoding (flex as it is), main, or both")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
@@ -133,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                           hidden_size=args.heads * args.head_dim, num_hidden_layers=1)
     result = {}
     for case in args.cases.split(","):
-        result[case] = bench_case(CASES[case], cfg, dtype, device, args.calls, args.repeat)
+        for kernel in args.kernels.split(","):
+            result[f"{case}/{kernel}"] = bench_case(CASES[case], cfg, dtype, device, args.calls, args.repeat, kernel)
     for case, row in result.items():
         print(f"\n{case}: top host ops of 20 forward calls\n{row['profile']}")
     print(f"\nflex direct call, {args.heads}/{args.kv_heads} heads × {args.head_dim}, {dtype}, on {device}")

@@ -14,6 +14,11 @@
 #           chunks) and flex, one cell at a time (issue 38: ≤ 4 GiB); lists/speed-pools.txt
 #   flexcall — benchmarks/flex_call.py: a direct flex call's host µs and GPU ms, part by part (dynamo frame and
 #           guards, the config patch, inductor's artifact alone, the eager ops around), and its profile
+#   flexrows — flex under 128 rows: inductor's decoding kernel (flex as it is) against its main kernel (flex_main),
+#           Qwen3-0.6B shape, 8–128 tokens (+512) full, breakable and full:inductor; then flex_call.py's decode
+#           (8 and 32 × 512 context) and small prefill cases under both kernels (the decoding kernel is made for decode)
+#   varlen — varlen against sdpa to 2048 tokens with the fresh path's bounded sequences (2026-12-08: 1.65× sdpa at
+#           2048 before), the forward at 2048 profiled
 # Carry .whl (pydantic, SQLAlchemy).
 # cold compile caches of its own: the build times are issue 38's "built cold" (a cells call before it on the same
 # machine, or a carried .whl/compile-cache, would make them warm)
@@ -40,6 +45,18 @@ if [[ " $phases " == *" moe "* ]]; then
 fi
 if [[ " $phases " == *" flexcall "* ]]; then
   timeout 300 python3 "$here/flex_call.py" --json "$OUT/flex_call.json" 2>&1 | tee "$OUT/flex_call.txt" | tail -20
+fi
+if [[ " $phases " == *" flexrows "* ]]; then
+  timeout 420 python3 "$here/prefill.py" --model $cfg/Qwen__Qwen3-0.6B.json --tokens 8,16,32,64,128,512 --profile-at 8,32 \
+    --configs flex/full,flex_main/full,flex/breakable,flex_main/breakable,flex/full:inductor,flex_main/full:inductor \
+    --json "$OUT/prefill_flexrows.json" 2>&1 | grep -v Warning | tee "$OUT/prefill_flexrows.txt" | tail -30
+  timeout 150 python3 "$here/flex_call.py" --cases decode_8x512,decode_32x512,prefill_1x8,prefill_1x32 \
+    --json "$OUT/flex_rows_call.json" 2>&1 | tee "$OUT/flex_rows_call.txt" | tail -26
+fi
+if [[ " $phases " == *" varlen "* ]]; then
+  timeout 300 python3 "$here/prefill.py" --model $cfg/Qwen__Qwen3-0.6B.json --tokens 8,128,512,2048 --profile-at 2048 \
+    --configs sdpa/full,varlen/full,varlen/breakable --json "$OUT/prefill_varlen.json" 2>&1 | grep -v Warning \
+    | tee "$OUT/prefill_varlen.txt" | tail -25
 fi
 if [[ " $phases " == *" mla "* ]]; then
   timeout 300 python3 "$here/mla_prefill.py" --profile 2048 --json "$OUT/mla_prefill.json" 2>&1 | tee "$OUT/mla_prefill.txt" | tail -45

@@ -7,6 +7,9 @@ Prints per token count the median latency (CUDA events, after warm-up) of each c
 torch.compile(mode="reduce-overhead") on the same HF model (compile seconds reported: it compiles per shape),
 the build seconds for the whole ladder, the kernels and GPU time of one forward (profiler), and whether each
 replay is bitwise equal to an eager forward at the same padded token count. --json writes everything to a file.
+
+Attention `flex_main` (this script's own): flex with inductor's main kernel at every row count, where flex itself
+takes the decoding kernel under 128 rows (FlexBackend.decoding_kernel): both side by side.
 """
 
 from __future__ import annotations
@@ -16,12 +19,23 @@ import gc
 import json
 import platform
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
 from harness.cell.timing import median_ms
 from pcg_core import CaptureConfig, Engine, EngineConfig, load_model
+from pcg_core.attention.backend import register_attention_backend
+from pcg_core.attention.flex import FlexBackend
+
+
+@register_attention_backend
+class FlexMainBackend(FlexBackend):
+    """flex with inductor's main kernel at every row count (issue 38: the decoding kernel under 128 rows)."""
+
+    name = "flex_main"
+    decoding_kernel = False
 
 BACKENDS = ("disabled", "full", "piecewise", "breakable")
 
@@ -68,9 +82,11 @@ def profile_forward(fn, device: torch.device) -> dict:
 
 
 TOP_KERNELS = 12
+PROFILE_AT = (8, 512)  # --profile-at
 
 
-def reduce_overhead_row(lm, prompts: dict[int, list[int]], device: torch.device, repeat: int) -> dict:
+def reduce_overhead_row(lm, prompts: dict[int, list[int]], device: torch.device, repeat: int,
+                        profile_at: Iterable[int] = PROFILE_AT) -> dict:
     """The peer a user would pick: torch.compile(mode="reduce-overhead") on the HF decoder with its own SDPA
     attention, one compile per shape (timed), same prompts, hidden states only (as our engine's forward)."""
     model = lm.model
@@ -95,15 +111,12 @@ def reduce_overhead_row(lm, prompts: dict[int, list[int]], device: torch.device,
                 row["compile_s"][n] = time.perf_counter() - t0
                 row["latency_ms"][n] = median_ms(fwd, device, warmup=3, repeat=repeat)
                 print(f"reduce-overhead {n} tokens: compile {row['compile_s'][n]:.1f}s, {row['latency_ms'][n]:.2f} ms", flush=True)
-                if n in PROFILE_AT and device.type == "cuda":
+                if n in profile_at and device.type == "cuda":
                     row["profile"][n] = profile_forward(fwd, device)
     finally:
         model.set_attn_implementation(prev)
         torch._dynamo.reset()
     return row
-
-
-PROFILE_AT = (8, 512)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,10 +138,13 @@ def main(argv: list[str] | None = None) -> int:
                          "side; fp8_e4m3 uses per-layer scales calibrated on a 16-bit eager engine over the prompts")
     ap.add_argument("--reduce-overhead", action="store_true", help="add torch.compile(mode='reduce-overhead') on the HF model")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--profile-at", default=",".join(map(str, PROFILE_AT)),
+                    help="token counts whose forward is profiled (kernels, GPU time), comma-separated")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args(argv)
 
     tokens = [int(t) for t in args.tokens.split(",")]
+    profile_at = {int(t) for t in args.profile_at.split(",") if t}
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
     device = torch.device(args.device)
     lm = load_model(args.model, layers=args.layers, tiny=args.tiny, weights="synthetic", dtype=dtype, device=device, seed=0)
@@ -168,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             batch = engine.prefill_batch([prompts[n]])
             row["latency_ms"][n] = median_ms(lambda e=engine, b=batch: e.forward(b), device, warmup=3, repeat=args.repeat)
             row.setdefault("prep_ms", {})[n] = median_ms(lambda e=engine, b=batch: _prepare(e, b), device, warmup=3, repeat=args.repeat)
-            if n in PROFILE_AT and device.type == "cuda":
+            if n in profile_at and device.type == "cuda":
                 row["profile"][n] = profile_forward(lambda e=engine, b=batch: e.forward(b), device)
             out = engine.forward(batch).clone()
             if name != "disabled":
@@ -186,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache() if device.type == "cuda" else None
     if args.reduce_overhead:
         try:
-            result["configs"]["reduce-overhead"] = reduce_overhead_row(lm, prompts, device, args.repeat)
+            result["configs"]["reduce-overhead"] = reduce_overhead_row(lm, prompts, device, args.repeat, profile_at)
             print(f"{'reduce-overhead':28s} compiled {sum(result['configs']['reduce-overhead']['compile_s'].values()):.1f}s "
                   f"over {len(tokens)} shapes", flush=True)
         except Exception as e:  # noqa: BLE001

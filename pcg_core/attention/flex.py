@@ -92,6 +92,12 @@ class FlexBackend(AttentionBackend):
     page_size = 128
     prep_capturable = True  # the block mask: device ops into static buffers; BlockMask objects kept per bucket
     compiled_per_shape = ("cuda",)  # inductor's kernels (FlexKernel); the CPU runs the math (_cpu_math)
+    # Under 128 query rows inductor takes its *decoding* kernel by itself where the head group fits (split-KV
+    # partials, then a reduction: made for decode steps over long contexts). False: its main kernel at every row
+    # count. Measured side by side by benchmarks/prefill.py (flex_main) and flex_call.py (--kernels): the decoding
+    # kernel made a 32-token prefill of Qwen3-0.6B's shape slower than a 128-token one (7.44 vs 5.53 ms, H100,
+    # 2026-12-08) and breakable 1.43x full at 8 tokens.
+    decoding_kernel = True
 
     def __init__(self, cache, max_tokens):
         super().__init__(cache, max_tokens)
@@ -229,7 +235,7 @@ class FlexBackend(AttentionBackend):
         gqa = q.shape[1] != k.shape[1]
         if q.shape[-1] > WIDE_HEAD_DIM:  # absorbed MLA's 576/512: small tiles, the main kernel
             kw["kernel_options"] = dict(WIDE_HEAD_OPTIONS if q.element_size() <= 2 else WIDE_HEAD_OPTIONS_FP32)
-        elif not _decode_kernel_fits(rows, q.shape[1] // k.shape[1]):
+        elif not (self.decoding_kernel and _decode_kernel_fits(rows, q.shape[1] // k.shape[1])):
             kw["kernel_options"] = {"FORCE_USE_FLEX_ATTENTION": True}
         # The layouts are part of the key: inductor's artifact, called past dynamo's guards, asserts the strides it
         # was compiled for (a q that arrives as another view gets a kernel of its own, never a wrong-stride call)

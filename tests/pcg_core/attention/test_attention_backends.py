@@ -390,6 +390,38 @@ def test_flex_asks_for_its_main_kernel_where_the_decoding_kernel_has_no_configur
     assert _decode_kernel_fits(rows, group) is fits
 
 
+@pytest.mark.parametrize("decoding", [True, False])
+def test_flex_without_its_decoding_kernel_asks_for_the_main_one_at_every_row_count(monkeypatch, decoding):
+    """FlexBackend.decoding_kernel = False (benchmarks/prefill.py's flex_main): under 128 rows, where inductor would
+    take its decoding kernel by itself, the call asks for the main kernel; the kernel's key says which, so a graph and
+    its eager reference at the same padding call the same one."""
+    from types import SimpleNamespace
+
+    from pcg_core.attention import KVCache, LayerParams
+    from pcg_core.attention.flex import FlexBackend
+    from pcg_core.engine.inputs import InputBuffers, PackedBatch
+
+    cfg = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_size=64, num_hidden_layers=1)
+    cache = KVCache(cfg, 512, torch.float32, torch.device("cpu"), page_size=FlexBackend.page_size)
+    batch = PackedBatch(list(range(8)), list(range(8)), [0] * 8, cache.allocate(0, 8))
+    md = InputBuffers(8, cache, torch.device("cpu")).fill(batch, 8)[2]
+    backend = FlexBackend(cache, 8)
+    backend.decoding_kernel = decoding
+    backend._compiled = True  # the CUDA path's choices, with a stand-in kernel
+    keys = []
+
+    def kernel(key):
+        keys.append(key)
+        return lambda query, *a, **kw: torch.zeros_like(query)
+
+    monkeypatch.setattr(backend, "_kernel", kernel)
+    q, k = torch.randn(8, 4, 16), torch.randn(8, 2, 16)
+    backend.begin_forward(md)
+    backend.forward(q, k, torch.randn_like(k), torch.empty_like(q), LayerParams(0, 0.25), md)
+    options = dict(keys[0][6])
+    assert keys[0][0] == 8 and options.get("FORCE_USE_FLEX_ATTENTION", False) is (not decoding)
+
+
 def test_flex_kernels_compile_with_inductors_deterministic_choices_once(monkeypatch):
     """Each engine compiles its own flex kernels; inductor would otherwise pick the decoding kernel's reduction
     configurations by timing them, so a cell's eager reference and its graph could round differently. A second
