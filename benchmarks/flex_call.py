@@ -60,14 +60,15 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def bench_case(runs, cfg, dtype, device, calls: int, repeat: int, kernel: str = "decoding") -> dict:
+def bench_case(runs, cfg, dtype, device, calls: int, repeat: int, kernels: str = "decoding") -> dict:
+    """One case under one of KERNELS (`kernels`: decoding, flex as it is; main, its main kernel at every row count)."""
     cache = KVCache(cfg, 8192, dtype, device, page_size=FlexBackend.page_size)
     batch = _batch(cache, runs)
     n = len(batch)
     md = InputBuffers(n, cache, device).fill(batch, n)[2]
     flex = FlexBackend(cache, n)
     flex._compiled = True  # also on a CPU (inductor's CPU flex), to check the script
-    flex.decoding_kernel = kernel == "decoding"
+    flex.decoding_kernel = kernels == "decoding"
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(n, cfg.num_attention_heads, cfg.head_dim, device=device, dtype=dtype, generator=g)
     k = torch.randn(n, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype, generator=g)
@@ -140,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                           hidden_size=args.heads * args.head_dim, num_hidden_layers=1)
     result = {}
     for case in args.cases.split(","):
-        for kernel in args.kernels.split(","):
-            result[f"{case}/{kernel}"] = bench_case(CASES[case], cfg, dtype, device, args.calls, args.repeat, kernel)
+        for choice in args.kernels.split(","):
+            result[f"{case}/{choice}"] = bench_case(CASES[case], cfg, dtype, device, args.calls, args.repeat, choice)
     for case, row in result.items():
         print(f"\n{case}: top host ops of 20 forward calls\n{row['profile']}")
     print(f"\nflex direct call, {args.heads}/{args.kv_heads} heads × {args.head_dim}, {dtype}, on {device}")
