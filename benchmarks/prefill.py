@@ -30,9 +30,10 @@ from pcg_core.attention.backend import register_attention_backend
 from pcg_core.attention.flex import FlexBackend
 
 
-@register_attention_backend
 class FlexMainBackend(FlexBackend):
-    """flex with inductor's main kernel at every row count (issue 38: the decoding kernel under 128 rows)."""
+    """flex with inductor's main kernel at every row count (issue 38: the decoding kernel under 128 rows). Registered
+    by main() only where a config names it: other scripts and tests import this module, and the backends they list
+    must stay the product's."""
 
     name = "flex_main"
     decoding_kernel = False
@@ -158,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     configs = [(a, b) for a in args.attention.split(",") for b in args.backends.split(",")]
     if args.configs:
         configs = [tuple(c.split("/", 1)) for c in args.configs.split(",")]
+    if any(a == FlexMainBackend.name for a, _ in configs):
+        register_attention_backend(FlexMainBackend)
     kv_caches = args.kv_cache.split(",")
     if "fp8_e4m3" in kv_caches:
         calibrate_scales(lm, args, kv_slots, list(prompts.values()))

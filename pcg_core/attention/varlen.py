@@ -88,17 +88,20 @@ class VarlenBackend(AttentionBackend):
         self.cu_q, self.cu_k, self.gather = self._static if n <= self.max_tokens else self._alloc(n)
         seqs, counts = torch.unique_consecutive(md.host_seq_ids, return_counts=True)
         ends = counts.cumsum(0)
+        if md.fresh_path:  # keys are the forward's own rows: its sequences (at most FRESH_PATH_MAX_SEQS: Engine.fresh_path),
+            cu = torch.full((FRESH_PATH_MAX_SEQS + 1,), int(ends[-1]) if len(ends) else 0, dtype=torch.int32)  # then empty
+            cu[0], cu[1 : len(ends) + 1] = 0, ends
+            self.cu_fresh.copy_(cu, non_blocking=False)
+            self.total_k = 0
+            return
         context = md.host_positions[ends - 1] + 1 if len(ends) else ends
         cu = torch.zeros(2, n + 1, dtype=torch.int32)
         cu[0, 1 : len(ends) + 1] = ends
-        cu[1, 1 : len(ends) + 1] = context.cumsum(0)  # a fresh forward's: cu_q's
+        cu[1, 1 : len(ends) + 1] = context.cumsum(0)
         cu[:, len(ends) + 1 :] = cu[:, len(ends) : len(ends) + 1]  # empty sequences up to the bucket's count
         self.cu_q[: n + 1].copy_(cu[0], non_blocking=False)
         self.cu_k[: n + 1].copy_(cu[1], non_blocking=False)
-        if md.fresh_path:  # at most FRESH_PATH_MAX_SEQS sequences (Engine.fresh_path sees to it)
-            self.cu_fresh.copy_(cu[0, : FRESH_PATH_MAX_SEQS + 1] if n >= FRESH_PATH_MAX_SEQS else
-                                torch.cat([cu[0], cu[0, -1:].expand(FRESH_PATH_MAX_SEQS - n)]), non_blocking=False)
-        self.total_k = 0 if md.fresh_path else int(context.sum()) if len(ends) else 0
+        self.total_k = int(context.sum()) if len(ends) else 0
         if self.total_k:  # each sequence's slots in position order, from its pages
             ps = c.page_size
             self.gather[: self.total_k].copy_(torch.cat([
